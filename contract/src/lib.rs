@@ -1,0 +1,22 @@
+//! The on-disk contract.
+//!
+//! Everything that the builder (`imager`), the installer and the runtime
+//! (`machined`) must agree on is decided here and only here: the partition
+//! layout and its type GUIDs, how the unique GUIDs are derived, the slot
+//! names, the boot-entry and boot-file naming, the kernel command-line keys
+//! and the META format. `docs/design.md` describes the same contract in prose.
+//!
+//! This crate is deliberately small (sha2 and uuid only) so that the static
+//! runtime can link it without pulling in the builder's dependencies.
+
+pub mod boot;
+pub mod cmdline;
+pub mod guid;
+pub mod meta;
+pub mod partition;
+pub mod paths;
+pub mod slot;
+
+pub use guid::Guid;
+pub use partition::{PartitionRole, PartitionSpec, LAYOUT};
+pub use slot::Slot;

@@ -1,0 +1,1 @@
+//! Disk: GPT layout, FAT filesystems, partition windows.

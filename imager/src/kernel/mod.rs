@@ -1,0 +1,1 @@
+//! Kernel: config fragments, KSPP audit, cached build.

@@ -1,0 +1,20 @@
+//! imager: builds signed, bootable, immutable operating-system images.
+//!
+//! One module per artifact or domain. Data flows through small `Read`/`Write`
+//! adapters (see [`io`]); every output is written under a temporary name and
+//! renamed into place only when complete.
+
+pub mod artifact;
+pub mod boot;
+pub mod build;
+pub mod disk;
+pub mod initramfs;
+pub mod inspect;
+pub mod io;
+pub mod kernel;
+pub mod profile;
+pub mod progress;
+pub mod qemu;
+pub mod rootfs;
+pub mod runtime;
+pub mod sign;
