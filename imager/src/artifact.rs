@@ -1,1 +1,48 @@
-//! TODO
+//! Artifacts: what a build produces, as listed in the manifest and in
+//! `imager build --json`.
+
+use serde::{Deserialize, Serialize};
+
+/// What an artifact is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    Kernel,
+    KernelConfig,
+    Initramfs,
+    Rootfs,
+    Raw,
+    Iso,
+    Installer,
+    Manifest,
+    Signature,
+    PublicKey,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Kernel => "kernel",
+            Kind::KernelConfig => "kernel-config",
+            Kind::Initramfs => "initramfs",
+            Kind::Rootfs => "rootfs",
+            Kind::Raw => "raw",
+            Kind::Iso => "iso",
+            Kind::Installer => "installer",
+            Kind::Manifest => "manifest",
+            Kind::Signature => "signature",
+            Kind::PublicKey => "public-key",
+        }
+    }
+}
+
+/// One produced file. `path` is relative to the output directory in the
+/// manifest, and as given on the command line in `--json` output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Artifact {
+    pub kind: Kind,
+    pub path: String,
+    pub sha256: String,
+    pub size: u64,
+}

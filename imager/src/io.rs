@@ -1,1 +1,290 @@
-//! TODO
+//! I/O adapters: atomic outputs, partition windows and hashing streams.
+//!
+//! Outputs never appear half-written: [`AtomicFile`] writes to a hidden
+//! temporary file in the destination directory and renames it into place on
+//! [`AtomicFile::commit`]; dropping it uncommitted removes the temporary.
+
+use anyhow::{Context, Result};
+use sha2::{Digest, Sha256};
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// A file that appears under its final name only when committed.
+#[derive(Debug)]
+pub struct AtomicFile {
+    tmp: Option<tempfile::NamedTempFile>,
+    dest: PathBuf,
+}
+
+impl AtomicFile {
+    pub fn create(dest: impl AsRef<Path>) -> Result<AtomicFile> {
+        let dest = dest.as_ref().to_path_buf();
+        let dir = dest
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let name = dest
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(".partial")
+            .tempfile_in(dir)
+            .with_context(|| format!("creating a temporary file for {}", dest.display()))?;
+        Ok(AtomicFile {
+            tmp: Some(tmp),
+            dest,
+        })
+    }
+
+    pub fn file(&mut self) -> &mut File {
+        self.tmp
+            .as_mut()
+            .expect("AtomicFile used after commit")
+            .as_file_mut()
+    }
+
+    pub fn path(&self) -> &Path {
+        self.tmp.as_ref().expect("AtomicFile used after commit").path()
+    }
+
+    /// Flushes to stable storage, sets the mode and renames into place.
+    pub fn commit_with_mode(mut self, mode: u32) -> Result<PathBuf> {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = self.tmp.take().expect("AtomicFile committed twice");
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("setting the mode of {}", self.dest.display()))?;
+        tmp.as_file()
+            .sync_all()
+            .with_context(|| format!("flushing {}", self.dest.display()))?;
+        tmp.persist(&self.dest)
+            .with_context(|| format!("renaming into {}", self.dest.display()))?;
+        Ok(self.dest.clone())
+    }
+
+    pub fn commit(self) -> Result<PathBuf> {
+        self.commit_with_mode(0o644)
+    }
+}
+
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file().write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.file().flush()
+    }
+}
+
+/// Writes `bytes` to `dest` atomically.
+pub fn write_atomic(dest: impl AsRef<Path>, bytes: &[u8], mode: u32) -> Result<PathBuf> {
+    let mut f = AtomicFile::create(dest.as_ref())?;
+    f.write_all(bytes)
+        .with_context(|| format!("writing {}", dest.as_ref().display()))?;
+    f.commit_with_mode(mode)
+}
+
+/// A window of `len` bytes at `offset` of an inner device, seen as a device
+/// of its own: a partition of a disk image. Reads and writes past the end of
+/// the window are refused, so a filesystem can never spill into a neighbour.
+#[derive(Debug)]
+pub struct Window<T> {
+    inner: T,
+    offset: u64,
+    len: u64,
+    pos: u64,
+}
+
+impl<T: Seek> Window<T> {
+    pub fn new(mut inner: T, offset: u64, len: u64) -> io::Result<Window<T>> {
+        inner.seek(SeekFrom::Start(offset))?;
+        Ok(Window {
+            inner,
+            offset,
+            len,
+            pos: 0,
+        })
+    }
+
+    pub fn into_inner(self) -> T {
+        self.inner
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn room(&self, want: usize) -> usize {
+        want.min(self.len.saturating_sub(self.pos) as usize)
+    }
+}
+
+impl<T: Read + Seek> Read for Window<T> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.room(buf.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let n = self.inner.read(&mut buf[..n])?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl<T: Write + Seek> Write for Window<T> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let n = self.room(buf.len());
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "write past the end of the partition",
+            ));
+        }
+        let n = self.inner.write(&buf[..n])?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<T: Seek> Seek for Window<T> {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let target = match to {
+            SeekFrom::Start(p) => Some(p),
+            SeekFrom::End(d) => self.len.checked_add_signed(d),
+            SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        }
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek before start"))?;
+        self.inner.seek(SeekFrom::Start(self.offset + target))?;
+        self.pos = target;
+        Ok(target)
+    }
+}
+
+/// A reader that hashes what passes through it.
+#[derive(Debug)]
+pub struct HashingReader<R> {
+    inner: R,
+    hasher: Sha256,
+    count: u64,
+}
+
+impl<R: Read> HashingReader<R> {
+    pub fn new(inner: R) -> Self {
+        HashingReader {
+            inner,
+            hasher: Sha256::new(),
+            count: 0,
+        }
+    }
+    /// The hex SHA-256 and length of everything read so far.
+    pub fn finish(self) -> (String, u64) {
+        (hex::encode(self.hasher.finalize()), self.count)
+    }
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.count += n as u64;
+        Ok(n)
+    }
+}
+
+/// A writer that hashes what passes through it.
+#[derive(Debug)]
+pub struct HashingWriter<W> {
+    inner: W,
+    hasher: Sha256,
+    count: u64,
+}
+
+impl<W: Write> HashingWriter<W> {
+    pub fn new(inner: W) -> Self {
+        HashingWriter {
+            inner,
+            hasher: Sha256::new(),
+            count: 0,
+        }
+    }
+    /// The inner writer, the hex SHA-256 and the length of everything written.
+    pub fn finish(self) -> (W, String, u64) {
+        (self.inner, hex::encode(self.hasher.finalize()), self.count)
+    }
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.count += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Hex SHA-256 and size of a file, streamed.
+pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
+    let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut r = HashingReader::new(io::BufReader::with_capacity(1 << 20, f));
+    io::copy(&mut r, &mut io::sink()).with_context(|| format!("reading {}", path.display()))?;
+    Ok(r.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_confines_reads_and_writes() {
+        let mut dev = io::Cursor::new(vec![0u8; 100]);
+        {
+            let mut w = Window::new(&mut dev, 10, 20).unwrap();
+            w.write_all(&[1u8; 20]).unwrap();
+            assert!(w.write_all(&[2u8; 1]).is_err());
+            w.seek(SeekFrom::Start(0)).unwrap();
+            let mut back = Vec::new();
+            w.read_to_end(&mut back).unwrap();
+            assert_eq!(back, vec![1u8; 20]);
+            assert_eq!(w.seek(SeekFrom::End(-5)).unwrap(), 15);
+        }
+        let v = dev.into_inner();
+        assert_eq!(v[9], 0);
+        assert_eq!(&v[10..30], &[1u8; 20]);
+        assert_eq!(v[30], 0);
+    }
+
+    #[test]
+    fn atomic_file_appears_only_on_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("out.bin");
+        {
+            let mut f = AtomicFile::create(&dest).unwrap();
+            f.write_all(b"half").unwrap();
+            assert!(!dest.exists());
+        }
+        // Dropped without commit: nothing under the final name, no leftovers.
+        assert!(!dest.exists());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let mut f = AtomicFile::create(&dest).unwrap();
+        f.write_all(b"whole").unwrap();
+        f.commit().unwrap();
+        assert_eq!(std::fs::read(&dest).unwrap(), b"whole");
+    }
+}
