@@ -1,1 +1,130 @@
-//! TODO
+//! The runtime binary (`machined`): built from its cargo package as a static
+//! executable, or taken prebuilt, and checked to be static either way.
+
+use anyhow::{Context, Result, bail};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The only target we can build for here; `+crt-static` makes it static.
+pub const TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// Builds the binary of the cargo package in `package_dir` (release, static,
+/// with build paths remapped so that the binary does not depend on where the
+/// checkout lives) and returns its path.
+pub fn build(package_dir: &Path) -> Result<PathBuf> {
+    let manifest = package_dir.join("Cargo.toml");
+    if !manifest.is_file() {
+        bail!(
+            "runtime package {} has no Cargo.toml: set runtime.cargo_package in the profile",
+            package_dir.display()
+        );
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let workspace = workspace_root(&cargo, &manifest)?;
+    let cargo_home = std::env::var("CARGO_HOME").unwrap_or_else(|_| {
+        std::env::var("HOME").map_or_else(|_| "/root/.cargo".into(), |h| format!("{h}/.cargo"))
+    });
+    let rustflags = format!(
+        "-C target-feature=+crt-static --remap-path-prefix={}=/src --remap-path-prefix={cargo_home}=/cargo",
+        workspace.display()
+    );
+    let out = Command::new(&cargo)
+        .args(["build", "--release", "--locked", "--target", TARGET])
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .args(["--message-format", "json-render-diagnostics"])
+        .env("RUSTFLAGS", &rustflags)
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo to build the runtime")?;
+    if !out.status.success() {
+        bail!(
+            "building the runtime in {} failed (cargo's messages are above)",
+            package_dir.display()
+        );
+    }
+    let exe = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["reason"] == "compiler-artifact")
+        .filter(|v| v["manifest_path"].as_str() == manifest.to_str())
+        .filter_map(|v| v["executable"].as_str().map(PathBuf::from))
+        .next_back();
+    let exe = exe.with_context(|| {
+        format!(
+            "cargo built no executable for {}: is it a binary package?",
+            manifest.display()
+        )
+    })?;
+    check_static(&exe)?;
+    Ok(exe)
+}
+
+fn workspace_root(cargo: &std::ffi::OsStr, manifest: &Path) -> Result<PathBuf> {
+    let out = Command::new(cargo)
+        .args(["locate-project", "--workspace", "--message-format", "plain"])
+        .arg("--manifest-path")
+        .arg(manifest)
+        .output()
+        .context("running cargo locate-project")?;
+    if !out.status.success() {
+        bail!(
+            "cargo locate-project failed for {}: {}",
+            manifest.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    Ok(path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("/")))
+}
+
+/// Fails unless `path` is an x86-64 ELF executable without an interpreter
+/// (no dynamic loader in the image means the binary must be static).
+pub fn check_static(path: &Path) -> Result<()> {
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let what = path.display();
+    if data.len() < 64 || &data[..4] != b"\x7fELF" {
+        bail!("{what} is not an ELF executable");
+    }
+    if data[4] != 2 || data[5] != 1 || u16::from_le_bytes([data[18], data[19]]) != 62 {
+        bail!("{what} is not a little-endian x86-64 ELF");
+    }
+    let u64_at = |o: usize| u64::from_le_bytes(data[o..o + 8].try_into().expect("8 bytes"));
+    let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]) as usize;
+    let (phoff, phentsize, phnum) = (u64_at(0x20) as usize, u16_at(0x36), u16_at(0x38));
+    for i in 0..phnum {
+        let at = phoff + i * phentsize;
+        let ty = data
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .with_context(|| format!("{what}: truncated program headers"))?;
+        if ty == 3 {
+            bail!(
+                "{what} is dynamically linked (it has an ELF interpreter) but images have no \
+                 dynamic loader: build it with RUSTFLAGS='-C target-feature=+crt-static'"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamic_binaries_are_refused() {
+        // /bin/true on Debian is dynamically linked.
+        let e = check_static(Path::new("/bin/true")).unwrap_err().to_string();
+        assert!(e.contains("dynamically linked"), "{e}");
+        let e = check_static(Path::new("/etc/hostname"))
+            .or_else(|_| check_static(Path::new("/etc/passwd")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not an ELF"), "{e}");
+    }
+}
