@@ -1,1 +1,357 @@
-//! TODO
+//! `imager build`: the whole pipeline from a profile to signed artifacts.
+//!
+//! kernel → runtime → root filesystem → initramfs → disk image → manifest.
+//! Each artifact is written atomically into the output directory; the
+//! manifest and its signature come last, so a directory with a manifest that
+//! verifies holds a complete build.
+
+use crate::artifact::{Artifact, Kind};
+use crate::io::sha256_file;
+use crate::profile::{Output, Profile};
+use crate::{boot, disk, initramfs, kernel, rootfs, runtime, sign};
+use anyhow::{Context, Result, bail};
+use contract::meta::{Meta, SlotRecord, SlotStatus, Tag};
+use contract::{Slot, paths};
+use std::path::{Path, PathBuf};
+
+/// File names in the output directory.
+pub mod names {
+    pub const KERNEL: &str = "vmlinuz";
+    pub const KERNEL_CONFIG: &str = "kernel.config";
+    pub const ROOTFS: &str = "rootfs.sqsh";
+    pub const INITRAMFS: &str = "initramfs.zst";
+    pub const RAW: &str = "disk.raw";
+    pub const MANIFEST: &str = "manifest.json";
+    pub const SIGNATURE: &str = "manifest.json.sig";
+}
+
+/// Options of one build beyond the profile.
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
+    pub out_dir: PathBuf,
+    /// Private signing key; overrides the profile's.
+    pub key: Option<PathBuf>,
+    pub cache_dir: PathBuf,
+    pub jobs: usize,
+}
+
+/// What a build produced.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BuildReport {
+    pub name: String,
+    pub version: String,
+    pub profile: String,
+    pub source_date_epoch: u64,
+    pub key_id: String,
+    pub kernel_cached: bool,
+    pub artifacts: Vec<Artifact>,
+}
+
+/// SOURCE_DATE_EPOCH from the environment, else the last commit time of the
+/// repository holding `dir`, else 0. Never the clock.
+pub fn source_date_epoch(dir: &Path) -> Result<u64> {
+    if let Ok(v) = std::env::var("SOURCE_DATE_EPOCH") {
+        return v.trim().parse().with_context(|| {
+            format!("SOURCE_DATE_EPOCH={v:?} is not a number of seconds since 1970")
+        });
+    }
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["log", "-1", "--format=%ct"])
+        .output();
+    if let Ok(o) = out
+        && o.status.success()
+        && let Ok(t) = String::from_utf8_lossy(&o.stdout).trim().parse()
+    {
+        return Ok(t);
+    }
+    eprintln!("build: SOURCE_DATE_EPOCH unset and no git history: using 0");
+    Ok(0)
+}
+
+/// The directory that holds `out/keys`: the project root of the profile
+/// (the parent of its `profiles/` directory), else the current directory.
+pub fn project_root(profile: &Path) -> PathBuf {
+    let dir = profile.parent().unwrap_or(Path::new("."));
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    if dir.file_name().is_some_and(|n| n == "profiles")
+        && let Some(root) = dir.parent()
+    {
+        return root.to_path_buf();
+    }
+    std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))
+}
+
+/// Where the development key lives.
+pub fn dev_key_dir(profile: &Path) -> PathBuf {
+    project_root(profile).join("out").join("keys")
+}
+
+fn step(msg: &str) {
+    eprintln!("build: {msg}");
+}
+
+/// The kernel request of a profile.
+pub fn kernel_request(p: &Profile, cache_dir: &Path, epoch: u64, jobs: usize) -> Result<kernel::KernelRequest> {
+    let source = p
+        .kernel
+        .source
+        .clone()
+        .context("the profile has no kernel.source")?;
+    Ok(kernel::KernelRequest {
+        source,
+        fragments: p.kernel.fragments.clone(),
+        rules: p.kernel.rules.clone(),
+        waivers: waivers(p)?,
+        cmdline: p.cmdline(),
+        cache_dir: cache_dir.to_path_buf(),
+        source_date_epoch: epoch,
+        jobs,
+        randstruct_seed: p.kernel.randstruct_seed.clone(),
+    })
+}
+
+/// Inline waivers plus those of the waiver files.
+pub fn waivers(p: &Profile) -> Result<Vec<kernel::Waiver>> {
+    let mut all: Vec<kernel::Waiver> = p
+        .kernel
+        .waivers
+        .iter()
+        .map(|w| kernel::Waiver {
+            option: w.option.clone(),
+            reason: w.reason.clone(),
+        })
+        .collect();
+    for f in &p.kernel.waiver_files {
+        all.extend(kernel::load_waivers(f)?);
+    }
+    Ok(all)
+}
+
+/// Copies `src` to `out/name` atomically unless an identical file is there.
+fn place(src: &Path, out: &Path, name: &str) -> Result<PathBuf> {
+    let dest = out.join(name);
+    if dest.is_file() && sha256_file(&dest)? == sha256_file(src)? {
+        return Ok(dest);
+    }
+    let mut f = crate::io::AtomicFile::create(&dest)?;
+    let mut r = std::fs::File::open(src).with_context(|| format!("opening {}", src.display()))?;
+    std::io::copy(&mut r, &mut f).with_context(|| format!("copying {}", src.display()))?;
+    f.commit()
+}
+
+fn os_release(p: &Profile) -> String {
+    format!(
+        "NAME=\"{}\"\nID={}\nVERSION_ID={}\nIMAGE_ID={}\nIMAGE_VERSION={}\nPRETTY_NAME=\"{} {}\"\n",
+        p.pretty_name, p.name, p.version, p.name, p.version, p.pretty_name, p.version
+    )
+}
+
+/// Runs the whole build.
+pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
+    let out = &opts.out_dir;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let epoch = source_date_epoch(p.path.parent().unwrap_or(Path::new(".")))?;
+    step(&format!(
+        "profile {} ({} {}), SOURCE_DATE_EPOCH={epoch}, output {}",
+        p.path.display(),
+        p.name,
+        p.version,
+        out.display()
+    ));
+
+    // The signing key first: a bad key should fail before an hour of work.
+    let key_path = opts.key.clone().or_else(|| p.signing.key.clone());
+    let signer: Box<dyn sign::Signer> = match &key_path {
+        Some(k) => Box::new(sign::FileSigner::load(k)?),
+        None => {
+            let dir = dev_key_dir(&p.path);
+            let (s, created) = sign::load_or_create_dev_key(&dir)?;
+            step(&format!(
+                "no signing key configured: using the development key {}{}",
+                dir.join("dev.key").display(),
+                if created { " (created)" } else { "" }
+            ));
+            Box::new(s)
+        }
+    };
+
+    // Kernel.
+    let (bzimage, config, kernel_cached) = match (&p.kernel.prebuilt, &p.kernel.prebuilt_config) {
+        (Some(k), Some(c)) => {
+            step(&format!("kernel: prebuilt {}", k.display()));
+            for f in [k, c] {
+                if !f.is_file() {
+                    bail!("prebuilt kernel file {} not found", f.display());
+                }
+            }
+            kernel::check_prebuilt(c, &p.kernel.rules, &p.cmdline(), &waivers(p)?)?;
+            (k.clone(), c.clone(), true)
+        }
+        _ => {
+            let req = kernel_request(p, &opts.cache_dir, epoch, opts.jobs)?;
+            let built = kernel::build(&req)?;
+            step(&format!(
+                "kernel: {} ({})",
+                built.bzimage.display(),
+                if built.cached { "cached" } else { "built" }
+            ));
+            (built.bzimage, built.config, built.cached)
+        }
+    };
+    let kernel_out = place(&bzimage, out, names::KERNEL)?;
+    let config_out = place(&config, out, names::KERNEL_CONFIG)?;
+
+    // Runtime.
+    let machined = match (&p.runtime.cargo_package, &p.runtime.binary) {
+        (Some(pkg), _) => {
+            step(&format!("runtime: building {}", pkg.display()));
+            runtime::build(pkg)?
+        }
+        (None, Some(bin)) => {
+            runtime::check_static(bin)?;
+            bin.clone()
+        }
+        (None, None) => bail!("the profile names no runtime"),
+    };
+
+    // Root filesystem.
+    step("rootfs: squashfs");
+    let rootfs_out = out.join(names::ROOTFS);
+    let spec = rootfs::RootfsSpec {
+        skeleton: Some(p.runtime.skeleton.clone()),
+        dirs: Vec::new(),
+        files: vec![
+            (
+                paths::ROOTFS_INIT.to_string(),
+                rootfs::Source::File(machined.clone()),
+                0o755,
+            ),
+            (
+                paths::ROOTFS_OS_RELEASE.to_string(),
+                rootfs::Source::Bytes(os_release(p).into_bytes()),
+                0o644,
+            ),
+        ],
+        epoch,
+        level: p.compression.rootfs_zstd_level,
+    };
+    rootfs::build_rootfs(&rootfs_out, &spec)?;
+
+    // Initramfs.
+    step("initramfs: cpio + zstd");
+    let initramfs_out = out.join(names::INITRAMFS);
+    initramfs::build_initramfs(
+        &initramfs_out,
+        &machined,
+        &rootfs_out,
+        epoch,
+        p.compression.initramfs_zstd_level,
+    )?;
+
+    // Disk image.
+    let mut artifacts = Vec::new();
+    let (kernel_sha, _) = sha256_file(&kernel_out)?;
+    let (initramfs_sha, _) = sha256_file(&initramfs_out)?;
+    if p.outputs.contains(&Output::Raw) {
+        step("disk: raw GPT image");
+        let layout = disk::Layout::new(p.disk.size.0, p.disk.sector_size, &p.partition_sizes())?;
+        let identity = paths::image_identity(&p.name, &p.version, &[&kernel_sha, &initramfs_sha]);
+        let disk_guid = contract::guid::disk_guid(&identity);
+        let esp = boot::esp_files(&p.boot.systemd_boot, Slot::A)?;
+        let title = format!("{} {} (slot A)", p.pretty_name, p.version);
+        let boot_files = boot::boot_files(
+            Slot::A,
+            (&kernel_out, &kernel_sha),
+            (&initramfs_out, &initramfs_sha),
+            &title,
+            &p.version,
+            &p.cmdline(),
+        );
+        let meta = initial_meta(p);
+        let raw = out.join(names::RAW);
+        boot::write_raw_image(&raw, &layout, disk_guid, esp, boot_files, &meta, epoch)?;
+        artifacts.push((Kind::Raw, raw));
+    }
+    artifacts.splice(
+        0..0,
+        [
+            (Kind::Kernel, kernel_out),
+            (Kind::KernelConfig, config_out),
+            (Kind::Rootfs, rootfs_out),
+            (Kind::Initramfs, initramfs_out),
+        ],
+    );
+    let mut listed = Vec::new();
+    for (kind, path) in &artifacts {
+        let (sha256, size) = sha256_file(path)?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .context("artifact without a file name")?;
+        listed.push(Artifact {
+            kind: *kind,
+            path: name,
+            sha256,
+            size,
+        });
+    }
+
+    // Manifest and signature, last.
+    step("sign: manifest");
+    let manifest = sign::Manifest {
+        format: 1,
+        name: p.name.clone(),
+        version: p.version.clone(),
+        profile: p.path.display().to_string(),
+        source_date_epoch: epoch,
+        key_id: signer.key_id(),
+        artifacts: listed.clone(),
+    };
+    let (m, s) = sign::write_signed_manifest(out, &manifest, signer.as_ref())?;
+    for (kind, path) in [(Kind::Manifest, m), (Kind::Signature, s)] {
+        let (sha256, size) = sha256_file(&path)?;
+        listed.push(Artifact {
+            kind,
+            path: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            sha256,
+            size,
+        });
+    }
+    // Paths in the report are as the user named the output directory.
+    for a in &mut listed {
+        a.path = out.join(&a.path).display().to_string();
+    }
+    Ok(BuildReport {
+        name: p.name.clone(),
+        version: p.version.clone(),
+        profile: p.path.display().to_string(),
+        source_date_epoch: epoch,
+        key_id: signer.key_id(),
+        kernel_cached,
+        artifacts: listed,
+    })
+}
+
+/// META of a freshly built image: slot A good and default, slot B empty.
+pub fn initial_meta(p: &Profile) -> Meta {
+    let mut m = Meta::default();
+    m.set(Tag::ImageName, p.name.as_str());
+    m.set(Tag::DefaultSlot, Slot::A.name());
+    m.set(
+        Tag::SlotA,
+        SlotRecord {
+            status: SlotStatus::Good,
+            version: p.version.clone(),
+        }
+        .render(),
+    );
+    m
+}
+
+/// Writes the report's artifact list as JSON (for `--json`).
+pub fn report_json(r: &BuildReport) -> Result<String> {
+    serde_json::to_string_pretty(r).context("serializing the build report")
+}
+

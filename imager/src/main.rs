@@ -1,1 +1,162 @@
-fn main() {}
+//! The `imager` command: a thin layer over the `imager` library.
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use imager::{build, kernel, profile::Profile, qemu, sign};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "imager", version, about = "Builds signed, bootable, immutable OS images")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build everything the profile asks for.
+    Build(BuildArgs),
+    /// Kernel: build (cached) or audit a config against the KSPP rules.
+    Kernel {
+        #[command(subcommand)]
+        command: kernel::cli::KernelCommand,
+    },
+    /// Write a new ed25519 signing key pair.
+    Keygen(sign::KeygenArgs),
+    /// Check a manifest's signature and the digests of its artifacts.
+    Verify(sign::VerifyArgs),
+    /// Boot an image in QEMU under UEFI firmware and wait for the ready line.
+    Boot(BootArgs),
+    /// Show an image's partitions, boot entries, META and manifest status.
+    Inspect(imager::inspect::InspectArgs),
+}
+
+#[derive(clap::Args)]
+struct BuildArgs {
+    /// Profile name (profiles/NAME.yaml) or path.
+    #[arg(long, default_value = "metal")]
+    profile: String,
+    /// Output directory (default: out/<profile name>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Private signing key (PKCS#8 PEM); overrides the profile's.
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Print one JSON object describing the artifacts on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Parallel kernel build jobs (default: all cores).
+    #[arg(long)]
+    jobs: Option<usize>,
+}
+
+#[derive(clap::Args)]
+struct BootArgs {
+    /// Raw disk image.
+    image: PathBuf,
+    /// Seconds to wait for the ready line.
+    #[arg(long, default_value_t = 300)]
+    timeout: u64,
+    /// Print `ready`, `version`, `slot` and `seconds` as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+    /// After ready, press the ACPI power button and wait for a clean power-off.
+    #[arg(long)]
+    shutdown: bool,
+    /// Let the guest write to the image (default: a throw-away overlay).
+    #[arg(long)]
+    write: bool,
+    /// Use KVM (default TCG: /dev/kvm may exist and still hang).
+    #[arg(long)]
+    kvm: bool,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 512)]
+    memory: u32,
+    /// Logical sector size of the virtual disk.
+    #[arg(long, default_value_t = 512)]
+    sector_size: u64,
+    /// Do not mirror the console.
+    #[arg(long)]
+    quiet: bool,
+    /// Keep the whole console in this file.
+    #[arg(long)]
+    console_log: Option<PathBuf>,
+}
+
+fn jobs(j: Option<usize>) -> usize {
+    j.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+fn run() -> Result<ExitCode> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Build(a) => {
+            let path = Profile::locate(&a.profile)?;
+            let p = Profile::load(&path)?;
+            let out = a.out.unwrap_or_else(|| PathBuf::from("out").join(&p.name));
+            let opts = build::BuildOptions {
+                out_dir: out,
+                key: a.key,
+                cache_dir: kernel::default_cache_dir(),
+                jobs: jobs(a.jobs),
+            };
+            let report = build::run(&p, &opts)?;
+            if a.json {
+                println!("{}", build::report_json(&report)?);
+            } else {
+                for art in &report.artifacts {
+                    println!("{:<14} {}  {}", art.kind.name(), &art.sha256[..16], art.path);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Kernel { command } => kernel::cli::run(command),
+        Command::Keygen(a) => {
+            sign::run_keygen(&a)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify(a) => Ok(exit(sign::run_verify(&a)?)),
+        Command::Boot(a) => {
+            let mut o = qemu::BootOptions::new(&a.image);
+            o.timeout = Duration::from_secs(a.timeout);
+            o.shutdown = a.shutdown;
+            o.write = a.write;
+            o.kvm = a.kvm;
+            o.memory_mib = a.memory;
+            o.sector_size = a.sector_size;
+            o.echo = !a.quiet;
+            o.console_log = a.console_log;
+            let r = qemu::boot(&o).with_context(|| format!("booting {}", a.image.display()))?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                eprintln!(
+                    "boot: ready version={} slot={} in {:.1} s",
+                    r.version, r.slot, r.seconds
+                );
+            }
+            Ok(if r.clean_poweroff == Some(false) {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        Command::Inspect(a) => Ok(exit(imager::inspect::run(&a)?)),
+    }
+}
+
+fn exit(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("imager: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
