@@ -10,7 +10,7 @@ packages=(
   # boot: firmware, boot loader, emulator
   ovmf systemd-boot-efi qemu-system-x86
   # independent checkers used by the tests and the benchmark
-  fdisk dosfstools squashfs-tools openssl file
+  fdisk dosfstools squashfs-tools openssl file time
 )
 
 missing=()

@@ -1,1 +1,417 @@
+//! End-to-end tests: build the default image with the `imager` binary, check
+//! every artifact with independent tools, boot it under OVMF, tamper with it.
+//!
+//! The kernel comes from the build cache (`scripts/test` builds it first);
+//! everything else is built here, twice, in two directories.
 
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+const EPOCH: &str = "1700000000";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn imager() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_imager"));
+    c.current_dir(repo()).env("SOURCE_DATE_EPOCH", EPOCH);
+    c
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    out
+}
+
+fn ok(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn tool(name: &str) -> Command {
+    let found = std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .chain(["/usr/sbin", "/sbin"])
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file());
+    let path = found.unwrap_or_else(|| panic!("{name} not found: run scripts/setup.sh"));
+    Command::new(path)
+}
+
+struct Build {
+    dir: PathBuf,
+    json: Value,
+}
+
+impl Build {
+    fn artifact(&self, kind: &str) -> PathBuf {
+        let a = self.json["artifacts"]
+            .as_array()
+            .expect("artifacts list")
+            .iter()
+            .find(|a| a["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} artifact in {}", self.json));
+        PathBuf::from(a["path"].as_str().expect("path"))
+    }
+}
+
+fn scratch() -> PathBuf {
+    let d = repo().join("target").join("e2e");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn build_into(name: &str) -> Build {
+    let dir = scratch().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = ok(imager()
+        .args(["build", "--profile", "metal", "--json", "--out"])
+        .arg(&dir));
+    let json: Value = serde_json::from_str(&stdout).expect("build --json prints JSON");
+    Build { dir, json }
+}
+
+/// The default image, built once for all tests.
+fn image() -> &'static Build {
+    static B: OnceLock<Build> = OnceLock::new();
+    B.get_or_init(|| build_into("first"))
+}
+
+/// Copies the byte range of partition `label` out of the image.
+fn extract_partition(img: &Path, label: &str, dest: &Path) {
+    let json: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(img))).unwrap();
+    let pt = &json["partitiontable"];
+    let sector = pt["sectorsize"].as_u64().unwrap_or(512);
+    let p = pt["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == label)
+        .unwrap_or_else(|| panic!("no {label} partition"));
+    let (start, size) = (p["start"].as_u64().unwrap(), p["size"].as_u64().unwrap());
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(img).unwrap();
+    f.seek(SeekFrom::Start(start * sector)).unwrap();
+    let mut out = std::fs::File::create(dest).unwrap();
+    std::io::copy(&mut f.take(size * sector), &mut out).unwrap();
+}
+
+#[test]
+fn partition_table_read_by_sfdisk() {
+    let raw = image().artifact("raw");
+    let json: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(&raw))).unwrap();
+    let pt = &json["partitiontable"];
+    assert_eq!(pt["label"], "gpt");
+    let parts = pt["partitions"].as_array().unwrap();
+    let got: Vec<(String, String)> = parts
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["type"].as_str().unwrap().to_uppercase(),
+            )
+        })
+        .collect();
+    // Labels from the Talos documents, type GUIDs from the UEFI, GRUB and
+    // Boot Loader / Discoverable Partitions specifications.
+    let want = [
+        ("EFI", "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"),
+        ("BIOS", "21686148-6449-6E6F-744E-656564454649"),
+        ("BOOT", "BC13C2FF-59E6-4262-A352-B275FD6F7172"),
+        ("META", "0FC63DAF-8483-4772-8E79-3D69D8477DE4"),
+        ("STATE", "0FC63DAF-8483-4772-8E79-3D69D8477DE4"),
+        ("EPHEMERAL", "0FC63DAF-8483-4772-8E79-3D69D8477DE4"),
+    ];
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    assert_eq!(got, want);
+    // Aligned to 1 MiB, in order, not overlapping.
+    let mut prev_end = 0;
+    for p in parts {
+        let (start, size) = (p["start"].as_u64().unwrap(), p["size"].as_u64().unwrap());
+        assert_eq!(start % 2048, 0, "{p}");
+        assert!(start >= prev_end, "{p}");
+        prev_end = start + size;
+    }
+    // Sparse: far fewer blocks allocated than the 2 GiB it spans.
+    use std::os::unix::fs::MetadataExt;
+    let md = std::fs::metadata(&raw).unwrap();
+    assert_eq!(md.len(), 2 << 30);
+    assert!(md.blocks() * 512 < md.len() / 4, "image is not sparse");
+}
+
+#[test]
+fn fsck_fat_is_clean_on_efi_and_boot() {
+    let raw = image().artifact("raw");
+    for label in ["EFI", "BOOT"] {
+        let part = scratch().join(format!("fsck-{label}.img"));
+        extract_partition(&raw, label, &part);
+        let out = ok(tool("fsck.fat").arg("-n").arg(&part));
+        assert!(!out.contains("differ"), "{label}: {out}");
+    }
+}
+
+#[test]
+fn unsquashfs_lists_the_root() {
+    let sq = image().artifact("rootfs");
+    let out = ok(tool("unsquashfs").arg("-l").arg(&sq));
+    for p in ["squashfs-root/usr/bin/machined", "squashfs-root/usr/lib/os-release", "squashfs-root/etc/hosts", "squashfs-root/etc/resolv.conf"] {
+        assert!(out.lines().any(|l| l == p), "{p} missing from:\n{out}");
+    }
+    assert!(!out.contains("/bin/sh"), "the root filesystem has a shell:\n{out}");
+}
+
+#[test]
+fn cpio_lists_the_initramfs() {
+    let img = image().artifact("initramfs");
+    let cpio = scratch().join("initramfs.cpio");
+    ok(tool("zstd").args(["-d", "-f", "-q", "-o"]).arg(&cpio).arg(&img));
+    let out = ok(tool("cpio").args(["-t", "--quiet", "-F"]).arg(&cpio));
+    for p in ["init", "rootfs.sqsh", "dev/console"] {
+        assert!(out.lines().any(|l| l == p), "{p} missing from:\n{out}");
+    }
+}
+
+#[test]
+fn boots_under_ovmf_to_ready_on_slot_a_with_kspp_cmdline() {
+    let raw = image().artifact("raw");
+    let out = ok(imager()
+        .args(["boot", "--json", "--shutdown", "--timeout", "600"])
+        .arg(&raw));
+    let r: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["ready"], true);
+    assert_eq!(r["slot"], "A");
+    assert_eq!(r["version"], "0.1.0");
+    assert!(r["seconds"].as_f64().unwrap() > 0.0);
+    assert_eq!(r["clean_poweroff"], true, "{r}");
+    let cmdline = r["cmdline"].as_str().expect("the runtime prints /proc/cmdline");
+    // KSPP's recommended boot parameters.
+    for p in [
+        "slab_nomerge",
+        "init_on_alloc=1",
+        "init_on_free=1",
+        "page_alloc.shuffle=1",
+        "pti=on",
+        "randomize_kstack_offset=on",
+        "vsyscall=none",
+    ] {
+        assert!(cmdline.split(' ').any(|w| w == p), "{p} not in {cmdline}");
+    }
+    assert!(cmdline.contains("machined.slot=A"), "{cmdline}");
+}
+
+fn flip_byte(path: &Path, at: u64) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut b = [0u8];
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.read_exact(&mut b).unwrap();
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.write_all(&[b[0] ^ 0x01]).unwrap();
+}
+
+fn dev_pub() -> PathBuf {
+    repo().join("out/keys/dev.pub")
+}
+
+#[test]
+fn verify_fails_on_one_flipped_byte_in_any_artifact() {
+    let b = image();
+    let copy = scratch().join("tamper");
+    let _ = std::fs::remove_dir_all(&copy);
+    ok(Command::new("cp").args(["-r", "--sparse=always"]).arg(&b.dir).arg(&copy));
+    // The untouched copy verifies.
+    ok(imager().arg("verify").arg(&copy).arg("--key").arg(dev_pub()));
+    let names = ["vmlinuz", "kernel.config", "initramfs.zst", "rootfs.sqsh", "disk.raw", "manifest.json", "manifest.json.sig"];
+    for name in names {
+        let f = copy.join(name);
+        let len = std::fs::metadata(&f).unwrap().len();
+        // A byte in the middle (for the disk: inside the ESP, which is written).
+        let at = if name == "disk.raw" { 2 * 1024 * 1024 + 3 } else { len / 2 };
+        flip_byte(&f, at);
+        let out = run(imager().arg("verify").arg(&copy).arg("--key").arg(dev_pub()));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "verify passed with {name} tampered:\n{text}");
+        let named = if name.starts_with("manifest.json") { "manifest" } else { name };
+        assert!(text.contains(named), "verify did not name {name}:\n{text}");
+        flip_byte(&f, at);
+    }
+    ok(imager().arg("verify").arg(&copy).arg("--key").arg(dev_pub()));
+}
+
+#[test]
+fn verify_refuses_a_wrong_public_key() {
+    let b = image();
+    let keys = scratch().join("other-key");
+    let _ = std::fs::remove_dir_all(&keys);
+    ok(imager()
+        .args(["keygen", "--private"])
+        .arg(keys.join("k.pem"))
+        .arg("--public")
+        .arg(keys.join("k.pub")));
+    let out = run(imager().arg("verify").arg(&b.dir).arg("--key").arg(keys.join("k.pub")));
+    let err = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "verify passed with another key:\n{err}");
+    assert!(err.contains("--key"), "the error does not say what to do:\n{err}");
+}
+
+#[test]
+fn the_signature_verifies_with_openssl() {
+    let b = image();
+    ok(tool("openssl")
+        .args(["pkeyutl", "-verify", "-pubin", "-rawin", "-inkey"])
+        .arg(dev_pub())
+        .arg("-in")
+        .arg(b.dir.join("manifest.json"))
+        .arg("-sigfile")
+        .arg(b.dir.join("manifest.json.sig")));
+}
+
+#[test]
+fn two_builds_in_different_directories_are_byte_identical() {
+    let first = image();
+    let second = build_into("second");
+    assert_ne!(first.dir, second.dir);
+    for kind in ["kernel", "kernel-config", "initramfs", "rootfs", "raw", "manifest", "signature"] {
+        let a = std::fs::read(first.artifact(kind)).unwrap();
+        let b = std::fs::read(second.artifact(kind)).unwrap();
+        assert!(a == b, "{kind} differs between two builds");
+    }
+}
+
+#[test]
+fn inspect_shows_partitions_entries_meta_and_manifest() {
+    let b = image();
+    let raw = b.artifact("raw");
+    let out = ok(imager().args(["inspect", "--json"]).arg(&raw).arg("--key").arg(dev_pub()));
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let names: Vec<_> = r["partitions"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, ["EFI", "BIOS", "BOOT", "META", "STATE", "EPHEMERAL"]);
+    // LBAs as sfdisk reads them.
+    let sf: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(&raw))).unwrap();
+    for (mine, theirs) in r["partitions"].as_array().unwrap().iter().zip(sf["partitiontable"]["partitions"].as_array().unwrap()) {
+        assert_eq!(mine["first_lba"], theirs["start"]);
+        assert_eq!(mine["last_lba"].as_u64().unwrap() + 1 - mine["first_lba"].as_u64().unwrap(), theirs["size"].as_u64().unwrap());
+    }
+    let entries = r["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{r}");
+    assert_eq!(entries[0]["slot"], "A");
+    assert_eq!(entries[0]["files_present"], true);
+    assert_eq!(r["loader_default"], "slot-a.conf");
+    let keys = r["meta"]["keys"].as_array().unwrap();
+    assert!(keys.iter().any(|k| k[0] == "default-slot" && k[1] == "A"), "{r}");
+    assert_eq!(r["manifest"]["verified"], true, "{r}");
+    assert_eq!(r["manifest"]["lists_image"], true, "{r}");
+}
+
+/// A profile beside the real ones, so its relative paths resolve the same.
+fn write_profile(name: &str, edit: impl Fn(String) -> String) -> PathBuf {
+    let text = std::fs::read_to_string(repo().join("profiles/metal.yaml")).unwrap();
+    let dir = scratch().join("profiles");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = edit(text).replace("../", &format!("{}/", repo().canonicalize().unwrap().display()));
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Runs a build expected to fail; returns its stderr and checks that the
+/// output directory holds no file under a final name.
+fn failing_build(profile: &Path) -> String {
+    let out_dir = scratch().join(format!("fail-{}", profile.file_stem().unwrap().to_string_lossy()));
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let out = run(imager().args(["build", "--profile"]).arg(profile).arg("--out").arg(&out_dir));
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "build succeeded:\n{err}");
+    if out_dir.exists() {
+        let left: Vec<_> = std::fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(left.is_empty(), "files left in {}: {left:?}", out_dir.display());
+    }
+    err
+}
+
+#[test]
+fn bad_profile_key_names_file_line_and_key() {
+    let p = write_profile("badkey", |t| t.replace("version: 0.1.0", "version: 0.1.0\nverison: 2"));
+    let err = failing_build(&p);
+    assert!(err.contains("badkey.yaml") && err.contains("verison") && err.contains("line 7"), "{err}");
+    let p = write_profile("badtype", |t| t.replace("size: 2GiB", "size: lots"));
+    let err = failing_build(&p);
+    assert!(err.contains("badtype.yaml") && err.contains("disk.size") && err.contains("line"), "{err}");
+}
+
+#[test]
+fn missing_kernel_source_is_a_clear_error() {
+    let p = write_profile("nosource", |t| t.replace("/usr/src/linux-source-6.1.tar.xz", "/nonexistent/linux.tar.xz"));
+    let err = failing_build(&p);
+    assert!(err.contains("/nonexistent/linux.tar.xz") && err.contains("not found"), "{err}");
+}
+
+#[test]
+fn disk_too_small_is_refused_before_anything_is_written() {
+    let p = write_profile("small", |t| t.replace("size: 2GiB", "size: 200MiB"));
+    let err = failing_build(&p);
+    assert!(err.contains("too small") && err.contains("disk.size"), "{err}");
+}
+
+#[test]
+fn missing_boot_loader_is_a_clear_error() {
+    let p = write_profile("noboot", |t| t + "boot:\n  systemd_boot: /nonexistent/systemd-bootx64.efi\n");
+    let err = failing_build(&p);
+    assert!(err.contains("/nonexistent/systemd-bootx64.efi"), "{err}");
+}
+
+#[test]
+fn kernel_options_dropped_by_kconfig_are_listed() {
+    // NFS needs networking, which the base config leaves out: Kconfig drops it.
+    let frag = scratch().join("needs-net.config");
+    std::fs::write(&frag, "CONFIG_NFS_FS=y\nCONFIG_XFS_FS=y\n").unwrap();
+    let p = write_profile("dropped", |t| {
+        t.replace("    - ../kernel-config/kspp.config\n", &format!("    - ../kernel-config/kspp.config\n    - {}\n", frag.display()))
+    });
+    let err = failing_build(&p);
+    assert!(err.contains("CONFIG_NFS_FS"), "{err}");
+    assert!(!err.contains("CONFIG_XFS_FS="), "an option Kconfig kept was listed:\n{err}");
+}
+
+#[test]
+fn kspp_audit_cli_gives_verdicts_on_a_small_config() {
+    let cfg = scratch().join("small.config");
+    std::fs::write(
+        &cfg,
+        "#\n# Linux/x86 6.1.192 Kernel Configuration\n#\nCONFIG_X86_64=y\nCONFIG_SLAB_FREELIST_HARDENED=y\n# CONFIG_STACKPROTECTOR_STRONG is not set\n",
+    )
+    .unwrap();
+    let out = run(imager().args(["kernel", "check", "--json"]).arg(&cfg));
+    assert!(!out.status.success(), "a config failing KSPP rules passed the audit");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let verdict = |opt: &str| {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["option"] == opt)
+            .map(|r| r["verdict"].as_str().unwrap().to_string())
+            .unwrap_or_else(|| panic!("no rule for {opt}"))
+    };
+    assert_eq!(verdict("CONFIG_SLAB_FREELIST_HARDENED"), "OK");
+    assert_eq!(verdict("CONFIG_STACKPROTECTOR_STRONG"), "FAIL");
+    // Exists only since Linux 6.6: not applicable to 6.1.
+    assert_eq!(verdict("CONFIG_RANDOM_KMALLOC_CACHES"), "N/A");
+}
