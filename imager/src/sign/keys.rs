@@ -46,7 +46,7 @@ pub fn key_id(key: &VerifyingKey) -> String {
 
 /// A signer whose private key is a PKCS#8 PEM file.
 pub struct FileSigner {
-    key: SigningKey,
+    pub(super) key: SigningKey,
     path: PathBuf,
 }
 
