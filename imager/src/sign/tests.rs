@@ -472,8 +472,14 @@ fn all_artifact_problems_are_reported_at_once() {
 #[test]
 fn any_flipped_byte_of_the_manifest_or_signature_fails() {
     let f = Fixture::new();
-    let len = std::fs::metadata(&f.manifest).unwrap().len() as usize;
-    for at in 0..len {
+    // Every 7th byte, the whole key_id line and the final newline (every
+    // byte would take ~20 s with the unoptimized ed25519 of test builds).
+    let text = std::fs::read_to_string(&f.manifest).unwrap();
+    let kid = text.find("\"key_id\"").unwrap();
+    let mut positions: Vec<usize> = (0..text.len()).step_by(7).collect();
+    positions.extend(kid..kid + 40);
+    positions.push(text.len() - 1);
+    for at in positions {
         flip(&f.manifest, at);
         assert!(
             f.verify().is_err(),
@@ -482,7 +488,6 @@ fn any_flipped_byte_of_the_manifest_or_signature_fails() {
         flip(&f.manifest, at);
     }
     // A change outside key_id is reported as a modification.
-    let text = std::fs::read_to_string(&f.manifest).unwrap();
     flip(&f.manifest, text.find("talos-like").unwrap());
     let err = f.verify().unwrap_err();
     assert!(
