@@ -1,0 +1,151 @@
+//! `imager keygen` and `imager verify`: argument structs and runners.
+
+use anyhow::{Result, bail};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::keys::{DEV_PUB, keygen, load_public_key};
+use super::verify::verify;
+
+/// Where the development key pair lives, relative to the working directory.
+pub const DEV_KEY_DIR: &str = "out/keys";
+
+/// `imager keygen`: create a signing key pair.
+#[derive(Debug, Clone, clap::Args)]
+pub struct KeygenArgs {
+    /// Where to write the private key (PKCS#8 PEM, mode 0600).
+    #[arg(long, value_name = "PATH", default_value = "out/keys/signing.key")]
+    pub out_private: PathBuf,
+    /// Where to write the public key (SPKI PEM) [default: the private key's
+    /// path with the extension .pub].
+    #[arg(long, value_name = "PATH")]
+    pub out_public: Option<PathBuf>,
+    /// Replace existing key files.
+    #[arg(long)]
+    pub force: bool,
+}
+
+impl KeygenArgs {
+    /// The public key path, explicit or derived from the private key's.
+    pub fn public_path(&self) -> PathBuf {
+        self.out_public
+            .clone()
+            .unwrap_or_else(|| self.out_private.with_extension("pub"))
+    }
+}
+
+/// `imager verify`: check a signed manifest and its artifacts.
+#[derive(Debug, Clone, clap::Args)]
+pub struct VerifyArgs {
+    /// The manifest.json, or the directory containing it.
+    #[arg(value_name = "MANIFEST")]
+    pub manifest: PathBuf,
+    /// The trusted public key (SPKI PEM, or 64 hex digits) [default:
+    /// out/keys/dev.pub, the development key, if it exists].
+    #[arg(long, value_name = "PUB")]
+    pub key: Option<PathBuf>,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `imager keygen`: prints the files written and the key id, never the key.
+pub fn run_keygen(args: &KeygenArgs) -> Result<()> {
+    let public = args.public_path();
+    let id = keygen(&args.out_private, &public, args.force)?;
+    println!(
+        "keygen: wrote private key {} (mode 0600) and public key {}: key {id}",
+        args.out_private.display(),
+        public.display()
+    );
+    Ok(())
+}
+
+/// Runs `imager verify`. Returns the exit code: 0 verified, 1 verification
+/// failed (reported on stdout). Errors (no usable trusted key) are for the
+/// caller to print.
+pub fn run_verify(args: &VerifyArgs) -> Result<i32> {
+    let default_key = Path::new(DEV_KEY_DIR).join(DEV_PUB);
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    run_verify_to(args, &default_key, &mut stdout.lock(), &mut stderr.lock())
+}
+
+/// [`run_verify`] with the default key and the outputs given (for tests).
+pub fn run_verify_to(
+    args: &VerifyArgs,
+    default_key: &Path,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<i32> {
+    let key_path = match &args.key {
+        Some(k) => k.clone(),
+        None if default_key.exists() => {
+            writeln!(
+                err,
+                "verify: no --key given: trusting the development public key {}",
+                default_key.display()
+            )?;
+            default_key.to_path_buf()
+        }
+        None => bail!(
+            "no --key given and the development public key {} does not exist: \
+             pass --key with the public key that signed the manifest",
+            default_key.display()
+        ),
+    };
+    let key = load_public_key(&key_path)?;
+    let report = match verify(&args.manifest, &key) {
+        Ok(r) => r,
+        Err(e) => {
+            if args.json {
+                let v = serde_json::json!({
+                    "manifest": args.manifest.display().to_string(),
+                    "ok": false,
+                    "problems": 1,
+                    "key_id": super::keys::key_id(&key),
+                    "error": format!("{e:#}"),
+                    "artifacts": [],
+                });
+                writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
+            } else {
+                writeln!(out, "BAD {e:#}")?;
+                writeln!(out, "verify: FAILED (1 problem)")?;
+            }
+            return Ok(1);
+        }
+    };
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        writeln!(
+            out,
+            "ok  signature {} (key {})",
+            report.manifest, report.key_id
+        )?;
+        for a in &report.artifacts {
+            writeln!(out, "{}", a.line())?;
+        }
+        if report.ok {
+            writeln!(
+                out,
+                "verify: OK ({} artifact{}, key {})",
+                report.artifacts.len(),
+                plural(report.artifacts.len()),
+                report.key_id
+            )?;
+        } else {
+            writeln!(
+                out,
+                "verify: FAILED ({} problem{})",
+                report.problems,
+                plural(report.problems)
+            )?;
+        }
+    }
+    Ok(if report.ok { 0 } else { 1 })
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}

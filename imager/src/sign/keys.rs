@@ -1,0 +1,298 @@
+//! Keys: the [`Signer`] trait, PEM key files and key generation.
+//!
+//! Private keys are PKCS#8 v1 PEM (`-----BEGIN PRIVATE KEY-----`), exactly
+//! what `openssl genpkey -algorithm ed25519` writes; public keys are SPKI PEM
+//! (`-----BEGIN PUBLIC KEY-----`), what `openssl pkey -pubout` writes.
+
+use anyhow::{Context, Result, bail};
+use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
+use ed25519_dalek::pkcs8::spki::der::zeroize::Zeroizing;
+use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
+use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::io::write_atomic;
+
+/// File name of the development private key inside the key directory.
+pub const DEV_KEY: &str = "dev.key";
+/// File name of the development public key inside the key directory.
+pub const DEV_PUB: &str = "dev.pub";
+
+/// Key files are small; anything larger is not a key and is not read whole.
+const MAX_KEY_FILE: u64 = 64 * 1024;
+
+/// Something that signs with an ed25519 key: a key file today, a hardware
+/// token later. Implementations never expose the private key.
+pub trait Signer {
+    /// The public half of the signing key.
+    fn public_key(&self) -> VerifyingKey;
+    /// `ed25519:` followed by the first 16 hex digits of the SHA-256 of the
+    /// raw 32-byte public key; see [`key_id`].
+    fn key_id(&self) -> String {
+        key_id(&self.public_key())
+    }
+    /// A detached ed25519 (RFC 8032, pure) signature over `message`.
+    fn sign(&self, message: &[u8]) -> Result<Signature>;
+}
+
+/// The key id of a public key: `ed25519:` + the first 16 hex digits of the
+/// SHA-256 of its raw 32 bytes.
+pub fn key_id(key: &VerifyingKey) -> String {
+    let digest = Sha256::digest(key.as_bytes());
+    format!("ed25519:{}", &hex::encode(digest)[..16])
+}
+
+/// A signer whose private key is a PKCS#8 PEM file.
+pub struct FileSigner {
+    pub(super) key: SigningKey,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for FileSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the private key.
+        f.debug_struct("FileSigner")
+            .field("path", &self.path)
+            .field("key_id", &key_id(&self.key.verifying_key()))
+            .finish()
+    }
+}
+
+impl FileSigner {
+    /// Loads a PKCS#8 PEM ed25519 private key (v1, as openssl writes it, or
+    /// v2 with the public key, which must then match).
+    pub fn load(path: &Path) -> Result<FileSigner> {
+        let text = read_small(path, "private key")?;
+        let text = Zeroizing::new(text);
+        let key = SigningKey::from_pkcs8_pem(text.trim()).map_err(|e| {
+            let hint = if text.contains("PUBLIC KEY") {
+                " (this is a public key; the signer needs the private key)"
+            } else {
+                ""
+            };
+            anyhow::anyhow!(
+                "{}: not an ed25519 private key in PKCS#8 PEM{hint}: {e}",
+                path.display()
+            )
+        })?;
+        Ok(FileSigner {
+            key,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Where the private key was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Signer for FileSigner {
+    fn public_key(&self) -> VerifyingKey {
+        self.key.verifying_key()
+    }
+    fn sign(&self, message: &[u8]) -> Result<Signature> {
+        Ok(self.key.try_sign(message)?)
+    }
+}
+
+/// Reads a small text file (a key), refusing anything that is not one.
+fn read_small(path: &Path, what: &str) -> Result<String> {
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("reading {what} {}", path.display()))?;
+    if !meta.is_file() || meta.len() > MAX_KEY_FILE {
+        bail!("{}: not a {what} file", path.display());
+    }
+    let bytes =
+        std::fs::read(path).with_context(|| format!("reading {what} {}", path.display()))?;
+    String::from_utf8(bytes)
+        .map_err(|_| anyhow::anyhow!("{}: not a {what} in PEM (not text)", path.display()))
+}
+
+/// Loads a trusted public key: SPKI PEM (`-----BEGIN PUBLIC KEY-----`, as
+/// `openssl pkey -pubout` writes it), or the raw 32-byte key as 64 hex digits.
+pub fn load_public_key(path: &Path) -> Result<VerifyingKey> {
+    let text = read_small(path, "public key")?;
+    let text = text.trim();
+    if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let mut raw = [0u8; 32];
+        hex::decode_to_slice(text, &mut raw)
+            .with_context(|| format!("{}: bad hex", path.display()))?;
+        return VerifyingKey::from_bytes(&raw).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: not an ed25519 public key (raw hex): {e}",
+                path.display()
+            )
+        });
+    }
+    if text.contains("PRIVATE KEY") {
+        bail!(
+            "{}: this is a private key; pass the public key (openssl pkey -in {} -pubout)",
+            path.display(),
+            path.display()
+        );
+    }
+    VerifyingKey::from_public_key_pem(text)
+        .map_err(|e| anyhow::anyhow!("{}: not an ed25519 public key in PEM: {e}", path.display()))
+}
+
+/// The SPKI PEM text of a public key, as `openssl pkey -pubout` writes it.
+pub fn public_key_pem(key: &VerifyingKey) -> Result<String> {
+    key.to_public_key_pem(LineEnding::LF)
+        .map_err(|e| anyhow::anyhow!("encoding the public key: {e}"))
+}
+
+/// The PKCS#8 v1 PEM of a private key (no embedded public key: the form
+/// openssl writes and every PKCS#8 reader accepts).
+fn private_key_pem(key: &SigningKey) -> Result<Zeroizing<String>> {
+    let pair = ed25519_dalek::pkcs8::KeypairBytes {
+        secret_key: key.to_bytes(),
+        public_key: None,
+    };
+    pair.to_pkcs8_pem(LineEnding::LF)
+        .map_err(|e| anyhow::anyhow!("encoding the private key: {e}"))
+}
+
+/// Creates the directory of a key file, the last level with mode 0700.
+fn create_key_dir(file: &Path) -> Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    if !dir.exists() {
+        if let Some(up) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(up).with_context(|| format!("creating {}", up.display()))?;
+        }
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+        }
+    }
+    Ok(dir)
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("flushing directory {}", dir.display()))
+}
+
+/// Why writing a private key failed: it already existed, or something else.
+enum WriteKey {
+    Exists,
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for WriteKey {
+    fn from(e: anyhow::Error) -> Self {
+        WriteKey::Other(e)
+    }
+}
+
+/// Writes a private key atomically. The temporary file is created with mode
+/// 0600 (the umask can only narrow it), so the key is never readable by
+/// others, not even before the rename. Without `force` the final rename is
+/// a no-clobber link, so two racing writers cannot replace each other's key.
+fn write_private_key(path: &Path, key: &SigningKey, force: bool) -> Result<(), WriteKey> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = create_key_dir(path)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut tmp = tempfile::Builder::new()
+        .prefix(&format!(".{name}."))
+        .suffix(".partial")
+        .permissions(std::fs::Permissions::from_mode(0o600))
+        .tempfile_in(&dir)
+        .with_context(|| format!("creating a temporary file for {}", path.display()))?;
+    let pem = private_key_pem(key)?;
+    tmp.write_all(pem.as_bytes())
+        .and_then(|()| tmp.as_file().sync_all())
+        .with_context(|| format!("writing {}", path.display()))?;
+    let persisted = if force {
+        tmp.persist(path)
+    } else {
+        tmp.persist_noclobber(path)
+    };
+    match persisted {
+        Ok(_) => {}
+        Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(WriteKey::Exists);
+        }
+        Err(e) => {
+            return Err(WriteKey::Other(
+                anyhow::Error::new(e.error).context(format!("renaming into {}", path.display())),
+            ));
+        }
+    }
+    sync_dir(&dir)?;
+    Ok(())
+}
+
+fn write_public_key(path: &Path, key: &VerifyingKey) -> Result<()> {
+    write_atomic(path, public_key_pem(key)?.as_bytes(), 0o644)?;
+    Ok(())
+}
+
+/// Generates a new ed25519 key pair: `private` (PKCS#8 PEM, mode 0600) and
+/// `public` (SPKI PEM, mode 0644). Refuses to replace either file unless
+/// `force`. Returns the key id; the private key is never printed.
+pub fn keygen(private: &Path, public: &Path, force: bool) -> Result<String> {
+    if private == public {
+        bail!(
+            "the private and the public key must be different files ({})",
+            private.display()
+        );
+    }
+    if !force {
+        for (p, what) in [(private, "private"), (public, "public")] {
+            if p.symlink_metadata().is_ok() {
+                bail!(
+                    "{what} key {} already exists: refusing to overwrite it (pass --force to replace it)",
+                    p.display()
+                );
+            }
+        }
+    }
+    let key = SigningKey::generate(&mut rand_core::OsRng);
+    match write_private_key(private, &key, force) {
+        Ok(()) => {}
+        Err(WriteKey::Exists) => bail!(
+            "private key {} already exists: refusing to overwrite it (pass --force to replace it)",
+            private.display()
+        ),
+        Err(WriteKey::Other(e)) => return Err(e),
+    }
+    write_public_key(public, &key.verifying_key())?;
+    Ok(key_id(&key.verifying_key()))
+}
+
+/// Loads the development key `dir/dev.key`, creating it (and `dir/dev.pub`)
+/// if it does not exist. Returns the signer and whether the key was created.
+/// `dir/dev.pub` is derived data: rewritten when missing or stale.
+pub fn load_or_create_dev_key(dir: &Path) -> Result<(FileSigner, bool)> {
+    let private = dir.join(DEV_KEY);
+    let public = dir.join(DEV_PUB);
+    let mut created = false;
+    if private.symlink_metadata().is_err() {
+        let key = SigningKey::generate(&mut rand_core::OsRng);
+        match write_private_key(&private, &key, false) {
+            Ok(()) => created = true,
+            // Another build created it meanwhile: use that one.
+            Err(WriteKey::Exists) => {}
+            Err(WriteKey::Other(e)) => return Err(e),
+        }
+    }
+    let signer = FileSigner::load(&private)?;
+    let pem = public_key_pem(&signer.public_key())?;
+    if std::fs::read_to_string(&public).ok().as_deref() != Some(pem.as_str()) {
+        write_public_key(&public, &signer.public_key())?;
+    }
+    Ok((signer, created))
+}

@@ -1,0 +1,235 @@
+//! The signed manifest: what a build produced, with sizes and digests.
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use super::keys::Signer;
+use crate::artifact::{Artifact, Kind};
+use crate::io::{sha256_file, write_atomic};
+
+/// The manifest format this code writes and the only one it verifies.
+pub const FORMAT: u32 = 1;
+/// The manifest's file name in the output directory.
+pub const MANIFEST_NAME: &str = "manifest.json";
+/// The detached signature's file name, next to the manifest.
+pub const SIGNATURE_NAME: &str = "manifest.json.sig";
+
+/// The list of artifacts of one build, signed as a whole.
+///
+/// The serialized form is canonical (see [`Manifest::to_bytes`]): field order
+/// as declared here, artifacts sorted by path, two-space indentation and a
+/// trailing newline, so that the same build gives the same bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Always [`FORMAT`].
+    pub format: u32,
+    pub name: String,
+    pub version: String,
+    pub profile: String,
+    pub source_date_epoch: u64,
+    /// The [`key_id`](super::key_id) of the signing key; set by
+    /// [`write_signed_manifest`].
+    pub key_id: String,
+    /// Paths relative to the manifest's directory, `/`-separated, without
+    /// `.`, `..` or empty components.
+    pub artifacts: Vec<Artifact>,
+}
+
+impl Manifest {
+    /// A format-[`FORMAT`] manifest; `key_id` is filled in when signing.
+    pub fn new(
+        name: impl Into<String>,
+        version: impl Into<String>,
+        profile: impl Into<String>,
+        source_date_epoch: u64,
+        artifacts: Vec<Artifact>,
+    ) -> Manifest {
+        Manifest {
+            format: FORMAT,
+            name: name.into(),
+            version: version.into(),
+            profile: profile.into(),
+            source_date_epoch,
+            key_id: String::new(),
+            artifacts,
+        }
+    }
+
+    /// The canonical bytes: artifacts sorted by path, pretty JSON, newline.
+    /// Refuses invalid manifests (format, paths, digests, duplicates).
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let mut m = self.clone();
+        m.artifacts.sort_by(|a, b| a.path.cmp(&b.path));
+        m.validate()?;
+        let mut bytes = serde_json::to_vec_pretty(&m).context("serializing the manifest")?;
+        bytes.push(b'\n');
+        Ok(bytes)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.format != FORMAT {
+            bail!(
+                "manifest format {} is not supported (this imager writes format {FORMAT})",
+                self.format
+            );
+        }
+        let mut seen = BTreeSet::new();
+        let mut problems = Vec::new();
+        for a in &self.artifacts {
+            if let Err(reason) = check_path(&a.path) {
+                problems.push(format!("{}: {reason}", a.path));
+            }
+            if let Err(reason) = check_digest(&a.sha256) {
+                problems.push(format!("{}: {reason}", a.path));
+            }
+            if !seen.insert(a.path.as_str()) {
+                problems.push(format!("{}: listed twice", a.path));
+            }
+        }
+        if !problems.is_empty() {
+            bail!("invalid manifest artifacts:\n  {}", problems.join("\n  "));
+        }
+        Ok(())
+    }
+}
+
+/// Checks that an artifact path stays inside the manifest's directory: not
+/// empty, not absolute, `/`-separated, no empty, `.` or `..` component, and
+/// not the manifest or its signature. Returns why not.
+pub fn check_path(path: &str) -> Result<(), String> {
+    if path.is_empty() {
+        return Err("empty path".into());
+    }
+    if path.starts_with('/') {
+        return Err(
+            "absolute path (artifact paths are relative to the manifest's directory)".into(),
+        );
+    }
+    if path.contains('\0') {
+        return Err("path contains a NUL byte".into());
+    }
+    for c in path.split('/') {
+        match c {
+            ".." => {
+                return Err(
+                    "path contains `..` (artifact paths must stay inside the manifest's directory)"
+                        .into(),
+                );
+            }
+            "." | "" => return Err("path is not canonical (empty or `.` component)".into()),
+            _ => {}
+        }
+    }
+    if path == MANIFEST_NAME || path == SIGNATURE_NAME {
+        return Err("the manifest cannot list itself or its signature".into());
+    }
+    Ok(())
+}
+
+/// Checks that a digest is 64 lowercase hex digits.
+pub fn check_digest(sha256: &str) -> Result<(), String> {
+    if sha256.len() == 64
+        && sha256
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
+        Ok(())
+    } else {
+        Err(format!("sha256 {sha256:?} is not 64 lowercase hex digits"))
+    }
+}
+
+/// Describes the file `dir/path` as an artifact, hashing it (streamed).
+pub fn describe(dir: &Path, kind: Kind, path: &str) -> Result<Artifact> {
+    check_path(path).map_err(|reason| anyhow::anyhow!("artifact {path}: {reason}"))?;
+    let (sha256, size) = sha256_file(&dir.join(path))?;
+    Ok(Artifact {
+        kind,
+        path: path.to_string(),
+        sha256,
+        size,
+    })
+}
+
+/// The signature file of a manifest: its path with `.sig` appended.
+pub fn signature_path(manifest: &Path) -> PathBuf {
+    let mut s = manifest.as_os_str().to_os_string();
+    s.push(".sig");
+    PathBuf::from(s)
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("flushing directory {}", dir.display()))
+}
+
+/// Signs `manifest` with `signer` and writes `dir/manifest.json` and the raw
+/// 64-byte detached signature `dir/manifest.json.sig`. `key_id` is set to the
+/// signer's; artifacts are sorted; every artifact must exist in `dir` with
+/// the listed size (digests are trusted: they were computed while writing).
+///
+/// Order, so that no crash leaves a manifest that looks finished but is not:
+/// 1. remove an old `manifest.json` (the directory is now "not signed");
+/// 2. write the signature atomically, flush the directory;
+/// 3. write `manifest.json` atomically, flush the directory.
+///
+/// `manifest.json` is the commit point: whenever it exists, the signature
+/// written with it exists too. A crash leaves either no manifest (incomplete,
+/// rebuild) or the complete pair; never a new manifest with an old signature.
+pub fn write_signed_manifest(
+    dir: &Path,
+    manifest: &Manifest,
+    signer: &dyn Signer,
+) -> Result<(PathBuf, PathBuf)> {
+    let mut m = manifest.clone();
+    m.key_id = signer.key_id();
+    let bytes = m.to_bytes()?;
+
+    let mut problems = Vec::new();
+    for a in &m.artifacts {
+        match std::fs::metadata(dir.join(&a.path)) {
+            Ok(meta) if !meta.is_file() => problems.push(format!("{}: not a regular file", a.path)),
+            Ok(meta) if meta.len() != a.size => problems.push(format!(
+                "{}: listed with {} bytes but the file has {}",
+                a.path,
+                a.size,
+                meta.len()
+            )),
+            Ok(_) => {}
+            Err(e) => problems.push(format!("{}: {e}", a.path)),
+        }
+    }
+    if !problems.is_empty() {
+        bail!(
+            "not signing a manifest that does not match {}:\n  {}",
+            dir.display(),
+            problems.join("\n  ")
+        );
+    }
+
+    let signature = signer.sign(&bytes).context("signing the manifest")?;
+    // A faulty signer (or hardware token) must not produce an unverifiable pair.
+    signer
+        .public_key()
+        .verify_strict(&bytes, &signature)
+        .context("the signer produced a signature that does not verify with its own public key")?;
+
+    let manifest_path = dir.join(MANIFEST_NAME);
+    let sig_path = dir.join(SIGNATURE_NAME);
+    match std::fs::remove_file(&manifest_path) {
+        Ok(()) => sync_dir(dir)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(e).with_context(|| format!("removing the old {}", manifest_path.display()));
+        }
+    }
+    write_atomic(&sig_path, &signature.to_bytes(), 0o644)?;
+    sync_dir(dir)?;
+    write_atomic(&manifest_path, &bytes, 0o644)?;
+    sync_dir(dir)?;
+    Ok((manifest_path, sig_path))
+}

@@ -1,0 +1,27 @@
+//! Signing: keys, the signed build manifest and its verification.
+//!
+//! A build's output directory holds `manifest.json` (name, version, profile,
+//! `SOURCE_DATE_EPOCH`, and every artifact's path, size and SHA-256) and
+//! `manifest.json.sig`, the raw 64-byte ed25519 signature over the exact
+//! bytes of `manifest.json`. Keys are PEM files openssl reads and writes.
+//! `docs/signing.md` describes the formats and how to verify with openssl.
+
+mod cli;
+mod keys;
+mod manifest;
+mod verify;
+
+#[cfg(test)]
+mod tests;
+
+pub use cli::{DEV_KEY_DIR, KeygenArgs, VerifyArgs, run_keygen, run_verify, run_verify_to};
+pub use ed25519_dalek::{Signature, VerifyingKey};
+pub use keys::{
+    DEV_KEY, DEV_PUB, FileSigner, Signer, key_id, keygen, load_or_create_dev_key, load_public_key,
+    public_key_pem,
+};
+pub use manifest::{
+    FORMAT, MANIFEST_NAME, Manifest, SIGNATURE_NAME, check_path, describe, signature_path,
+    write_signed_manifest,
+};
+pub use verify::{ArtifactCheck, Status, VerifyReport, verify};

@@ -1,0 +1,299 @@
+//! Verification of a signed manifest and of the artifacts it lists.
+
+use anyhow::{Context, Result, bail};
+use ed25519_dalek::{Signature, VerifyingKey};
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use super::keys::key_id;
+use super::manifest::{FORMAT, MANIFEST_NAME, Manifest, check_digest, check_path, signature_path};
+use crate::artifact::Kind;
+use crate::io::sha256_file;
+
+/// A manifest is a small JSON file; anything larger is not one.
+const MAX_MANIFEST: u64 = 64 * 1024 * 1024;
+
+/// The outcome of checking one artifact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", rename_all = "kebab-case")]
+pub enum Status {
+    Ok,
+    Missing,
+    NotAFile,
+    /// The manifest entry itself is unacceptable (unsafe path, bad digest,
+    /// listed twice); the file is not opened.
+    Invalid {
+        reason: String,
+    },
+    SizeDiffers {
+        manifest: u64,
+        file: u64,
+    },
+    DigestDiffers {
+        manifest: String,
+        file: String,
+    },
+    Unreadable {
+        error: String,
+    },
+}
+
+/// One artifact of the manifest and what verification found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ArtifactCheck {
+    pub path: String,
+    pub kind: Kind,
+    #[serde(flatten)]
+    pub status: Status,
+}
+
+impl ArtifactCheck {
+    pub fn is_ok(&self) -> bool {
+        self.status == Status::Ok
+    }
+
+    /// `ok  raw disk.raw` or `BAD kernel vmlinuz: sha256 differs (...)`.
+    pub fn line(&self) -> String {
+        let (kind, path) = (self.kind.name(), &self.path);
+        let why = match &self.status {
+            Status::Ok => return format!("ok  {kind} {path}"),
+            Status::Missing => "missing".to_string(),
+            Status::NotAFile => "not a regular file".to_string(),
+            Status::Invalid { reason } => reason.clone(),
+            Status::SizeDiffers { manifest, file } => {
+                format!("size differs (manifest {manifest} bytes, file {file} bytes)")
+            }
+            Status::DigestDiffers { manifest, file } => format!(
+                "sha256 differs (manifest {}, file {})",
+                abbrev(manifest),
+                abbrev(file)
+            ),
+            Status::Unreadable { error } => format!("unreadable: {error}"),
+        };
+        format!("BAD {kind} {path}: {why}")
+    }
+}
+
+fn abbrev(digest: &str) -> String {
+    match digest.get(..12) {
+        Some(head) if digest.len() > 12 => format!("{head}…"),
+        _ => digest.to_string(),
+    }
+}
+
+/// What [`verify`] found: the signature verified, and each artifact's status.
+/// The artifacts may still be bad: check [`VerifyReport::ok`] or call
+/// [`VerifyReport::ensure_ok`].
+#[must_use = "a report may list bad artifacts: check `ok` or call `ensure_ok()`"]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VerifyReport {
+    /// The manifest file verified.
+    pub manifest: String,
+    /// True when every artifact is ok.
+    pub ok: bool,
+    /// The number of artifacts that are not ok.
+    pub problems: usize,
+    /// The key that signed the manifest (the trusted key).
+    pub key_id: String,
+    pub name: String,
+    pub version: String,
+    pub profile: String,
+    pub source_date_epoch: u64,
+    pub artifacts: Vec<ArtifactCheck>,
+}
+
+impl VerifyReport {
+    /// An error listing every bad artifact, or `Ok` when all are ok.
+    pub fn ensure_ok(&self) -> Result<()> {
+        if self.ok {
+            return Ok(());
+        }
+        let lines: Vec<String> = self
+            .artifacts
+            .iter()
+            .filter(|a| !a.is_ok())
+            .map(ArtifactCheck::line)
+            .collect();
+        bail!(
+            "{}: {} of {} artifacts do not match:\n  {}",
+            self.manifest,
+            self.problems,
+            self.artifacts.len(),
+            lines.join("\n  ")
+        )
+    }
+}
+
+/// Verifies `manifest_path` (a `manifest.json`, or a directory containing
+/// one) against the trusted `public_key`.
+///
+/// Errors when the manifest cannot be trusted at all: signature missing or
+/// not 64 bytes, signature not verifying (key mismatch or modification),
+/// not a format-1 manifest. Otherwise checks every artifact (path safety,
+/// existence, size, streamed SHA-256) and reports all of them.
+pub fn verify(manifest_path: &Path, public_key: &VerifyingKey) -> Result<VerifyReport> {
+    let joined;
+    let manifest_path = if manifest_path.is_dir() {
+        joined = manifest_path.join(MANIFEST_NAME);
+        joined.as_path()
+    } else {
+        manifest_path
+    };
+    let bytes = read_manifest(manifest_path)?;
+    let sig_path = signature_path(manifest_path);
+    let sig_bytes = match std::fs::read(&sig_path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "signature {} is missing: {} is not signed",
+            sig_path.display(),
+            manifest_path.display()
+        ),
+        Err(e) => {
+            return Err(e).with_context(|| format!("reading signature {}", sig_path.display()));
+        }
+    };
+    let sig_raw: [u8; 64] = sig_bytes.as_slice().try_into().map_err(|_| {
+        anyhow::anyhow!(
+            "signature {} is {} bytes, expected a raw 64-byte ed25519 signature",
+            sig_path.display(),
+            sig_bytes.len()
+        )
+    })?;
+    let signature = Signature::from_bytes(&sig_raw);
+    let trusted = key_id(public_key);
+
+    if public_key.verify_strict(&bytes, &signature).is_err() {
+        // Only to explain the failure: the manifest is untrusted here.
+        let claimed = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("key_id")?.as_str().map(str::to_string));
+        match claimed {
+            Some(claimed) if claimed != trusted => bail!(
+                "{} is signed by key {claimed} but the trusted key is {trusted}: \
+                 pass --key with the public key that signed it",
+                manifest_path.display()
+            ),
+            _ => bail!(
+                "signature {} does not match {}: the manifest was modified after signing \
+                 (or the signature was damaged)",
+                sig_path.display(),
+                manifest_path.display()
+            ),
+        }
+    }
+
+    let manifest: Manifest = serde_json::from_slice(&bytes).with_context(|| {
+        format!(
+            "{} is correctly signed but is not a format-{FORMAT} manifest",
+            manifest_path.display()
+        )
+    })?;
+    if manifest.format != FORMAT {
+        bail!(
+            "{}: manifest format {} is not supported (this imager verifies format {FORMAT})",
+            manifest_path.display(),
+            manifest.format
+        );
+    }
+    if manifest.key_id != trusted {
+        bail!(
+            "{} is signed by the trusted key {trusted} but names key {} in key_id: refusing an inconsistent manifest",
+            manifest_path.display(),
+            manifest.key_id
+        );
+    }
+
+    let dir = manifest_path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut seen = BTreeSet::new();
+    let artifacts: Vec<ArtifactCheck> = manifest
+        .artifacts
+        .iter()
+        .map(|a| {
+            let status = if let Err(reason) = check_path(&a.path) {
+                Status::Invalid { reason }
+            } else if !seen.insert(a.path.clone()) {
+                Status::Invalid {
+                    reason: "listed twice".to_string(),
+                }
+            } else if let Err(reason) = check_digest(&a.sha256) {
+                Status::Invalid { reason }
+            } else {
+                check_file(&dir.join(&a.path), a.size, &a.sha256)
+            };
+            ArtifactCheck {
+                path: a.path.clone(),
+                kind: a.kind,
+                status,
+            }
+        })
+        .collect();
+    let problems = artifacts.iter().filter(|a| !a.is_ok()).count();
+    Ok(VerifyReport {
+        manifest: manifest_path.display().to_string(),
+        ok: problems == 0,
+        problems,
+        key_id: trusted,
+        name: manifest.name,
+        version: manifest.version,
+        profile: manifest.profile,
+        source_date_epoch: manifest.source_date_epoch,
+        artifacts,
+    })
+}
+
+fn read_manifest(path: &Path) -> Result<Vec<u8>> {
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("reading manifest {}", path.display()))?;
+    if !meta.is_file() {
+        bail!("{} is not a manifest file", path.display());
+    }
+    if meta.len() > MAX_MANIFEST {
+        bail!(
+            "{} is {} bytes: too large to be a manifest",
+            path.display(),
+            meta.len()
+        );
+    }
+    std::fs::read(path).with_context(|| format!("reading manifest {}", path.display()))
+}
+
+fn check_file(path: &Path, size: u64, sha256: &str) -> Status {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Status::Missing,
+        Err(e) => {
+            return Status::Unreadable {
+                error: e.to_string(),
+            };
+        }
+    };
+    if !meta.is_file() {
+        return Status::NotAFile;
+    }
+    if meta.len() != size {
+        // Not worth hashing gigabytes to say what the size already says.
+        return Status::SizeDiffers {
+            manifest: size,
+            file: meta.len(),
+        };
+    }
+    match sha256_file(path) {
+        // The file may have changed since the stat: judge what was hashed.
+        Ok((_, read)) if read != size => Status::SizeDiffers {
+            manifest: size,
+            file: read,
+        },
+        Ok((digest, _)) if digest != sha256 => Status::DigestDiffers {
+            manifest: sha256.to_string(),
+            file: digest,
+        },
+        Ok(_) => Status::Ok,
+        Err(e) => Status::Unreadable {
+            error: format!("{e:#}"),
+        },
+    }
+}
