@@ -22,7 +22,9 @@ fn imager() -> Command {
 }
 
 fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
     out
 }
 
@@ -168,17 +170,28 @@ fn fsck_fat_is_clean_on_efi_and_boot() {
 fn unsquashfs_lists_the_root() {
     let sq = image().artifact("rootfs");
     let out = ok(tool("unsquashfs").arg("-l").arg(&sq));
-    for p in ["squashfs-root/usr/bin/machined", "squashfs-root/usr/lib/os-release", "squashfs-root/etc/hosts", "squashfs-root/etc/resolv.conf"] {
+    for p in [
+        "squashfs-root/usr/bin/machined",
+        "squashfs-root/usr/lib/os-release",
+        "squashfs-root/etc/hosts",
+        "squashfs-root/etc/resolv.conf",
+    ] {
         assert!(out.lines().any(|l| l == p), "{p} missing from:\n{out}");
     }
-    assert!(!out.contains("/bin/sh"), "the root filesystem has a shell:\n{out}");
+    assert!(
+        !out.contains("/bin/sh"),
+        "the root filesystem has a shell:\n{out}"
+    );
 }
 
 #[test]
 fn cpio_lists_the_initramfs() {
     let img = image().artifact("initramfs");
     let cpio = scratch().join("initramfs.cpio");
-    ok(tool("zstd").args(["-d", "-f", "-q", "-o"]).arg(&cpio).arg(&img));
+    ok(tool("zstd")
+        .args(["-d", "-f", "-q", "-o"])
+        .arg(&cpio)
+        .arg(&img));
     let out = ok(tool("cpio").args(["-t", "--quiet", "-F"]).arg(&cpio));
     for p in ["init", "rootfs.sqsh", "dev/console"] {
         assert!(out.lines().any(|l| l == p), "{p} missing from:\n{out}");
@@ -197,7 +210,9 @@ fn boots_under_ovmf_to_ready_on_slot_a_with_kspp_cmdline() {
     assert_eq!(r["version"], "0.1.0");
     assert!(r["seconds"].as_f64().unwrap() > 0.0);
     assert_eq!(r["clean_poweroff"], true, "{r}");
-    let cmdline = r["cmdline"].as_str().expect("the runtime prints /proc/cmdline");
+    let cmdline = r["cmdline"]
+        .as_str()
+        .expect("the runtime prints /proc/cmdline");
     // KSPP's recommended boot parameters.
     for p in [
         "slab_nomerge",
@@ -215,7 +230,11 @@ fn boots_under_ovmf_to_ready_on_slot_a_with_kspp_cmdline() {
 
 fn flip_byte(path: &Path, at: u64) {
     use std::io::{Read, Seek, SeekFrom, Write};
-    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
     let mut b = [0u8];
     f.seek(SeekFrom::Start(at)).unwrap();
     f.read_exact(&mut b).unwrap();
@@ -232,28 +251,62 @@ fn verify_fails_on_one_flipped_byte_in_any_artifact() {
     let b = image();
     let copy = scratch().join("tamper");
     let _ = std::fs::remove_dir_all(&copy);
-    ok(Command::new("cp").args(["-r", "--sparse=always"]).arg(&b.dir).arg(&copy));
+    ok(Command::new("cp")
+        .args(["-r", "--sparse=always"])
+        .arg(&b.dir)
+        .arg(&copy));
     // The untouched copy verifies.
-    ok(imager().arg("verify").arg(&copy).arg("--key").arg(dev_pub()));
-    let names = ["vmlinuz", "kernel.config", "initramfs.zst", "rootfs.sqsh", "disk.raw", "manifest.json", "manifest.json.sig"];
+    ok(imager()
+        .arg("verify")
+        .arg(&copy)
+        .arg("--key")
+        .arg(dev_pub()));
+    let names = [
+        "vmlinuz",
+        "kernel.config",
+        "initramfs.zst",
+        "rootfs.sqsh",
+        "disk.raw",
+        "manifest.json",
+        "manifest.json.sig",
+    ];
     for name in names {
         let f = copy.join(name);
         let len = std::fs::metadata(&f).unwrap().len();
         // A byte in the middle (for the disk: inside the ESP, which is written).
-        let at = if name == "disk.raw" { 2 * 1024 * 1024 + 3 } else { len / 2 };
+        let at = if name == "disk.raw" {
+            2 * 1024 * 1024 + 3
+        } else {
+            len / 2
+        };
         flip_byte(&f, at);
-        let out = run(imager().arg("verify").arg(&copy).arg("--key").arg(dev_pub()));
+        let out = run(imager()
+            .arg("verify")
+            .arg(&copy)
+            .arg("--key")
+            .arg(dev_pub()));
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(!out.status.success(), "verify passed with {name} tampered:\n{text}");
-        let named = if name.starts_with("manifest.json") { "manifest" } else { name };
+        assert!(
+            !out.status.success(),
+            "verify passed with {name} tampered:\n{text}"
+        );
+        let named = if name.starts_with("manifest.json") {
+            "manifest"
+        } else {
+            name
+        };
         assert!(text.contains(named), "verify did not name {name}:\n{text}");
         flip_byte(&f, at);
     }
-    ok(imager().arg("verify").arg(&copy).arg("--key").arg(dev_pub()));
+    ok(imager()
+        .arg("verify")
+        .arg(&copy)
+        .arg("--key")
+        .arg(dev_pub()));
 }
 
 #[test]
@@ -266,10 +319,21 @@ fn verify_refuses_a_wrong_public_key() {
         .arg(keys.join("k.pem"))
         .arg("--public")
         .arg(keys.join("k.pub")));
-    let out = run(imager().arg("verify").arg(&b.dir).arg("--key").arg(keys.join("k.pub")));
-    let err = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "verify passed with another key:\n{err}");
-    assert!(err.contains("--key"), "the error does not say what to do:\n{err}");
+    let out = run(imager()
+        .arg("verify")
+        .arg(&b.dir)
+        .arg("--key")
+        .arg(keys.join("k.pub")));
+    let err =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success(),
+        "verify passed with another key:\n{err}"
+    );
+    assert!(
+        err.contains("--key"),
+        "the error does not say what to do:\n{err}"
+    );
 }
 
 #[test]
@@ -289,7 +353,15 @@ fn two_builds_in_different_directories_are_byte_identical() {
     let first = image();
     let second = build_into("second");
     assert_ne!(first.dir, second.dir);
-    for kind in ["kernel", "kernel-config", "initramfs", "rootfs", "raw", "manifest", "signature"] {
+    for kind in [
+        "kernel",
+        "kernel-config",
+        "initramfs",
+        "rootfs",
+        "raw",
+        "manifest",
+        "signature",
+    ] {
         let a = std::fs::read(first.artifact(kind)).unwrap();
         let b = std::fs::read(second.artifact(kind)).unwrap();
         assert!(a == b, "{kind} differs between two builds");
@@ -300,15 +372,32 @@ fn two_builds_in_different_directories_are_byte_identical() {
 fn inspect_shows_partitions_entries_meta_and_manifest() {
     let b = image();
     let raw = b.artifact("raw");
-    let out = ok(imager().args(["inspect", "--json"]).arg(&raw).arg("--key").arg(dev_pub()));
+    let out = ok(imager()
+        .args(["inspect", "--json"])
+        .arg(&raw)
+        .arg("--key")
+        .arg(dev_pub()));
     let r: Value = serde_json::from_str(&out).unwrap();
-    let names: Vec<_> = r["partitions"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap().to_string()).collect();
+    let names: Vec<_> = r["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(names, ["EFI", "BIOS", "BOOT", "META", "STATE", "EPHEMERAL"]);
     // LBAs as sfdisk reads them.
     let sf: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(&raw))).unwrap();
-    for (mine, theirs) in r["partitions"].as_array().unwrap().iter().zip(sf["partitiontable"]["partitions"].as_array().unwrap()) {
+    for (mine, theirs) in r["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(sf["partitiontable"]["partitions"].as_array().unwrap())
+    {
         assert_eq!(mine["first_lba"], theirs["start"]);
-        assert_eq!(mine["last_lba"].as_u64().unwrap() + 1 - mine["first_lba"].as_u64().unwrap(), theirs["size"].as_u64().unwrap());
+        assert_eq!(
+            mine["last_lba"].as_u64().unwrap() + 1 - mine["first_lba"].as_u64().unwrap(),
+            theirs["size"].as_u64().unwrap()
+        );
     }
     let entries = r["entries"].as_array().unwrap();
     assert_eq!(entries.len(), 1, "{r}");
@@ -316,7 +405,10 @@ fn inspect_shows_partitions_entries_meta_and_manifest() {
     assert_eq!(entries[0]["files_present"], true);
     assert_eq!(r["loader_default"], "slot-a.conf");
     let keys = r["meta"]["keys"].as_array().unwrap();
-    assert!(keys.iter().any(|k| k[0] == "default-slot" && k[1] == "A"), "{r}");
+    assert!(
+        keys.iter().any(|k| k[0] == "default-slot" && k[1] == "A"),
+        "{r}"
+    );
     assert_eq!(r["manifest"]["verified"], true, "{r}");
     assert_eq!(r["manifest"]["lists_image"], true, "{r}");
 }
@@ -326,7 +418,10 @@ fn write_profile(name: &str, edit: impl Fn(String) -> String) -> PathBuf {
     let text = std::fs::read_to_string(repo().join("profiles/metal.yaml")).unwrap();
     let dir = scratch().join("profiles");
     std::fs::create_dir_all(&dir).unwrap();
-    let text = edit(text).replace("../", &format!("{}/", repo().canonicalize().unwrap().display()));
+    let text = edit(text).replace(
+        "../",
+        &format!("{}/", repo().canonicalize().unwrap().display()),
+    );
     let path = dir.join(format!("{name}.yaml"));
     std::fs::write(&path, text).unwrap();
     path
@@ -335,45 +430,80 @@ fn write_profile(name: &str, edit: impl Fn(String) -> String) -> PathBuf {
 /// Runs a build expected to fail; returns its stderr and checks that the
 /// output directory holds no file under a final name.
 fn failing_build(profile: &Path) -> String {
-    let out_dir = scratch().join(format!("fail-{}", profile.file_stem().unwrap().to_string_lossy()));
+    let out_dir = scratch().join(format!(
+        "fail-{}",
+        profile.file_stem().unwrap().to_string_lossy()
+    ));
     let _ = std::fs::remove_dir_all(&out_dir);
-    let out = run(imager().args(["build", "--profile"]).arg(profile).arg("--out").arg(&out_dir));
+    let out = run(imager()
+        .args(["build", "--profile"])
+        .arg(profile)
+        .arg("--out")
+        .arg(&out_dir));
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "build succeeded:\n{err}");
     if out_dir.exists() {
-        let left: Vec<_> = std::fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert!(left.is_empty(), "files left in {}: {left:?}", out_dir.display());
+        let left: Vec<_> = std::fs::read_dir(&out_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "files left in {}: {left:?}",
+            out_dir.display()
+        );
     }
     err
 }
 
 #[test]
 fn bad_profile_key_names_file_line_and_key() {
-    let p = write_profile("badkey", |t| t.replace("version: 0.1.0", "version: 0.1.0\nverison: 2"));
+    let p = write_profile("badkey", |t| {
+        t.replace("version: 0.1.0", "version: 0.1.0\nverison: 2")
+    });
     let err = failing_build(&p);
-    assert!(err.contains("badkey.yaml") && err.contains("verison") && err.contains("line 7"), "{err}");
+    assert!(
+        err.contains("badkey.yaml") && err.contains("verison") && err.contains("line 7"),
+        "{err}"
+    );
     let p = write_profile("badtype", |t| t.replace("size: 2GiB", "size: lots"));
     let err = failing_build(&p);
-    assert!(err.contains("badtype.yaml") && err.contains("disk.size") && err.contains("line"), "{err}");
+    assert!(
+        err.contains("badtype.yaml") && err.contains("disk.size") && err.contains("line"),
+        "{err}"
+    );
 }
 
 #[test]
 fn missing_kernel_source_is_a_clear_error() {
-    let p = write_profile("nosource", |t| t.replace("/usr/src/linux-source-6.1.tar.xz", "/nonexistent/linux.tar.xz"));
+    let p = write_profile("nosource", |t| {
+        t.replace(
+            "/usr/src/linux-source-6.1.tar.xz",
+            "/nonexistent/linux.tar.xz",
+        )
+    });
     let err = failing_build(&p);
-    assert!(err.contains("/nonexistent/linux.tar.xz") && err.contains("not found"), "{err}");
+    assert!(
+        err.contains("/nonexistent/linux.tar.xz") && err.contains("not found"),
+        "{err}"
+    );
 }
 
 #[test]
 fn disk_too_small_is_refused_before_anything_is_written() {
     let p = write_profile("small", |t| t.replace("size: 2GiB", "size: 200MiB"));
     let err = failing_build(&p);
-    assert!(err.contains("too small") && err.contains("disk.size"), "{err}");
+    assert!(
+        err.contains("too small") && err.contains("disk.size"),
+        "{err}"
+    );
 }
 
 #[test]
 fn missing_boot_loader_is_a_clear_error() {
-    let p = write_profile("noboot", |t| t + "boot:\n  systemd_boot: /nonexistent/systemd-bootx64.efi\n");
+    let p = write_profile("noboot", |t| {
+        t + "boot:\n  systemd_boot: /nonexistent/systemd-bootx64.efi\n"
+    });
     let err = failing_build(&p);
     assert!(err.contains("/nonexistent/systemd-bootx64.efi"), "{err}");
 }
@@ -384,11 +514,20 @@ fn kernel_options_dropped_by_kconfig_are_listed() {
     let frag = scratch().join("needs-net.config");
     std::fs::write(&frag, "CONFIG_NFS_FS=y\nCONFIG_XFS_FS=y\n").unwrap();
     let p = write_profile("dropped", |t| {
-        t.replace("    - ../kernel-config/kspp.config\n", &format!("    - ../kernel-config/kspp.config\n    - {}\n", frag.display()))
+        t.replace(
+            "    - ../kernel-config/kspp.config\n",
+            &format!(
+                "    - ../kernel-config/kspp.config\n    - {}\n",
+                frag.display()
+            ),
+        )
     });
     let err = failing_build(&p);
     assert!(err.contains("CONFIG_NFS_FS"), "{err}");
-    assert!(!err.contains("CONFIG_XFS_FS="), "an option Kconfig kept was listed:\n{err}");
+    assert!(
+        !err.contains("CONFIG_XFS_FS="),
+        "an option Kconfig kept was listed:\n{err}"
+    );
 }
 
 #[test]
@@ -400,7 +539,10 @@ fn kspp_audit_cli_gives_verdicts_on_a_small_config() {
     )
     .unwrap();
     let out = run(imager().args(["kernel", "check", "--json"]).arg(&cfg));
-    assert!(!out.status.success(), "a config failing KSPP rules passed the audit");
+    assert!(
+        !out.status.success(),
+        "a config failing KSPP rules passed the audit"
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let verdict = |opt: &str| {
         v.as_array()

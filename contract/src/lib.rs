@@ -18,5 +18,5 @@ pub mod paths;
 pub mod slot;
 
 pub use guid::Guid;
-pub use partition::{PartitionRole, PartitionSpec, LAYOUT};
+pub use partition::{LAYOUT, PartitionRole, PartitionSpec};
 pub use slot::Slot;

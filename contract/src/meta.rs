@@ -102,7 +102,10 @@ impl fmt::Display for MetaError {
             }
             MetaError::Checksum => write!(f, "META checksum does not match its contents"),
             MetaError::Overrun { tag, size } => {
-                write!(f, "META record tag {tag} of {size} bytes runs past the block")
+                write!(
+                    f,
+                    "META record tag {tag} of {size} bytes runs past the block"
+                )
             }
             MetaError::TooLarge(n) => write!(f, "META values need {n} bytes, more than a block"),
             MetaError::NoValidCopy(a, b) => {

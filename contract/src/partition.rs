@@ -149,7 +149,10 @@ mod tests {
     #[test]
     fn layout_is_in_talos_order_and_aligned() {
         let labels: Vec<_> = LAYOUT.iter().map(|p| p.label).collect();
-        assert_eq!(labels, ["EFI", "BIOS", "BOOT", "META", "STATE", "EPHEMERAL"]);
+        assert_eq!(
+            labels,
+            ["EFI", "BIOS", "BOOT", "META", "STATE", "EPHEMERAL"]
+        );
         for p in &LAYOUT {
             if let Some(s) = p.default_size {
                 assert_eq!(s % ALIGNMENT, 0, "{}", p.label);

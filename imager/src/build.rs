@@ -93,7 +93,12 @@ fn step(msg: &str) {
 }
 
 /// The kernel request of a profile.
-pub fn kernel_request(p: &Profile, cache_dir: &Path, epoch: u64, jobs: usize) -> Result<kernel::KernelRequest> {
+pub fn kernel_request(
+    p: &Profile,
+    cache_dir: &Path,
+    epoch: u64,
+    jobs: usize,
+) -> Result<kernel::KernelRequest> {
     let source = p
         .kernel
         .source
@@ -314,7 +319,10 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         let (sha256, size) = sha256_file(&path)?;
         listed.push(Artifact {
             kind,
-            path: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            path: path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
             sha256,
             size,
         });
@@ -354,4 +362,3 @@ pub fn initial_meta(p: &Profile) -> Meta {
 pub fn report_json(r: &BuildReport) -> Result<String> {
     serde_json::to_string_pretty(r).context("serializing the build report")
 }
-

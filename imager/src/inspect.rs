@@ -77,7 +77,11 @@ pub struct Report {
     pub manifest: Option<ManifestInfo>,
 }
 
-fn window<'a>(f: &'a mut File, t: &disk::Table, role: PartitionRole) -> Result<Window<&'a mut File>> {
+fn window<'a>(
+    f: &'a mut File,
+    t: &disk::Table,
+    role: PartitionRole,
+) -> Result<Window<&'a mut File>> {
     let p = t
         .partitions
         .iter()
@@ -179,13 +183,18 @@ pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
 }
 
 fn manifest_status(image: &Path, key: Option<&Path>) -> Option<ManifestInfo> {
-    let dir = image.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = image
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let path = dir.join(crate::build::names::MANIFEST);
     if !path.is_file() {
         return None;
     }
     let default_key = PathBuf::from("out/keys/dev.pub");
-    let key = key.map(Path::to_path_buf).or_else(|| default_key.is_file().then_some(default_key));
+    let key = key
+        .map(Path::to_path_buf)
+        .or_else(|| default_key.is_file().then_some(default_key));
     let mut info = ManifestInfo {
         path: path.display().to_string(),
         verified: false,
@@ -223,7 +232,10 @@ pub fn run(args: &InspectArgs) -> Result<i32> {
         r.image, r.size, r.sector_size, r.disk_guid
     );
     println!("\npartitions:");
-    println!("  #  {:<10} {:<36} {:>10} {:>10}", "name", "type GUID", "first LBA", "last LBA");
+    println!(
+        "  #  {:<10} {:<36} {:>10} {:>10}",
+        "name", "type GUID", "first LBA", "last LBA"
+    );
     for p in &r.partitions {
         println!(
             "  {}  {:<10} {:<36} {:>10} {:>10}",
@@ -245,7 +257,11 @@ pub fn run(args: &InspectArgs) -> Result<i32> {
                 e.version,
                 e.linux,
                 e.initrd,
-                if e.files_present { "" } else { " (FILES MISSING)" }
+                if e.files_present {
+                    ""
+                } else {
+                    " (FILES MISSING)"
+                }
             );
             println!("          options {}", e.options);
         }
@@ -272,7 +288,11 @@ pub fn run(args: &InspectArgs) -> Result<i32> {
             } else {
                 "DOES NOT VERIFY"
             },
-            if m.detail.is_empty() { String::new() } else { format!(" ({})", m.detail) }
+            if m.detail.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", m.detail)
+            }
         ),
     }
     Ok(0)

@@ -8,7 +8,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "imager", version, about = "Builds signed, bootable, immutable OS images")]
+#[command(
+    name = "imager",
+    version,
+    about = "Builds signed, bootable, immutable OS images"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -107,7 +111,12 @@ fn run() -> Result<ExitCode> {
                 println!("{}", build::report_json(&report)?);
             } else {
                 for art in &report.artifacts {
-                    println!("{:<14} {}  {}", art.kind.name(), &art.sha256[..16], art.path);
+                    println!(
+                        "{:<14} {}  {}",
+                        art.kind.name(),
+                        &art.sha256[..16],
+                        art.path
+                    );
                 }
             }
             Ok(ExitCode::SUCCESS)

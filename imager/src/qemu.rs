@@ -110,8 +110,14 @@ fn fatal_line(line: &str) -> Option<&'static str> {
         ("machined: fatal:", "the runtime failed"),
         ("No bootable option", "the firmware found nothing to boot"),
         ("No bootable device", "the firmware found nothing to boot"),
-        ("failed to load Boot", "the firmware could not load the boot loader"),
-        ("Failed to boot", "the boot loader could not start the kernel"),
+        (
+            "failed to load Boot",
+            "the firmware could not load the boot loader",
+        ),
+        (
+            "Failed to boot",
+            "the boot loader could not start the kernel",
+        ),
     ];
     FATAL
         .iter()
@@ -181,8 +187,8 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
     let vars = dir.path().join("OVMF_VARS.fd");
     std::fs::copy(OVMF_VARS, &vars).context("copying the OVMF variable store")?;
     let qmp = dir.path().join("qmp.sock");
-    let image_abs = std::fs::canonicalize(image)
-        .with_context(|| format!("resolving {}", image.display()))?;
+    let image_abs =
+        std::fs::canonicalize(image).with_context(|| format!("resolving {}", image.display()))?;
     let mut cmd = Command::new(qemu);
     cmd.args(["-machine", "q35", "-m"])
         .arg(opts.memory_mib.to_string())
@@ -193,7 +199,10 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
             "if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"
         ))
         .arg("-drive")
-        .arg(format!("if=pflash,format=raw,unit=1,file={}", vars.display()))
+        .arg(format!(
+            "if=pflash,format=raw,unit=1,file={}",
+            vars.display()
+        ))
         .arg("-drive")
         .arg(format!(
             "if=none,id=disk0,format=raw,file={},snapshot={}",
@@ -291,9 +300,9 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
     let started = Instant::now();
     let (mut guest, rx) = start(opts)?;
     let log = match &opts.console_log {
-        Some(p) => Some(
-            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
-        ),
+        Some(p) => {
+            Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)
+        }
         None => None,
     };
     let mut con = Console {
@@ -315,10 +324,7 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
                 let ready = parse_ready(&line);
                 con.push(line);
                 if let Some(why) = fatal {
-                    bail!(
-                        "boot failed: {why}; last console lines:\n{}",
-                        con.tail()
-                    );
+                    bail!("boot failed: {why}; last console lines:\n{}", con.tail());
                 }
                 if let Some(r) = ready {
                     break r;
@@ -394,7 +400,9 @@ fn qmp_command(socket: &Path, command: &str) -> Result<()> {
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut w = stream;
     let mut line = String::new();
-    reader.read_line(&mut line).context("reading the QMP greeting")?;
+    reader
+        .read_line(&mut line)
+        .context("reading the QMP greeting")?;
     for cmd in ["qmp_capabilities", command] {
         writeln!(w, "{{\"execute\":\"{cmd}\"}}").context("writing to QMP")?;
         loop {

@@ -119,7 +119,9 @@ mod tests {
     #[test]
     fn dynamic_binaries_are_refused() {
         // /bin/true on Debian is dynamically linked.
-        let e = check_static(Path::new("/bin/true")).unwrap_err().to_string();
+        let e = check_static(Path::new("/bin/true"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("dynamically linked"), "{e}");
         let e = check_static(Path::new("/etc/hostname"))
             .or_else(|_| check_static(Path::new("/etc/passwd")))
