@@ -208,12 +208,16 @@ fn manifest_status(image: &Path, key: Option<&Path>) -> Option<ManifestInfo> {
     };
     match sign::load_public_key(&key).and_then(|k| sign::verify(&path, &k)) {
         Ok(report) => {
-            info.verified = report.ok();
+            info.verified = report.ok;
             info.lists_image = report
                 .artifacts
                 .iter()
-                .any(|a| Some(&a.path) == image_name.as_ref() && a.ok());
-            info.detail = report.summary();
+                .any(|a| Some(&a.path) == image_name.as_ref() && a.is_ok());
+            info.detail = if report.ok {
+                format!("signed by {}", report.key_id)
+            } else {
+                format!("{} artifact problem(s); run imager verify", report.problems)
+            };
         }
         Err(e) => info.detail = format!("{e:#}"),
     }
