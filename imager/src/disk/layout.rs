@@ -135,7 +135,7 @@ impl Layout {
         let mut at = ALIGNMENT; // byte offset of the next partition
         let mut partitions = Vec::with_capacity(LAYOUT.len());
         let mut rest = None;
-        for spec in &LAYOUT {
+        for (i, spec) in LAYOUT.iter().enumerate() {
             match overrides.get(spec.label).copied().or(spec.default_size) {
                 Some(size) => {
                     partitions.push(PlacedPartition {
@@ -148,7 +148,7 @@ impl Layout {
                 }
                 None => {
                     // Only the last partition takes the rest of the disk.
-                    if rest.is_some() || !std::ptr::eq(spec, &LAYOUT[LAYOUT.len() - 1]) {
+                    if i + 1 != LAYOUT.len() {
                         bail!("internal: partition {} has no size", spec.label);
                     }
                     rest = Some(spec);
