@@ -1,1 +1,285 @@
-//! TODO
+//! Boot files and the raw disk image.
+//!
+//! The ESP holds systemd-boot at the removable-media path and its
+//! loader.conf; BOOT (XBOOTLDR) holds each slot's kernel and initramfs,
+//! named by content hash, and its Boot Loader Specification entry; see
+//! [`contract::boot`]. [`write_raw_image`] puts the pieces on a disk.
+
+use crate::disk::{FatFile, FatParams, Layout, format_fat, write_disk};
+use anyhow::{Context, Result, ensure};
+use contract::boot::{Entry, entry_path, initramfs_path, kernel_path, loader_conf};
+use contract::guid::volume_id;
+use contract::meta::Meta;
+use contract::partition::Content;
+use contract::paths::{ESP_BOOT_LOADER, ESP_LOADER_CONF};
+use contract::{Guid, Slot};
+use std::io::Write;
+use std::path::Path;
+
+/// Where Debian's systemd-boot-efi package puts the x86-64 boot loader.
+pub const DEFAULT_SYSTEMD_BOOT: &str = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi";
+
+/// The files of the EFI System Partition: systemd-boot as
+/// `EFI/BOOT/BOOTX64.EFI` and `loader/loader.conf` booting `default`.
+pub fn esp_files(systemd_boot: &Path, default: Slot) -> Result<Vec<FatFile>> {
+    ensure!(
+        systemd_boot.is_file(),
+        "systemd-boot not found at {}: install systemd-boot-efi (scripts/setup.sh) \
+         or set boot.systemd_boot in the profile",
+        systemd_boot.display()
+    );
+    Ok(vec![
+        FatFile::file(ESP_BOOT_LOADER, systemd_boot),
+        FatFile::bytes(ESP_LOADER_CONF, loader_conf(default)),
+    ])
+}
+
+/// The boot entry of `slot`: title `<name> <version> (slot A)`, options the
+/// profile's command line followed by `machined.slot=A`.
+pub fn entry(
+    slot: Slot,
+    kernel_sha256: &str,
+    initramfs_sha256: &str,
+    name: &str,
+    version: &str,
+    cmdline: &str,
+) -> Entry {
+    let slot_arg = format!("{}={slot}", contract::cmdline::SLOT);
+    let cmdline = cmdline.trim();
+    Entry {
+        title: format!("{name} {version} (slot {slot})"),
+        version: version.to_string(),
+        linux: kernel_path(slot, kernel_sha256),
+        initrd: initramfs_path(slot, initramfs_sha256),
+        options: if cmdline.is_empty() {
+            slot_arg
+        } else {
+            format!("{cmdline} {slot_arg}")
+        },
+    }
+}
+
+/// The files of `slot` on BOOT: its kernel and initramfs (given as path and
+/// hex SHA-256) under their content names, and its entry.
+pub fn boot_files(
+    slot: Slot,
+    kernel: (&Path, &str),
+    initramfs: (&Path, &str),
+    name: &str,
+    version: &str,
+    cmdline: &str,
+) -> Vec<FatFile> {
+    let e = entry(slot, kernel.1, initramfs.1, name, version, cmdline);
+    vec![
+        FatFile::file(e.linux.clone(), kernel.0),
+        FatFile::file(e.initrd.clone(), initramfs.0),
+        FatFile::bytes(entry_path(slot), e.render()),
+    ]
+}
+
+/// Writes the raw disk image `dest` (atomically, sparse): the partition
+/// table of `layout`, FAT filesystems on EFI (`esp`) and BOOT (`boot`), the
+/// META area at the start of META. BIOS reads as zeros; STATE and EPHEMERAL
+/// are left for the runtime to format. Every timestamp is `epoch`.
+pub fn write_raw_image(
+    dest: &Path,
+    layout: &Layout,
+    disk_guid: Guid,
+    esp: Vec<FatFile>,
+    boot: Vec<FatFile>,
+    meta: &Meta,
+    epoch: u64,
+) -> Result<()> {
+    let area = meta.encode().context("encoding META")?;
+    write_disk(dest, layout, disk_guid, |p, w| {
+        let params = |fat32| FatParams {
+            label: p.label().to_string(),
+            volume_id: volume_id(disk_guid, p.label()),
+            sector_size: layout.sector_size,
+            fat32,
+            epoch,
+        };
+        match p.spec.content {
+            Content::EspFat => {
+                format_fat(w, &params(true), &esp)?;
+            }
+            Content::BootFat => {
+                format_fat(w, &params(false), &boot)?;
+            }
+            Content::Meta => {
+                ensure!(
+                    area.len() as u64 <= p.len(),
+                    "META partition of {} bytes cannot hold {} bytes",
+                    p.len(),
+                    area.len()
+                );
+                w.write_all(&area).context("writing META")?;
+            }
+            // Sparse: unwritten space reads as zeros.
+            Content::Raw | Content::Unformatted => {}
+        }
+        Ok(())
+    })
+    .with_context(|| format!("writing the disk image {}", dest.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::testutil::{extract, run, tool};
+    use crate::disk::{list_files, open_partition, read_file, read_table};
+    use contract::meta::{SlotRecord, SlotStatus, Tag};
+    use contract::partition::{DEFAULT_DISK_SIZE, SECTOR_SIZES};
+    use std::collections::BTreeMap;
+    use std::io::Read;
+    use std::process::Command;
+
+    const KSHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    const ISHA: &str = "fedcba9876543210fedcba9876543210fedcba9876543210fedcba9876543210";
+
+    #[test]
+    fn entry_and_file_names() {
+        let e = entry(
+            Slot::A,
+            KSHA,
+            ISHA,
+            "Imager",
+            "1.2.0",
+            " console=ttyS0 quiet ",
+        );
+        assert_eq!(e.title, "Imager 1.2.0 (slot A)");
+        assert_eq!(e.options, "console=ttyS0 quiet machined.slot=A");
+        assert_eq!(contract::cmdline::slot(&e.options), Some(Slot::A));
+        assert_eq!(
+            entry(Slot::B, KSHA, ISHA, "X", "1", "").options,
+            "machined.slot=B"
+        );
+        let files = boot_files(
+            Slot::A,
+            (Path::new("/k"), KSHA),
+            (Path::new("/i"), ISHA),
+            "Imager",
+            "1.2.0",
+            "console=ttyS0",
+        );
+        let paths: Vec<_> = files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "A/vmlinuz-0123456789abcdef",
+                "A/initramfs-fedcba9876543210.zst",
+                "loader/entries/slot-a.conf"
+            ]
+        );
+        let e = format!(
+            "{:#}",
+            esp_files(Path::new("/nonexistent/sd-boot.efi"), Slot::A).unwrap_err()
+        );
+        assert!(
+            e.contains("install systemd-boot-efi (scripts/setup.sh)"),
+            "{e}"
+        );
+        assert!(e.contains("boot.systemd_boot"), "{e}");
+    }
+
+    /// A whole image with the real systemd-boot, checked by sfdisk (512) and
+    /// fsck.fat, at both sector sizes.
+    #[test]
+    fn raw_image_with_systemd_boot() {
+        let sd_boot = Path::new(DEFAULT_SYSTEMD_BOOT);
+        assert!(
+            sd_boot.is_file(),
+            "{DEFAULT_SYSTEMD_BOOT} missing: install systemd-boot-efi (scripts/setup.sh)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let kernel = dir.path().join("vmlinuz");
+        let initramfs = dir.path().join("initramfs.zst");
+        std::fs::write(&kernel, vec![0xAB; 5_000_000]).unwrap();
+        std::fs::write(&initramfs, vec![0xCD; 7_000_001]).unwrap();
+        let (ksha, _) = crate::io::sha256_file(&kernel).unwrap();
+        let (isha, _) = crate::io::sha256_file(&initramfs).unwrap();
+        let mut meta = Meta::default();
+        meta.set(Tag::ImageName, "test");
+        meta.set(Tag::DefaultSlot, "A");
+        meta.set(
+            Tag::SlotA,
+            SlotRecord {
+                status: SlotStatus::Good,
+                version: "1.2.0".into(),
+            }
+            .render(),
+        );
+        let guid = contract::guid::disk_guid("test 1.2.0");
+
+        for ss in SECTOR_SIZES {
+            let layout = Layout::new(DEFAULT_DISK_SIZE, ss, &BTreeMap::new()).unwrap();
+            let img = dir.path().join(format!("disk-{ss}.raw"));
+            let esp = esp_files(sd_boot, Slot::A).unwrap();
+            let boot = boot_files(
+                Slot::A,
+                (&kernel, &ksha),
+                (&initramfs, &isha),
+                "Test",
+                "1.2.0",
+                "console=ttyS0",
+            );
+            write_raw_image(&img, &layout, guid, esp, boot, &meta, 1_700_000_000).unwrap();
+
+            if ss == 512 {
+                let out = run(Command::new(tool("sfdisk", "fdisk"))
+                    .arg("--json")
+                    .arg(&img));
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                let names: Vec<_> = v["partitiontable"]["partitions"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| p["name"].as_str().unwrap().to_string())
+                    .collect();
+                assert_eq!(names, ["EFI", "BIOS", "BOOT", "META", "STATE", "EPHEMERAL"]);
+            }
+            let t = read_table(&img).unwrap();
+            assert_eq!(t.sector_size, ss);
+            for label in ["EFI", "BOOT"] {
+                let p = t.find(label).unwrap();
+                let (off, len) = p.range(ss);
+                let part = dir.path().join(format!("{label}.fat"));
+                extract(&img, off, len, &part);
+                let out = run(Command::new(tool("fsck.fat", "dosfstools"))
+                    .args(["-n", "-V"])
+                    .arg(&part));
+                let text = String::from_utf8_lossy(&out.stdout);
+                assert!(!text.contains("Warning"), "{label}: {text}");
+                std::fs::remove_file(&part).unwrap();
+            }
+
+            let efi = || open_partition(&img, "EFI").unwrap();
+            assert_eq!(
+                list_files(efi()).unwrap(),
+                ["EFI/BOOT/BOOTX64.EFI", "loader/loader.conf"]
+            );
+            assert_eq!(
+                read_file(efi(), ESP_BOOT_LOADER).unwrap(),
+                std::fs::read(sd_boot).unwrap()
+            );
+            let bootp = || open_partition(&img, "BOOT").unwrap();
+            let text =
+                String::from_utf8(read_file(bootp(), &entry_path(Slot::A)).unwrap()).unwrap();
+            let e = Entry::parse(&text).unwrap();
+            assert_eq!(e.title, "Test 1.2.0 (slot A)");
+            assert_eq!(
+                read_file(bootp(), &e.initrd).unwrap(),
+                std::fs::read(&initramfs).unwrap()
+            );
+            assert_eq!(list_files(bootp()).unwrap().len(), 3);
+
+            let mut area = vec![0u8; contract::meta::AREA_LEN];
+            open_partition(&img, "META")
+                .unwrap()
+                .read_exact(&mut area)
+                .unwrap();
+            assert_eq!(Meta::decode(&area).unwrap().0, meta);
+            std::fs::remove_file(&img).unwrap();
+        }
+    }
+}

@@ -1,1 +1,63 @@
 //! Disk: GPT layout, FAT filesystems, partition windows.
+//!
+//! [`Layout::new`] places the partitions of [`contract::LAYOUT`] on a disk,
+//! [`write_disk`] creates the sparse image with its partition table and lets
+//! the caller fill each partition through a [`Window`], and [`read_table`]
+//! reads a table back.
+
+pub mod fat;
+mod fatfix;
+pub mod gpt;
+pub mod layout;
+
+pub use self::fat::{FatFile, FatParams, FatSource, format_fat, list_files, read_file};
+pub use self::gpt::{Table, TablePartition, read_table, write_table};
+pub use self::layout::{Layout, PlacedPartition};
+
+use crate::io::{AtomicFile, Window};
+use anyhow::{Context, Result};
+use contract::Guid;
+use std::fs::File;
+use std::path::Path;
+
+/// Creates the disk image `dest` (atomically): a sparse file of
+/// `layout.disk_size` bytes with a protective MBR and both GPTs, then calls
+/// `fill` once per partition, in layout order, with a window on it. Nothing
+/// else is written: what `fill` leaves alone reads as zeros and takes no
+/// space.
+pub fn write_disk<F>(dest: &Path, layout: &Layout, disk_guid: Guid, mut fill: F) -> Result<()>
+where
+    F: FnMut(&PlacedPartition, &mut Window<&mut File>) -> Result<()>,
+{
+    let mut out = AtomicFile::create(dest)?;
+    out.file()
+        .set_len(layout.disk_size)
+        .with_context(|| format!("sizing {} to {} bytes", dest.display(), layout.disk_size))?;
+    write_table(out.file(), layout, disk_guid).context("writing partition table")?;
+    for p in &layout.partitions {
+        let mut w = Window::new(out.file(), p.offset(), p.len())
+            .with_context(|| format!("seeking to partition {}", p.label()))?;
+        fill(p, &mut w).with_context(|| format!("filling partition {}", p.label()))?;
+    }
+    out.commit()
+        .with_context(|| format!("writing {}", dest.display()))?;
+    Ok(())
+}
+
+/// A read-only window on the partition `label` of the disk image `path`, as
+/// found in its partition table.
+pub fn open_partition(path: &Path, label: &str) -> Result<Window<File>> {
+    let table = read_table(path)?;
+    let p = table
+        .find(label)
+        .with_context(|| format!("{} has no partition labelled {label}", path.display()))?;
+    let (offset, len) = p.range(table.sector_size);
+    let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    Window::new(f, offset, len).with_context(|| format!("seeking to partition {label}"))
+}
+
+#[cfg(test)]
+pub(crate) mod testutil;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,264 @@
+//! Repairs the `.` and `..` entries that fatfs 0.3.6 writes wrongly.
+//!
+//! fatfs 0.3.6 (the latest release) has two known bugs in `create_dir`,
+//! fixed upstream after the release (rafalh/rust-fatfs#99, #100, #117):
+//!
+//! * it writes a long-name (LFN) entry before `.` and before `..`, so a new
+//!   directory starts `LFN(.) . LFN(..) ..` instead of `. ..`: fsck.fat then
+//!   renames them and other implementations may not find them;
+//! * on FAT32, `..` of a directory in the root points to the root's cluster,
+//!   where the specification wants cluster 0.
+//!
+//! After fatfs is done, [`fix_dot_entries`] walks every directory and
+//! rewrites it as mkfs.fat and Linux would have: the two LFN entries are
+//! dropped (the following entries move up two slots) and `..` of a
+//! first-level directory points to cluster 0. It only touches directories.
+
+use anyhow::{Result, bail};
+use std::io::{Read, Seek, SeekFrom, Write};
+
+const ENTRY: usize = 32;
+const ATTR_LFN: u8 = 0x0F;
+const ATTR_DIR: u8 = 0x10;
+const DOT: &[u8; 11] = b".          ";
+const DOTDOT: &[u8; 11] = b"..         ";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Fat16,
+    Fat32,
+}
+
+#[derive(Debug)]
+struct Geometry {
+    kind: Kind,
+    cluster_size: u64,
+    fat_offset: u64,
+    /// FAT16: the fixed root directory region (offset, length).
+    root_region: (u64, u64),
+    /// FAT32: first cluster of the root directory.
+    root_cluster: u32,
+    /// FAT32: offset of the FSInfo sector.
+    fs_info: u64,
+    data_offset: u64,
+    clusters: u32,
+}
+
+fn le16(b: &[u8], at: usize) -> u64 {
+    u64::from(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+fn le32(b: &[u8], at: usize) -> u64 {
+    u64::from(u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]))
+}
+
+fn geometry<T: Read + Seek>(dev: &mut T) -> Result<Geometry> {
+    let mut bs = [0u8; 512];
+    dev.seek(SeekFrom::Start(0))?;
+    dev.read_exact(&mut bs)?;
+    let bps = le16(&bs, 11);
+    let spc = u64::from(bs[13]);
+    let reserved = le16(&bs, 14);
+    let fats = u64::from(bs[16]);
+    let root_entries = le16(&bs, 17);
+    let total = match le16(&bs, 19) {
+        0 => le32(&bs, 32),
+        n => n,
+    };
+    let spf = match le16(&bs, 22) {
+        0 => le32(&bs, 36),
+        n => n,
+    };
+    if bps == 0 || spc == 0 {
+        bail!("not a FAT boot sector");
+    }
+    let root_sectors = (root_entries * 32).div_ceil(bps);
+    let data_sector = reserved + fats * spf + root_sectors;
+    let clusters = (total.saturating_sub(data_sector) / spc) as u32;
+    let kind = if clusters < 4085 {
+        bail!("FAT12 volumes are not supported: make the partition at least 4 MiB")
+    } else if clusters < 65525 {
+        Kind::Fat16
+    } else {
+        Kind::Fat32
+    };
+    Ok(Geometry {
+        kind,
+        cluster_size: bps * spc,
+        fat_offset: reserved * bps,
+        root_region: ((reserved + fats * spf) * bps, root_sectors * bps),
+        root_cluster: le32(&bs, 44) as u32,
+        fs_info: le16(&bs, 48) * bps,
+        data_offset: data_sector * bps,
+        clusters,
+    })
+}
+
+impl Geometry {
+    fn cluster_offset(&self, c: u32) -> u64 {
+        self.data_offset + u64::from(c - 2) * self.cluster_size
+    }
+
+    fn next<T: Read + Seek>(&self, dev: &mut T, c: u32) -> Result<Option<u32>> {
+        let (at, width) = match self.kind {
+            Kind::Fat16 => (self.fat_offset + u64::from(c) * 2, 2),
+            Kind::Fat32 => (self.fat_offset + u64::from(c) * 4, 4),
+        };
+        let mut b = [0u8; 4];
+        dev.seek(SeekFrom::Start(at))?;
+        dev.read_exact(&mut b[..width])?;
+        let v = u32::from_le_bytes(b) & 0x0FFF_FFFF;
+        let end = match self.kind {
+            Kind::Fat16 => 0xFFF8,
+            Kind::Fat32 => 0x0FFF_FFF8,
+        };
+        Ok(if v >= end {
+            None
+        } else if v < 2 || v >= self.clusters + 2 {
+            bail!("broken FAT chain at cluster {c}")
+        } else {
+            Some(v)
+        })
+    }
+
+    /// The byte ranges of a cluster chain.
+    fn chain<T: Read + Seek>(&self, dev: &mut T, first: u32) -> Result<Vec<(u64, u64)>> {
+        let mut out = Vec::new();
+        let mut c = Some(first);
+        while let Some(cl) = c {
+            if out.len() > self.clusters as usize {
+                bail!("FAT chain loops at cluster {cl}");
+            }
+            out.push((self.cluster_offset(cl), self.cluster_size));
+            c = self.next(dev, cl)?;
+        }
+        Ok(out)
+    }
+}
+
+fn read_ranges<T: Read + Seek>(dev: &mut T, ranges: &[(u64, u64)]) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    for &(at, len) in ranges {
+        let start = buf.len();
+        buf.resize(start + len as usize, 0);
+        dev.seek(SeekFrom::Start(at))?;
+        dev.read_exact(&mut buf[start..])?;
+    }
+    Ok(buf)
+}
+
+fn write_ranges<T: Write + Seek>(dev: &mut T, ranges: &[(u64, u64)], buf: &[u8]) -> Result<()> {
+    let mut from = 0;
+    for &(at, len) in ranges {
+        dev.seek(SeekFrom::Start(at))?;
+        dev.write_all(&buf[from..from + len as usize])?;
+        from += len as usize;
+    }
+    Ok(())
+}
+
+/// Subdirectories (first cluster) listed in a directory's entries.
+fn subdirs(entries: &[u8]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in entries.chunks_exact(ENTRY) {
+        match e[0] {
+            0x00 => break,
+            0xE5 => continue,
+            _ => {}
+        }
+        let attr = e[11];
+        if attr == ATTR_LFN || attr & ATTR_DIR == 0 || &e[..11] == DOT || &e[..11] == DOTDOT {
+            continue;
+        }
+        let c = (le16(e, 20) << 16 | le16(e, 26)) as u32;
+        if c >= 2 {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn set_cluster(e: &mut [u8], c: u32) {
+    e[20..22].copy_from_slice(&((c >> 16) as u16).to_le_bytes());
+    e[26..28].copy_from_slice(&(c as u16).to_le_bytes());
+}
+
+/// Rewrites the dot entries of every directory below the root; see the
+/// module documentation. Idempotent.
+pub fn fix_dot_entries<T: Read + Write + Seek>(dev: &mut T) -> Result<()> {
+    let g = geometry(dev)?;
+    let root = match g.kind {
+        Kind::Fat16 => read_ranges(dev, &[g.root_region])?,
+        Kind::Fat32 => {
+            let chain = g.chain(dev, g.root_cluster)?;
+            read_ranges(dev, &chain)?
+        }
+    };
+    // (directory cluster, parent cluster as `..` must name it)
+    let mut todo: Vec<(u32, u32)> = subdirs(&root).into_iter().map(|c| (c, 0)).collect();
+    let mut seen = 0usize;
+    while let Some((dir, parent)) = todo.pop() {
+        seen += 1;
+        if seen > g.clusters as usize {
+            bail!("directory tree loops");
+        }
+        let chain = g.chain(dev, dir)?;
+        let mut buf = read_ranges(dev, &chain)?;
+        if buf.len() < 4 * ENTRY {
+            bail!("directory at cluster {dir} is too small");
+        }
+        let slot = |b: &[u8], i: usize| (b[i * ENTRY + 11], b[i * ENTRY..i * ENTRY + 11].to_vec());
+        let fatfs_layout = slot(&buf, 0).0 == ATTR_LFN
+            && slot(&buf, 1).1 == DOT
+            && slot(&buf, 2).0 == ATTR_LFN
+            && slot(&buf, 3).1 == DOTDOT;
+        if fatfs_layout {
+            // Drop slots 0 and 2: `.` `..` then everything else, two slots up.
+            let dot = buf[ENTRY..2 * ENTRY].to_vec();
+            let dotdot = buf[3 * ENTRY..4 * ENTRY].to_vec();
+            buf.drain(..4 * ENTRY);
+            let mut fixed = dot;
+            fixed.extend_from_slice(&dotdot);
+            fixed.extend_from_slice(&buf);
+            fixed.resize(fixed.len() + 2 * ENTRY, 0);
+            buf = fixed;
+        } else if !(slot(&buf, 0).1 == DOT && slot(&buf, 1).1 == DOTDOT) {
+            bail!("directory at cluster {dir} does not start with `.` and `..`");
+        }
+        set_cluster(&mut buf[ENTRY..2 * ENTRY], parent);
+        write_ranges(dev, &chain, &buf)?;
+        todo.extend(subdirs(&buf[2 * ENTRY..]).into_iter().map(|c| (c, dir)));
+    }
+    if g.kind == Kind::Fat32 {
+        write_fs_info(dev, &g)?;
+    }
+    dev.flush()?;
+    Ok(())
+}
+
+/// Fills the FSInfo sector's free-cluster count and next-free hint, which
+/// fatfs leaves "unknown" (fsck.fat reports them uninitialized).
+fn write_fs_info<T: Read + Write + Seek>(dev: &mut T, g: &Geometry) -> Result<()> {
+    let mut fat = vec![0u8; (g.clusters as usize + 2) * 4];
+    dev.seek(SeekFrom::Start(g.fat_offset))?;
+    dev.read_exact(&mut fat)?;
+    let mut free = 0u32;
+    let mut next = None;
+    for (i, e) in fat.chunks_exact(4).enumerate().skip(2) {
+        if u32::from_le_bytes([e[0], e[1], e[2], e[3]]) & 0x0FFF_FFFF == 0 {
+            free += 1;
+            next.get_or_insert(i as u32);
+        }
+    }
+    let mut sector = [0u8; 512];
+    dev.seek(SeekFrom::Start(g.fs_info))?;
+    dev.read_exact(&mut sector)?;
+    if sector[..4] != [0x52, 0x52, 0x61, 0x41] || sector[484..488] != [0x72, 0x72, 0x41, 0x61] {
+        bail!("FSInfo sector has no signature");
+    }
+    sector[488..492].copy_from_slice(&free.to_le_bytes());
+    sector[492..496].copy_from_slice(&next.unwrap_or(0xFFFF_FFFF).to_le_bytes());
+    dev.seek(SeekFrom::Start(g.fs_info))?;
+    dev.write_all(&sector)?;
+    Ok(())
+}

@@ -1,0 +1,264 @@
+//! Disk images checked with the reference tools: sfdisk/fdisk for the table,
+//! fsck.fat for the filesystems.
+
+use super::testutil::{extract, run, tool};
+use super::*;
+use contract::guid::{disk_guid, partition_guid, volume_id};
+use contract::meta::Meta;
+use contract::partition::{Content, MIB, SECTOR_SIZES};
+use contract::{LAYOUT, PartitionRole};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::process::Command;
+
+const EPOCH: u64 = 1_700_000_000;
+const DISK: u64 = 1024 * MIB;
+
+fn guid() -> Guid {
+    disk_guid("test 1.0.0 abc")
+}
+
+fn esp() -> Vec<FatFile> {
+    vec![
+        FatFile::bytes(
+            "loader/loader.conf",
+            contract::boot::loader_conf(contract::Slot::A),
+        ),
+        FatFile::bytes("EFI/BOOT/BOOTX64.EFI", vec![0x4d; 150_000]),
+    ]
+}
+
+fn boot(dir: &Path) -> Vec<FatFile> {
+    let kernel = dir.join("kernel");
+    std::fs::write(
+        &kernel,
+        (0..3_000_000u32).map(|i| i as u8).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    vec![
+        FatFile::file("A/vmlinuz-0123456789abcdef", kernel),
+        FatFile::bytes("loader/entries/slot-a.conf", "title x\nlinux /A/vmlinuz\n"),
+    ]
+}
+
+fn meta() -> Meta {
+    let mut m = Meta::default();
+    m.set(contract::meta::Tag::DefaultSlot, "A");
+    m
+}
+
+/// Writes a test image: both FATs filled, META written.
+fn image(dir: &Path, name: &str, sector_size: u64) -> (PathBuf, Layout) {
+    let layout = Layout::new(DISK, sector_size, &BTreeMap::new()).unwrap();
+    let dest = dir.join(name);
+    let (esp, boot) = (esp(), boot(dir));
+    write_disk(&dest, &layout, guid(), |p, w| {
+        let params = FatParams {
+            label: p.label().to_string(),
+            volume_id: volume_id(guid(), p.label()),
+            sector_size,
+            fat32: p.spec.content == Content::EspFat,
+            epoch: EPOCH,
+        };
+        match p.spec.content {
+            Content::EspFat => {
+                format_fat(w, &params, &esp)?;
+            }
+            Content::BootFat => {
+                format_fat(w, &params, &boot)?;
+            }
+            Content::Meta => w.write_all(&meta().encode()?)?,
+            Content::Raw | Content::Unformatted => {}
+        }
+        Ok(())
+    })
+    .unwrap();
+    (dest, layout)
+}
+
+fn fsck(img: &Path, layout: &Layout, role: PartitionRole, dir: &Path) -> String {
+    let p = layout.get(role);
+    let part = dir.join(format!("{}.fat", p.label()));
+    extract(img, p.offset(), p.len(), &part);
+    let out = run(Command::new(tool("fsck.fat", "dosfstools"))
+        .arg("-n")
+        .arg("-v")
+        .arg(&part));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!text.contains("Warning"), "{}: {text}", p.label());
+    assert!(!text.contains("uninitialized"), "{}: {text}", p.label());
+    std::fs::remove_file(&part).unwrap();
+    text
+}
+
+#[test]
+fn sfdisk_reads_512_byte_sector_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, layout) = image(dir.path(), "disk.raw", 512);
+    let out = run(Command::new(tool("sfdisk", "fdisk"))
+        .arg("--json")
+        .arg(&img));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let t = &v["partitiontable"];
+    assert_eq!(t["label"], "gpt");
+    assert_eq!(t["id"], guid().hyphenated().to_string().to_uppercase());
+    assert_eq!(t["sectorsize"], 512);
+    assert_eq!(t["firstlba"], 34);
+    assert_eq!(t["lastlba"], DISK / 512 - 34);
+    let parts = t["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), LAYOUT.len());
+    for ((p, spec), placed) in parts.iter().zip(&LAYOUT).zip(&layout.partitions) {
+        assert_eq!(p["name"], spec.label);
+        let upper = |g: Guid| g.hyphenated().to_string().to_uppercase();
+        assert_eq!(p["type"], upper(spec.type_guid));
+        assert_eq!(p["uuid"], upper(partition_guid(guid(), spec.label)));
+        assert_eq!(p["start"], placed.first_lba);
+        assert_eq!(p["size"], placed.last_lba + 1 - placed.first_lba);
+    }
+    // Both headers and arrays check out.
+    let verify = run(Command::new(tool("sfdisk", "fdisk"))
+        .arg("--verify")
+        .arg(&img));
+    let text = String::from_utf8_lossy(&verify.stdout);
+    assert!(text.contains("No errors detected"), "{text}");
+}
+
+/// sfdisk 2.38 takes the sector size from the device, 512 for a file, and
+/// has no option to change it: fdisk has (`-b`).
+#[test]
+fn fdisk_reads_4096_byte_sector_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, layout) = image(dir.path(), "disk.raw", 4096);
+    let out = run(Command::new(tool("fdisk", "fdisk"))
+        .args(["-b", "4096", "-l", "-o", "Start,End,Type-UUID,UUID,Name"])
+        .arg(&img));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!text.to_lowercase().contains("corrupt"), "{text}");
+    assert!(
+        text.contains("Sector size (logical/physical): 4096 bytes"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "Disk identifier: {}",
+            guid().hyphenated().to_string().to_uppercase()
+        )),
+        "{text}"
+    );
+    let rows: Vec<Vec<&str>> = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("Start"))
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .filter(|r: &Vec<&str>| r.len() == 5)
+        .collect();
+    assert_eq!(rows.len(), LAYOUT.len(), "{text}");
+    for ((r, spec), placed) in rows.iter().zip(&LAYOUT).zip(&layout.partitions) {
+        let upper = |g: Guid| g.hyphenated().to_string().to_uppercase();
+        assert_eq!(r[0], placed.first_lba.to_string());
+        assert_eq!(r[1], placed.last_lba.to_string());
+        assert_eq!(r[2], upper(spec.type_guid));
+        assert_eq!(r[3], upper(partition_guid(guid(), spec.label)));
+        assert_eq!(r[4], spec.label);
+    }
+}
+
+#[test]
+fn tables_read_back_and_filesystems_are_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    for ss in SECTOR_SIZES {
+        let (img, layout) = image(dir.path(), &format!("disk-{ss}.raw"), ss);
+        let t = read_table(&img).unwrap();
+        assert_eq!(t.sector_size, ss);
+        assert_eq!(t.disk_size, DISK);
+        assert_eq!(t.disk_guid, guid());
+        assert_eq!(t.partitions.len(), LAYOUT.len());
+        for (tp, p) in t.partitions.iter().zip(&layout.partitions) {
+            assert_eq!(tp.label, p.label());
+            assert_eq!(tp.type_guid, p.spec.type_guid);
+            assert_eq!(tp.unique_guid, partition_guid(guid(), p.label()));
+            assert_eq!((tp.first_lba, tp.last_lba), (p.first_lba, p.last_lba));
+            assert_eq!(tp.range(ss), (p.offset(), p.len()));
+        }
+
+        let efi = fsck(&img, &layout, PartitionRole::Efi, dir.path());
+        if ss == 512 {
+            assert!(efi.contains("32 bit entries"), "{efi}");
+        }
+        fsck(&img, &layout, PartitionRole::Boot, dir.path());
+
+        let esp_files = list_files(open_partition(&img, "EFI").unwrap()).unwrap();
+        assert_eq!(esp_files, ["EFI/BOOT/BOOTX64.EFI", "loader/loader.conf"]);
+        let conf = read_file(open_partition(&img, "EFI").unwrap(), "loader/loader.conf").unwrap();
+        assert_eq!(
+            conf,
+            contract::boot::loader_conf(contract::Slot::A).as_bytes()
+        );
+        let boot_files = list_files(open_partition(&img, "BOOT").unwrap()).unwrap();
+        assert_eq!(
+            boot_files,
+            ["A/vmlinuz-0123456789abcdef", "loader/entries/slot-a.conf"]
+        );
+        let kernel = read_file(
+            open_partition(&img, "BOOT").unwrap(),
+            "A/vmlinuz-0123456789abcdef",
+        )
+        .unwrap();
+        assert_eq!(kernel, std::fs::read(dir.path().join("kernel")).unwrap());
+
+        let mut area = vec![0u8; contract::meta::AREA_LEN];
+        open_partition(&img, "META")
+            .unwrap()
+            .read_exact(&mut area)
+            .unwrap();
+        assert_eq!(Meta::decode(&area).unwrap().0, meta());
+
+        // Sparse: the table, two FATs and META, far below the disk size.
+        let allocated = std::fs::metadata(&img).unwrap().blocks() * 512;
+        assert!(allocated < 16 * MIB, "{allocated} bytes allocated");
+    }
+}
+
+#[test]
+fn same_inputs_give_identical_disks() {
+    let dir = tempfile::tempdir().unwrap();
+    for ss in SECTOR_SIZES {
+        let (a, _) = image(dir.path(), "a.raw", ss);
+        let (b, _) = image(dir.path(), "b.raw", ss);
+        let (mut fa, mut fb) = (File::open(&a).unwrap(), File::open(&b).unwrap());
+        let (mut ba, mut bb) = (vec![0u8; 4 << 20], vec![0u8; 4 << 20]);
+        loop {
+            let n = fa.read(&mut ba).unwrap();
+            fb.read_exact(&mut bb[..n]).unwrap();
+            assert!(ba[..n] == bb[..n], "disks differ at {ss}-byte sectors");
+            if n == 0 {
+                break;
+            }
+        }
+    }
+}
+
+#[test]
+fn failed_fill_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = Layout::new(DISK, 512, &BTreeMap::new()).unwrap();
+    let dest = dir.path().join("disk.raw");
+    let e = write_disk(&dest, &layout, guid(), |p, _| {
+        anyhow::ensure!(p.role() != PartitionRole::Boot, "no kernel");
+        Ok(())
+    })
+    .unwrap_err();
+    assert_eq!(format!("{e:#}"), "filling partition BOOT: no kernel");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn not_a_gpt_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("zero.raw");
+    std::fs::write(&p, vec![0u8; 1 << 20]).unwrap();
+    let e = format!("{:#}", read_table(&p).unwrap_err());
+    assert!(e.contains("not a GPT disk image"), "{e}");
+}

@@ -1,0 +1,63 @@
+//! Helpers for tests that check our outputs with the reference tools.
+
+use crate::io::Window;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The path of `tool`, or a failed test saying how to install it.
+pub fn tool(tool: &str, package: &str) -> PathBuf {
+    for dir in ["/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/bin"] {
+        let p = Path::new(dir).join(tool);
+        if p.exists() {
+            return p;
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let p = dir.join(tool);
+            if p.exists() {
+                return p;
+            }
+        }
+    }
+    panic!("{tool} not found: install {package} (scripts/setup.sh)");
+}
+
+/// Runs a command, failing the test with its output unless it succeeds.
+pub fn run(cmd: &mut Command) -> Output {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Copies `len` bytes at `offset` of `src` to a new sparse file `dest`.
+pub fn extract(src: &Path, offset: u64, len: u64, dest: &Path) {
+    let f = File::open(src).unwrap();
+    let mut w = Window::new(f, offset, len).unwrap();
+    let mut out = File::create(dest).unwrap();
+    out.set_len(len).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    loop {
+        let n = w.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        if buf[..n].iter().any(|b| *b != 0) {
+            out.seek(SeekFrom::Start(at)).unwrap();
+            out.write_all(&buf[..n]).unwrap();
+        }
+        at += n as u64;
+    }
+    assert_eq!(at, len);
+}
