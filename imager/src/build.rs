@@ -111,7 +111,7 @@ pub fn kernel_request(
         waivers: waivers(p)?,
         cmdline: p.cmdline(),
         cache_dir: cache_dir.to_path_buf(),
-        source_date_epoch: epoch,
+        source_date_epoch: p.kernel.build_epoch,
         jobs,
         randstruct_seed: p.kernel.randstruct_seed.clone(),
     })
@@ -166,7 +166,20 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         out.display()
     ));
 
-    // The signing key first: a bad key should fail before an hour of work.
+    // Cheap checks first, so that a profile that cannot work fails before
+    // anything is built or written.
+    let layout = if p.outputs.contains(&Output::Raw) {
+        Some(disk::Layout::new(
+            p.disk.size.0,
+            p.disk.sector_size,
+            &p.partition_sizes(),
+        )?)
+    } else {
+        None
+    };
+    let esp = boot::esp_files(&p.boot.systemd_boot, Slot::A)?;
+
+    // The signing key next: a bad key should fail before an hour of work.
     let key_path = opts.key.clone().or_else(|| p.signing.key.clone());
     let signer: Box<dyn sign::Signer> = match &key_path {
         Some(k) => Box::new(sign::FileSigner::load(k)?),
@@ -195,7 +208,7 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
             (k.clone(), c.clone(), true)
         }
         _ => {
-            let req = kernel_request(p, &opts.cache_dir, epoch, opts.jobs)?;
+            let req = kernel_request(p, &opts.cache_dir, opts.jobs)?;
             let built = kernel::build(&req)?;
             step(&format!(
                 "kernel: {} ({})",
@@ -228,16 +241,16 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         skeleton: Some(p.runtime.skeleton.clone()),
         dirs: Vec::new(),
         files: vec![
-            (
-                paths::ROOTFS_INIT.to_string(),
-                rootfs::Source::File(machined.clone()),
-                0o755,
-            ),
-            (
-                paths::ROOTFS_OS_RELEASE.to_string(),
-                rootfs::Source::Bytes(os_release(p).into_bytes()),
-                0o644,
-            ),
+            rootfs::RootfsFile {
+                path: paths::ROOTFS_INIT.to_string(),
+                source: rootfs::Source::File(machined.clone()),
+                mode: 0o755,
+            },
+            rootfs::RootfsFile {
+                path: paths::ROOTFS_OS_RELEASE.to_string(),
+                source: rootfs::Source::Bytes(os_release(p).into_bytes()),
+                mode: 0o644,
+            },
         ],
         epoch,
         level: p.compression.rootfs_zstd_level,
@@ -259,12 +272,10 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
     let mut artifacts = Vec::new();
     let (kernel_sha, _) = sha256_file(&kernel_out)?;
     let (initramfs_sha, _) = sha256_file(&initramfs_out)?;
-    if p.outputs.contains(&Output::Raw) {
+    if let Some(layout) = &layout {
         step("disk: raw GPT image");
-        let layout = disk::Layout::new(p.disk.size.0, p.disk.sector_size, &p.partition_sizes())?;
         let identity = paths::image_identity(&p.name, &p.version, &[&kernel_sha, &initramfs_sha]);
         let disk_guid = contract::guid::disk_guid(&identity);
-        let esp = boot::esp_files(&p.boot.systemd_boot, Slot::A)?;
         let title = format!("{} {} (slot A)", p.pretty_name, p.version);
         let boot_files = boot::boot_files(
             Slot::A,
@@ -276,7 +287,7 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         );
         let meta = initial_meta(p);
         let raw = out.join(names::RAW);
-        boot::write_raw_image(&raw, &layout, disk_guid, esp, boot_files, &meta, epoch)?;
+        boot::write_raw_image(&raw, layout, disk_guid, esp, boot_files, &meta, epoch)?;
         artifacts.push((Kind::Raw, raw));
     }
     artifacts.splice(

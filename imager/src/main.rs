@@ -35,6 +35,19 @@ enum Command {
     Boot(BootArgs),
     /// Show an image's partitions, boot entries, META and manifest status.
     Inspect(imager::inspect::InspectArgs),
+    /// Make a squashfs (zstd) from a directory, as the image builder does.
+    Squashfs(SquashfsArgs),
+}
+
+#[derive(clap::Args)]
+struct SquashfsArgs {
+    /// Directory to pack.
+    source: PathBuf,
+    /// Squashfs file to write.
+    dest: PathBuf,
+    /// zstd compression level.
+    #[arg(long, default_value_t = imager::rootfs::DEFAULT_LEVEL)]
+    level: i32,
 }
 
 #[derive(clap::Args)]
@@ -153,6 +166,19 @@ fn run() -> Result<ExitCode> {
             })
         }
         Command::Inspect(a) => Ok(exit(imager::inspect::run(&a)?)),
+        Command::Squashfs(a) => {
+            let epoch = build::source_date_epoch(&a.source)?;
+            let spec = imager::rootfs::RootfsSpec {
+                skeleton: Some(a.source.clone()),
+                dirs: Vec::new(),
+                files: Vec::new(),
+                epoch,
+                level: a.level,
+            };
+            let (sha, size) = imager::rootfs::build_rootfs(&a.dest, &spec)?;
+            println!("{}  {size}  {}", sha, a.dest.display());
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

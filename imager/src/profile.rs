@@ -92,6 +92,11 @@ pub struct KernelSection {
     /// A secret seed for the randstruct GCC plugin (default: derived).
     #[serde(default)]
     pub randstruct_seed: Option<PathBuf>,
+    /// The kernel's build timestamp (KBUILD_BUILD_TIMESTAMP), in seconds
+    /// since 1970. Kept apart from the image's SOURCE_DATE_EPOCH so that the
+    /// cached kernel survives new commits.
+    #[serde(default)]
+    pub build_epoch: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
