@@ -48,7 +48,10 @@ impl AtomicFile {
     }
 
     pub fn path(&self) -> &Path {
-        self.tmp.as_ref().expect("AtomicFile used after commit").path()
+        self.tmp
+            .as_ref()
+            .expect("AtomicFile used after commit")
+            .path()
     }
 
     /// Flushes to stable storage, sets the mode and renames into place.

@@ -267,13 +267,56 @@ pub fn cache_key(
 ) -> Result<String> {
     let mut h = Sha256::new();
     h.update(format!("recipe {RECIPE_VERSION}\n"));
-    h.update(format!("source {}\n", hash_source(&req.source)?));
+    let stamps = req.cache_dir.join("kernel").join("source-hashes.json");
+    h.update(format!(
+        "source {}\n",
+        hash_source_memo(&req.source, &stamps)?
+    ));
     h.update(format!("gcc {}\n", gcc_version()?));
     h.update(format!("epoch {}\n", req.source_date_epoch));
     h.update(format!("seed {}\n", seed.unwrap_or("derived")));
     h.update("config\n");
     h.update(requested.render());
     Ok(hex::encode(h.finalize()))
+}
+
+/// [`hash_source`], remembering a tarball's hash by (path, size, mtime,
+/// inode) in `stamps` so that a cache hit does not re-read 140 MB.
+pub fn hash_source_memo(source: &Path, stamps: &Path) -> Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(source).with_context(|| format!("reading {}", source.display()))?;
+    if !meta.is_file() {
+        return hash_source(source);
+    }
+    let abs = fs::canonicalize(source).unwrap_or_else(|_| source.to_path_buf());
+    let stamp = format!(
+        "{}|{}|{}.{}|{}|{}",
+        abs.display(),
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ino(),
+        meta.dev()
+    );
+    let mut map: serde_json::Map<String, serde_json::Value> = fs::read(stamps)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    if let Some(serde_json::Value::String(h)) = map.get(&stamp) {
+        return Ok(h.clone());
+    }
+    let hash = hash_source(source)?;
+    map.retain(|k, _| !k.starts_with(&format!("{}|", abs.display())));
+    map.insert(stamp, serde_json::Value::String(hash.clone()));
+    if let Some(dir) = stamps.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    crate::io::write_atomic(
+        stamps,
+        serde_json::to_string_pretty(&map)?.as_bytes(),
+        0o644,
+    )?;
+    Ok(hash)
 }
 
 /// A tarball's SHA-256, or for a tree a SHA-256 over its sorted walk
@@ -681,6 +724,26 @@ mod tests {
         std::fs::rename(dir.path().join("a/x"), dir.path().join("a/y")).unwrap();
         assert_ne!(h2, hash_source(dir.path()).unwrap());
         assert!(h1.starts_with("tree:"));
+    }
+
+    #[test]
+    fn tarball_hash_is_remembered_until_the_file_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let tarball = dir.path().join("src.tar.xz");
+        let stamps = dir.path().join("stamps.json");
+        std::fs::write(&tarball, "one").unwrap();
+        let h1 = hash_source_memo(&tarball, &stamps).unwrap();
+        assert_eq!(h1, hash_source(&tarball).unwrap());
+        assert!(std::fs::read_to_string(&stamps).unwrap().contains(&h1));
+        assert_eq!(hash_source_memo(&tarball, &stamps).unwrap(), h1);
+        std::fs::write(&tarball, "two, longer").unwrap();
+        let h2 = hash_source_memo(&tarball, &stamps).unwrap();
+        assert_ne!(h1, h2);
+        assert_eq!(h2, hash_source(&tarball).unwrap());
+        // the stale stamp was replaced, not accumulated
+        let map: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&stamps).unwrap()).unwrap();
+        assert_eq!(map.len(), 1);
     }
 
     #[test]
