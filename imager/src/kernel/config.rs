@@ -316,8 +316,22 @@ pub fn describe_mismatches(
     out
 }
 
-/// Finds the `depends on` lines of each option's Kconfig
-/// definition in a kernel source tree, to explain a mismatch.
+/// Columns of leading whitespace (a tab counts to the next multiple of 8).
+fn indentation(line: &str) -> usize {
+    let mut col = 0;
+    for c in line.chars() {
+        match c {
+            ' ' => col += 1,
+            '\t' => col = (col / 8 + 1) * 8,
+            _ => break,
+        }
+    }
+    col
+}
+
+/// Finds, for each option, the `depends on` lines of its Kconfig definition
+/// and the `if` blocks around it (in its own file, and around the `source`
+/// lines that include that file), to explain a mismatch. Best effort.
 pub fn kconfig_dependencies(tree: &Path, options: &[&str]) -> HashMap<String, Vec<String>> {
     let wanted: HashMap<&str, &str> = options
         .iter()
@@ -327,6 +341,9 @@ pub fn kconfig_dependencies(tree: &Path, options: &[&str]) -> HashMap<String, Ve
     if wanted.is_empty() {
         return out;
     }
+    // (option, defining file) and, per sourced file, the `if`s around its `source` line.
+    let mut defined_in: Vec<(String, String)> = Vec::new();
+    let mut sourced_under: HashMap<String, (String, Vec<String>)> = HashMap::new();
     for entry in walkdir::WalkDir::new(tree)
         .into_iter()
         .filter_map(|e| e.ok())
@@ -337,16 +354,63 @@ pub fn kconfig_dependencies(tree: &Path, options: &[&str]) -> HashMap<String, Ve
         let Ok(text) = std::fs::read_to_string(entry.path()) else {
             continue;
         };
+        let rel = entry
+            .path()
+            .strip_prefix(tree)
+            .unwrap_or(entry.path())
+            .display()
+            .to_string();
         let mut current: Option<&str> = None;
+        let mut ifs: Vec<String> = Vec::new();
+        let mut help_indent: Option<usize> = None;
         for line in text.lines() {
             let t = line.trim();
-            let head = t.split_whitespace().next().unwrap_or("");
-            if matches!(head, "config" | "menuconfig") {
-                current = t
-                    .split_whitespace()
-                    .nth(1)
-                    .and_then(|n| wanted.get(n).copied());
+            let indent = indentation(line);
+            if let Some(h) = help_indent {
+                if t.is_empty() || indent > h {
+                    continue; // help text
+                }
+                help_indent = None;
+            }
+            if t == "help" || t == "---help---" {
+                help_indent = Some(indent);
                 continue;
+            }
+            let mut words = t.split_whitespace();
+            let head = words.next().unwrap_or("");
+            match head {
+                "config" | "menuconfig" => {
+                    current = words.next().and_then(|n| wanted.get(n).copied());
+                    if let Some(opt) = current {
+                        defined_in.push((opt.to_string(), rel.clone()));
+                        for cond in &ifs {
+                            out.entry(opt.to_string())
+                                .or_default()
+                                .push(format!("inside `if {cond}`   ({rel})"));
+                        }
+                    }
+                    continue;
+                }
+                "if" => ifs.push(t[2..].trim().to_string()),
+                "endif" => {
+                    ifs.pop();
+                }
+                "source" | "rsource" | "osource" => {
+                    let path = t[head.len()..].trim().trim_matches('"');
+                    let path = path.replace("$(SRCARCH)", "x86");
+                    let path = if head == "rsource" {
+                        Path::new(&rel)
+                            .parent()
+                            .unwrap_or(Path::new(""))
+                            .join(&path)
+                            .display()
+                            .to_string()
+                    } else {
+                        path
+                    };
+                    sourced_under.insert(path, (rel.clone(), ifs.clone()));
+                }
+                _ => {}
             }
             if matches!(
                 head,
@@ -358,11 +422,24 @@ pub fn kconfig_dependencies(tree: &Path, options: &[&str]) -> HashMap<String, Ve
             if let Some(opt) = current
                 && t.starts_with("depends on")
             {
-                let rel = entry.path().strip_prefix(tree).unwrap_or(entry.path());
                 out.entry(opt.to_string())
                     .or_default()
-                    .push(format!("{t}   ({})", rel.display()));
+                    .push(format!("{t}   ({rel})"));
             }
+        }
+    }
+    for (opt, file) in defined_in {
+        let mut file = file;
+        for _ in 0..8 {
+            let Some((parent, conds)) = sourced_under.get(&file) else {
+                break;
+            };
+            for cond in conds {
+                out.entry(opt.clone()).or_default().push(format!(
+                    "inside `if {cond}`   ({parent}, around `source \"{file}\"`)"
+                ));
+            }
+            file = parent.clone();
         }
     }
     out
@@ -504,17 +581,55 @@ CONFIG_MAGIC_SYSRQ_DEFAULT_ENABLE=0xb0
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("fs/squashfs")).unwrap();
         std::fs::write(
+            dir.path().join("fs/Kconfig"),
+            "menu \"File systems\"\nif MISC_FILESYSTEMS\nsource \"fs/squashfs/Kconfig\"\nendif\nendmenu\n",
+        )
+        .unwrap();
+        std::fs::write(
             dir.path().join("fs/squashfs/Kconfig"),
-            "config SQUASHFS\n\ttristate \"SquashFS\"\n\tdepends on BLOCK\n\tdepends on MISC_FILESYSTEMS\n\nconfig OTHER\n\tdepends on FOO\n",
+            "config SQUASHFS\n\ttristate \"SquashFS\"\n\tdepends on BLOCK\n\thelp\n\t  Say Y\n\n\t  if you have a\n\t  source of squash\n\tdepends on MISC_FILESYSTEMS\n\nconfig OTHER\n\tdepends on FOO\n",
         )
         .unwrap();
         let h = kconfig_dependencies(dir.path(), &["CONFIG_SQUASHFS"]);
         let deps = &h["CONFIG_SQUASHFS"];
-        assert_eq!(deps.len(), 2);
+        assert_eq!(deps.len(), 3, "{deps:?}");
         assert!(
             deps[1].starts_with("depends on MISC_FILESYSTEMS"),
             "{deps:?}"
         );
+        assert_eq!(
+            deps[2],
+            "inside `if MISC_FILESYSTEMS`   (fs/Kconfig, around `source \"fs/squashfs/Kconfig\"`)"
+        );
         assert!(!h.contains_key("CONFIG_OTHER"));
+    }
+}
+
+#[cfg(test)]
+mod real {
+    #[test]
+    #[ignore = "needs an unpacked kernel tree in IMAGER_KERNEL_TREE"]
+    fn real_dependency_hints() {
+        let tree = std::env::var("IMAGER_KERNEL_TREE").expect("IMAGER_KERNEL_TREE");
+        let h = super::kconfig_dependencies(
+            std::path::Path::new(&tree),
+            &[
+                "CONFIG_SECCOMP_FILTER",
+                "CONFIG_SQUASHFS",
+                "CONFIG_PAGE_TABLE_ISOLATION",
+            ],
+        );
+        eprintln!("{h:#?}");
+        assert!(h["CONFIG_SECCOMP_FILTER"][0].contains("NET"));
+        assert!(
+            h["CONFIG_SQUASHFS"]
+                .iter()
+                .any(|d| d.contains("if MISC_FILESYSTEMS"))
+        );
+        assert!(
+            h["CONFIG_PAGE_TABLE_ISOLATION"]
+                .iter()
+                .any(|d| d.contains("if CPU_MITIGATIONS"))
+        );
     }
 }
