@@ -6,8 +6,9 @@
 //! recipe). A build works in `<cache>/kernel/<key>.tmp-<pid>/` and the result
 //! appears only by renaming a finished directory into place, so an
 //! interrupted build never leaves a `<key>/` behind; the work directory
-//! (with the ~1.5 GB source tree) is deleted on success and on failure, and
-//! leftovers of killed builds are swept by the next build.
+//! (with the ~1.5 GB source tree) is deleted on success and on failure (a
+//! failed step's log is kept as `<key>.failed.log`), and leftovers of killed
+//! builds are swept by the next build.
 
 use super::audit::{Rules, Waiver, audit, validate_waivers};
 use super::config::{
@@ -149,6 +150,7 @@ pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
         epoch: req.source_date_epoch,
         jobs: req.jobs.max(1),
         seed_script,
+        failed_log: kernel_dir.join(format!("{key}.failed.log")),
     };
 
     eprintln!(
@@ -213,6 +215,7 @@ pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
         }
     }
     sync_dir(&kernel_dir)?;
+    let _ = fs::remove_file(kernel_dir.join(format!("{key}.failed.log")));
     drop(work); // deletes the source tree
     eprintln!(
         "kernel: built in {} -> {}",
@@ -452,6 +455,8 @@ struct Make {
     epoch: u64,
     jobs: usize,
     seed_script: PathBuf,
+    /// Where build.log is kept when a step fails (the work dir is deleted).
+    failed_log: PathBuf,
 }
 
 impl Make {
@@ -545,10 +550,13 @@ impl Make {
         log.flush()?;
         if !status.success() {
             let tail = log_tail(&self.log, LOG_TAIL_LINES).unwrap_or_default();
+            let kept = match fs::copy(&self.log, &self.failed_log) {
+                Ok(_) => self.failed_log.display().to_string(),
+                Err(_) => "(the log could not be kept)".to_string(),
+            };
             bail!(
-                "make {} failed ({status}); last {LOG_TAIL_LINES} lines of {}:\n{tail}",
-                args.join(" "),
-                self.log.display()
+                "make {} failed ({status}); full log: {kept}; last {LOG_TAIL_LINES} lines:\n{tail}",
+                args.join(" ")
             );
         }
         Ok(())
@@ -765,6 +773,37 @@ mod tests {
             err.contains("nope.tar.xz not found: install linux-source-6.1"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn failing_make_reports_the_log_tail_and_keeps_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut makefile = String::from("all:\n");
+        for i in 0..50 {
+            makefile.push_str(&format!("\t@echo line{i}\n"));
+        }
+        makefile.push_str("\t@echo '  CC      x.o'\n\t@echo oops >&2; exit 3\nok:\n\t@echo fine\n");
+        std::fs::write(dir.path().join("Makefile"), makefile).unwrap();
+        let log = dir.path().join("build.log");
+        std::fs::write(&log, "").unwrap();
+        let make = Make {
+            tree: dir.path().to_path_buf(),
+            log: log.clone(),
+            epoch: 0,
+            jobs: 1,
+            seed_script: dir.path().join("unused.sh"),
+            failed_log: dir.path().join("key.failed.log"),
+        };
+        make.run(&["ok"], None).unwrap();
+        let err = make.run(&["all"], Some(10)).unwrap_err().to_string();
+        assert!(err.contains("make all failed"), "{err}");
+        assert!(err.contains("key.failed.log"), "{err}");
+        assert!(err.contains("oops"), "{err}");
+        assert!(err.contains("line49"), "{err}");
+        assert!(!err.contains("line5\n"), "only the tail: {err}");
+        let kept = std::fs::read_to_string(dir.path().join("key.failed.log")).unwrap();
+        assert!(kept.contains("$ make ok\nfine\n"), "{kept}");
+        assert!(kept.contains("line0\n"), "{kept}");
     }
 
     #[test]
