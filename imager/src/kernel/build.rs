@@ -1,0 +1,823 @@
+//! The cached, reproducible kernel build.
+//!
+//! `<cache>/kernel/<key>/{bzImage,config,build.log,build-info.json}` is the
+//! result for one cache key; the key is a SHA-256 over everything that
+//! decides the output (source, requested config, compiler, epoch, seed,
+//! recipe). A build works in `<cache>/kernel/<key>.tmp-<pid>/` and the result
+//! appears only by renaming a finished directory into place, so an
+//! interrupted build never leaves a `<key>/` behind; the work directory
+//! (with the ~1.5 GB source tree) is deleted on success and on failure (a
+//! failed step's log is kept as `<key>.failed.log`), and leftovers of killed
+//! builds are swept by the next build.
+
+use super::audit::{Rules, Waiver, audit, validate_waivers};
+use super::config::{
+    KernelConfig, compare, describe_mismatches, kconfig_dependencies, merge_fragments, merge_onto,
+};
+use crate::io::sha256_file;
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
+use std::collections::VecDeque;
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Bump when anything in how the kernel is built changes (steps, make
+/// variables, environment): it invalidates every cached kernel.
+pub const RECIPE_VERSION: &str = "imager-kernel-recipe-1";
+
+/// Roughly how many `  CC ` lines the default configuration's build prints;
+/// only sizes the progress bar (which grows if the estimate is short).
+const EXPECTED_OBJECTS: u64 = 1500;
+
+/// The KSPP-recommended boot parameters (everything the cmdline rules in
+/// kspp-rules.yaml ask for on 6.1/x86_64); profiles append console= etc.
+pub const KSPP_CMDLINE: &str = "hardened_usercopy=1 init_on_alloc=1 init_on_free=1 \
+    randomize_kstack_offset=on page_alloc.shuffle=1 slab_nomerge pti=on \
+    iommu.passthrough=0 iommu.strict=1 mitigations=auto,nosmt vsyscall=none vdso32=0 \
+    debugfs=off oops=panic lockdown=confidentiality";
+
+/// Lines of build.log shown when a step fails.
+const LOG_TAIL_LINES: usize = 40;
+
+/// What to build. The profile fills this in; `imager kernel build` has defaults.
+#[derive(Debug, Clone)]
+pub struct KernelRequest {
+    /// A `.tar.xz`/`.tar.gz` tarball (one top-level directory) or an unpacked tree.
+    pub source: PathBuf,
+    /// Config fragments, merged in order onto `make tinyconfig` (later wins).
+    pub fragments: Vec<PathBuf>,
+    /// The KSPP rule table.
+    pub rules: PathBuf,
+    pub waivers: Vec<Waiver>,
+    /// The kernel command line the image will boot with (audited, not built in).
+    pub cmdline: String,
+    pub cache_dir: PathBuf,
+    pub source_date_epoch: u64,
+    pub jobs: usize,
+    /// A file holding the randstruct seed (64 hex digits). `None`: derive it
+    /// from the cache key (see [`randstruct_seed`]).
+    pub randstruct_seed: Option<PathBuf>,
+}
+
+/// A built (or cached) kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuiltKernel {
+    pub bzimage: PathBuf,
+    /// The final `.config` the kernel was built with.
+    pub config: PathBuf,
+    pub cache_key: String,
+    /// True when the result came from the cache without building.
+    pub cached: bool,
+}
+
+/// `$IMAGER_CACHE_DIR`, else `$XDG_CACHE_HOME/imager`, else `$HOME/.cache/imager`.
+pub fn default_cache_dir() -> PathBuf {
+    let non_empty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(d) = non_empty("IMAGER_CACHE_DIR") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = non_empty("XDG_CACHE_HOME") {
+        return PathBuf::from(d).join("imager");
+    }
+    let home = non_empty("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"));
+    home.join(".cache").join("imager")
+}
+
+/// Builds the kernel, or returns the cached one. Either way the final config
+/// is audited against the KSPP rules (with the request's command line and
+/// waivers) and a non-waived failure is an error.
+pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
+    if !req.source.exists() {
+        bail!(
+            "kernel source {} not found: install linux-source-6.1 (scripts/setup.sh) or set kernel.source in the profile",
+            req.source.display()
+        );
+    }
+    validate_waivers(&req.waivers)?;
+    let rules = Rules::load(&req.rules)?;
+    let requested = load_fragments(&req.fragments)?;
+    let seed_file = match &req.randstruct_seed {
+        Some(p) => Some(read_seed(p)?),
+        None => None,
+    };
+    let key = cache_key(req, &requested, seed_file.as_deref())?;
+    let kernel_dir = req.cache_dir.join("kernel");
+    let final_dir = kernel_dir.join(&key);
+    let result = BuiltKernel {
+        bzimage: final_dir.join("bzImage"),
+        config: final_dir.join("config"),
+        cache_key: key.clone(),
+        cached: true,
+    };
+    if result.bzimage.is_file() && result.config.is_file() {
+        let cfg = KernelConfig::load(&result.config)?;
+        audit_or_fail(&rules, &cfg, &req.cmdline, &req.waivers)?;
+        return Ok(result);
+    }
+
+    fs::create_dir_all(&kernel_dir)
+        .with_context(|| format!("creating {}", kernel_dir.display()))?;
+    sweep_stale_work_dirs(&kernel_dir);
+    let work = WorkDir::create(kernel_dir.join(format!("{key}.tmp-{}", std::process::id())))?;
+    let started = Instant::now();
+    let src = work.path.join("src");
+    let log_path = work.path.join("build.log");
+    let mut log =
+        File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    writeln!(
+        log,
+        "imager kernel build {key}\nsource {}",
+        req.source.display()
+    )?;
+
+    eprintln!("kernel: unpacking {}", req.source.display());
+    unpack_source(&req.source, &src)?;
+
+    let seed = match seed_file {
+        Some(s) => s,
+        None => randstruct_seed(&key),
+    };
+    let seed_script = work.path.join("gen-randstruct-seed.sh");
+    write_seed_script(&seed_script, &seed)?;
+    let make = Make {
+        tree: src.clone(),
+        log: log_path.clone(),
+        epoch: req.source_date_epoch,
+        jobs: req.jobs.max(1),
+        seed_script,
+        failed_log: kernel_dir.join(format!("{key}.failed.log")),
+    };
+
+    eprintln!(
+        "kernel: configuring (tinyconfig + {} fragment(s))",
+        req.fragments.len()
+    );
+    make.run(&["tinyconfig"], None)?;
+    let dot_config = src.join(".config");
+    let base = KernelConfig::load(&dot_config)?;
+    let merged = merge_onto(&base, &requested);
+    fs::write(&dot_config, merged.render())
+        .with_context(|| format!("writing {}", dot_config.display()))?;
+    make.run(&["olddefconfig"], None)?;
+    let final_config = KernelConfig::load(&dot_config)?;
+    let mismatches = compare(&requested, &final_config);
+    if !mismatches.is_empty() {
+        let names: Vec<&str> = mismatches.iter().map(|m| m.option.as_str()).collect();
+        let hints = kconfig_dependencies(&src, &names);
+        bail!("{}", describe_mismatches(&mismatches, &hints));
+    }
+    audit_or_fail(&rules, &final_config, &req.cmdline, &req.waivers)?;
+
+    eprintln!(
+        "kernel: building bzImage with {} job(s); log: {}",
+        make.jobs,
+        log_path.display()
+    );
+    let jobs = format!("-j{}", make.jobs);
+    make.run(&[jobs.as_str(), "bzImage"], Some(EXPECTED_OBJECTS))?;
+    let elapsed = started.elapsed();
+
+    // Stage the result next to the work tree, then rename it into place.
+    let out = work.path.join("out");
+    fs::create_dir_all(&out)?;
+    let bzimage = src.join("arch/x86/boot/bzImage");
+    fs::copy(&bzimage, out.join("bzImage"))
+        .with_context(|| format!("copying {}", bzimage.display()))?;
+    fs::copy(&dot_config, out.join("config"))?;
+    fs::copy(&log_path, out.join("build.log"))?;
+    let info = serde_json::json!({
+        "cache_key": key,
+        "recipe": RECIPE_VERSION,
+        "source": req.source,
+        "fragments": req.fragments,
+        "gcc": gcc_version()?,
+        "source_date_epoch": req.source_date_epoch,
+        "randstruct_seed": if req.randstruct_seed.is_some() { "from file" } else { "derived from cache key" },
+        "jobs": make.jobs,
+        "build_seconds": elapsed.as_secs(),
+        "bzimage_sha256": sha256_file(&out.join("bzImage"))?.0,
+    });
+    fs::write(
+        out.join("build-info.json"),
+        serde_json::to_string_pretty(&info)?,
+    )?;
+    sync_dir(&out)?;
+    if let Err(e) = fs::rename(&out, &final_dir) {
+        // Another build of the same key may have finished first: use it.
+        if !result.bzimage.is_file() {
+            return Err(e)
+                .with_context(|| format!("renaming the result into {}", final_dir.display()));
+        }
+    }
+    sync_dir(&kernel_dir)?;
+    let _ = fs::remove_file(kernel_dir.join(format!("{key}.failed.log")));
+    drop(work); // deletes the source tree
+    eprintln!(
+        "kernel: built in {} -> {}",
+        format_duration(elapsed),
+        result.bzimage.display()
+    );
+    Ok(BuiltKernel {
+        cached: false,
+        ..result
+    })
+}
+
+/// Loads and merges the fragments (in order, later wins).
+pub fn load_fragments(fragments: &[PathBuf]) -> Result<KernelConfig> {
+    if fragments.is_empty() {
+        bail!("no kernel config fragments given");
+    }
+    let parsed = fragments
+        .iter()
+        .map(|p| KernelConfig::load(p))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(merge_fragments(&parsed))
+}
+
+fn audit_or_fail(
+    rules: &Rules,
+    config: &KernelConfig,
+    cmdline: &str,
+    waivers: &[Waiver],
+) -> Result<()> {
+    let report = audit(rules, config, Some(cmdline), waivers)?;
+    let failures = report.failures();
+    if failures.is_empty() {
+        eprintln!("kernel: {}", report.summary());
+        return Ok(());
+    }
+    let mut msg = format!("the kernel fails {} KSPP rule(s):\n", failures.len());
+    for f in failures {
+        msg.push_str(&format!("  {}\n", f.render_line()));
+    }
+    msg.push_str(&report.summary());
+    msg.push_str("\nfix the fragments or kernel command line, or add a waiver with a reason");
+    bail!("{msg}")
+}
+
+/// The cache key: SHA-256 over the recipe version, the source, the merged
+/// requested config, the compiler, the epoch and an explicit seed.
+pub fn cache_key(
+    req: &KernelRequest,
+    requested: &KernelConfig,
+    seed: Option<&str>,
+) -> Result<String> {
+    let mut h = Sha256::new();
+    h.update(format!("recipe {RECIPE_VERSION}\n"));
+    let stamps = req.cache_dir.join("kernel").join("source-hashes.json");
+    h.update(format!(
+        "source {}\n",
+        hash_source_memo(&req.source, &stamps)?
+    ));
+    h.update(format!("gcc {}\n", gcc_version()?));
+    h.update(format!("epoch {}\n", req.source_date_epoch));
+    h.update(format!("seed {}\n", seed.unwrap_or("derived")));
+    h.update("config\n");
+    h.update(requested.render());
+    Ok(hex::encode(h.finalize()))
+}
+
+/// [`hash_source`], remembering a tarball's hash by (path, size, mtime,
+/// inode) in `stamps` so that a cache hit does not re-read 140 MB.
+pub fn hash_source_memo(source: &Path, stamps: &Path) -> Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::metadata(source).with_context(|| format!("reading {}", source.display()))?;
+    if !meta.is_file() {
+        return hash_source(source);
+    }
+    let abs = fs::canonicalize(source).unwrap_or_else(|_| source.to_path_buf());
+    let stamp = format!(
+        "{}|{}|{}.{}|{}|{}",
+        abs.display(),
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ino(),
+        meta.dev()
+    );
+    let mut map: serde_json::Map<String, serde_json::Value> = fs::read(stamps)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    if let Some(serde_json::Value::String(h)) = map.get(&stamp) {
+        return Ok(h.clone());
+    }
+    let hash = hash_source(source)?;
+    map.retain(|k, _| !k.starts_with(&format!("{}|", abs.display())));
+    map.insert(stamp, serde_json::Value::String(hash.clone()));
+    if let Some(dir) = stamps.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    crate::io::write_atomic(
+        stamps,
+        serde_json::to_string_pretty(&map)?.as_bytes(),
+        0o644,
+    )?;
+    Ok(hash)
+}
+
+/// A tarball's SHA-256, or for a tree a SHA-256 over its sorted walk
+/// (relative path, kind, content hash or link target of every entry).
+pub fn hash_source(source: &Path) -> Result<String> {
+    let meta = fs::metadata(source).with_context(|| format!("reading {}", source.display()))?;
+    if meta.is_file() {
+        return Ok(format!("file:{}", sha256_file(source)?.0));
+    }
+    let mut h = Sha256::new();
+    for entry in walkdir::WalkDir::new(source).sort_by_file_name() {
+        let entry = entry.with_context(|| format!("walking {}", source.display()))?;
+        let rel = entry.path().strip_prefix(source).unwrap_or(entry.path());
+        let ft = entry.file_type();
+        if ft.is_symlink() {
+            let target = fs::read_link(entry.path())?;
+            h.update(format!("L {} -> {}\n", rel.display(), target.display()));
+        } else if ft.is_file() {
+            let file_hash = sha256_file(entry.path())?.0;
+            h.update(format!("F {} {file_hash}\n", rel.display()));
+        } else if ft.is_dir() {
+            h.update(format!("D {}\n", rel.display()));
+        }
+    }
+    Ok(format!("tree:{}", hex::encode(h.finalize())))
+}
+
+/// First line of `gcc --version` (the kernel is built with `gcc`).
+pub fn gcc_version() -> Result<String> {
+    let out = Command::new("gcc")
+        .arg("--version")
+        .output()
+        .context("running gcc --version (is gcc installed?)")?;
+    if !out.status.success() {
+        bail!("gcc --version failed: {}", out.status);
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text.lines().next().unwrap_or("").trim().to_string())
+}
+
+/// The deterministic randstruct seed derived from the cache key.
+///
+/// Security trade-off: randstruct only helps against attackers who do not
+/// know the structure layout. Upstream draws a fresh random seed per build,
+/// which makes every build's layout unique (and unreproducible). Deriving it
+/// from the cache key makes the build reproducible, but anyone who has the
+/// same inputs (public source, our public fragments) can compute the seed,
+/// just as anyone can read the layout out of a published bzImage. For a
+/// secret layout, pass a private seed file (`randstruct_seed`) and keep it
+/// out of the repository; the build stays reproducible for whoever holds it.
+pub fn randstruct_seed(cache_key: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"imager randstruct seed v1\0");
+    h.update(cache_key.as_bytes());
+    hex::encode(h.finalize())
+}
+
+fn read_seed(path: &Path) -> Result<String> {
+    let text = fs::read_to_string(path)
+        .with_context(|| format!("reading the randstruct seed {}", path.display()))?;
+    let seed = text.trim().to_ascii_lowercase();
+    if seed.len() != 64 || !seed.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!(
+            "randstruct seed {} must hold 64 hex digits (e.g. `od -A n -t x8 -N 32 /dev/urandom | tr -d ' \\n'`)",
+            path.display()
+        );
+    }
+    Ok(seed)
+}
+
+/// Writes a replacement for the kernel's scripts/gen-randstruct-seed.sh that
+/// emits a fixed seed. Kbuild runs `$(gen-randstruct-seed)` to create
+/// scripts/basic/randstruct.seed (read by the randstruct GCC plugin) and
+/// include/generated/randstruct_hash.h; we point that make variable at this
+/// script on the make command line, leaving the source tree untouched.
+fn write_seed_script(path: &Path, seed: &str) -> Result<()> {
+    let hash = hex::encode(Sha256::digest(seed.as_bytes()));
+    let script = format!(
+        "#!/bin/sh\n# Written by imager: deterministic randstruct seed (see imager::kernel::build).\n\
+         echo '{seed}' > \"$1\"\n\
+         echo '#define RANDSTRUCT_HASHED_SEED \"{hash}\"' > \"$2\"\n"
+    );
+    fs::write(path, script).with_context(|| format!("writing {}", path.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+/// Unpacks a tarball into `dest` (dropping its top-level directory) or
+/// copies a tree there, so the build never writes into the given source.
+fn unpack_source(source: &Path, dest: &Path) -> Result<()> {
+    fs::create_dir_all(dest).with_context(|| format!("creating {}", dest.display()))?;
+    let mut cmd = if source.is_file() {
+        // The system tar: it handles .xz/.gz/.zst by itself (the tar crate
+        // would need an xz decoder dependency) and is what Debian's
+        // linux-source package is meant to be unpacked with.
+        let mut c = Command::new("tar");
+        c.arg("-xf")
+            .arg(source)
+            .arg("-C")
+            .arg(dest)
+            .arg("--strip-components=1");
+        c
+    } else {
+        let mut c = Command::new("cp");
+        c.arg("-a")
+            .arg("--reflink=auto")
+            .arg(source.join("."))
+            .arg(dest);
+        c
+    };
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "unpacking {} failed ({}): {}",
+            source.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    if !dest.join("Makefile").is_file() || !dest.join("Kconfig").is_file() {
+        bail!(
+            "{} does not look like a Linux source tree (no top-level Makefile/Kconfig)",
+            source.display()
+        );
+    }
+    Ok(())
+}
+
+struct Make {
+    tree: PathBuf,
+    log: PathBuf,
+    epoch: u64,
+    jobs: usize,
+    seed_script: PathBuf,
+    /// Where build.log is kept when a step fails (the work dir is deleted).
+    failed_log: PathBuf,
+}
+
+impl Make {
+    /// Runs make in the tree with the reproducibility environment, appending
+    /// all output to build.log. With `expected`, shows a progress bar
+    /// counting compiled objects. On failure, the error carries the log tail.
+    fn run(&self, args: &[&str], expected: Option<u64>) -> Result<()> {
+        let mut log = fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("opening {}", self.log.display()))?;
+        writeln!(log, "\n$ make {}", args.join(" "))?;
+        let (reader, writer) = std::io::pipe().context("creating a pipe for make's output")?;
+        let mut child = {
+            let mut cmd = Command::new("make");
+            cmd.current_dir(&self.tree)
+                .args(args)
+                .arg("LOCALVERSION=")
+                .arg(format!(
+                    "gen-randstruct-seed={}",
+                    self.seed_script.display()
+                ))
+                .stdin(Stdio::null())
+                .stdout(writer.try_clone()?)
+                .stderr(writer);
+            for k in [
+                "ARCH",
+                "CROSS_COMPILE",
+                "CC",
+                "LLVM",
+                "O",
+                "KBUILD_OUTPUT",
+                "KCFLAGS",
+                "KCPPFLAGS",
+                "KAFLAGS",
+                "KCONFIG_CONFIG",
+                "MAKEFLAGS",
+                "MFLAGS",
+                "MAKELEVEL",
+                "LOCALVERSION",
+            ] {
+                cmd.env_remove(k);
+            }
+            cmd.env("LC_ALL", "C")
+                .env("TZ", "UTC")
+                .env("SOURCE_DATE_EPOCH", self.epoch.to_string())
+                .env("KBUILD_BUILD_TIMESTAMP", format_build_timestamp(self.epoch))
+                .env("KBUILD_BUILD_USER", "imager")
+                .env("KBUILD_BUILD_HOST", "imager")
+                .env("KBUILD_BUILD_VERSION", "1");
+            cmd.spawn().context("running make (is it installed?)")?
+            // `cmd` (holding the pipe's write ends) is dropped here, so the
+            // reader sees EOF when make exits.
+        };
+        let bar = expected.map(|len| {
+            let bar = indicatif::ProgressBar::new(len);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{spinner} kernel [{elapsed_precise}] {bar:40} {pos}/{len} objects {msg}",
+            ) {
+                bar.set_style(style);
+            }
+            bar.enable_steady_tick(Duration::from_millis(250));
+            bar
+        });
+        let mut lines = BufReader::new(reader);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            let n = lines
+                .read_until(b'\n', &mut buf)
+                .context("reading make's output")?;
+            if n == 0 {
+                break;
+            }
+            log.write_all(&buf)?;
+            if let Some(bar) = &bar
+                && buf.starts_with(b"  CC ")
+            {
+                bar.inc(1);
+                if bar.position() >= bar.length().unwrap_or(0) {
+                    bar.set_length(bar.position() + 100);
+                }
+                let line = String::from_utf8_lossy(&buf);
+                bar.set_message(line.split_whitespace().last().unwrap_or("").to_string());
+            }
+        }
+        let status = child.wait().context("waiting for make")?;
+        if let Some(bar) = &bar {
+            bar.finish_and_clear();
+        }
+        log.flush()?;
+        if !status.success() {
+            let tail = log_tail(&self.log, LOG_TAIL_LINES).unwrap_or_default();
+            let kept = match fs::copy(&self.log, &self.failed_log) {
+                Ok(_) => self.failed_log.display().to_string(),
+                Err(_) => "(the log could not be kept)".to_string(),
+            };
+            bail!(
+                "make {} failed ({status}); full log: {kept}; last {LOG_TAIL_LINES} lines:\n{tail}",
+                args.join(" ")
+            );
+        }
+        Ok(())
+    }
+}
+
+fn log_tail(path: &Path, n: usize) -> Result<String> {
+    let f = File::open(path)?;
+    let mut tail = VecDeque::with_capacity(n);
+    for line in BufReader::new(f).split(b'\n') {
+        if tail.len() == n {
+            tail.pop_front();
+        }
+        tail.push_back(String::from_utf8_lossy(&line?).into_owned());
+    }
+    Ok(tail.into_iter().collect::<Vec<_>>().join("\n"))
+}
+
+/// The work directory; removed (with the source tree in it) when dropped.
+struct WorkDir {
+    path: PathBuf,
+}
+
+impl WorkDir {
+    fn create(path: PathBuf) -> Result<WorkDir> {
+        if path.exists() {
+            fs::remove_dir_all(&path)
+                .with_context(|| format!("removing stale {}", path.display()))?;
+        }
+        fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(WorkDir { path })
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Removes `<key>.tmp-<pid>` directories whose process is gone.
+fn sweep_stale_work_dirs(kernel_dir: &Path) {
+    let Ok(entries) = fs::read_dir(kernel_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some((_, pid)) = name.rsplit_once(".tmp-") else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    for e in fs::read_dir(dir)?.flatten() {
+        if e.file_type()?.is_file() {
+            File::open(e.path())?.sync_all()?;
+        }
+    }
+    File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+fn format_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    format!("{}m{:02}s", s / 60, s % 60)
+}
+
+/// `date -u -d @EPOCH` style: `Thu Jan  1 00:00:00 UTC 1970`.
+pub fn format_build_timestamp(epoch: u64) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let days = epoch / 86_400;
+    let secs = epoch % 86_400;
+    let (year, month, day) = civil_from_days(days as i64);
+    format!(
+        "{} {} {:>2} {:02}:{:02}:{:02} UTC {}",
+        DAYS[(days % 7) as usize],
+        MONTHS[(month - 1) as usize],
+        day,
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60,
+        year
+    )
+}
+
+/// Days since 1970-01-01 -> (year, month 1..=12, day 1..=31) (H. Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_timestamp_matches_date() {
+        assert_eq!(format_build_timestamp(0), "Thu Jan  1 00:00:00 UTC 1970");
+        // date -u -d @1700000000 -> Tue Nov 14 22:13:20 UTC 2023
+        assert_eq!(
+            format_build_timestamp(1_700_000_000),
+            "Tue Nov 14 22:13:20 UTC 2023"
+        );
+        // leap day: date -u -d @1709164800 -> Thu Feb 29 00:00:00 UTC 2024
+        assert_eq!(
+            format_build_timestamp(1_709_164_800),
+            "Thu Feb 29 00:00:00 UTC 2024"
+        );
+    }
+
+    #[test]
+    fn seed_is_deterministic_hex() {
+        let a = randstruct_seed("abc");
+        assert_eq!(a, randstruct_seed("abc"));
+        assert_ne!(a, randstruct_seed("abd"));
+        assert_eq!(a.len(), 64);
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("seed");
+        std::fs::write(&p, format!("{}\n", a.to_uppercase())).unwrap();
+        assert_eq!(read_seed(&p).unwrap(), a);
+        std::fs::write(&p, "xyz").unwrap();
+        assert!(read_seed(&p).is_err());
+    }
+
+    #[test]
+    fn seed_script_writes_seed_and_hash() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("gen.sh");
+        let seed = randstruct_seed("k");
+        write_seed_script(&script, &seed).unwrap();
+        let (s, h) = (
+            dir.path().join("randstruct.seed"),
+            dir.path().join("hash.h"),
+        );
+        let st = Command::new(&script).arg(&s).arg(&h).status().unwrap();
+        assert!(st.success());
+        assert_eq!(std::fs::read_to_string(&s).unwrap(), format!("{seed}\n"));
+        let expect = hex::encode(Sha256::digest(seed.as_bytes()));
+        assert_eq!(
+            std::fs::read_to_string(&h).unwrap(),
+            format!("#define RANDSTRUCT_HASHED_SEED \"{expect}\"\n")
+        );
+    }
+
+    #[test]
+    fn tree_hash_sees_content_and_names() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("a")).unwrap();
+        std::fs::write(dir.path().join("a/x"), "1").unwrap();
+        let h1 = hash_source(dir.path()).unwrap();
+        assert_eq!(h1, hash_source(dir.path()).unwrap());
+        std::fs::write(dir.path().join("a/x"), "2").unwrap();
+        let h2 = hash_source(dir.path()).unwrap();
+        assert_ne!(h1, h2);
+        std::fs::rename(dir.path().join("a/x"), dir.path().join("a/y")).unwrap();
+        assert_ne!(h2, hash_source(dir.path()).unwrap());
+        assert!(h1.starts_with("tree:"));
+    }
+
+    #[test]
+    fn tarball_hash_is_remembered_until_the_file_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let tarball = dir.path().join("src.tar.xz");
+        let stamps = dir.path().join("stamps.json");
+        std::fs::write(&tarball, "one").unwrap();
+        let h1 = hash_source_memo(&tarball, &stamps).unwrap();
+        assert_eq!(h1, hash_source(&tarball).unwrap());
+        assert!(std::fs::read_to_string(&stamps).unwrap().contains(&h1));
+        assert_eq!(hash_source_memo(&tarball, &stamps).unwrap(), h1);
+        std::fs::write(&tarball, "two, longer").unwrap();
+        let h2 = hash_source_memo(&tarball, &stamps).unwrap();
+        assert_ne!(h1, h2);
+        assert_eq!(h2, hash_source(&tarball).unwrap());
+        // the stale stamp was replaced, not accumulated
+        let map: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&std::fs::read_to_string(&stamps).unwrap()).unwrap();
+        assert_eq!(map.len(), 1);
+    }
+
+    #[test]
+    fn missing_source_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let req = KernelRequest {
+            source: dir.path().join("nope.tar.xz"),
+            fragments: vec![],
+            rules: dir.path().join("rules.yaml"),
+            waivers: vec![],
+            cmdline: String::new(),
+            cache_dir: dir.path().join("cache"),
+            source_date_epoch: 0,
+            jobs: 1,
+            randstruct_seed: None,
+        };
+        let err = build(&req).unwrap_err().to_string();
+        assert!(
+            err.contains("nope.tar.xz not found: install linux-source-6.1"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn failing_make_reports_the_log_tail_and_keeps_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut makefile = String::from("all:\n");
+        for i in 0..50 {
+            makefile.push_str(&format!("\t@echo line{i}\n"));
+        }
+        makefile.push_str("\t@echo '  CC      x.o'\n\t@echo oops >&2; exit 3\nok:\n\t@echo fine\n");
+        std::fs::write(dir.path().join("Makefile"), makefile).unwrap();
+        let log = dir.path().join("build.log");
+        std::fs::write(&log, "").unwrap();
+        let make = Make {
+            tree: dir.path().to_path_buf(),
+            log: log.clone(),
+            epoch: 0,
+            jobs: 1,
+            seed_script: dir.path().join("unused.sh"),
+            failed_log: dir.path().join("key.failed.log"),
+        };
+        make.run(&["ok"], None).unwrap();
+        let err = make.run(&["all"], Some(10)).unwrap_err().to_string();
+        assert!(err.contains("make all failed"), "{err}");
+        assert!(err.contains("key.failed.log"), "{err}");
+        assert!(err.contains("oops"), "{err}");
+        assert!(err.contains("line49"), "{err}");
+        assert!(!err.contains("line5\n"), "only the tail: {err}");
+        let kept = std::fs::read_to_string(dir.path().join("key.failed.log")).unwrap();
+        assert!(kept.contains("$ make ok\nfine\n"), "{kept}");
+        assert!(kept.contains("line0\n"), "{kept}");
+    }
+
+    #[test]
+    fn stale_work_dirs_are_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join("abc.tmp-999999999");
+        let live = dir.path().join(format!("abc.tmp-{}", std::process::id()));
+        let done = dir.path().join("abc");
+        for d in [&stale, &live, &done] {
+            std::fs::create_dir(d).unwrap();
+        }
+        sweep_stale_work_dirs(dir.path());
+        assert!(!stale.exists());
+        assert!(live.exists());
+        assert!(done.exists());
+    }
+}
