@@ -4,6 +4,9 @@
 //! The kernel comes from the build cache (`scripts/test` builds it first);
 //! everything else is built here, twice, in two directories.
 
+// Test helpers panic on unexpected failures: that is how a test fails.
+#![allow(clippy::unwrap_used)]
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -22,10 +25,8 @@ fn imager() -> Command {
 }
 
 fn run(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
-    out
+    cmd.output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
 }
 
 fn ok(cmd: &mut Command) -> String {

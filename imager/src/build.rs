@@ -93,12 +93,7 @@ fn step(msg: &str) {
 }
 
 /// The kernel request of a profile.
-pub fn kernel_request(
-    p: &Profile,
-    cache_dir: &Path,
-    epoch: u64,
-    jobs: usize,
-) -> Result<kernel::KernelRequest> {
+pub fn kernel_request(p: &Profile, cache_dir: &Path, jobs: usize) -> Result<kernel::KernelRequest> {
     let source = p
         .kernel
         .source
@@ -129,7 +124,7 @@ pub fn waivers(p: &Profile) -> Result<Vec<kernel::Waiver>> {
         })
         .collect();
     for f in &p.kernel.waiver_files {
-        all.extend(kernel::load_waivers(f)?);
+        all.extend(kernel::audit::load_waivers(f)?);
     }
     Ok(all)
 }
@@ -204,7 +199,10 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
                     bail!("prebuilt kernel file {} not found", f.display());
                 }
             }
-            kernel::check_prebuilt(c, &p.kernel.rules, &p.cmdline(), &waivers(p)?)?;
+            let rules = kernel::Rules::load(&p.kernel.rules)?;
+            let config = kernel::KernelConfig::load(c)?;
+            kernel::build::audit_or_fail(&rules, &config, &p.cmdline(), &waivers(p)?)
+                .with_context(|| format!("auditing the prebuilt kernel's {}", c.display()))?;
             (k.clone(), c.clone(), true)
         }
         _ => {

@@ -134,7 +134,21 @@ fn run() -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Kernel { command } => kernel::cli::run(command),
+        Command::Kernel {
+            command: kernel::cli::KernelCommand::Build(a),
+        } if a.profile.is_some() => {
+            let path = Profile::locate(a.profile.as_deref().unwrap_or_default())?;
+            let p = Profile::load(&path)?;
+            let cache = a
+                .cache_dir
+                .clone()
+                .unwrap_or_else(kernel::default_cache_dir);
+            let req = build::kernel_request(&p, &cache, jobs(a.jobs))?;
+            let built = kernel::build(&req)?;
+            println!("{}", built.bzimage.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Kernel { command } => kernel::cli::run(&command),
         Command::Keygen(a) => {
             sign::run_keygen(&a)?;
             Ok(ExitCode::SUCCESS)

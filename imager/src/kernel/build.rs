@@ -240,7 +240,7 @@ pub fn load_fragments(fragments: &[PathBuf]) -> Result<KernelConfig> {
     Ok(merge_fragments(&parsed))
 }
 
-fn audit_or_fail(
+pub fn audit_or_fail(
     rules: &Rules,
     config: &KernelConfig,
     cmdline: &str,

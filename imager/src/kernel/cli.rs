@@ -20,6 +20,10 @@ pub enum KernelCommand {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BuildArgs {
+    /// Take source, fragments, rules, waivers, command line and build epoch
+    /// from this profile (name or path) instead of the flags below.
+    #[arg(long, conflicts_with_all = ["source", "fragments", "rules", "waivers", "no_waivers", "cmdline", "source_date_epoch", "randstruct_seed"])]
+    pub profile: Option<String>,
     /// Kernel source: a .tar.xz/.tar.gz tarball or an unpacked tree.
     #[arg(long, default_value = DEFAULT_SOURCE)]
     pub source: PathBuf,

@@ -14,7 +14,12 @@ pub const DEV_KEY_DIR: &str = "out/keys";
 #[derive(Debug, Clone, clap::Args)]
 pub struct KeygenArgs {
     /// Where to write the private key (PKCS#8 PEM, mode 0600).
-    #[arg(long = "private", alias = "out-private", value_name = "PATH", default_value = "out/keys/signing.key")]
+    #[arg(
+        long = "private",
+        alias = "out-private",
+        value_name = "PATH",
+        default_value = "out/keys/signing.key"
+    )]
     pub out_private: PathBuf,
     /// Where to write the public key (SPKI PEM) [default: the private key's
     /// path with the extension .pub].
