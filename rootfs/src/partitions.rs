@@ -108,12 +108,10 @@ pub fn find<'a>(
     Some((first, matching.collect()))
 }
 
-/// Partitions on the same disk as `anchor`, for reporting the layout.
+/// Partitions on the same disk as `anchor`, for reporting the layout (all
+/// those of unknown disk when sysfs does not say).
 pub fn on_disk_of<'a>(parts: &'a [Partition], anchor: &Partition) -> Vec<&'a Partition> {
-    parts
-        .iter()
-        .filter(|p| anchor.disk.is_some() && p.disk == anchor.disk)
-        .collect()
+    parts.iter().filter(|p| p.disk == anchor.disk).collect()
 }
 
 /// Polls sysfs until a partition labelled `label` exists and its device node
