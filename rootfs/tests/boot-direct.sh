@@ -16,8 +16,8 @@
 #   VERSION       VERSION_ID written to os-release (default 0.0.0-test)
 #   SLOT          slot on the command line and in META (default A)
 #   BOOT_TIMEOUT  seconds to wait for ready (default 120: TCG is slow)
-#   SQUASHFS_COMP mksquashfs compressor (default: xz if the kernel config in
-#                 the kernel's directory has SQUASHFS_XZ, else zstd, else gzip)
+#   SQUASHFS_COMP mksquashfs compressor (default zstd, or xz/gzip when the
+#                 kernel's config next to the bzImage lacks SQUASHFS_ZSTD)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -85,10 +85,11 @@ comp=${SQUASHFS_COMP:-}
 if [ -z "$comp" ]; then
     config=$(dirname "$kernel")/config
     [ -f "$config" ] || config=$(dirname "$kernel")/.config
-    if [ -f "$config" ] && grep -q '^CONFIG_SQUASHFS_XZ=y' "$config"; then comp=xz
-    elif [ -f "$config" ] && grep -q '^CONFIG_SQUASHFS_ZSTD=y' "$config"; then comp=zstd
-    elif [ -f "$config" ] && grep -q '^CONFIG_SQUASHFS_ZLIB=y' "$config"; then comp=gzip
-    else comp=xz
+    comp=zstd # what kernel-config/base.config enables
+    if [ -f "$config" ] && ! grep -q '^CONFIG_SQUASHFS_ZSTD=y' "$config"; then
+        if grep -q '^CONFIG_SQUASHFS_XZ=y' "$config"; then comp=xz
+        elif grep -q '^CONFIG_SQUASHFS_ZLIB=y' "$config"; then comp=gzip
+        fi
     fi
 fi
 root=$work/root
