@@ -231,19 +231,32 @@ fn keep_mounted(mount_point: &str) -> bool {
             .any(|k| mount_point == *k || mount_point.starts_with(&format!("{k}/")))
 }
 
-/// Unmounts everything that can be, innermost first; what cannot be
-/// unmounted and is backed by a device is remounted read-only.
+/// Unmounts everything that can be, innermost first, in passes until no more
+/// can be; what is left and backed by a device is remounted read-only.
 fn unmount_all() {
-    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        say("cannot read /proc/self/mountinfo; filesystems stay mounted");
-        return;
-    };
-    for m in mount::parse_mountinfo(&text).iter().rev() {
-        if keep_mounted(&m.mount_point) {
-            continue;
+    let mut failures = Vec::new();
+    for _pass in 0..4 {
+        let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+            say("cannot read /proc/self/mountinfo; filesystems stay mounted");
+            return;
+        };
+        failures.clear();
+        let mut progress = false;
+        for m in mount::parse_mountinfo(&text).into_iter().rev() {
+            if keep_mounted(&m.mount_point) {
+                continue;
+            }
+            match mount::umount(&m.mount_point) {
+                Ok(()) => progress = true,
+                Err(e) => failures.push((m, e)),
+            }
         }
-        if let Err(e) = mount::umount(&m.mount_point)
-            && m.source.starts_with("/dev/")
+        if !progress {
+            break;
+        }
+    }
+    for (m, e) in failures {
+        if m.source.starts_with("/dev/")
             && let Err(e2) = mount::remount_read_only(&m.mount_point)
         {
             say(format!("{e}; {e2}"));
