@@ -138,6 +138,13 @@ pub fn breakpoint(cmdline: &str, point: &str) -> crate::error::Result<()> {
     let Some(asked) = cmdline::get(cmdline, cmdline::BREAK) else {
         return Ok(());
     };
+    // `panic` panics where `ready` would fail: it tests the panic hook.
+    if asked == "panic" {
+        if point == "ready" {
+            panic!("{}=panic: panicking before ready as asked", cmdline::BREAK);
+        }
+        return Ok(());
+    }
     let known = BREAK_POINTS.contains(&asked.as_str());
     if asked == point || (!known && point == BREAK_POINTS[0]) {
         let why = if known {
@@ -167,5 +174,8 @@ mod break_tests {
         assert!(breakpoint("quiet", "ready").is_ok());
         assert!(breakpoint("machined.break=typo", "stage1").is_err());
         assert!(breakpoint("machined.break=typo", "ready").is_ok());
+        assert!(breakpoint("machined.break=panic", "stage1").is_ok());
+        let p = std::panic::catch_unwind(|| breakpoint("machined.break=panic", "ready"));
+        assert!(p.is_err());
     }
 }

@@ -7,8 +7,10 @@
 #             clean power-off
 #   break     machined.break=ready: expect `machined: fatal:` and a reboot
 #             (QEMU exits because of -no-reboot)
+#   panic     machined.break=panic: expect `machined: fatal: panic:` and, with
+#             machined.on_failure=poweroff, a power-off
 #
-# Usage: rootfs/tests/boot-direct.sh [scenario...]   (default: ready break)
+# Usage: rootfs/tests/boot-direct.sh [scenario...]   (default: ready break panic)
 # Environment:
 #   KERNEL        bzImage (default: the newest ~/.cache/imager/kernel/*/bzImage)
 #   WORK          work directory (default: a fresh temporary directory, removed
@@ -27,7 +29,7 @@ version=${VERSION:-0.0.0-test}
 slot=${SLOT:-A}
 boot_timeout=${BOOT_TIMEOUT:-120}
 scenarios=("$@")
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(ready break)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(ready break panic)
 
 say() { printf 'boot-direct: %s\n' "$*" >&2; }
 die() { say "FAIL: $*"; exit 1; }
@@ -232,11 +234,22 @@ scenario_break() {
     say "break: PASS (fatal, then reboot)"
 }
 
+scenario_panic() {
+    boot panic "machined.break=panic machined.on_failure=poweroff"
+    wait_for_line '^machined: fatal: panic: ' "$boot_timeout" || die "no 'fatal: panic:' line with machined.break=panic (log: $log)"
+    say "$(grep -a '^machined: fatal: panic: ' "$log" | tr -d '\r' | head -n1)"
+    wait_for_line '^machined: powering off (on_failure=poweroff)' 10 || die "on_failure=poweroff not applied (log: $log)"
+    wait_for_exit 30 || die "QEMU did not exit after the panic (log: $log)"
+    grep -qa 'Attempted to kill init' "$log" && die "PID 1 exited (kernel panic) instead of powering off"
+    say "panic: PASS (fatal panic, then power-off)"
+}
+
 for s in "${scenarios[@]}"; do
     case $s in
         ready) scenario_ready ;;
         break) scenario_break ;;
-        *) die "unknown scenario $s (ready, break)" ;;
+        panic) scenario_panic ;;
+        *) die "unknown scenario $s (ready, break, panic)" ;;
     esac
 done
 say "all passed: ${scenarios[*]}"
