@@ -7,10 +7,12 @@
 #             clean power-off
 #   break     machined.break=ready: expect `machined: fatal:` and a reboot
 #             (QEMU exits because of -no-reboot)
+#   cad       boot to ready, send ctrl-alt-delete (needs VT + atkbd in the
+#             kernel): expect `machined: rebooting` and QEMU to exit
 #   panic     machined.break=panic: expect `machined: fatal: panic:` and, with
 #             machined.on_failure=poweroff, a power-off
 #
-# Usage: rootfs/tests/boot-direct.sh [scenario...]   (default: ready break panic)
+# Usage: rootfs/tests/boot-direct.sh [scenario...]   (default: ready break cad panic)
 # Environment:
 #   KERNEL        bzImage (default: the newest ~/.cache/imager/kernel/*/bzImage)
 #   WORK          work directory (default: a fresh temporary directory, removed
@@ -29,7 +31,7 @@ version=${VERSION:-0.0.0-test}
 slot=${SLOT:-A}
 boot_timeout=${BOOT_TIMEOUT:-120}
 scenarios=("$@")
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(ready break panic)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(ready break cad panic)
 
 say() { printf 'boot-direct: %s\n' "$*" >&2; }
 die() { say "FAIL: $*"; exit 1; }
@@ -195,8 +197,7 @@ boot() { # boot <name> <extra cmdline>
     boot_start=$(date +%s.%N)
 }
 
-scenario_ready() {
-    boot ready ""
+wait_for_ready() {
     local rc=0
     wait_for_line '^machined: ready ' "$boot_timeout" || rc=$?
     if grep -qa 'machined: fatal:' "$log"; then
@@ -215,6 +216,11 @@ scenario_ready() {
     [[ $line =~ ^machined:\ ready\ version=${version//./\\.}\ slot=${slot}\ uptime=[0-9]+\.[0-9]+$ ]] ||
         die "unexpected ready line: $line"
     say "ready after ${line##*uptime=}s of guest uptime, ${host_s}s of host time"
+}
+
+scenario_ready() {
+    boot ready ""
+    wait_for_ready
 
     # The ACPI power button.
     monitor system_powerdown
@@ -234,6 +240,15 @@ scenario_break() {
     say "break: PASS (fatal, then reboot)"
 }
 
+scenario_cad() {
+    boot cad ""
+    wait_for_ready
+    monitor "sendkey ctrl-alt-delete"
+    wait_for_line '^machined: rebooting' 30 || die "no 'machined: rebooting' after ctrl-alt-delete (log: $log)"
+    wait_for_exit 30 || die "QEMU did not exit after rebooting (log: $log)"
+    say "cad: PASS (ctrl-alt-del, clean reboot)"
+}
+
 scenario_panic() {
     boot panic "machined.break=panic machined.on_failure=poweroff"
     wait_for_line '^machined: fatal: panic: ' "$boot_timeout" || die "no 'fatal: panic:' line with machined.break=panic (log: $log)"
@@ -248,8 +263,9 @@ for s in "${scenarios[@]}"; do
     case $s in
         ready) scenario_ready ;;
         break) scenario_break ;;
+        cad) scenario_cad ;;
         panic) scenario_panic ;;
-        *) die "unknown scenario $s (ready, break, panic)" ;;
+        *) die "unknown scenario $s (ready, break, cad, panic)" ;;
     esac
 done
 say "all passed: ${scenarios[*]}"
