@@ -1,1 +1,40 @@
-fn main() {}
+//! machined: the runtime's PID 1, statically linked. The same binary is
+//! stage 1 (`/init` in the initramfs, detected by the squashfs next to it)
+//! and stage 2 (`/usr/bin/machined` in the root filesystem).
+
+mod console;
+mod error;
+mod failure;
+mod input;
+mod loopdev;
+mod mount;
+mod osrelease;
+mod partitions;
+mod power;
+mod skeleton;
+mod stage1;
+mod stage2;
+mod sys;
+
+use std::path::Path;
+
+fn main() {
+    failure::install_panic_hook();
+    if sys::pid() != 1 {
+        console::say(format!(
+            "must run as PID 1 (the kernel's init), not as PID {}",
+            sys::pid()
+        ));
+        std::process::exit(2);
+    }
+    let in_initramfs = Path::new("/")
+        .join(contract::paths::INITRAMFS_ROOTFS)
+        .exists();
+    let result = if in_initramfs {
+        stage1::run()
+    } else {
+        stage2::run()
+    };
+    let Err(e) = result;
+    failure::fatal(e)
+}

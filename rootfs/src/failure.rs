@@ -1,0 +1,181 @@
+//! What PID 1 does when it cannot go on: print `machined: fatal: <reason>`,
+//! sync, and reboot, halt or power off as `machined.on_failure=` says.
+//!
+//! PID 1 must never exit (the kernel would panic) and never hang silently.
+
+use crate::console::say;
+use crate::sys;
+use contract::cmdline::{self, OnFailure};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// The policy, set once the command line is known; reboot until then.
+static POLICY: AtomicU8 = AtomicU8::new(0);
+
+fn encode(p: OnFailure) -> u8 {
+    match p {
+        OnFailure::Reboot => 0,
+        OnFailure::Halt => 1,
+        OnFailure::Poweroff => 2,
+    }
+}
+
+fn decode(v: u8) -> OnFailure {
+    match v {
+        1 => OnFailure::Halt,
+        2 => OnFailure::Poweroff,
+        _ => OnFailure::Reboot,
+    }
+}
+
+/// The failure policy a command line asks for, and a warning when its value
+/// is not understood (the default, reboot, is used then).
+pub fn policy_of(cmdline: &str) -> (OnFailure, Option<String>) {
+    match cmdline::get(cmdline, cmdline::ON_FAILURE) {
+        None => (OnFailure::Reboot, None),
+        Some(v) => match OnFailure::parse(&v) {
+            Some(p) => (p, None),
+            None => (
+                OnFailure::Reboot,
+                Some(format!(
+                    "unknown {}={v:?} (reboot|halt|poweroff), using reboot",
+                    cmdline::ON_FAILURE
+                )),
+            ),
+        },
+    }
+}
+
+/// Sets the policy from the kernel command line.
+pub fn configure(cmdline: &str) {
+    let (p, warning) = policy_of(cmdline);
+    if let Some(w) = warning {
+        say(w);
+    }
+    POLICY.store(encode(p), Ordering::SeqCst);
+}
+
+pub fn policy() -> OnFailure {
+    decode(POLICY.load(Ordering::SeqCst))
+}
+
+/// Prints the fatal error and applies the policy. Never returns.
+pub fn fatal(reason: impl std::fmt::Display) -> ! {
+    say(format!("fatal: {reason}"));
+    act(policy())
+}
+
+fn act(p: OnFailure) -> ! {
+    if sys::pid() != 1 {
+        // Only when run by hand: a normal process may simply exit.
+        std::process::exit(1);
+    }
+    let (cmd, what) = match p {
+        OnFailure::Reboot => (libc::RB_AUTOBOOT, "rebooting"),
+        OnFailure::Halt => (libc::RB_HALT_SYSTEM, "halting"),
+        OnFailure::Poweroff => (libc::RB_POWER_OFF, "powering off"),
+    };
+    say(format!("{what} (on_failure={})", name(p)));
+    sys::sync();
+    let err = crate::power::reboot(cmd);
+    say(format!("fatal: reboot(2) failed: {err}; stopping here"));
+    sys::pause_forever()
+}
+
+fn name(p: OnFailure) -> &'static str {
+    match p {
+        OnFailure::Reboot => "reboot",
+        OnFailure::Halt => "halt",
+        OnFailure::Poweroff => "poweroff",
+    }
+}
+
+/// A panic prints `machined: fatal: panic: ...` and applies the policy, before
+/// the runtime would abort (release builds use panic=abort).
+pub fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let payload = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".into());
+        let at = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        fatal(format!("panic: {payload}{at}"))
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_from_cmdline() {
+        assert_eq!(policy_of("console=ttyS0").0, OnFailure::Reboot);
+        assert_eq!(
+            policy_of("machined.on_failure=poweroff"),
+            (OnFailure::Poweroff, None)
+        );
+        assert_eq!(policy_of("machined.on_failure=halt").0, OnFailure::Halt);
+        let (p, w) = policy_of("machined.on_failure=explode");
+        assert_eq!(p, OnFailure::Reboot);
+        assert!(w.is_some_and(|w| w.contains("explode")));
+        for p in [OnFailure::Reboot, OnFailure::Halt, OnFailure::Poweroff] {
+            assert_eq!(decode(encode(p)), p);
+        }
+    }
+}
+
+/// The points where `machined.break=<stage>` stops the runtime, in boot order.
+pub const BREAK_POINTS: [&str; 4] = ["stage1", "switch-root", "stage2", "ready"];
+
+/// Fails at `point` when the command line asks for it. An unknown break
+/// point fails at the first point: a typo must not give a working boot when a
+/// broken one was asked for.
+pub fn breakpoint(cmdline: &str, point: &str) -> crate::error::Result<()> {
+    let Some(asked) = cmdline::get(cmdline, cmdline::BREAK) else {
+        return Ok(());
+    };
+    // `panic` panics where `ready` would fail: it tests the panic hook.
+    if asked == "panic" {
+        if point == "ready" {
+            panic!("{}=panic: panicking before ready as asked", cmdline::BREAK);
+        }
+        return Ok(());
+    }
+    let known = BREAK_POINTS.contains(&asked.as_str());
+    if asked == point || (!known && point == BREAK_POINTS[0]) {
+        let why = if known {
+            format!("stopping at {point} as asked")
+        } else {
+            format!("unknown break point (known: {})", BREAK_POINTS.join(", "))
+        };
+        return Err(crate::error::Error::msg(format!(
+            "{}={asked}: {why}",
+            cmdline::BREAK
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod break_tests {
+    use super::*;
+
+    #[test]
+    fn breaks_where_asked() {
+        let c = "console=ttyS0 machined.break=ready";
+        assert!(breakpoint(c, "stage1").is_ok());
+        assert!(breakpoint(c, "stage2").is_ok());
+        let e = breakpoint(c, "ready").unwrap_err().to_string();
+        assert_eq!(e, "machined.break=ready: stopping at ready as asked");
+        assert!(breakpoint("quiet", "ready").is_ok());
+        assert!(breakpoint("machined.break=typo", "stage1").is_err());
+        assert!(breakpoint("machined.break=typo", "ready").is_ok());
+        assert!(breakpoint("machined.break=panic", "stage1").is_ok());
+        let p = std::panic::catch_unwind(|| breakpoint("machined.break=panic", "ready"));
+        assert!(p.is_err());
+    }
+}

@@ -1,0 +1,140 @@
+//! The manifest of the root filesystem (`rootfs/skeleton.txt`), compiled in
+//! so that stage 1 checks the very list the builder was given.
+
+use std::path::Path;
+
+pub const MANIFEST: &str = include_str!("../skeleton.txt");
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Dir,
+    File,
+    Builder,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry<'a> {
+    pub kind: Kind,
+    pub mode: u32,
+    /// Relative to the root, no leading slash.
+    pub path: &'a str,
+}
+
+/// Parses the manifest; a malformed line is an error naming it.
+pub fn parse(text: &str) -> Result<Vec<Entry<'_>>, String> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let bad = || format!("skeleton.txt line {}: {line:?}", n + 1);
+        let mut w = line.split_whitespace();
+        let (Some(kind), Some(mode), Some(path), None) = (w.next(), w.next(), w.next(), w.next())
+        else {
+            return Err(bad());
+        };
+        let kind = match kind {
+            "dir" => Kind::Dir,
+            "file" => Kind::File,
+            "builder" => Kind::Builder,
+            _ => return Err(bad()),
+        };
+        let mode = u32::from_str_radix(mode, 8).map_err(|_| bad())?;
+        if path.starts_with('/') || path.split('/').any(|c| c.is_empty() || c == "..") {
+            return Err(bad());
+        }
+        out.push(Entry { kind, mode, path });
+    }
+    Ok(out)
+}
+
+/// The manifest entries missing under `root`, as `path (kind)` strings.
+pub fn missing(root: &Path) -> Result<Vec<String>, String> {
+    Ok(parse(MANIFEST)?
+        .into_iter()
+        .filter(|e| {
+            let p = root.join(e.path);
+            match e.kind {
+                Kind::Dir => !p.is_dir(),
+                Kind::File | Kind::Builder => !p.is_file(),
+            }
+        })
+        .map(|e| e.path.to_string())
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use contract::paths;
+
+    #[test]
+    fn manifest_matches_contract_and_skeleton_dir() {
+        let entries = parse(MANIFEST).unwrap();
+        let has = |kind: Kind, path: &str| entries.iter().any(|e| e.kind == kind && e.path == path);
+        assert!(has(
+            Kind::Builder,
+            paths::ROOTFS_INIT.trim_start_matches('/')
+        ));
+        assert!(has(
+            Kind::Builder,
+            paths::ROOTFS_OS_RELEASE.trim_start_matches('/')
+        ));
+        for f in paths::GENERATED_ETC_FILES {
+            assert!(has(Kind::File, &format!("etc/{f}")), "{f}");
+        }
+        for d in ["dev", "proc", "sys", "run", "tmp", "var"] {
+            assert!(has(Kind::Dir, d), "{d}");
+        }
+        assert!(has(Kind::Dir, paths::SYSTEM_DIR.trim_start_matches('/')));
+        assert!(has(
+            Kind::Dir,
+            paths::EPHEMERAL_MOUNT.trim_start_matches('/')
+        ));
+        // Every `file` is in rootfs/skeleton, and every file there is listed.
+        let skel = Path::new(env!("CARGO_MANIFEST_DIR")).join("skeleton");
+        for e in entries.iter().filter(|e| e.kind == Kind::File) {
+            assert!(skel.join(e.path).is_file(), "{}", e.path);
+        }
+        let mut stack = vec![skel.clone()];
+        while let Some(d) = stack.pop() {
+            for f in std::fs::read_dir(&d).unwrap() {
+                let p = f.unwrap().path();
+                let rel = p.strip_prefix(&skel).unwrap().to_str().unwrap().to_string();
+                if p.is_dir() {
+                    assert!(has(Kind::Dir, &rel), "{rel} is not in skeleton.txt");
+                    stack.push(p);
+                } else {
+                    assert!(has(Kind::File, &rel), "{rel} is not in skeleton.txt");
+                }
+            }
+        }
+        // Parents come before children, so the list can be created in order.
+        for (i, e) in entries.iter().enumerate() {
+            if let Some((parent, _)) = e.path.rsplit_once('/') {
+                assert!(
+                    entries[..i]
+                        .iter()
+                        .any(|p| p.kind == Kind::Dir && p.path == parent)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_bad_lines_and_reports_missing() {
+        assert!(parse("dir 0755").is_err());
+        assert!(parse("dir 0755 /abs").is_err());
+        assert!(parse("dir 0855 x").is_err());
+        assert!(parse("link 0777 x").is_err());
+        assert!(parse("dir 0755 a/../b").is_err());
+        let root = std::env::temp_dir().join(format!("machined-skel-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        let m = missing(&root).unwrap();
+        assert!(m.contains(&"etc/hosts".to_string()));
+        assert!(!m.contains(&"etc".to_string()));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

@@ -1,0 +1,147 @@
+//! Stage 2: PID 1 in the root filesystem. Finds the booted slot and META,
+//! reports ready, then supervises until power-off.
+
+use crate::console::{self, say};
+use crate::error::{Context, Error, Result};
+use crate::partitions::{self, Partition};
+use crate::{failure, osrelease, power};
+use contract::cmdline;
+use contract::meta::{AREA_LEN, Meta, SlotRecord, Tag};
+use contract::partition::PartitionRole;
+use contract::paths::ROOTFS_OS_RELEASE;
+use std::convert::Infallible;
+use std::io::Read;
+use std::path::Path;
+use std::time::Duration;
+
+/// How long to wait for the META partition to show up.
+const DEVICE_TIMEOUT: Duration = Duration::from_secs(10);
+const DEVICE_POLL: Duration = Duration::from_millis(20);
+
+pub fn run() -> Result<Infallible> {
+    // Stage 1 left the console on fds 0-2; reopen in case we were started
+    // some other way. Failing that, the inherited fds are all we have.
+    let _ = console::reopen("/dev/console");
+    power::take_signals()?;
+    let cmdline = std::fs::read_to_string("/proc/cmdline").context("read /proc/cmdline")?;
+    failure::configure(&cmdline);
+    failure::breakpoint(&cmdline, "stage2")?;
+
+    let slot = cmdline::slot(&cmdline).ok_or_else(|| {
+        Error::msg(format!(
+            "no valid {}=A|B on the kernel command line",
+            cmdline::SLOT
+        ))
+    })?;
+    let label = PartitionRole::Meta.label();
+    let (meta_part, all) = partitions::wait_for(
+        Path::new("/sys"),
+        Path::new("/dev"),
+        label,
+        DEVICE_TIMEOUT,
+        DEVICE_POLL,
+    )?;
+    report_layout(&meta_part, &all);
+    let dev = meta_part.dev_path(Path::new("/dev"));
+    let (meta, copy) = read_meta(&dev)?;
+    say(format!(
+        "stage2: slot {slot}; META {} copy {copy}: {}",
+        dev.display(),
+        summary(&meta, slot)
+    ));
+
+    let os_release = std::fs::read_to_string(ROOTFS_OS_RELEASE)
+        .with_context(|| format!("read {ROOTFS_OS_RELEASE}"))?;
+    let version = osrelease::get(&os_release, "VERSION_ID")
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| Error::msg(format!("{ROOTFS_OS_RELEASE} has no VERSION_ID")))?;
+
+    failure::breakpoint(&cmdline, "ready")?;
+    say(format!(
+        "ready version={version} slot={slot} uptime={}",
+        uptime()?
+    ));
+    power::supervise()
+}
+
+/// One line naming the partitions found on META's disk, and any other disk
+/// that also has a META partition.
+fn report_layout(meta: &Partition, all: &[Partition]) {
+    let on_disk = partitions::on_disk_of(all, meta);
+    let found: Vec<String> = contract::LAYOUT
+        .iter()
+        .map(
+            |spec| match on_disk.iter().find(|p| p.label == spec.label) {
+                Some(p) => format!("{}={}", spec.label, p.name),
+                None => format!("{}=missing", spec.label),
+            },
+        )
+        .collect();
+    say(format!(
+        "stage2: disk {}: {}",
+        meta.disk.as_deref().unwrap_or("?"),
+        found.join(" ")
+    ));
+    if let Some((_, others)) = partitions::find(all, meta.label.as_str()) {
+        for o in others {
+            say(format!(
+                "stage2: warning: {} is also labelled {}; using {}",
+                o.name, meta.label, meta.name
+            ));
+        }
+    }
+}
+
+fn read_meta(dev: &Path) -> Result<(Meta, usize)> {
+    let mut area = vec![0u8; AREA_LEN];
+    std::fs::File::open(dev)
+        .and_then(|mut f| f.read_exact(&mut area))
+        .with_context(|| format!("read META from {}", dev.display()))?;
+    Meta::decode(&area).with_context(|| format!("decode META on {}", dev.display()))
+}
+
+/// `default-slot=A slot-a=good/1.0` style summary of what matters at boot.
+fn summary(meta: &Meta, booted: contract::Slot) -> String {
+    let default = meta.get(Tag::DefaultSlot).unwrap_or("unset");
+    let state = match meta.get(Tag::for_slot(booted)).map(SlotRecord::parse) {
+        Some(Ok(r)) => format!("{} version={}", r.status.name(), r.version),
+        Some(Err(e)) => format!("unreadable ({e})"),
+        None => "no record".into(),
+    };
+    format!("default-slot={default}, slot {booted}: {state}")
+}
+
+/// Seconds since boot, as the kernel prints them in /proc/uptime (`2.31`).
+fn uptime() -> Result<String> {
+    let text = std::fs::read_to_string("/proc/uptime").context("read /proc/uptime")?;
+    parse_uptime(&text).ok_or_else(|| Error::msg(format!("unexpected /proc/uptime {text:?}")))
+}
+
+fn parse_uptime(text: &str) -> Option<String> {
+    let first = text.split_whitespace().next()?;
+    first.parse::<f64>().ok()?;
+    Some(first.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uptime_and_summary() {
+        assert_eq!(parse_uptime("2.31 3.90\n").as_deref(), Some("2.31"));
+        assert_eq!(parse_uptime(""), None);
+        assert_eq!(parse_uptime("x y"), None);
+        let mut m = Meta::default();
+        m.set(Tag::DefaultSlot, "A");
+        m.set(Tag::SlotA, "status=good version=1.0");
+        assert_eq!(
+            summary(&m, contract::Slot::A),
+            "default-slot=A, slot A: good version=1.0"
+        );
+        assert_eq!(
+            summary(&m, contract::Slot::B),
+            "default-slot=A, slot B: no record"
+        );
+    }
+}

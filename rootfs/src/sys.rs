@@ -1,0 +1,100 @@
+//! Thin, checked wrappers around the few libc calls that are not mounts.
+
+use crate::error::{Context, Error, Result, check};
+use std::ffi::CString;
+use std::path::Path;
+
+pub fn cstr(s: impl AsRef<std::ffi::OsStr>) -> Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    let s = s.as_ref();
+    CString::new(s.as_bytes()).with_context(|| format!("{s:?} contains a NUL byte"))
+}
+
+pub fn pid() -> libc::pid_t {
+    // SAFETY: getpid cannot fail.
+    unsafe { libc::getpid() }
+}
+
+pub fn sync() {
+    // SAFETY: sync cannot fail.
+    unsafe { libc::sync() }
+}
+
+pub fn chdir(path: &str) -> Result<()> {
+    let c = cstr(path)?;
+    // SAFETY: valid C string.
+    check(unsafe { libc::chdir(c.as_ptr()) }, || {
+        format!("chdir {path}")
+    })
+    .map(drop)
+}
+
+pub fn chroot(path: &str) -> Result<()> {
+    let c = cstr(path)?;
+    // SAFETY: valid C string.
+    check(unsafe { libc::chroot(c.as_ptr()) }, || {
+        format!("chroot {path}")
+    })
+    .map(drop)
+}
+
+/// Creates `path` and its parents with `mode` (an existing directory is fine).
+pub fn mkdir_all(path: &Path, mode: libc::mode_t) -> Result<()> {
+    if path.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = path.parent()
+        && !parent.as_os_str().is_empty()
+    {
+        mkdir_all(parent, mode)?;
+    }
+    let c = cstr(path)?;
+    // SAFETY: valid C string.
+    if unsafe { libc::mkdir(c.as_ptr(), mode) } < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(Error::msg(format!("mkdir {}: {e}", path.display())));
+        }
+    }
+    Ok(())
+}
+
+/// Writes a whole file with `mode` (ignoring the umask, which is 0 in PID 1
+/// anyway), replacing what was there.
+pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(path)
+        .with_context(|| format!("create {}", path.display()))?;
+    f.write_all(contents)
+        .with_context(|| format!("write {}", path.display()))?;
+    f.set_permissions(std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("chmod {}", path.display()))
+}
+
+/// Replaces the process with `path`, keeping the environment. Only returns on
+/// failure.
+pub fn execv(path: &str) -> Error {
+    let c = match cstr(path) {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let argv = [c.as_ptr(), std::ptr::null()];
+    // SAFETY: argv is a NULL-terminated array of valid C strings that outlive
+    // the call.
+    unsafe { libc::execv(c.as_ptr(), argv.as_ptr()) };
+    Error::last_os(format!("execve {path}"))
+}
+
+/// Blocks until a signal arrives; used only when nothing else can be done.
+pub fn pause_forever() -> ! {
+    loop {
+        // SAFETY: pause has no preconditions.
+        unsafe { libc::pause() };
+    }
+}
