@@ -15,6 +15,7 @@ pub mod guid;
 pub mod meta;
 pub mod partition;
 pub mod paths;
+pub mod skeleton;
 pub mod slot;
 
 pub use guid::Guid;

@@ -235,24 +235,7 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
     // Root filesystem.
     step("rootfs: squashfs");
     let rootfs_out = out.join(names::ROOTFS);
-    let spec = rootfs::RootfsSpec {
-        skeleton: Some(p.runtime.skeleton.clone()),
-        dirs: Vec::new(),
-        files: vec![
-            rootfs::RootfsFile {
-                path: paths::ROOTFS_INIT.to_string(),
-                source: rootfs::Source::File(machined.clone()),
-                mode: 0o755,
-            },
-            rootfs::RootfsFile {
-                path: paths::ROOTFS_OS_RELEASE.to_string(),
-                source: rootfs::Source::Bytes(os_release(p).into_bytes()),
-                mode: 0o644,
-            },
-        ],
-        epoch,
-        level: p.compression.rootfs_zstd_level,
-    };
+    let spec = rootfs_spec(p, &machined, epoch)?;
     rootfs::build_rootfs(&rootfs_out, &spec)?;
 
     // Initramfs.
@@ -349,6 +332,66 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         kernel_cached,
         artifacts: listed,
     })
+}
+
+/// The root filesystem, exactly as the runtime's manifest lists it: its
+/// directories with their modes, its files from the skeleton, and the files
+/// the builder makes (the runtime and os-release).
+pub fn rootfs_spec(p: &Profile, machined: &Path, epoch: u64) -> Result<rootfs::RootfsSpec> {
+    use contract::skeleton::{Kind, parse};
+    let m = &p.runtime.manifest;
+    let text = std::fs::read_to_string(m)
+        .with_context(|| format!("reading the rootfs manifest {}", m.display()))?;
+    let entries = parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", m.display()))?;
+    let mut spec = rootfs::RootfsSpec {
+        skeleton: None,
+        dirs: Vec::new(),
+        files: Vec::new(),
+        epoch,
+        level: p.compression.rootfs_zstd_level,
+    };
+    for e in entries {
+        let abs = format!("/{}", e.path);
+        match e.kind {
+            Kind::Dir => spec.dirs.push((abs, e.mode)),
+            Kind::File => {
+                let src = p.runtime.skeleton.join(e.path);
+                if !src.is_file() {
+                    bail!(
+                        "{} lists {} but {} does not exist: add it to the skeleton or remove the line",
+                        m.display(),
+                        e.path,
+                        src.display()
+                    );
+                }
+                spec.files.push(rootfs::RootfsFile {
+                    path: abs,
+                    source: rootfs::Source::File(src),
+                    mode: e.mode,
+                });
+            }
+            Kind::Builder => {
+                let source = if abs == paths::ROOTFS_INIT {
+                    rootfs::Source::File(machined.to_path_buf())
+                } else if abs == paths::ROOTFS_OS_RELEASE {
+                    rootfs::Source::Bytes(os_release(p).into_bytes())
+                } else {
+                    bail!(
+                        "{} asks the builder for {abs}, which it does not make (it makes {} and {})",
+                        m.display(),
+                        paths::ROOTFS_INIT,
+                        paths::ROOTFS_OS_RELEASE
+                    );
+                };
+                spec.files.push(rootfs::RootfsFile {
+                    path: abs,
+                    source,
+                    mode: e.mode,
+                });
+            }
+        }
+    }
+    Ok(spec)
 }
 
 /// META of a freshly built image: slot A good and default, slot B empty.

@@ -118,6 +118,9 @@ pub struct RuntimeSection {
     pub binary: Option<PathBuf>,
     /// Static files of the root filesystem.
     pub skeleton: PathBuf,
+    /// The root filesystem's manifest (`rootfs/skeleton.txt`): every
+    /// directory and file with its mode; see `contract::skeleton`.
+    pub manifest: PathBuf,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -312,7 +315,7 @@ impl Profile {
             .cargo_package
             .iter_mut()
             .chain(r.binary.iter_mut())
-            .chain(std::iter::once(&mut r.skeleton))
+            .chain([&mut r.skeleton, &mut r.manifest])
         {
             abs(p);
         }
@@ -427,6 +430,7 @@ kernel:
 runtime:
   cargo_package: ../rootfs
   skeleton: ../rootfs/skeleton
+  manifest: ../rootfs/skeleton.txt
 disk:
   size: 2GiB
   partitions:
@@ -464,7 +468,7 @@ disk:
     fn wrong_type_names_file_line_and_key() {
         let bad = GOOD.replace("  size: 2GiB", "  size: [1, 2]");
         let e = parse(&bad).unwrap_err().to_string();
-        assert!(e.contains("test.yaml") && e.contains("line 12"), "{e}");
+        assert!(e.contains("test.yaml") && e.contains("line 13"), "{e}");
         assert!(e.contains("disk.size"), "{e}");
         let bad = GOOD.replace("  size: 2GiB", "  size: 2GB");
         let e = parse(&bad).unwrap_err().to_string();

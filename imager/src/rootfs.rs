@@ -54,7 +54,8 @@ pub struct RootfsSpec {
     /// symbolic links only).
     pub skeleton: Option<PathBuf>,
     /// Extra empty directories (absolute paths in the image).
-    pub dirs: Vec<String>,
+    /// Directories to create, with their modes (e.g. `/tmp` 0o1777).
+    pub dirs: Vec<(String, u32)>,
     /// Extra files; they replace skeleton files of the same path.
     pub files: Vec<RootfsFile>,
     /// SOURCE_DATE_EPOCH.
@@ -155,12 +156,16 @@ fn plan(spec: &RootfsSpec) -> Result<BTreeMap<String, Node>> {
     if let Some(skel) = &spec.skeleton {
         walk_skeleton(skel, &mut nodes)?;
     }
-    for d in &spec.dirs {
+    for (d, mode) in &spec.dirs {
+        ensure!(
+            *mode <= 0o7777,
+            "mode {mode:o} of {d} has more than permission bits"
+        );
         let d = normalize(d)?;
         add_parents(&mut nodes, &d)?;
         match nodes.get(&d) {
             None | Some(Node::Dir(_)) => {
-                nodes.insert(d, Node::Dir(0o755));
+                nodes.insert(d, Node::Dir(*mode));
             }
             Some(_) => bail!("/{d} is asked for as a directory but is a file in the skeleton"),
         }
@@ -273,7 +278,12 @@ mod tests {
         std::fs::write(&machined, big).unwrap();
         RootfsSpec {
             skeleton: Some(skel),
-            dirs: vec!["/var".into(), "/system/state".into(), "/usr".into()],
+            dirs: vec![
+                ("/var".into(), 0o755),
+                ("/system/state".into(), 0o700),
+                ("/usr".into(), 0o755),
+                ("/tmp".into(), 0o1777),
+            ],
             files: vec![
                 RootfsFile::new(contract::paths::ROOTFS_INIT, Source::File(machined), 0o755),
                 RootfsFile::new(
@@ -315,7 +325,8 @@ mod tests {
         assert!(line("/etc/hostname").starts_with("-rw-r--r-- 0/0"));
         assert!(line("/usr/bin/tool").starts_with("-rwxr-xr-x 0/0"));
         assert!(line("/etc/os-release").starts_with("lrwxrwxrwx 0/0"));
-        assert!(line("/system/state").starts_with("drwxr-xr-x 0/0"));
+        assert!(line("/system/state").starts_with("drwx------ 0/0"));
+        assert!(line("/tmp").starts_with("drwxrwxrwt 0/0"), "{text}");
         assert!(line("/var").starts_with("drwxr-xr-x 0/0"));
         assert!(
             line("/usr/bin/machined").contains("2023-11-14 22:13"),

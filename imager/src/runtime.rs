@@ -13,6 +13,7 @@ pub const TARGET: &str = "x86_64-unknown-linux-gnu";
 /// checkout lives) and returns its path.
 pub fn build(package_dir: &Path) -> Result<PathBuf> {
     let manifest = package_dir.join("Cargo.toml");
+    let manifest = std::fs::canonicalize(&manifest).unwrap_or(manifest);
     if !manifest.is_file() {
         bail!(
             "runtime package {} has no Cargo.toml: set runtime.cargo_package in the profile",

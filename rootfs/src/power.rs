@@ -127,9 +127,16 @@ fn read_signals(fd: &OwnedFd) -> Option<Action> {
     }
 }
 
-/// Runs PID 1's loop until asked to stop, then shuts down. Never returns
-/// Ok.
-pub fn supervise() -> Result<Infallible> {
+/// PID 1's watch: the signalfd and the open input devices. Made before the
+/// ready line, so that a power-button press right after ready is not lost.
+pub struct Supervisor {
+    sfd: OwnedFd,
+    watch: Option<OwnedFd>,
+    devices: Devices,
+}
+
+/// Blocks the handled signals into a signalfd and opens the input devices.
+pub fn prepare() -> Result<Supervisor> {
     let set = handled_signals();
     // SAFETY: set is valid.
     let sfd = unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
@@ -146,7 +153,21 @@ pub fn supervise() -> Result<Infallible> {
     }
     // Children that exited before the signalfd existed.
     reap();
+    Ok(Supervisor {
+        sfd,
+        watch,
+        devices,
+    })
+}
 
+/// Runs PID 1's loop until asked to stop, then shuts down. Never returns
+/// Ok.
+pub fn supervise(sup: Supervisor) -> Result<Infallible> {
+    let Supervisor {
+        sfd,
+        watch,
+        mut devices,
+    } = sup;
     loop {
         let mut fds = vec![libc::pollfd {
             fd: sfd.as_raw_fd(),

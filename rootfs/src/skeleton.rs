@@ -3,51 +3,9 @@
 
 use std::path::Path;
 
+pub use contract::skeleton::{Kind, parse};
+
 pub const MANIFEST: &str = include_str!("../skeleton.txt");
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Dir,
-    File,
-    Builder,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry<'a> {
-    pub kind: Kind,
-    pub mode: u32,
-    /// Relative to the root, no leading slash.
-    pub path: &'a str,
-}
-
-/// Parses the manifest; a malformed line is an error naming it.
-pub fn parse(text: &str) -> Result<Vec<Entry<'_>>, String> {
-    let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let bad = || format!("skeleton.txt line {}: {line:?}", n + 1);
-        let mut w = line.split_whitespace();
-        let (Some(kind), Some(mode), Some(path), None) = (w.next(), w.next(), w.next(), w.next())
-        else {
-            return Err(bad());
-        };
-        let kind = match kind {
-            "dir" => Kind::Dir,
-            "file" => Kind::File,
-            "builder" => Kind::Builder,
-            _ => return Err(bad()),
-        };
-        let mode = u32::from_str_radix(mode, 8).map_err(|_| bad())?;
-        if path.starts_with('/') || path.split('/').any(|c| c.is_empty() || c == "..") {
-            return Err(bad());
-        }
-        out.push(Entry { kind, mode, path });
-    }
-    Ok(out)
-}
 
 /// The manifest entries missing under `root`, as `path (kind)` strings.
 pub fn missing(root: &Path) -> Result<Vec<String>, String> {

@@ -57,11 +57,13 @@ pub fn run() -> Result<Infallible> {
         .ok_or_else(|| Error::msg(format!("{ROOTFS_OS_RELEASE} has no VERSION_ID")))?;
 
     failure::breakpoint(&cmdline, "ready")?;
+    let supervisor = power::prepare()?;
+    say(format!("cmdline {}", cmdline.trim()));
     say(format!(
         "ready version={version} slot={slot} uptime={}",
         uptime()?
     ));
-    power::supervise()
+    power::supervise(supervisor)
 }
 
 /// One line naming the partitions found on META's disk, and any other disk
