@@ -15,7 +15,8 @@ use std::sync::OnceLock;
 const EPOCH: &str = "1700000000";
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    let r = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    r.canonicalize().unwrap_or(r)
 }
 
 fn imager() -> Command {
@@ -464,7 +465,7 @@ fn bad_profile_key_names_file_line_and_key() {
     });
     let err = failing_build(&p);
     assert!(
-        err.contains("badkey.yaml") && err.contains("verison") && err.contains("line 7"),
+        err.contains("badkey.yaml") && err.contains("verison") && err.contains("line 8"),
         "{err}"
     );
     let p = write_profile("badtype", |t| t.replace("size: 2GiB", "size: lots"));
