@@ -559,3 +559,51 @@ fn kspp_audit_cli_gives_verdicts_on_a_small_config() {
     // Exists only since Linux 6.6: not applicable to 6.1.
     assert_eq!(verdict("CONFIG_RANDOM_KMALLOC_CACHES"), "N/A");
 }
+
+/// 4096-byte-sector images are laid out right (checked by fdisk), but do not
+/// boot yet: systemd-boot does not read XBOOTLDR on such disks
+/// (systemd/systemd#32535). The boot fails fast, naming the reason.
+#[test]
+fn a_4096_byte_sector_image_is_laid_out_and_the_boot_loader_limit_is_reported() {
+    let p = write_profile("sector4k", |t| {
+        t.replace("sector_size: 512", "sector_size: 4096")
+    });
+    let dir = scratch().join("sector4k");
+    let _ = std::fs::remove_dir_all(&dir);
+    ok(imager()
+        .args(["build", "--profile"])
+        .arg(&p)
+        .arg("--out")
+        .arg(&dir));
+    let raw = dir.join("disk.raw");
+    // The primary GPT header sits in the second 4096-byte sector.
+    let mut header = [0u8; 8];
+    {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open(&raw).unwrap();
+        f.seek(SeekFrom::Start(4096)).unwrap();
+        f.read_exact(&mut header).unwrap();
+    }
+    assert_eq!(&header, b"EFI PART");
+    let out = ok(tool("fdisk").args(["-b", "4096", "-l"]).arg(&raw));
+    for t in ["EFI System", "BIOS boot", "Linux extended boot"] {
+        assert!(out.contains(t), "{t} missing:\n{out}");
+    }
+    assert!(
+        out.contains("Sector size (logical/physical): 4096 bytes"),
+        "{out}"
+    );
+    let out = run(imager()
+        .args([
+            "boot",
+            "--quiet",
+            "--sector-size",
+            "4096",
+            "--timeout",
+            "600",
+        ])
+        .arg(&raw));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("systemd-boot found no boot entry"), "{err}");
+}

@@ -173,6 +173,13 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         None
     };
     let esp = boot::esp_files(&p.boot.systemd_boot, Slot::A)?;
+    if layout.is_some() && p.disk.sector_size == 4096 {
+        step(
+            "WARNING: systemd-boot (up to at least 255) does not read boot entries from \
+             XBOOTLDR on 4096-byte-sector disks (systemd/systemd#32535): this image will not \
+             boot under UEFI until that is fixed; see docs/design.md",
+        );
+    }
 
     // The signing key next: a bad key should fail before an hour of work.
     let key_path = opts.key.clone().or_else(|| p.signing.key.clone());

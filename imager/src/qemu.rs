@@ -105,7 +105,7 @@ pub fn parse_ready(line: &str) -> Option<Ready> {
 
 /// Console lines that end a boot as failed.
 fn fatal_line(line: &str) -> Option<&'static str> {
-    const FATAL: [(&str, &str); 6] = [
+    const FATAL: [(&str, &str); 8] = [
         ("Kernel panic", "the kernel panicked"),
         ("machined: fatal:", "the runtime failed"),
         ("No bootable option", "the firmware found nothing to boot"),
@@ -117,6 +117,11 @@ fn fatal_line(line: &str) -> Option<&'static str> {
         (
             "Failed to boot",
             "the boot loader could not start the kernel",
+        ),
+        ("No loader found", "systemd-boot found no boot entry"),
+        (
+            "\"UiApp\"",
+            "the firmware gave up and started its setup menu",
         ),
     ];
     FATAL
@@ -445,6 +450,7 @@ mod tests {
         assert_eq!(clean_line("\x1b[0m\x1b[2JBdsDxe: x\r"), "BdsDxe: x");
         assert!(fatal_line("[ 1.0] Kernel panic - not syncing: x").is_some());
         assert!(fatal_line("machined: fatal: no META").is_some());
+        assert!(fatal_line("No loader found. Configuration files in").is_some());
         assert!(fatal_line("machined: ready version=1 slot=A uptime=1").is_none());
     }
 }
