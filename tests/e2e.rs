@@ -607,3 +607,30 @@ fn a_4096_byte_sector_image_is_laid_out_and_the_boot_loader_limit_is_reported() 
     assert!(!out.status.success());
     assert!(err.contains("systemd-boot found no boot entry"), "{err}");
 }
+
+#[test]
+fn a_runtime_failure_fails_the_boot_with_its_reason() {
+    let p = write_profile("broken", |t| {
+        t.replace(
+            "    - vdso32=0\n",
+            "    - vdso32=0\n    - machined.break=ready\n    - machined.on_failure=poweroff\n",
+        )
+    });
+    let dir = scratch().join("broken");
+    let _ = std::fs::remove_dir_all(&dir);
+    ok(imager()
+        .args(["build", "--profile"])
+        .arg(&p)
+        .arg("--out")
+        .arg(&dir));
+    let out = run(imager()
+        .args(["boot", "--quiet", "--timeout", "600"])
+        .arg(dir.join("disk.raw")));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a broken runtime booted:\n{err}");
+    assert!(err.contains("the runtime failed"), "{err}");
+    assert!(
+        err.contains("machined: fatal: machined.break=ready"),
+        "{err}"
+    );
+}
