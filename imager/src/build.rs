@@ -152,6 +152,12 @@ fn os_release(p: &Profile) -> String {
 pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
     let out = &opts.out_dir;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let swept = crate::io::remove_stale_partials(out)?;
+    if swept > 0 {
+        step(&format!(
+            "removed {swept} temporary file(s) of an interrupted build"
+        ));
+    }
     let epoch = source_date_epoch(p.path.parent().unwrap_or(Path::new(".")))?;
     step(&format!(
         "profile {} ({} {}), SOURCE_DATE_EPOCH={epoch}, output {}",

@@ -83,6 +83,29 @@ impl Write for AtomicFile {
     }
 }
 
+/// Removes the temporaries an interrupted writer left in `dir` (hidden
+/// `.NAME.*.partial` files: a killed process runs no destructor). Returns how
+/// many were removed.
+pub fn remove_stale_partials(dir: &Path) -> Result<usize> {
+    let mut n = 0;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    };
+    for entry in entries {
+        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') && name.ends_with(".partial") {
+            std::fs::remove_file(entry.path())
+                .with_context(|| format!("removing {}", entry.path().display()))?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// Writes `bytes` to `dest` atomically.
 pub fn write_atomic(dest: impl AsRef<Path>, bytes: &[u8], mode: u32) -> Result<PathBuf> {
     let mut f = AtomicFile::create(dest.as_ref())?;
@@ -289,5 +312,10 @@ mod tests {
         f.write_all(b"whole").unwrap();
         f.commit().unwrap();
         assert_eq!(std::fs::read(&dest).unwrap(), b"whole");
+        // A temporary left by a killed writer is swept; the output stays.
+        let stale = AtomicFile::create(&dest).unwrap();
+        std::mem::forget(stale);
+        assert_eq!(remove_stale_partials(dir.path()).unwrap(), 1);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 }
