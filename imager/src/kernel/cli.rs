@@ -31,15 +31,8 @@ pub struct BuildArgs {
     /// Default: kernel-config/base.config and kernel-config/kspp.config.
     #[arg(long = "fragment")]
     pub fragments: Vec<PathBuf>,
-    /// KSPP rule table. Default: kernel-config/kspp-rules.yaml.
-    #[arg(long)]
-    pub rules: Option<PathBuf>,
-    /// Waiver file (repeatable). Default: kernel-config/kspp-waivers.yaml.
-    #[arg(long = "waivers")]
-    pub waivers: Vec<PathBuf>,
-    /// Use no waivers at all (not even the default file).
-    #[arg(long, conflicts_with = "waivers")]
-    pub no_waivers: bool,
+    #[command(flatten)]
+    pub audit: AuditArgs,
     /// Kernel command line to audit (the image's boot parameters).
     #[arg(long, default_value = KSPP_CMDLINE)]
     pub cmdline: String,
@@ -57,13 +50,9 @@ pub struct BuildArgs {
     pub randstruct_seed: Option<PathBuf>,
 }
 
+/// Where the KSPP rules and waivers come from (shared by build and check).
 #[derive(Debug, Clone, clap::Args)]
-pub struct CheckArgs {
-    /// The kernel .config to audit.
-    pub config: PathBuf,
-    /// File holding the kernel command line to audit too.
-    #[arg(long)]
-    pub cmdline: Option<PathBuf>,
+pub struct AuditArgs {
     /// KSPP rule table. Default: kernel-config/kspp-rules.yaml.
     #[arg(long)]
     pub rules: Option<PathBuf>,
@@ -73,6 +62,32 @@ pub struct CheckArgs {
     /// Use no waivers at all (not even the default file).
     #[arg(long, conflicts_with = "waivers")]
     pub no_waivers: bool,
+}
+
+impl AuditArgs {
+    /// The rule table: `--rules`, else kernel-config/kspp-rules.yaml.
+    pub fn rules_path(&self) -> Result<PathBuf> {
+        match &self.rules {
+            Some(r) => Ok(r.clone()),
+            None => Ok(kernel_config_dir()?.join("kspp-rules.yaml")),
+        }
+    }
+
+    /// The waivers of `--waivers` files, the default file, or none.
+    pub fn waivers(&self) -> Result<Vec<Waiver>> {
+        resolve_waivers(&self.waivers, self.no_waivers)
+    }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct CheckArgs {
+    /// The kernel .config to audit.
+    pub config: PathBuf,
+    /// File holding the kernel command line to audit too.
+    #[arg(long)]
+    pub cmdline: Option<PathBuf>,
+    #[command(flatten)]
+    pub audit: AuditArgs,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -102,11 +117,8 @@ pub fn build_request(args: &BuildArgs) -> Result<KernelRequest> {
     } else {
         args.fragments.clone()
     };
-    let rules = match &args.rules {
-        Some(r) => r.clone(),
-        None => kernel_config_dir()?.join("kspp-rules.yaml"),
-    };
-    let waivers = resolve_waivers(&args.waivers, args.no_waivers)?;
+    let rules = args.audit.rules_path()?;
+    let waivers = args.audit.waivers()?;
     let source_date_epoch = match args.source_date_epoch {
         Some(e) => e,
         None => match std::env::var("SOURCE_DATE_EPOCH") {
@@ -136,11 +148,7 @@ pub fn build_request(args: &BuildArgs) -> Result<KernelRequest> {
 }
 
 fn check(args: &CheckArgs) -> Result<ExitCode> {
-    let rules_path = match &args.rules {
-        Some(r) => r.clone(),
-        None => kernel_config_dir()?.join("kspp-rules.yaml"),
-    };
-    let rules = Rules::load(&rules_path)?;
+    let rules = Rules::load(&args.audit.rules_path()?)?;
     let config = KernelConfig::load(&args.config)?;
     let cmdline = match &args.cmdline {
         Some(p) => Some(
@@ -149,13 +157,13 @@ fn check(args: &CheckArgs) -> Result<ExitCode> {
         ),
         None => None,
     };
-    let waivers = resolve_waivers(&args.waivers, args.no_waivers)?;
+    let waivers = args.audit.waivers()?;
     let report = audit(&rules, &config, cmdline.as_deref(), &waivers)?;
     if args.json {
         println!("{}", report.to_json()?);
         eprintln!("{}", report.summary());
     } else {
-        print!("{}", report.render_text());
+        println!("{}", report.render_text().trim_end());
     }
     Ok(if report.failures().is_empty() {
         ExitCode::SUCCESS
@@ -255,52 +263,14 @@ mod tests {
         let args = |c: &Path| CheckArgs {
             config: c.to_path_buf(),
             cmdline: None,
-            rules: Some(rules.clone()),
-            waivers: vec![],
-            no_waivers: true,
+            audit: AuditArgs {
+                rules: Some(rules.clone()),
+                waivers: vec![],
+                no_waivers: true,
+            },
             json: false,
         };
         assert_eq!(check(&args(&good)).unwrap(), ExitCode::SUCCESS);
         assert_eq!(check(&args(&bad)).unwrap(), ExitCode::FAILURE);
-    }
-}
-
-/// Drives the real thing until main.rs is wired:
-/// `cargo test -p imager --release kernel::cli::real -- --ignored --nocapture`.
-#[cfg(test)]
-mod real {
-    use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        cmd: KernelCommand,
-    }
-
-    /// Arguments from `IMAGER_KERNEL_ARGS` (whitespace-separated).
-    fn cmd(default: &str) -> KernelCommand {
-        let extra = std::env::var("IMAGER_KERNEL_ARGS").unwrap_or_else(|_| default.to_string());
-        let argv = std::iter::once("kernel").chain(extra.split_whitespace());
-        Cli::try_parse_from(argv).expect("valid arguments").cmd
-    }
-
-    #[test]
-    #[ignore = "builds the real kernel into the default cache (tens of minutes)"]
-    fn real_build_default_kernel() {
-        let started = std::time::Instant::now();
-        let code = run(&cmd("build")).unwrap();
-        eprintln!(
-            "kernel build returned in {:.1}s",
-            started.elapsed().as_secs_f64()
-        );
-        assert_eq!(code, ExitCode::SUCCESS);
-    }
-
-    #[test]
-    #[ignore = "audits the .config named by IMAGER_KERNEL_ARGS=\"check PATH ...\""]
-    fn real_check() {
-        let code = run(&cmd("check /dev/null")).unwrap();
-        assert_eq!(code, ExitCode::SUCCESS);
     }
 }

@@ -604,32 +604,3 @@ CONFIG_MAGIC_SYSRQ_DEFAULT_ENABLE=0xb0
         assert!(!h.contains_key("CONFIG_OTHER"));
     }
 }
-
-#[cfg(test)]
-mod real {
-    #[test]
-    #[ignore = "needs an unpacked kernel tree in IMAGER_KERNEL_TREE"]
-    fn real_dependency_hints() {
-        let tree = std::env::var("IMAGER_KERNEL_TREE").expect("IMAGER_KERNEL_TREE");
-        let h = super::kconfig_dependencies(
-            std::path::Path::new(&tree),
-            &[
-                "CONFIG_SECCOMP_FILTER",
-                "CONFIG_SQUASHFS",
-                "CONFIG_PAGE_TABLE_ISOLATION",
-            ],
-        );
-        eprintln!("{h:#?}");
-        assert!(h["CONFIG_SECCOMP_FILTER"][0].contains("NET"));
-        assert!(
-            h["CONFIG_SQUASHFS"]
-                .iter()
-                .any(|d| d.contains("if MISC_FILESYSTEMS"))
-        );
-        assert!(
-            h["CONFIG_PAGE_TABLE_ISOLATION"]
-                .iter()
-                .any(|d| d.contains("if CPU_MITIGATIONS"))
-        );
-    }
-}
