@@ -146,16 +146,24 @@ pub fn detect_sector_size<R: Read + Seek>(r: &mut R) -> Result<u64> {
 
 /// Reads the partition table of the disk image at `path`.
 pub fn read_table(path: &Path) -> Result<Table> {
-    let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let disk_size = f.metadata()?.len();
-    let sector_size = detect_sector_size(&mut f)
-        .with_context(|| format!("reading the partition table of {}", path.display()))?;
-    f.seek(SeekFrom::Start(0))?;
+    read_table_from(f, disk_size)
+        .with_context(|| format!("reading the partition table of {}", path.display()))
+}
+
+/// Reads the partition table of any device (a file, or bytes in memory for
+/// the fuzzer). Never panics on malformed input.
+pub fn read_table_from<D: Read + Write + Seek + std::fmt::Debug>(
+    mut dev: D,
+    disk_size: u64,
+) -> Result<Table> {
+    let sector_size = detect_sector_size(&mut dev)?;
+    dev.seek(SeekFrom::Start(0))?;
     let disk = ::gpt::GptConfig::new()
         .writable(false)
         .logical_block_size(block_size(sector_size)?)
-        .open_from_device(f)
-        .with_context(|| format!("reading the partition table of {}", path.display()))?;
+        .open_from_device(dev)?;
     let partitions = disk
         .partitions()
         .values()

@@ -60,6 +60,20 @@ impl Manifest {
 
     /// The canonical bytes: artifacts sorted by path, pretty JSON, newline.
     /// Refuses invalid manifests (format, paths, digests, duplicates).
+    /// Decodes a manifest of a supported format (not yet trusted: the caller
+    /// checks its signature first). Never panics on malformed input.
+    pub fn parse(bytes: &[u8]) -> Result<Manifest> {
+        let m: Manifest = serde_json::from_slice(bytes)
+            .with_context(|| format!("not a format-{FORMAT} manifest"))?;
+        if m.format != FORMAT {
+            anyhow::bail!(
+                "manifest format {} is not supported (this imager reads format {FORMAT})",
+                m.format
+            );
+        }
+        Ok(m)
+    }
+
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut m = self.clone();
         m.artifacts.sort_by(|a, b| a.path.cmp(&b.path));

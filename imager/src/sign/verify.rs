@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use super::keys::key_id;
-use super::manifest::{FORMAT, MANIFEST_NAME, Manifest, check_digest, check_path, signature_path};
+use super::manifest::{MANIFEST_NAME, Manifest, check_digest, check_path, signature_path};
 use crate::artifact::Kind;
 use crate::io::sha256_file;
 
@@ -183,19 +183,12 @@ pub fn verify(manifest_path: &Path, public_key: &VerifyingKey) -> Result<VerifyR
         }
     }
 
-    let manifest: Manifest = serde_json::from_slice(&bytes).with_context(|| {
+    let manifest = Manifest::parse(&bytes).with_context(|| {
         format!(
-            "{} is correctly signed but is not a format-{FORMAT} manifest",
+            "{} is correctly signed but unusable",
             manifest_path.display()
         )
     })?;
-    if manifest.format != FORMAT {
-        bail!(
-            "{}: manifest format {} is not supported (this imager verifies format {FORMAT})",
-            manifest_path.display(),
-            manifest.format
-        );
-    }
     if manifest.key_id != trusted {
         bail!(
             "{} is signed by the trusted key {trusted} but names key {} in key_id: refusing an inconsistent manifest",
