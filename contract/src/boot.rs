@@ -65,10 +65,17 @@ pub struct Entry {
 impl Entry {
     /// The entry as a `.conf` file (paths absolute from the partition root).
     pub fn render(&self) -> String {
-        format!(
-            "title {}\nversion {}\nlinux /{}\ninitrd /{}\noptions {}\n",
-            self.title, self.version, self.linux, self.initrd, self.options
-        )
+        let mut s = format!(
+            "title {}\nversion {}\nlinux /{}\n",
+            self.title, self.version, self.linux
+        );
+        if !self.initrd.is_empty() {
+            s.push_str(&format!("initrd /{}\n", self.initrd));
+        }
+        if !self.options.is_empty() {
+            s.push_str(&format!("options {}\n", self.options));
+        }
+        s
     }
 
     /// Parses an entry file; unknown keys are ignored as the specification says.
@@ -94,6 +101,7 @@ impl Entry {
                 "version" => e.version = v,
                 "linux" => e.linux = v.trim_start_matches('/').to_string(),
                 "initrd" => e.initrd = v.trim_start_matches('/').to_string(),
+                "options" if v.is_empty() => {}
                 "options" => {
                     if !e.options.is_empty() {
                         e.options.push(' ');
@@ -134,6 +142,11 @@ mod tests {
         };
         assert_eq!(e.linux, "A/vmlinuz-0123456789abcdef");
         assert_eq!(Entry::parse(&e.render()).unwrap(), e);
+        // Found by the fuzzer: an empty options line added a trailing space.
+        let e = Entry::parse("linux /k\noptions a\noptions\n").unwrap();
+        assert_eq!(e.options, "a");
+        assert_eq!(Entry::parse(&e.render()).unwrap(), e);
+        assert!(!e.render().contains("initrd"));
         assert_eq!(slot_of_entry("slot-b+3-0.conf"), Some(Slot::B));
         assert_eq!(slot_of_entry("slot-a.conf"), Some(Slot::A));
         assert_eq!(slot_of_entry("slot-c.conf"), None);
