@@ -11,7 +11,21 @@ packages=(
   ovmf systemd-boot-efi qemu-system-x86
   # independent checkers used by the tests and the benchmark
   fdisk dosfstools squashfs-tools openssl file time
+  # the build's epoch (git), benchmarks (python3), static linking (libc6-dev)
+  git python3 libc6-dev
 )
+
+# The Rust toolchain comes from rustup, not Debian (Debian 12's rustc is too old).
+need_rust=1.90
+if ! command -v cargo >/dev/null; then
+  echo "setup: cargo not found: install Rust $need_rust or newer with rustup (with rustfmt and clippy)" >&2
+  exit 1
+fi
+have=$(cargo --version | awk '{print $2}')
+if [ "$(printf '%s\n%s\n' "$need_rust" "$have" | sort -V | head -1)" != "$need_rust" ]; then
+  echo "setup: cargo $have is older than $need_rust: run rustup update stable" >&2
+  exit 1
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -23,14 +37,16 @@ done
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || {
+      echo "setup: run as root (or install sudo) to install: ${missing[*]}" >&2
+      exit 1
+    }
+    sudo="sudo"
+  fi
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
   echo "setup: all ${#packages[@]} packages present"
 fi
 
-command -v cargo >/dev/null || {
-  echo "setup: cargo not found: install the Rust toolchain (rustup) first" >&2
-  exit 1
-}

@@ -83,6 +83,18 @@ pub fn project_root(profile: &Path) -> PathBuf {
     std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."))
 }
 
+/// How the manifest names the profile: its path relative to the project root
+/// (`profiles/metal.yaml`), never an absolute path of this machine.
+pub fn profile_name(p: &Profile) -> String {
+    let abs = std::fs::canonicalize(&p.path).unwrap_or_else(|_| p.path.clone());
+    let root = project_root(&p.path);
+    abs.strip_prefix(&root)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|_| abs.file_name().map(PathBuf::from).unwrap_or_default())
+        .display()
+        .to_string()
+}
+
 /// Where the development key lives.
 pub fn dev_key_dir(profile: &Path) -> PathBuf {
     project_root(profile).join("out").join("keys")
@@ -153,6 +165,12 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
     let out = &opts.out_dir;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let swept = crate::io::remove_stale_partials(out)?;
+    // A rebuild replaces artifacts one by one: drop the old manifest first,
+    // so that a directory with a manifest always holds one complete build.
+    let old = out.join(names::MANIFEST);
+    if old.exists() {
+        std::fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
+    }
     if swept > 0 {
         step(&format!(
             "removed {swept} temporary file(s) of an interrupted build"
@@ -270,12 +288,11 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         step("disk: raw GPT image");
         let identity = paths::image_identity(&p.name, &p.version, &[&kernel_sha, &initramfs_sha]);
         let disk_guid = contract::guid::disk_guid(&identity);
-        let title = format!("{} {} (slot A)", p.pretty_name, p.version);
         let boot_files = boot::boot_files(
             Slot::A,
             (&kernel_out, &kernel_sha),
             (&initramfs_out, &initramfs_sha),
-            &title,
+            &p.pretty_name,
             &p.version,
             &p.cmdline(),
         );
@@ -314,7 +331,7 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         format: 1,
         name: p.name.clone(),
         version: p.version.clone(),
-        profile: p.path.display().to_string(),
+        profile: profile_name(p),
         source_date_epoch: epoch,
         key_id: signer.key_id(),
         artifacts: listed.clone(),
@@ -339,7 +356,7 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
     Ok(BuildReport {
         name: p.name.clone(),
         version: p.version.clone(),
-        profile: p.path.display().to_string(),
+        profile: profile_name(p),
         source_date_epoch: epoch,
         key_id: signer.key_id(),
         kernel_cached,

@@ -87,8 +87,7 @@ fn window<'a>(
         .iter()
         .find(|p| p.label == role.label())
         .with_context(|| format!("the image has no {} partition", role.label()))?;
-    let off = p.first_lba * t.sector_size;
-    let len = (p.last_lba + 1 - p.first_lba) * t.sector_size;
+    let (off, len) = p.range(t.sector_size);
     Window::new(f, off, len).with_context(|| format!("opening the {} partition", role.label()))
 }
 
@@ -224,12 +223,19 @@ fn manifest_status(image: &Path, key: Option<&Path>) -> Option<ManifestInfo> {
     Some(info)
 }
 
-/// Prints the report; returns the exit code (0 unless the image is unreadable).
+/// Prints the report; returns the exit code: 0, or 1 when META is invalid or
+/// the manifest beside the image does not verify or does not list it.
 pub fn run(args: &InspectArgs) -> Result<i32> {
     let r = inspect(&args.image, args.key.as_deref())?;
+    let code = i32::from(
+        r.meta.valid_copy.is_none()
+            || r.manifest
+                .as_ref()
+                .is_some_and(|m| !(m.verified && m.lists_image)),
+    );
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
-        return Ok(0);
+        return Ok(code);
     }
     println!(
         "image {} ({} bytes, {}-byte sectors, disk GUID {})",
@@ -299,5 +305,5 @@ pub fn run(args: &InspectArgs) -> Result<i32> {
             }
         ),
     }
-    Ok(0)
+    Ok(code)
 }

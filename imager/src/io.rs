@@ -194,7 +194,11 @@ impl<T: Seek> Seek for Window<T> {
             SeekFrom::Current(d) => self.pos.checked_add_signed(d),
         }
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek before start"))?;
-        self.inner.seek(SeekFrom::Start(self.offset + target))?;
+        let abs = self
+            .offset
+            .checked_add(target)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek past 2^64"))?;
+        self.inner.seek(SeekFrom::Start(abs))?;
         self.pos = target;
         Ok(target)
     }

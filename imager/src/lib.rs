@@ -13,7 +13,6 @@ pub mod inspect;
 pub mod io;
 pub mod kernel;
 pub mod profile;
-pub mod progress;
 pub mod qemu;
 pub mod rootfs;
 pub mod runtime;

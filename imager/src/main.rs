@@ -91,9 +91,10 @@ struct BootArgs {
     /// Guest memory in MiB.
     #[arg(long, default_value_t = 512)]
     memory: u32,
-    /// Logical sector size of the virtual disk.
-    #[arg(long, default_value_t = 512)]
-    sector_size: u64,
+    /// Logical sector size of the virtual disk (default: the image's own,
+    /// found from where its GPT header is).
+    #[arg(long)]
+    sector_size: Option<u64>,
     /// Do not mirror the console.
     #[arg(long)]
     quiet: bool,
@@ -161,7 +162,15 @@ fn run() -> Result<ExitCode> {
             o.write = a.write;
             o.kvm = a.kvm;
             o.memory_mib = a.memory;
-            o.sector_size = a.sector_size;
+            o.sector_size = match a.sector_size {
+                Some(s) => s,
+                None => {
+                    let mut f = std::fs::File::open(&a.image)
+                        .with_context(|| format!("opening {}", a.image.display()))?;
+                    imager::disk::gpt::detect_sector_size(&mut f)
+                        .with_context(|| format!("reading {}", a.image.display()))?
+                }
+            };
             o.echo = !a.quiet;
             o.console_log = a.console_log;
             let r = qemu::boot(&o).with_context(|| format!("booting {}", a.image.display()))?;

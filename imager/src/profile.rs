@@ -337,6 +337,16 @@ impl Profile {
                 self.name
             ));
         }
+        if self
+            .pretty_name
+            .chars()
+            .any(|c| c.is_control() || matches!(c, '"' | '\\' | '$' | '`'))
+        {
+            return Err(format!(
+                "pretty_name {:?}: no control characters, quotes, backslashes, $ or `",
+                self.pretty_name
+            ));
+        }
         if self.version.is_empty() || self.version.chars().any(char::is_whitespace) {
             return Err(format!(
                 "version {:?}: must be non-empty, without spaces",

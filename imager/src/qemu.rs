@@ -206,12 +206,13 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
         .arg("-drive")
         .arg(format!(
             "if=pflash,format=raw,unit=1,file={}",
-            vars.display()
+            vars.display().to_string().replace(',', ",,")
         ))
         .arg("-drive")
         .arg(format!(
             "if=none,id=disk0,format=raw,file={},snapshot={}",
-            image_abs.display(),
+            // QEMU's option syntax doubles a comma inside a value.
+            image_abs.display().to_string().replace(',', ",,"),
             if opts.write { "off" } else { "on" }
         ))
         .arg("-device")

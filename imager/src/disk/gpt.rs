@@ -114,6 +114,8 @@ pub struct Table {
 
 impl TablePartition {
     /// Byte offset and length on a disk of `sector_size`-byte sectors.
+    /// Byte offset and length. In bounds for tables from [`read_table_from`],
+    /// which refuses entries outside the disk.
     pub fn range(&self, sector_size: u64) -> (u64, u64) {
         (
             self.first_lba * sector_size,
@@ -164,7 +166,7 @@ pub fn read_table_from<D: Read + Write + Seek + std::fmt::Debug>(
         .writable(false)
         .logical_block_size(block_size(sector_size)?)
         .open_from_device(dev)?;
-    let partitions = disk
+    let partitions: Vec<TablePartition> = disk
         .partitions()
         .values()
         .filter(|p| p.is_used())
@@ -176,6 +178,23 @@ pub fn read_table_from<D: Read + Write + Seek + std::fmt::Debug>(
             last_lba: p.last_lba,
         })
         .collect();
+    // The gpt crate does not check entries on read: refuse the ones that lie
+    // outside the disk, so that every range() below is in bounds.
+    for p in &partitions {
+        let ok = p.first_lba <= p.last_lba
+            && p.last_lba
+                .checked_add(1)
+                .and_then(|end| end.checked_mul(sector_size))
+                .is_some_and(|end| end <= disk_size);
+        if !ok {
+            bail!(
+                "partition {:?} (LBA {}..={}) lies outside the {disk_size}-byte disk: the partition table is damaged",
+                p.label,
+                p.first_lba,
+                p.last_lba
+            );
+        }
+    }
     Ok(Table {
         disk_guid: *disk.guid(),
         sector_size,

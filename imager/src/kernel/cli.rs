@@ -42,7 +42,7 @@ pub struct BuildArgs {
     /// Parallel make jobs. Default: the number of CPUs.
     #[arg(long, short = 'j')]
     pub jobs: Option<usize>,
-    /// SOURCE_DATE_EPOCH for the build timestamp. Default: $SOURCE_DATE_EPOCH or 0.
+    /// The kernel build timestamp (KBUILD_BUILD_TIMESTAMP), seconds since 1970. Default: 0, as a profile's kernel.build_epoch.
     #[arg(long)]
     pub source_date_epoch: Option<u64>,
     /// File with a 64-hex-digit randstruct seed. Default: derived from the cache key.
@@ -119,16 +119,10 @@ pub fn build_request(args: &BuildArgs) -> Result<KernelRequest> {
     };
     let rules = args.audit.rules_path()?;
     let waivers = args.audit.waivers()?;
-    let source_date_epoch = match args.source_date_epoch {
-        Some(e) => e,
-        None => match std::env::var("SOURCE_DATE_EPOCH") {
-            Ok(v) if !v.is_empty() => v
-                .trim()
-                .parse()
-                .with_context(|| format!("SOURCE_DATE_EPOCH={v:?} is not a number"))?,
-            _ => 0,
-        },
-    };
+    // Not $SOURCE_DATE_EPOCH: the kernel's timestamp is the profile's
+    // kernel.build_epoch (default 0), so that `imager kernel build` and
+    // `imager build` share one cache entry.
+    let source_date_epoch = args.source_date_epoch.unwrap_or_default();
     let jobs = args.jobs.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get())
