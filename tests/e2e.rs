@@ -77,9 +77,19 @@ fn scratch() -> PathBuf {
 }
 
 fn build_into(name: &str) -> Build {
+    build_with(name, None)
+}
+
+/// Builds the default image into target/e2e/NAME, optionally with the
+/// runtime compiled into another cargo target directory.
+fn build_with(name: &str, cargo_target: Option<&Path>) -> Build {
     let dir = scratch().join(name);
     let _ = std::fs::remove_dir_all(&dir);
-    let stdout = ok(imager()
+    let mut cmd = imager();
+    if let Some(t) = cargo_target {
+        cmd.env("CARGO_TARGET_DIR", t);
+    }
+    let stdout = ok(cmd
         .args(["build", "--profile", "metal", "--json", "--out"])
         .arg(&dir));
     let json: Value = serde_json::from_str(&stdout).expect("build --json prints JSON");
@@ -228,6 +238,14 @@ fn boots_under_ovmf_to_ready_on_slot_a_with_kspp_cmdline() {
         assert!(cmdline.split(' ').any(|w| w == p), "{p} not in {cmdline}");
     }
     assert!(cmdline.contains("machined.slot=A"), "{cmdline}");
+    // And every KSPP rule, boot parameters included, holds for the kernel
+    // and the command line it really booted with.
+    let file = scratch().join("booted.cmdline");
+    std::fs::write(&file, cmdline).unwrap();
+    ok(imager()
+        .args(["kernel", "check", "--cmdline"])
+        .arg(&file)
+        .arg(image().artifact("kernel-config")));
 }
 
 fn flip_byte(path: &Path, at: u64) {
@@ -353,7 +371,10 @@ fn the_signature_verifies_with_openssl() {
 #[test]
 fn two_builds_in_different_directories_are_byte_identical() {
     let first = image();
-    let second = build_into("second");
+    // The second build compiles the runtime afresh, in another directory.
+    let target2 = scratch().join("cargo-target-2");
+    let _ = std::fs::remove_dir_all(&target2);
+    let second = build_with("second", Some(&target2));
     assert_ne!(first.dir, second.dir);
     for kind in [
         "kernel",
@@ -404,6 +425,7 @@ fn inspect_shows_partitions_entries_meta_and_manifest() {
     let entries = r["entries"].as_array().unwrap();
     assert_eq!(entries.len(), 1, "{r}");
     assert_eq!(entries[0]["slot"], "A");
+    assert_eq!(entries[0]["title"], "Imager 0.1.0 (slot A)");
     assert_eq!(entries[0]["files_present"], true);
     assert_eq!(r["loader_default"], "slot-a.conf");
     let keys = r["meta"]["keys"].as_array().unwrap();
@@ -472,6 +494,16 @@ fn bad_profile_key_names_file_line_and_key() {
     let err = failing_build(&p);
     assert!(
         err.contains("badtype.yaml") && err.contains("disk.size") && err.contains("line"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_unwaived_kspp_failure_fails_the_build() {
+    let p = write_profile("noslab", |t| t.replace("    - slab_nomerge\n", ""));
+    let err = failing_build(&p);
+    assert!(
+        err.contains("KSPP") && err.contains("slab_nomerge"),
         "{err}"
     );
 }

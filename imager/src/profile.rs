@@ -150,9 +150,22 @@ pub struct DiskSection {
     pub size: Size,
     #[serde(default = "default_sector_size")]
     pub sector_size: u64,
-    /// Size overrides by partition label (EFI, BOOT, STATE).
+    /// Size overrides of the resizable partitions.
     #[serde(default)]
-    pub partitions: BTreeMap<String, Size>,
+    pub partitions: PartitionSizes,
+}
+
+/// Sizes of the partitions a profile may resize (labels as on disk; BIOS and
+/// META are fixed, EPHEMERAL takes the rest).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartitionSizes {
+    #[serde(rename = "EFI", default)]
+    pub efi: Option<Size>,
+    #[serde(rename = "BOOT", default)]
+    pub boot: Option<Size>,
+    #[serde(rename = "STATE", default)]
+    pub state: Option<Size>,
 }
 
 fn default_disk_size() -> Size {
@@ -167,7 +180,7 @@ impl Default for DiskSection {
         DiskSection {
             size: default_disk_size(),
             sector_size: default_sector_size(),
-            partitions: BTreeMap::new(),
+            partitions: PartitionSizes::default(),
         }
     }
 }
@@ -403,10 +416,10 @@ impl Profile {
 
     /// Partition size overrides in bytes, by label.
     pub fn partition_sizes(&self) -> BTreeMap<String, u64> {
-        self.disk
-            .partitions
-            .iter()
-            .map(|(k, v)| (k.clone(), v.0))
+        let p = &self.disk.partitions;
+        [("EFI", p.efi), ("BOOT", p.boot), ("STATE", p.state)]
+            .into_iter()
+            .filter_map(|(label, size)| size.map(|s| (label.to_string(), s.0)))
             .collect()
     }
 }
@@ -502,6 +515,16 @@ disk:
             .unwrap_err()
             .to_string();
         assert!(e.contains("one argument per item"), "{e}");
+    }
+
+    #[test]
+    fn unknown_partition_names_file_line_and_key() {
+        let bad = GOOD.replace("    BOOT: 200MiB", "    ESP: 200MiB");
+        let e = parse(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("test.yaml") && e.contains("ESP") && e.contains("line"),
+            "{e}"
+        );
     }
 
     #[test]
