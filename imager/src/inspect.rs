@@ -190,7 +190,7 @@ fn manifest_status(image: &Path, key: Option<&Path>) -> Option<ManifestInfo> {
     if !path.is_file() {
         return None;
     }
-    let default_key = PathBuf::from("out/keys/dev.pub");
+    let default_key = sign::default_dev_pub();
     let key = key
         .map(Path::to_path_buf)
         .or_else(|| default_key.is_file().then_some(default_key));

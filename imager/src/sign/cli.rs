@@ -10,6 +10,17 @@ use super::verify::verify;
 /// Where the development key pair lives, relative to the working directory.
 pub const DEV_KEY_DIR: &str = "out/keys";
 
+/// The development public key: `out/keys/dev.pub` in the current directory
+/// or the nearest parent that has one (the build writes it under the
+/// project root), else the current directory's path for the messages.
+pub fn default_dev_pub() -> PathBuf {
+    let rel = Path::new(DEV_KEY_DIR).join(DEV_PUB);
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| cwd.ancestors().map(|d| d.join(&rel)).find(|p| p.is_file()))
+        .unwrap_or(rel)
+}
+
 /// `imager keygen`: create a signing key pair.
 #[derive(Debug, Clone, clap::Args)]
 pub struct KeygenArgs {
@@ -70,7 +81,7 @@ pub fn run_keygen(args: &KeygenArgs) -> Result<()> {
 /// failed (reported on stdout). Errors (no usable trusted key) are for the
 /// caller to print.
 pub fn run_verify(args: &VerifyArgs) -> Result<i32> {
-    let default_key = Path::new(DEV_KEY_DIR).join(DEV_PUB);
+    let default_key = default_dev_pub();
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     run_verify_to(args, &default_key, &mut stdout.lock(), &mut stderr.lock())

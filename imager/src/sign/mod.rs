@@ -14,7 +14,9 @@ mod verify;
 #[cfg(test)]
 mod tests;
 
-pub use cli::{DEV_KEY_DIR, KeygenArgs, VerifyArgs, run_keygen, run_verify, run_verify_to};
+pub use cli::{
+    DEV_KEY_DIR, KeygenArgs, VerifyArgs, default_dev_pub, run_keygen, run_verify, run_verify_to,
+};
 pub use ed25519_dalek::{Signature, VerifyingKey};
 pub use keys::{
     DEV_KEY, DEV_PUB, FileSigner, Signer, key_id, keygen, load_or_create_dev_key, load_public_key,
