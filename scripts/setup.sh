@@ -11,6 +11,10 @@ packages=(
   ovmf systemd-boot-efi qemu-system-x86
   # independent checkers used by the tests and the benchmark
   fdisk dosfstools squashfs-tools openssl file time
+  # shipped in the root filesystem with their libraries (STATE and EPHEMERAL)
+  xfsprogs
+  # readers of the installer's OCI image, used by the tests
+  skopeo umoci
   # the build's epoch (git), benchmarks (python3), static linking (libc6-dev)
   git python3 libc6-dev
 )

@@ -7,118 +7,17 @@
 // Test helpers panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::sync::OnceLock;
-
-const EPOCH: &str = "1700000000";
-
-fn repo() -> PathBuf {
-    let r = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    r.canonicalize().unwrap_or(r)
-}
-
-fn imager() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_imager"));
-    c.current_dir(repo()).env("SOURCE_DATE_EPOCH", EPOCH);
-    c
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output()
-        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"))
-}
-
-fn ok(cmd: &mut Command) -> String {
-    let out = run(cmd);
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn tool(name: &str) -> Command {
-    let found = std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .chain(["/usr/sbin", "/sbin"])
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file());
-    let path = found.unwrap_or_else(|| panic!("{name} not found: run scripts/setup.sh"));
-    Command::new(path)
-}
-
-struct Build {
-    dir: PathBuf,
-    json: Value,
-}
-
-impl Build {
-    fn artifact(&self, kind: &str) -> PathBuf {
-        let a = self.json["artifacts"]
-            .as_array()
-            .expect("artifacts list")
-            .iter()
-            .find(|a| a["kind"] == kind)
-            .unwrap_or_else(|| panic!("no {kind} artifact in {}", self.json));
-        PathBuf::from(a["path"].as_str().expect("path"))
-    }
-}
-
-fn scratch() -> PathBuf {
-    let d = repo().join("target").join("e2e");
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn build_into(name: &str) -> Build {
-    build_with(name, None)
-}
-
-/// Builds the default image into target/e2e/NAME, optionally with the
-/// runtime compiled into another cargo target directory.
-fn build_with(name: &str, cargo_target: Option<&Path>) -> Build {
-    let dir = scratch().join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut cmd = imager();
-    if let Some(t) = cargo_target {
-        cmd.env("CARGO_TARGET_DIR", t);
-    }
-    let stdout = ok(cmd
-        .args(["build", "--profile", "metal", "--json", "--out"])
-        .arg(&dir));
-    let json: Value = serde_json::from_str(&stdout).expect("build --json prints JSON");
-    Build { dir, json }
-}
 
 /// The default image, built once for all tests.
 fn image() -> &'static Build {
     static B: OnceLock<Build> = OnceLock::new();
     B.get_or_init(|| build_into("first"))
-}
-
-/// Copies the byte range of partition `label` out of the image.
-fn extract_partition(img: &Path, label: &str, dest: &Path) {
-    let json: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(img))).unwrap();
-    let pt = &json["partitiontable"];
-    let sector = pt["sectorsize"].as_u64().unwrap_or(512);
-    let p = pt["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == label)
-        .unwrap_or_else(|| panic!("no {label} partition"));
-    let (start, size) = (p["start"].as_u64().unwrap(), p["size"].as_u64().unwrap());
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(img).unwrap();
-    f.seek(SeekFrom::Start(start * sector)).unwrap();
-    let mut out = std::fs::File::create(dest).unwrap();
-    std::io::copy(&mut f.take(size * sector), &mut out).unwrap();
 }
 
 #[test]
@@ -435,20 +334,6 @@ fn inspect_shows_partitions_entries_meta_and_manifest() {
     );
     assert_eq!(r["manifest"]["verified"], true, "{r}");
     assert_eq!(r["manifest"]["lists_image"], true, "{r}");
-}
-
-/// A profile beside the real ones, so its relative paths resolve the same.
-fn write_profile(name: &str, edit: impl Fn(String) -> String) -> PathBuf {
-    let text = std::fs::read_to_string(repo().join("profiles/metal.yaml")).unwrap();
-    let dir = scratch().join("profiles");
-    std::fs::create_dir_all(&dir).unwrap();
-    let text = edit(text).replace(
-        "../",
-        &format!("{}/", repo().canonicalize().unwrap().display()),
-    );
-    let path = dir.join(format!("{name}.yaml"));
-    std::fs::write(&path, text).unwrap();
-    path
 }
 
 /// Runs a build expected to fail; returns its stderr and checks that the
