@@ -4,18 +4,160 @@
 //! BOOT holds, per slot:
 //!
 //! ```text
-//! /A/vmlinuz-<16 hex of sha256>          kernel of slot A
-//! /A/initramfs-<16 hex of sha256>.zst    initramfs of slot A
-//! /loader/entries/slot-a.conf            its entry (slot-b.conf for B)
+//! /A/vmlinuz-<16 hex of sha256>                 kernel of slot A
+//! /A/initramfs-<16 hex of sha256>.zst           initramfs of slot A
+//! /loader/entries/g00000001-slot-a.conf         its entry
+//! /loader/entries/g00000002-slot-b+3-0.conf     slot B on trial: 3 tries left
 //! ```
 //!
 //! Boot files are named by their content hash, so that writing a new version
 //! never overwrites a file an existing entry points to.
+//!
+//! ## Which entry boots
+//!
+//! `loader.conf` names no default: systemd-boot then boots the first entry
+//! of its sorted list. It sorts entries whose tries are used up
+//! (`+0-N`) last, and the others by file name, highest version first
+//! (`strverscmp`). An entry's name starts with a **generation**: every switch
+//! of the default slot writes the new default's entry with a generation one
+//! higher than any on the disk, so creating that one file is the switch, and
+//! it can be done crash-safely (the entry only becomes valid when its
+//! directory entry is written, last). When the new slot's tries run out,
+//! its entry sorts last and the previous slot, next in line, boots again.
+//! See [`EntryName`] and `docs/design.md`.
 
 use crate::paths::BOOT_ENTRIES_DIR;
 use crate::slot::Slot;
+use std::fmt;
 
-/// Entry file stem of a slot (without boot-counting suffix or `.conf`).
+/// How many times a new slot is tried before systemd-boot falls back.
+pub const DEFAULT_TRIES: u32 = 3;
+
+/// The name of a boot entry file: `g<generation>-slot-<a|b>[+LEFT[-DONE]].conf`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EntryName {
+    /// Higher boots first; 8 decimal digits on disk.
+    pub generation: u32,
+    pub slot: Slot,
+    /// systemd-boot's boot counting: tries left, and tries done when given.
+    pub tries: Option<Tries>,
+}
+
+/// Boot counting of an entry: `+LEFT-DONE` (or `+LEFT`) in its file name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Tries {
+    pub left: u32,
+    pub done: u32,
+}
+
+impl EntryName {
+    /// An entry without boot counting (a blessed or known-good slot).
+    pub fn good(generation: u32, slot: Slot) -> EntryName {
+        EntryName {
+            generation,
+            slot,
+            tries: None,
+        }
+    }
+
+    /// An entry on trial: `tries` boots before systemd-boot gives up on it.
+    pub fn trial(generation: u32, slot: Slot, tries: u32) -> EntryName {
+        EntryName {
+            generation,
+            slot,
+            tries: Some(Tries {
+                left: tries,
+                done: 0,
+            }),
+        }
+    }
+
+    /// The file name, `g00000002-slot-b+3-0.conf`.
+    pub fn file_name(&self) -> String {
+        let counter = match self.tries {
+            None => String::new(),
+            Some(t) => format!("+{}-{}", t.left, t.done),
+        };
+        format!(
+            "g{:08}-{}{counter}.conf",
+            self.generation,
+            entry_id(self.slot)
+        )
+    }
+
+    /// Path on BOOT, relative to the partition root.
+    pub fn path(&self) -> String {
+        format!("{BOOT_ENTRIES_DIR}/{}", self.file_name())
+    }
+
+    /// Parses a file name of `loader/entries`; `None` for files that are not
+    /// entries of ours (other names are left alone).
+    pub fn parse(file_name: &str) -> Option<EntryName> {
+        let stem = file_name.strip_suffix(".conf")?;
+        let (id, counter) = match stem.split_once('+') {
+            Some((id, c)) => (id, Some(c)),
+            None => (stem, None),
+        };
+        let (generation, slot_id) = id.strip_prefix('g')?.split_once('-')?;
+        if generation.len() != 8 || !generation.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let slot = Slot::ALL.into_iter().find(|s| entry_id(*s) == slot_id)?;
+        let number = |s: &str| {
+            (!s.is_empty() && s.len() <= 9 && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse().ok())
+                .flatten()
+        };
+        let tries = match counter {
+            None => None,
+            Some(c) => {
+                let (left, done) = match c.split_once('-') {
+                    Some((l, d)) => (number(l)?, number(d)?),
+                    None => (number(c)?, 0),
+                };
+                Some(Tries { left, done })
+            }
+        };
+        Some(EntryName {
+            generation: generation.parse().ok()?,
+            slot,
+            tries,
+        })
+    }
+
+    /// Tries used up: systemd-boot sorts the entry last and will not pick it
+    /// while another entry is there.
+    pub fn is_exhausted(&self) -> bool {
+        self.tries.is_some_and(|t| t.left == 0)
+    }
+
+    /// The same entry with boot counting dropped (blessed).
+    pub fn blessed(&self) -> EntryName {
+        EntryName::good(self.generation, self.slot)
+    }
+}
+
+impl fmt::Display for EntryName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.file_name())
+    }
+}
+
+/// The entry systemd-boot boots by default among `entries`, by its rule:
+/// entries with tries left (or without counting) before used-up ones, then
+/// the highest name. Our names compare like systemd-boot's version compare
+/// because the generation has a fixed width.
+pub fn boot_order(entries: &[EntryName]) -> Vec<EntryName> {
+    let mut v = entries.to_vec();
+    v.sort_by(|a, b| {
+        a.is_exhausted()
+            .cmp(&b.is_exhausted())
+            .then_with(|| b.file_name().cmp(&a.file_name()))
+    });
+    v
+}
+
+/// Entry file stem of a slot (after the generation).
 pub fn entry_id(slot: Slot) -> &'static str {
     match slot {
         Slot::A => "slot-a",
@@ -23,18 +165,9 @@ pub fn entry_id(slot: Slot) -> &'static str {
     }
 }
 
-/// Path of a slot's entry on BOOT, relative to the partition root, without
-/// boot counting: `loader/entries/slot-a.conf`.
-pub fn entry_path(slot: Slot) -> String {
-    format!("{BOOT_ENTRIES_DIR}/{}.conf", entry_id(slot))
-}
-
-/// Slot of an entry file name, accepting systemd-boot's boot-counting suffix
-/// (`slot-b+3-0.conf`).
+/// Slot of an entry file name.
 pub fn slot_of_entry(file_name: &str) -> Option<Slot> {
-    let stem = file_name.strip_suffix(".conf")?;
-    let id = stem.split_once('+').map_or(stem, |(id, _)| id);
-    Slot::ALL.into_iter().find(|s| entry_id(*s) == id)
+    EntryName::parse(file_name).map(|e| e.slot)
 }
 
 fn short(sha256_hex: &str) -> &str {
@@ -118,13 +251,37 @@ impl Entry {
     }
 }
 
+/// The entry of `slot`: title `<name> <version> (slot A)`, options the
+/// image's command line followed by `machined.slot=A`.
+pub fn slot_entry(
+    slot: Slot,
+    kernel_sha256: &str,
+    initramfs_sha256: &str,
+    name: &str,
+    version: &str,
+    cmdline: &str,
+) -> Entry {
+    let slot_arg = format!("{}={slot}", crate::cmdline::SLOT);
+    let cmdline = cmdline.trim();
+    Entry {
+        title: format!("{name} {version} (slot {slot})"),
+        version: version.to_string(),
+        linux: kernel_path(slot, kernel_sha256),
+        initrd: initramfs_path(slot, initramfs_sha256),
+        options: if cmdline.is_empty() {
+            slot_arg
+        } else {
+            format!("{cmdline} {slot_arg}")
+        },
+    }
+}
+
 /// systemd-boot's loader.conf: no menu, no editor (the command line cannot be
-/// changed at the console), and `default` naming the default slot's entry.
-pub fn loader_conf(default: Slot) -> String {
-    format!(
-        "timeout 0\ndefault {}.conf\neditor no\nauto-entries no\nauto-firmware no\nconsole-mode keep\n",
-        entry_id(default)
-    )
+/// changed at the console) and no `default`: the order of the entries decides
+/// (see the module documentation), so that an entry whose tries ran out is
+/// passed over.
+pub fn loader_conf() -> String {
+    "timeout 0\neditor no\nauto-entries no\nauto-firmware no\nconsole-mode keep\n".to_string()
 }
 
 #[cfg(test)]
@@ -147,9 +304,50 @@ mod tests {
         assert_eq!(e.options, "a");
         assert_eq!(Entry::parse(&e.render()).unwrap(), e);
         assert!(!e.render().contains("initrd"));
-        assert_eq!(slot_of_entry("slot-b+3-0.conf"), Some(Slot::B));
-        assert_eq!(slot_of_entry("slot-a.conf"), Some(Slot::A));
-        assert_eq!(slot_of_entry("slot-c.conf"), None);
-        assert!(loader_conf(Slot::B).contains("default slot-b.conf\n"));
+        assert!(!loader_conf().contains("default"));
+    }
+
+    #[test]
+    fn entry_names() {
+        let t = EntryName::trial(2, Slot::B, 3);
+        assert_eq!(t.file_name(), "g00000002-slot-b+3-0.conf");
+        assert_eq!(t.path(), "loader/entries/g00000002-slot-b+3-0.conf");
+        assert_eq!(EntryName::parse(&t.file_name()), Some(t));
+        let g = EntryName::good(17, Slot::A);
+        assert_eq!(g.file_name(), "g00000017-slot-a.conf");
+        assert_eq!(EntryName::parse("g00000017-slot-a.conf"), Some(g));
+        // systemd-boot renames +3-0 to +2-1 before each try, and may write +N.
+        let p = EntryName::parse("g00000002-slot-b+0-3.conf").unwrap();
+        assert!(p.is_exhausted());
+        assert_eq!(p.blessed(), EntryName::good(2, Slot::B));
+        assert_eq!(
+            EntryName::parse("g00000002-slot-b+2.conf").unwrap().tries,
+            Some(Tries { left: 2, done: 0 })
+        );
+        for bad in [
+            "slot-a.conf",
+            "g1-slot-a.conf",
+            "g00000001-slot-c.conf",
+            "g00000001-slot-a+x-1.conf",
+            "g00000001-slot-a+1-.conf",
+            "g00000001-slot-a",
+            "gxxxxxxxx-slot-a.conf",
+        ] {
+            assert_eq!(EntryName::parse(bad), None, "{bad}");
+        }
+        assert_eq!(slot_of_entry("g00000003-slot-b+1-2.conf"), Some(Slot::B));
+    }
+
+    #[test]
+    fn boot_order_follows_systemd_boot() {
+        let a1 = EntryName::good(1, Slot::A);
+        let b2 = EntryName::trial(2, Slot::B, 3);
+        // The newer generation boots first, whatever the slot letter.
+        assert_eq!(boot_order(&[a1, b2])[0], b2);
+        let a3 = EntryName::good(3, Slot::A);
+        assert_eq!(boot_order(&[b2, a3])[0], a3);
+        // Tries used up: sorted last, the previous slot boots again.
+        let b2x = EntryName::parse("g00000002-slot-b+0-3.conf").unwrap();
+        assert_eq!(boot_order(&[b2x, a1]), vec![a1, b2x]);
     }
 }

@@ -17,6 +17,7 @@ pub mod partition;
 pub mod paths;
 pub mod skeleton;
 pub mod slot;
+pub mod state;
 
 pub use guid::Guid;
 pub use partition::{LAYOUT, PartitionRole, PartitionSpec};

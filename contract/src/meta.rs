@@ -44,16 +44,20 @@ pub enum Tag {
     PendingUpgrade = 0x20,
     /// Upgrade and rollback history, one event per line, oldest first.
     History = 0x21,
+    /// Public keys (PEM, concatenated) whose signatures the installer
+    /// accepts for upgrades of this disk.
+    TrustedKeys = 0x30,
 }
 
 impl Tag {
-    pub const ALL: [Tag; 6] = [
+    pub const ALL: [Tag; 7] = [
         Tag::ImageName,
         Tag::DefaultSlot,
         Tag::SlotA,
         Tag::SlotB,
         Tag::PendingUpgrade,
         Tag::History,
+        Tag::TrustedKeys,
     ];
 
     pub fn name(self) -> &'static str {
@@ -64,6 +68,7 @@ impl Tag {
             Tag::SlotB => "slot-b",
             Tag::PendingUpgrade => "pending-upgrade",
             Tag::History => "history",
+            Tag::TrustedKeys => "trusted-keys",
         }
     }
 

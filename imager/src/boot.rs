@@ -7,7 +7,7 @@
 
 use crate::disk::{FatFile, FatParams, Layout, format_fat, write_disk};
 use anyhow::{Context, Result, ensure};
-use contract::boot::{Entry, entry_path, initramfs_path, kernel_path, loader_conf};
+use contract::boot::{Entry, EntryName, loader_conf};
 use contract::guid::volume_id;
 use contract::meta::Meta;
 use contract::partition::Content;
@@ -20,8 +20,8 @@ use std::path::Path;
 pub const DEFAULT_SYSTEMD_BOOT: &str = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi";
 
 /// The files of the EFI System Partition: systemd-boot as
-/// `EFI/BOOT/BOOTX64.EFI` and `loader/loader.conf` booting `default`.
-pub fn esp_files(systemd_boot: &Path, default: Slot) -> Result<Vec<FatFile>> {
+/// `EFI/BOOT/BOOTX64.EFI` and `loader/loader.conf`.
+pub fn esp_files(systemd_boot: &Path) -> Result<Vec<FatFile>> {
     ensure!(
         systemd_boot.is_file(),
         "systemd-boot not found at {}: install systemd-boot-efi (scripts/setup.sh) \
@@ -30,12 +30,11 @@ pub fn esp_files(systemd_boot: &Path, default: Slot) -> Result<Vec<FatFile>> {
     );
     Ok(vec![
         FatFile::file(ESP_BOOT_LOADER, systemd_boot),
-        FatFile::bytes(ESP_LOADER_CONF, loader_conf(default)),
+        FatFile::bytes(ESP_LOADER_CONF, loader_conf()),
     ])
 }
 
-/// The boot entry of `slot`: title `<name> <version> (slot A)`, options the
-/// profile's command line followed by `machined.slot=A`.
+/// The boot entry of `slot` (see [`contract::boot::slot_entry`]).
 pub fn entry(
     slot: Slot,
     kernel_sha256: &str,
@@ -44,19 +43,7 @@ pub fn entry(
     version: &str,
     cmdline: &str,
 ) -> Entry {
-    let slot_arg = format!("{}={slot}", contract::cmdline::SLOT);
-    let cmdline = cmdline.trim();
-    Entry {
-        title: format!("{name} {version} (slot {slot})"),
-        version: version.to_string(),
-        linux: kernel_path(slot, kernel_sha256),
-        initrd: initramfs_path(slot, initramfs_sha256),
-        options: if cmdline.is_empty() {
-            slot_arg
-        } else {
-            format!("{cmdline} {slot_arg}")
-        },
-    }
+    contract::boot::slot_entry(slot, kernel_sha256, initramfs_sha256, name, version, cmdline)
 }
 
 /// The files of `slot` on BOOT: its kernel and initramfs (given as path and
@@ -70,11 +57,16 @@ pub fn boot_files(
     cmdline: &str,
 ) -> Vec<FatFile> {
     let e = entry(slot, kernel.1, initramfs.1, name, version, cmdline);
-    vec![
+    let mut files = vec![
         FatFile::file(e.linux.clone(), kernel.0),
         FatFile::file(e.initrd.clone(), initramfs.0),
-        FatFile::bytes(entry_path(slot), e.render()),
-    ]
+        FatFile::bytes(EntryName::good(1, slot).path(), e.render()),
+        FatFile::dir(contract::paths::BOOT_ENTRIES_DIR),
+    ];
+    // Both slot directories exist from the start: an upgrade never has to
+    // create a directory (fatfs gets new directories wrong; see fatfix).
+    files.extend(Slot::ALL.iter().map(|s| FatFile::dir(s.name())));
+    files
 }
 
 /// Writes the raw disk image `dest` (atomically, sparse): the partition
@@ -168,12 +160,15 @@ mod tests {
             [
                 "A/vmlinuz-0123456789abcdef",
                 "A/initramfs-fedcba9876543210.zst",
-                "loader/entries/slot-a.conf"
+                "loader/entries/g00000001-slot-a.conf",
+                "loader/entries",
+                "A",
+                "B"
             ]
         );
         let e = format!(
             "{:#}",
-            esp_files(Path::new("/nonexistent/sd-boot.efi"), Slot::A).unwrap_err()
+            esp_files(Path::new("/nonexistent/sd-boot.efi")).unwrap_err()
         );
         assert!(
             e.contains("install systemd-boot-efi (scripts/setup.sh)"),
@@ -214,7 +209,7 @@ mod tests {
         for ss in SECTOR_SIZES {
             let layout = Layout::new(DEFAULT_DISK_SIZE, ss, &BTreeMap::new()).unwrap();
             let img = dir.path().join(format!("disk-{ss}.raw"));
-            let esp = esp_files(sd_boot, Slot::A).unwrap();
+            let esp = esp_files(sd_boot).unwrap();
             let boot = boot_files(
                 Slot::A,
                 (&kernel, &ksha),
@@ -264,7 +259,7 @@ mod tests {
             );
             let bootp = || open_partition(&img, "BOOT").unwrap();
             let text =
-                String::from_utf8(read_file(bootp(), &entry_path(Slot::A)).unwrap()).unwrap();
+                String::from_utf8(read_file(bootp(), &EntryName::good(1, Slot::A).path()).unwrap()).unwrap();
             let e = Entry::parse(&text).unwrap();
             assert_eq!(e.title, "Test 1.2.0 (slot A)");
             assert_eq!(

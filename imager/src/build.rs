@@ -196,7 +196,7 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
     } else {
         None
     };
-    let esp = boot::esp_files(&p.boot.systemd_boot, Slot::A)?;
+    let esp = boot::esp_files(&p.boot.systemd_boot)?;
     if layout.is_some() && p.disk.sector_size == 4096 {
         step(
             "WARNING: systemd-boot (up to at least 255) does not read boot entries from \

@@ -7,7 +7,7 @@
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 /// A file that appears under its final name only when committed.
@@ -114,95 +114,7 @@ pub fn write_atomic(dest: impl AsRef<Path>, bytes: &[u8], mode: u32) -> Result<P
     f.commit_with_mode(mode)
 }
 
-/// A window of `len` bytes at `offset` of an inner device, seen as a device
-/// of its own: a partition of a disk image. Reads and writes past the end of
-/// the window are refused, so a filesystem can never spill into a neighbour.
-#[derive(Debug)]
-pub struct Window<T> {
-    inner: T,
-    offset: u64,
-    len: u64,
-    pos: u64,
-}
-
-impl<T: Seek> Window<T> {
-    pub fn new(mut inner: T, offset: u64, len: u64) -> io::Result<Window<T>> {
-        inner.seek(SeekFrom::Start(offset))?;
-        Ok(Window {
-            inner,
-            offset,
-            len,
-            pos: 0,
-        })
-    }
-
-    pub fn into_inner(self) -> T {
-        self.inner
-    }
-
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    fn room(&self, want: usize) -> usize {
-        want.min(self.len.saturating_sub(self.pos) as usize)
-    }
-}
-
-impl<T: Read + Seek> Read for Window<T> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.room(buf.len());
-        if n == 0 {
-            return Ok(0);
-        }
-        let n = self.inner.read(&mut buf[..n])?;
-        self.pos += n as u64;
-        Ok(n)
-    }
-}
-
-impl<T: Write + Seek> Write for Window<T> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        let n = self.room(buf.len());
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "write past the end of the partition",
-            ));
-        }
-        let n = self.inner.write(&buf[..n])?;
-        self.pos += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-impl<T: Seek> Seek for Window<T> {
-    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
-        let target = match to {
-            SeekFrom::Start(p) => Some(p),
-            SeekFrom::End(d) => self.len.checked_add_signed(d),
-            SeekFrom::Current(d) => self.pos.checked_add_signed(d),
-        }
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek before start"))?;
-        let abs = self
-            .offset
-            .checked_add(target)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek past 2^64"))?;
-        self.inner.seek(SeekFrom::Start(abs))?;
-        self.pos = target;
-        Ok(target)
-    }
-}
+pub use bootstate::device::Window;
 
 /// A reader that hashes what passes through it.
 #[derive(Debug)]
@@ -280,25 +192,6 @@ pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn window_confines_reads_and_writes() {
-        let mut dev = io::Cursor::new(vec![0u8; 100]);
-        {
-            let mut w = Window::new(&mut dev, 10, 20).unwrap();
-            w.write_all(&[1u8; 20]).unwrap();
-            assert!(w.write_all(&[2u8; 1]).is_err());
-            w.seek(SeekFrom::Start(0)).unwrap();
-            let mut back = Vec::new();
-            w.read_to_end(&mut back).unwrap();
-            assert_eq!(back, vec![1u8; 20]);
-            assert_eq!(w.seek(SeekFrom::End(-5)).unwrap(), 15);
-        }
-        let v = dev.into_inner();
-        assert_eq!(v[9], 0);
-        assert_eq!(&v[10..30], &[1u8; 20]);
-        assert_eq!(v[30], 0);
-    }
 
     #[test]
     fn atomic_file_appears_only_on_commit() {

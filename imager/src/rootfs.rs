@@ -230,6 +230,7 @@ pub fn build_rootfs(dest: &Path, spec: &RootfsSpec) -> Result<(String, u64)> {
             Node::File(Source::Bytes(b), mode) => {
                 fs.push_file(std::io::Cursor::new(&b[..]), path, header(*mode))
             }
+            Node::File(Source::Dir, mode) => fs.push_dir(path, header(*mode)),
             Node::Symlink(target) => fs.push_symlink(target.clone(), path, header(0o777)),
         };
         res.with_context(|| format!("adding /{path} to the root filesystem"))?;

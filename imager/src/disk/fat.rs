@@ -4,14 +4,11 @@
 //! every timestamp is SOURCE_DATE_EPOCH.
 
 use anyhow::{Context, Result, bail};
-use fatfs::{
-    Date, DateTime, FatType, FileSystem, FormatVolumeOptions, FsOptions, Time, TimeProvider,
-};
-use std::collections::{BTreeMap, BTreeSet};
+use fatfs::{FatType, FileSystem, FormatVolumeOptions, FsOptions};
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 /// Where the bytes of a file come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,6 +17,8 @@ pub enum FatSource {
     Bytes(Vec<u8>),
     /// A file on disk, streamed when written.
     File(PathBuf),
+    /// Not a file: an empty directory (the slot directories of BOOT).
+    Dir,
 }
 
 impl FatSource {
@@ -27,6 +26,7 @@ impl FatSource {
     pub fn open(&self) -> Result<(Box<dyn Read + '_>, u64)> {
         Ok(match self {
             FatSource::Bytes(b) => (Box::new(&b[..]), b.len() as u64),
+            FatSource::Dir => (Box::new(io::empty()), 0),
             FatSource::File(p) => {
                 let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
                 let len = f
@@ -42,6 +42,7 @@ impl FatSource {
     pub fn describe(&self) -> String {
         match self {
             FatSource::Bytes(b) => format!("{} bytes in memory", b.len()),
+            FatSource::Dir => "a directory".to_string(),
             FatSource::File(p) => p.display().to_string(),
         }
     }
@@ -70,6 +71,13 @@ impl FatFile {
             source: FatSource::File(source.into()),
         }
     }
+
+    pub fn dir(path: impl Into<String>) -> FatFile {
+        FatFile {
+            path: path.into(),
+            source: FatSource::Dir,
+        }
+    }
 }
 
 /// How to format a FAT filesystem.
@@ -90,60 +98,7 @@ pub struct FatParams {
     pub epoch: u64,
 }
 
-/// A fixed time, the only one fatfs will see.
-#[derive(Debug)]
-struct FixedTime(DateTime);
-
-impl TimeProvider for FixedTime {
-    fn get_current_date(&self) -> Date {
-        self.0.date
-    }
-    fn get_current_date_time(&self) -> DateTime {
-        self.0
-    }
-}
-
-/// fatfs wants a `&'static` time provider: keep one per epoch ever used
-/// (a handful per process), so that nothing leaks per call.
-fn time_provider(epoch: u64) -> &'static FixedTime {
-    static PROVIDERS: Mutex<BTreeMap<u64, &'static FixedTime>> = Mutex::new(BTreeMap::new());
-    let mut map = PROVIDERS.lock().unwrap_or_else(|e| e.into_inner());
-    map.entry(epoch)
-        .or_insert_with(|| Box::leak(Box::new(FixedTime(dos_date_time(epoch)))))
-}
-
-/// The DOS date and time of `epoch` (UTC), clamped to what FAT can store
-/// (1980-01-01 00:00:00 to 2107-12-31 23:59:58).
-pub fn dos_date_time(epoch: u64) -> DateTime {
-    const MIN: u64 = 315_532_800; // 1980-01-01T00:00:00Z
-    const MAX: u64 = 4_354_819_198; // 2107-12-31T23:59:58Z
-    let t = epoch.clamp(MIN, MAX);
-    let days = t / 86_400;
-    let secs = t % 86_400;
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    DateTime {
-        date: Date {
-            year: year as u16,
-            month: month as u16,
-            day: day as u16,
-        },
-        time: Time {
-            hour: (secs / 3600) as u16,
-            min: (secs / 60 % 60) as u16,
-            sec: (secs % 60) as u16,
-            millis: 0,
-        },
-    }
-}
+pub use bootstate::fat::{dos_date_time, time_provider};
 
 fn volume_label(label: &str) -> Result<[u8; 11]> {
     if label.is_empty()
@@ -222,7 +177,8 @@ pub fn format_fat<T: Read + Write + Seek>(
         let mut made = BTreeSet::new();
         for f in sorted {
             let parts = components(&f.path)?;
-            for i in 1..parts.len() {
+            let is_dir = f.source == FatSource::Dir;
+            for i in 1..parts.len() + usize::from(is_dir) {
                 let dir = parts[..i].join("/");
                 if made.insert(dir.clone()) {
                     root.create_dir(&dir).with_context(|| {
@@ -232,6 +188,9 @@ pub fn format_fat<T: Read + Write + Seek>(
                         )
                     })?;
                 }
+            }
+            if is_dir {
+                continue;
             }
             let (mut src, len) = f.source.open()?;
             let mut out = root.create_file(&f.path).with_context(|| {
@@ -260,7 +219,7 @@ pub fn format_fat<T: Read + Write + Seek>(
     }
     fs.unmount()
         .with_context(|| format!("closing the {} FAT filesystem", params.label))?;
-    super::fatfix::fix_dot_entries(dev).with_context(|| {
+    bootstate::fatfix::fix_dot_entries(dev).with_context(|| {
         format!(
             "repairing the directories of the {} filesystem",
             params.label
@@ -344,20 +303,6 @@ pub fn read_file<T: Read + Seek>(dev: T, path: &str) -> Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dos_times() {
-        let d = dos_date_time(1_700_000_000); // 2023-11-14T22:13:20Z
-        assert_eq!((d.date.year, d.date.month, d.date.day), (2023, 11, 14));
-        assert_eq!((d.time.hour, d.time.min, d.time.sec), (22, 13, 20));
-        let lo = dos_date_time(0);
-        assert_eq!((lo.date.year, lo.date.month, lo.date.day), (1980, 1, 1));
-        let hi = dos_date_time(u64::MAX);
-        assert_eq!((hi.date.year, hi.date.month, hi.date.day), (2107, 12, 31));
-        assert_eq!((hi.time.hour, hi.time.min, hi.time.sec), (23, 59, 58));
-        let leap = dos_date_time(951_782_400); // 2000-02-29
-        assert_eq!((leap.date.month, leap.date.day), (2, 29));
-    }
 
     #[test]
     fn labels_and_paths() {

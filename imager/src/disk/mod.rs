@@ -6,7 +6,6 @@
 //! reads a table back.
 
 pub mod fat;
-mod fatfix;
 pub mod gpt;
 pub mod layout;
 

@@ -24,7 +24,7 @@ fn esp() -> Vec<FatFile> {
     vec![
         FatFile::bytes(
             "loader/loader.conf",
-            contract::boot::loader_conf(contract::Slot::A),
+            contract::boot::loader_conf(),
         ),
         FatFile::bytes("EFI/BOOT/BOOTX64.EFI", vec![0x4d; 150_000]),
     ]
@@ -194,7 +194,7 @@ fn tables_read_back_and_filesystems_are_clean() {
         let conf = read_file(open_partition(&img, "EFI").unwrap(), "loader/loader.conf").unwrap();
         assert_eq!(
             conf,
-            contract::boot::loader_conf(contract::Slot::A).as_bytes()
+            contract::boot::loader_conf().as_bytes()
         );
         let boot_files = list_files(open_partition(&img, "BOOT").unwrap()).unwrap();
         assert_eq!(

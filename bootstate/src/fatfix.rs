@@ -1,4 +1,6 @@
-//! Repairs the `.` and `..` entries that fatfs 0.3.6 writes wrongly.
+//! FAT internals that fatfs does not get right: the `.` and `..` entries
+//! of new directories, and the order of the writes of a file removal
+//! ([`remove_file`]).
 //!
 //! fatfs 0.3.6 (the latest release) has two known bugs in `create_dir`,
 //! fixed upstream after the release (rafalh/rust-fatfs#99, #100, #117):
@@ -32,6 +34,9 @@ enum Kind {
 #[derive(Debug)]
 struct Geometry {
     kind: Kind,
+    /// Number of FAT copies and the length of one, in bytes.
+    fats: u64,
+    fat_len: u64,
     cluster_size: u64,
     fat_offset: u64,
     /// FAT16: the fixed root directory region (offset, length).
@@ -84,6 +89,8 @@ fn geometry<T: Read + Seek>(dev: &mut T) -> Result<Geometry> {
     };
     Ok(Geometry {
         kind,
+        fats,
+        fat_len: spf * bps,
         cluster_size: bps * spc,
         fat_offset: reserved * bps,
         root_region: ((reserved + fats * spf) * bps, root_sectors * bps),
@@ -99,11 +106,16 @@ impl Geometry {
         self.data_offset + u64::from(c - 2) * self.cluster_size
     }
 
-    fn next<T: Read + Seek>(&self, dev: &mut T, c: u32) -> Result<Option<u32>> {
-        let (at, width) = match self.kind {
+    /// Offset of cluster `c`'s entry in the first FAT, and its width.
+    fn fat_entry(&self, c: u32) -> (u64, usize) {
+        match self.kind {
             Kind::Fat16 => (self.fat_offset + u64::from(c) * 2, 2),
             Kind::Fat32 => (self.fat_offset + u64::from(c) * 4, 4),
-        };
+        }
+    }
+
+    fn next<T: Read + Seek>(&self, dev: &mut T, c: u32) -> Result<Option<u32>> {
+        let (at, width) = self.fat_entry(c);
         let mut b = [0u8; 4];
         dev.seek(SeekFrom::Start(at))?;
         dev.read_exact(&mut b[..width])?;
@@ -261,4 +273,162 @@ fn write_fs_info<T: Read + Write + Seek>(dev: &mut T, g: &Geometry) -> Result<()
     dev.seek(SeekFrom::Start(g.fs_info))?;
     dev.write_all(&sector)?;
     Ok(())
+}
+
+/// Where a directory entry (long-name entries and the short entry) lies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Found {
+    /// Byte offset of the short (8.3) entry.
+    short: u64,
+    /// Byte offsets of its long-name entries.
+    long: Vec<u64>,
+    first_cluster: u32,
+    is_dir: bool,
+}
+
+/// The name of a short entry as `name.ext`, lower case.
+fn short_name(e: &[u8]) -> String {
+    let base = String::from_utf8_lossy(&e[..8]).trim_end().to_string();
+    let ext = String::from_utf8_lossy(&e[8..11]).trim_end().to_string();
+    let name = if ext.is_empty() {
+        base
+    } else {
+        format!("{base}.{ext}")
+    };
+    name.to_lowercase()
+}
+
+fn lfn_checksum(short: &[u8]) -> u8 {
+    short[..11]
+        .iter()
+        .fold(0u8, |sum, b| sum.rotate_right(1).wrapping_add(*b))
+}
+
+/// The entries of a directory held in `ranges`: (name, entry).
+fn scan_dir<T: Read + Seek>(dev: &mut T, ranges: &[(u64, u64)]) -> Result<Vec<(String, Found)>> {
+    let buf = read_ranges(dev, ranges)?;
+    // Absolute offset of byte i of buf.
+    let offset_of = |i: usize| {
+        let mut i = i as u64;
+        for &(at, len) in ranges {
+            if i < len {
+                return at + i;
+            }
+            i -= len;
+        }
+        u64::MAX
+    };
+    let mut out = Vec::new();
+    let mut lfn: Vec<(u64, Vec<u16>, u8)> = Vec::new();
+    for (i, e) in buf.chunks_exact(ENTRY).enumerate() {
+        match e[0] {
+            0x00 => break,
+            0xE5 => {
+                lfn.clear();
+                continue;
+            }
+            _ => {}
+        }
+        if e[11] == ATTR_LFN {
+            let units: Vec<u16> = [1..11, 14..26, 28..32]
+                .into_iter()
+                .flat_map(|r| e[r].chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])))
+                .collect();
+            lfn.push((offset_of(i * ENTRY), units, e[13]));
+            continue;
+        }
+        let sum = lfn_checksum(e);
+        let long = std::mem::take(&mut lfn);
+        let name = if !long.is_empty() && long.iter().all(|(_, _, s)| *s == sum) {
+            let units: Vec<u16> = long
+                .iter()
+                .rev()
+                .flat_map(|(_, u, _)| u.iter().copied())
+                .take_while(|u| *u != 0)
+                .collect();
+            String::from_utf16_lossy(&units).to_lowercase()
+        } else {
+            short_name(e)
+        };
+        if &e[..11] == DOT || &e[..11] == DOTDOT || e[11] & 0x08 != 0 {
+            continue; // dot entries, volume label
+        }
+        out.push((
+            name,
+            Found {
+                short: offset_of(i * ENTRY),
+                long: long.iter().map(|(o, _, _)| *o).collect(),
+                first_cluster: (le16(e, 20) << 16 | le16(e, 26)) as u32,
+                is_dir: e[11] & ATTR_DIR != 0,
+            },
+        ));
+    }
+    Ok(out)
+}
+
+/// Finds `path` (`/`-separated, compared without regard to case).
+fn find<T: Read + Seek>(dev: &mut T, g: &Geometry, path: &str) -> Result<Option<Found>> {
+    let mut ranges = match g.kind {
+        Kind::Fat16 => vec![g.root_region],
+        Kind::Fat32 => g.chain(dev, g.root_cluster)?,
+    };
+    let parts: Vec<String> = path.split('/').map(str::to_lowercase).collect();
+    for (i, part) in parts.iter().enumerate() {
+        let entries = scan_dir(dev, &ranges)?;
+        let Some((_, found)) = entries.into_iter().find(|(n, _)| n == part) else {
+            return Ok(None);
+        };
+        if i + 1 == parts.len() {
+            return Ok(Some(found));
+        }
+        if !found.is_dir || found.first_cluster < 2 {
+            return Ok(None);
+        }
+        ranges = g.chain(dev, found.first_cluster)?;
+    }
+    Ok(None)
+}
+
+/// Removes the file `path` so that a power cut at any write leaves a
+/// consistent filesystem: first its short entry is marked deleted (one
+/// 32-byte write: from then on the file is gone), then its long-name
+/// entries, then its clusters are freed in every FAT. A cut between the
+/// first write and the last leaves at worst clusters that nothing uses.
+/// (fatfs frees the clusters first, which leaves an entry pointing to free
+/// clusters that a later file may take.) Returns false when there is no
+/// such file. The caller syncs.
+pub fn remove_file<T: Read + Write + Seek>(dev: &mut T, path: &str) -> Result<bool> {
+    let g = geometry(dev)?;
+    let Some(f) = find(dev, &g, path)? else {
+        return Ok(false);
+    };
+    if f.is_dir {
+        bail!("{path} is a directory");
+    }
+    for at in std::iter::once(f.short).chain(f.long.iter().copied()) {
+        dev.seek(SeekFrom::Start(at))?;
+        dev.write_all(&[0xE5])?;
+    }
+    if f.first_cluster >= 2 {
+        let mut c = Some(f.first_cluster);
+        let mut n = 0usize;
+        while let Some(cl) = c {
+            n += 1;
+            if n > g.clusters as usize + 1 {
+                bail!("FAT chain of {path} loops");
+            }
+            let next = g.next(dev, cl)?;
+            let (at, width) = g.fat_entry(cl);
+            for copy in 0..g.fats {
+                dev.seek(SeekFrom::Start(at + copy * g.fat_len))?;
+                dev.write_all(&[0u8; 4][..width])?;
+            }
+            c = next;
+        }
+    }
+    if g.kind == Kind::Fat32 {
+        write_fs_info(dev, &g)?;
+    }
+    dev.flush()?;
+    Ok(true)
 }

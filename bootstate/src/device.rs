@@ -1,0 +1,291 @@
+//! Devices: what the slot operations read and write. A disk image file, a
+//! block device, or a window on either (a partition), all flushed through
+//! [`Device::sync`] at the points where the write order matters.
+//!
+//! [`Faulty`] cuts the power after a given number of writes, for the tests
+//! that prove every step of an upgrade crash-safe, and counts the bytes an
+//! operation writes, for the benchmark.
+
+use std::cell::Cell;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::rc::Rc;
+
+/// A readable, writable, seekable device whose writes can be made durable.
+pub trait Device: Read + Write + Seek {
+    /// Makes every write so far durable (fsync) before later writes.
+    fn sync(&mut self) -> io::Result<()>;
+}
+
+impl Device for File {
+    fn sync(&mut self) -> io::Result<()> {
+        self.sync_all()
+    }
+}
+
+impl<D: Device + ?Sized> Device for &mut D {
+    fn sync(&mut self) -> io::Result<()> {
+        (**self).sync()
+    }
+}
+
+impl Device for io::Cursor<Vec<u8>> {
+    fn sync(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Device for io::Cursor<&mut Vec<u8>> {
+    fn sync(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A window of `len` bytes at `offset` of an inner device, seen as a device
+/// of its own: a partition of a disk image. Reads and writes past the end of
+/// the window are refused, so a filesystem can never spill into a neighbour.
+#[derive(Debug)]
+pub struct Window<T> {
+    inner: T,
+    offset: u64,
+    len: u64,
+    pos: u64,
+}
+
+impl<T: Seek> Window<T> {
+    pub fn new(mut inner: T, offset: u64, len: u64) -> io::Result<Window<T>> {
+        inner.seek(SeekFrom::Start(offset))?;
+        Ok(Window {
+            inner,
+            offset,
+            len,
+            pos: 0,
+        })
+    }
+
+    pub fn into_inner(self) -> T {
+        self.inner
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn room(&self, want: usize) -> usize {
+        want.min(self.len.saturating_sub(self.pos) as usize)
+    }
+}
+
+impl<T: Read + Seek> Read for Window<T> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.room(buf.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        let n = self.inner.read(&mut buf[..n])?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl<T: Write + Seek> Write for Window<T> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let n = self.room(buf.len());
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "write past the end of the partition",
+            ));
+        }
+        let n = self.inner.write(&buf[..n])?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<T: Seek> Seek for Window<T> {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let target = match to {
+            SeekFrom::Start(p) => Some(p),
+            SeekFrom::End(d) => self.len.checked_add_signed(d),
+            SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        }
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek before start"))?;
+        let abs = self
+            .offset
+            .checked_add(target)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek past 2^64"))?;
+        self.inner.seek(SeekFrom::Start(abs))?;
+        self.pos = target;
+        Ok(target)
+    }
+}
+
+impl<T: Device> Device for Window<T> {
+    fn sync(&mut self) -> io::Result<()> {
+        self.inner.sync()
+    }
+}
+
+/// A device that counts writes and, when asked, fails every write from the
+/// `fail_at`-th on (1-based), as if the power had been cut just before it:
+/// nothing of that write or any later one reaches the device. Handles made
+/// with [`Faulty::share`] count together (two handles on one disk).
+#[derive(Debug)]
+pub struct Faulty<D> {
+    inner: D,
+    fail_at: Option<u64>,
+    writes: Rc<Cell<u64>>,
+    bytes: Rc<Cell<u64>>,
+    refused: Rc<Cell<bool>>,
+}
+
+impl<D> Faulty<D> {
+    /// Counts, never fails.
+    pub fn counting(inner: D) -> Faulty<D> {
+        Faulty {
+            inner,
+            fail_at: None,
+            writes: Rc::default(),
+            bytes: Rc::default(),
+            refused: Rc::default(),
+        }
+    }
+
+    /// Fails the `n`-th write (1-based) and all after it.
+    pub fn failing_at(inner: D, n: u64) -> Faulty<D> {
+        Faulty {
+            fail_at: Some(n),
+            ..Faulty::counting(inner)
+        }
+    }
+
+    /// Another device counted with this one (and cut at the same write).
+    pub fn share<E>(&self, inner: E) -> Faulty<E> {
+        Faulty {
+            inner,
+            fail_at: self.fail_at,
+            writes: self.writes.clone(),
+            bytes: self.bytes.clone(),
+            refused: self.refused.clone(),
+        }
+    }
+
+    /// Writes that reached the devices.
+    pub fn writes(&self) -> u64 {
+        self.writes.get()
+    }
+
+    /// Bytes that reached the devices.
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes.get()
+    }
+
+    pub fn into_inner(self) -> D {
+        self.inner
+    }
+
+    fn cut(&self) -> bool {
+        self.fail_at.is_some_and(|n| self.writes.get() + 1 >= n)
+    }
+}
+
+/// The error of a write after the simulated power cut.
+pub fn is_power_cut(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::Other && e.to_string().contains(POWER_CUT)
+}
+
+const POWER_CUT: &str = "simulated power cut";
+
+impl<D: Read> Read for Faulty<D> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(buf)
+    }
+}
+
+impl<D: Write> Write for Faulty<D> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if self.cut() {
+            self.refused.set(true);
+            return Err(io::Error::other(POWER_CUT));
+        }
+        let n = self.inner.write(buf)?;
+        self.writes.set(self.writes.get() + 1);
+        self.bytes.set(self.bytes.get() + n as u64);
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<D: Seek> Seek for Faulty<D> {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        self.inner.seek(to)
+    }
+}
+
+impl<D: Device> Device for Faulty<D> {
+    fn sync(&mut self) -> io::Result<()> {
+        // A sync fails once the power is off: after a refused write.
+        if self.fail_at.is_some_and(|n| self.writes.get() + 1 >= n) && self.refused.get() {
+            return Err(io::Error::other(POWER_CUT));
+        }
+        self.inner.sync()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_confines_reads_and_writes() {
+        let mut dev = io::Cursor::new(vec![0u8; 100]);
+        {
+            let mut w = Window::new(&mut dev, 10, 20).unwrap();
+            w.write_all(&[1u8; 20]).unwrap();
+            assert!(w.write_all(&[2u8; 1]).is_err());
+            w.seek(SeekFrom::Start(0)).unwrap();
+            let mut back = Vec::new();
+            w.read_to_end(&mut back).unwrap();
+            assert_eq!(back, vec![1u8; 20]);
+            assert_eq!(w.seek(SeekFrom::End(-5)).unwrap(), 15);
+        }
+        let v = dev.into_inner();
+        assert_eq!(v[9], 0);
+        assert_eq!(&v[10..30], &[1u8; 20]);
+        assert_eq!(v[30], 0);
+    }
+
+    #[test]
+    fn window_bounds_and_faults() {
+        let mut w = Window::new(io::Cursor::new(vec![0u8; 100]), 10, 20).unwrap();
+        w.write_all(&[1; 20]).unwrap();
+        assert!(w.write(&[1]).is_err(), "past the end");
+        let inner = w.into_inner().into_inner();
+        assert_eq!(&inner[8..32], &[0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0]);
+
+        let mut f = Faulty::failing_at(io::Cursor::new(vec![0u8; 8]), 3);
+        f.write_all(&[1]).unwrap();
+        f.write_all(&[2]).unwrap();
+        let e = f.write_all(&[3]).unwrap_err();
+        assert!(is_power_cut(&e), "{e}");
+        assert!(f.sync().is_err());
+        assert_eq!((f.writes(), f.bytes_written()), (2, 2));
+        assert_eq!(&f.into_inner().into_inner()[..3], &[1, 2, 0]);
+    }
+}

@@ -1,0 +1,368 @@
+//! The BOOT filesystem (FAT) as the slot operations use it: list, read,
+//! hash, create and remove files. Files are created with fatfs, whose order
+//! of writes is safe for a new file (the directory entry gets its size and
+//! first cluster last); they are removed with [`crate::fatfix::remove_file`],
+//! whose order is safe for a removal. Every change ends with a sync.
+
+use crate::device::Device;
+use anyhow::{Context, Result, bail};
+use fatfs::{Date, DateTime, FileSystem, FsOptions, Time, TimeProvider};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::{self, Read, SeekFrom, Write};
+use std::sync::Mutex;
+
+/// A fixed time, the only one fatfs will see.
+#[derive(Debug)]
+pub struct FixedTime(DateTime);
+
+impl TimeProvider for FixedTime {
+    fn get_current_date(&self) -> Date {
+        self.0.date
+    }
+    fn get_current_date_time(&self) -> DateTime {
+        self.0
+    }
+}
+
+/// fatfs wants a `&'static` time provider: keep one per epoch ever used
+/// (a handful per process), so that nothing leaks per call.
+pub fn time_provider(epoch: u64) -> &'static FixedTime {
+    static PROVIDERS: Mutex<BTreeMap<u64, &'static FixedTime>> = Mutex::new(BTreeMap::new());
+    let mut map = PROVIDERS.lock().unwrap_or_else(|e| e.into_inner());
+    map.entry(epoch)
+        .or_insert_with(|| Box::leak(Box::new(FixedTime(dos_date_time(epoch)))))
+}
+
+/// The DOS date and time of `epoch` (UTC), clamped to what FAT can store
+/// (1980-01-01 00:00:00 to 2107-12-31 23:59:58).
+pub fn dos_date_time(epoch: u64) -> DateTime {
+    const MIN: u64 = 315_532_800; // 1980-01-01T00:00:00Z
+    const MAX: u64 = 4_354_819_198; // 2107-12-31T23:59:58Z
+    let t = epoch.clamp(MIN, MAX);
+    let days = t / 86_400;
+    let secs = t % 86_400;
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    DateTime {
+        date: Date {
+            year: year as u16,
+            month: month as u16,
+            day: day as u16,
+        },
+        time: Time {
+            hour: (secs / 3600) as u16,
+            min: (secs / 60 % 60) as u16,
+            sec: (secs % 60) as u16,
+            millis: 0,
+        },
+    }
+}
+
+/// A file found on BOOT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileInfo {
+    /// Name within its directory, as stored (long name).
+    pub name: String,
+    pub size: u64,
+}
+
+/// The BOOT FAT filesystem on a device (a partition).
+#[derive(Debug)]
+pub struct BootFs<D> {
+    dev: D,
+    /// Timestamp of files this writes, seconds since 1970.
+    epoch: u64,
+}
+
+impl<D: Device> BootFs<D> {
+    pub fn new(dev: D, epoch: u64) -> BootFs<D> {
+        BootFs { dev, epoch }
+    }
+
+    pub fn into_inner(self) -> D {
+        self.dev
+    }
+
+    fn open(&mut self) -> Result<FileSystem<&mut D>> {
+        self.dev.seek(SeekFrom::Start(0))?;
+        let opts = FsOptions::new().time_provider(time_provider(self.epoch));
+        FileSystem::new(&mut self.dev, opts).context("reading the BOOT filesystem")
+    }
+
+    /// The regular files of directory `dir` ("" for the root), sorted by
+    /// name; empty when the directory does not exist.
+    pub fn list(&mut self, dir: &str) -> Result<Vec<FileInfo>> {
+        let fs = self.open()?;
+        let root = fs.root_dir();
+        let d = if dir.is_empty() {
+            root
+        } else {
+            match root.open_dir(dir) {
+                Ok(d) => d,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(e).with_context(|| format!("opening {dir} on BOOT")),
+            }
+        };
+        let mut out = Vec::new();
+        for e in d.iter() {
+            let e = e.with_context(|| format!("reading directory {dir} on BOOT"))?;
+            if e.is_file() {
+                out.push(FileInfo {
+                    name: e.file_name(),
+                    size: e.len(),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Whether `path` exists (file or directory).
+    pub fn exists(&mut self, path: &str) -> Result<bool> {
+        let fs = self.open()?;
+        let root = fs.root_dir();
+        Ok(root.open_file(path).is_ok() || root.open_dir(path).is_ok())
+    }
+
+    /// A small file's contents (entries, at most `limit` bytes).
+    pub fn read(&mut self, path: &str, limit: u64) -> Result<Vec<u8>> {
+        let fs = self.open()?;
+        let f = fs
+            .root_dir()
+            .open_file(path)
+            .with_context(|| format!("opening {path} on BOOT"))?;
+        let mut out = Vec::new();
+        f.take(limit + 1)
+            .read_to_end(&mut out)
+            .with_context(|| format!("reading {path} on BOOT"))?;
+        if out.len() as u64 > limit {
+            bail!("{path} on BOOT is larger than {limit} bytes");
+        }
+        Ok(out)
+    }
+
+    /// SHA-256 (hex) and length of a file, streamed.
+    pub fn hash(&mut self, path: &str) -> Result<(String, u64)> {
+        let fs = self.open()?;
+        let mut f = fs
+            .root_dir()
+            .open_file(path)
+            .with_context(|| format!("opening {path} on BOOT"))?;
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut n = 0u64;
+        loop {
+            let k = f
+                .read(&mut buf)
+                .with_context(|| format!("reading {path} on BOOT"))?;
+            if k == 0 {
+                break;
+            }
+            h.update(&buf[..k]);
+            n += k as u64;
+        }
+        Ok((hex(&h.finalize()), n))
+    }
+
+    /// Free bytes, and the cluster size (a file takes whole clusters).
+    pub fn space(&mut self) -> Result<(u64, u64)> {
+        let fs = self.open()?;
+        let st = fs.stats().context("reading BOOT's free space")?;
+        let cluster = u64::from(st.cluster_size());
+        Ok((u64::from(st.free_clusters()) * cluster, cluster))
+    }
+
+    /// Creates directory `dir` if missing (its parent must exist).
+    pub fn ensure_dir(&mut self, dir: &str) -> Result<()> {
+        {
+            let fs = self.open()?;
+            if fs.root_dir().open_dir(dir).is_ok() {
+                return Ok(());
+            }
+            fs.root_dir()
+                .create_dir(dir)
+                .with_context(|| format!("creating directory {dir} on BOOT"))?;
+            fs.unmount().context("closing BOOT")?;
+        }
+        crate::fatfix::fix_dot_entries(&mut self.dev)
+            .with_context(|| format!("repairing directory {dir} on BOOT"))?;
+        self.dev.sync().context("syncing BOOT")?;
+        Ok(())
+    }
+
+    /// Creates `path` with `len` bytes from `src` and syncs. The file must
+    /// not exist. It is complete or absent, as far as readers go, at every
+    /// write: its directory entry gets its length last.
+    pub fn create(&mut self, path: &str, src: &mut dyn Read, len: u64) -> Result<()> {
+        {
+            let fs = self.open()?;
+            if fs.root_dir().open_file(path).is_ok() {
+                bail!("{path} exists on BOOT already");
+            }
+            let mut f = fs
+                .root_dir()
+                .create_file(path)
+                .with_context(|| format!("creating {path} on BOOT"))?;
+            let mut buf = vec![0u8; 1 << 16];
+            let mut n = 0u64;
+            loop {
+                let k = src
+                    .read(&mut buf)
+                    .with_context(|| format!("reading the source of {path}"))?;
+                if k == 0 {
+                    break;
+                }
+                f.write_all(&buf[..k])
+                    .with_context(|| format!("writing {path} on BOOT"))?;
+                n += k as u64;
+            }
+            if n != len {
+                bail!("the source of {path} gave {n} bytes instead of {len}");
+            }
+            f.flush()
+                .with_context(|| format!("writing {path} on BOOT"))?;
+            drop(f);
+            fs.unmount().context("closing BOOT")?;
+        }
+        self.dev.sync().context("syncing BOOT")
+    }
+
+    /// Removes `path` crash-safely and syncs; false if it was not there.
+    pub fn remove(&mut self, path: &str) -> Result<bool> {
+        let found = crate::fatfix::remove_file(&mut self.dev, path)
+            .with_context(|| format!("removing {path} from BOOT"))?;
+        if found {
+            self.dev.sync().context("syncing BOOT")?;
+        }
+        Ok(found)
+    }
+}
+
+/// Lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Faulty;
+    use std::io::Cursor;
+
+    fn blank(sector: u16, len: usize) -> Cursor<Vec<u8>> {
+        let mut dev = Cursor::new(vec![0u8; len]);
+        fatfs::format_volume(
+            &mut dev,
+            fatfs::FormatVolumeOptions::new().bytes_per_sector(sector),
+        )
+        .unwrap();
+        dev
+    }
+
+    #[test]
+    fn dos_times() {
+        let d = dos_date_time(1_700_000_000); // 2023-11-14T22:13:20Z
+        assert_eq!((d.date.year, d.date.month, d.date.day), (2023, 11, 14));
+        assert_eq!((d.time.hour, d.time.min, d.time.sec), (22, 13, 20));
+        let lo = dos_date_time(0);
+        assert_eq!((lo.date.year, lo.date.month, lo.date.day), (1980, 1, 1));
+        let hi = dos_date_time(u64::MAX);
+        assert_eq!((hi.date.year, hi.date.month, hi.date.day), (2107, 12, 31));
+        assert_eq!((hi.time.hour, hi.time.min, hi.time.sec), (23, 59, 58));
+        let leap = dos_date_time(951_782_400); // 2000-02-29
+        assert_eq!((leap.date.month, leap.date.day), (2, 29));
+    }
+
+
+    #[test]
+    fn create_list_hash_remove() {
+        for (sector, len) in [(512u16, 40usize << 20), (4096, 64 << 20)] {
+            let mut fs = BootFs::new(blank(sector, len), 1_700_000_000);
+            fs.ensure_dir("loader").unwrap();
+            fs.ensure_dir("loader/entries").unwrap();
+            fs.ensure_dir("A").unwrap();
+            let big = vec![7u8; 3 << 20];
+            fs.create("A/vmlinuz-0123456789abcdef", &mut &big[..], big.len() as u64)
+                .unwrap();
+            let entry = b"title x\nlinux /A/vmlinuz-0123456789abcdef\n";
+            fs.create(
+                "loader/entries/g00000001-slot-a.conf",
+                &mut &entry[..],
+                entry.len() as u64,
+            )
+            .unwrap();
+            assert!(fs.create("A/vmlinuz-0123456789abcdef", &mut &b""[..], 0).is_err());
+            let names: Vec<_> = fs.list("loader/entries").unwrap();
+            assert_eq!(
+                names,
+                [FileInfo {
+                    name: "g00000001-slot-a.conf".into(),
+                    size: entry.len() as u64
+                }]
+            );
+            assert_eq!(fs.list("B").unwrap(), []);
+            assert_eq!(
+                fs.read("loader/entries/g00000001-slot-a.conf", 4096).unwrap(),
+                entry
+            );
+            let (sha, n) = fs.hash("A/vmlinuz-0123456789abcdef").unwrap();
+            assert_eq!((sha, n), (hex(&Sha256::digest(&big)), big.len() as u64));
+            let (free_before, _) = fs.space().unwrap();
+            assert!(fs.remove("A/vmlinuz-0123456789abcdef").unwrap());
+            assert!(!fs.remove("A/vmlinuz-0123456789abcdef").unwrap());
+            let (free_after, _) = fs.space().unwrap();
+            assert!(free_after >= free_before + big.len() as u64, "clusters freed");
+            assert_eq!(fs.list("A").unwrap(), []);
+            assert!(!fs.exists("A/vmlinuz-0123456789abcdef").unwrap());
+        }
+    }
+
+    /// A removal cut at any write leaves the file whole or gone, and never
+    /// an entry whose clusters another file can take.
+    #[test]
+    fn removal_is_crash_safe_at_every_write() {
+        let mut base = BootFs::new(blank(512, 40 << 20), 0);
+        base.ensure_dir("loader").unwrap();
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        base.create("loader/a-long-file-name.conf", &mut &data[..], data.len() as u64)
+            .unwrap();
+        let image = base.into_inner().into_inner();
+        let mut total = Faulty::counting(Cursor::new(image.clone()));
+        BootFs::new(&mut total, 0).remove("loader/a-long-file-name.conf").unwrap();
+        assert!(total.writes() >= 3);
+        for n in 1..=total.writes() {
+            let mut dev = Faulty::failing_at(Cursor::new(image.clone()), n);
+            assert!(BootFs::new(&mut dev, 0).remove("loader/a-long-file-name.conf").is_err());
+            let mut fs = BootFs::new(dev.into_inner(), 0);
+            let listed = fs.list("loader").unwrap();
+            if n == 1 {
+                assert_eq!(listed.len(), 1, "cut before the first write");
+                assert_eq!(fs.hash("loader/a-long-file-name.conf").unwrap().1, 200_000);
+            } else {
+                assert_eq!(listed, [], "the file is gone after its short entry");
+            }
+            // A new file never shares clusters with a visible one.
+            let other = vec![1u8; 300_000];
+            fs.create("loader/new", &mut &other[..], other.len() as u64).unwrap();
+            assert_eq!(
+                fs.hash("loader/new").unwrap().0,
+                hex(&Sha256::digest(&other))
+            );
+            if n == 1 {
+                assert_eq!(
+                    fs.hash("loader/a-long-file-name.conf").unwrap().0,
+                    hex(&Sha256::digest(&data))
+                );
+            }
+        }
+    }
+}

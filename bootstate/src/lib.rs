@@ -1,0 +1,16 @@
+//! bootstate: reads and changes the slot state of a disk, crash-safely.
+//!
+//! The model is [`contract::state::BootState`] in META; its systemd-boot
+//! rendering is the entries in BOOT's `loader/entries`
+//! ([`contract::boot::EntryName`]). The installer (`imager install`,
+//! `upgrade`, `rollback`) and the runtime (`machined`, which blesses a boot
+//! or records a fallback) both change them through [`ops`], so the order of
+//! writes that makes every step survive a power cut is written once.
+
+pub mod device;
+pub mod fat;
+pub mod fatfix;
+pub mod meta;
+pub mod ops;
+
+pub use device::{Device, Faulty, Window};

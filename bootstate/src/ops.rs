@@ -1,0 +1,752 @@
+//! The slot operations, each a sequence of writes ordered so that a power
+//! cut before any one of them leaves a disk that boots one of the two
+//! versions and whose META describes it (or is reconciled at the next boot
+//! by [`assess`]):
+//!
+//! * [`upgrade`]: the target slot's entries go, then its old files; the new
+//!   kernel and initramfs are written beside and read back; META records the
+//!   upgrade; last, the target's entry is created with a generation above
+//!   every other and boot counting — creating that one file is the switch.
+//! * [`rollback`]: META first, then a new entry for the other slot with the
+//!   highest generation (the switch), then its older entries go.
+//! * [`assess`] (runtime, at boot): records a fallback, or notes a trial.
+//! * [`bless`] (runtime, once ready): the blessed entry is created, then the
+//!   counting one removed, then META says good.
+
+use crate::device::Device;
+use crate::fat::BootFs;
+use crate::meta;
+use anyhow::{Context, Result, bail};
+use contract::boot::{DEFAULT_TRIES, Entry, EntryName, boot_order};
+use contract::meta::{Meta, SlotStatus, Tag};
+use contract::paths::BOOT_ENTRIES_DIR;
+use contract::state::{Assessment, BootState, FallbackReason, Pending, best_entry};
+use contract::{Slot, state};
+use std::fs::File;
+use std::path::PathBuf;
+
+/// Largest entry file read.
+const ENTRY_LIMIT: u64 = 64 * 1024;
+
+/// A disk's slot state: META decoded and the entries found on BOOT.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub meta: Meta,
+    /// The META copy read (0, or 1 if copy 0 is damaged).
+    pub meta_copy: usize,
+    pub state: BootState,
+    /// Our entries on BOOT that systemd-boot would boot: they parse and
+    /// their kernel exists (other files in `loader/entries` are ignored).
+    pub entries: Vec<EntryName>,
+    /// Our entries that systemd-boot passes over (empty: a creation was
+    /// cut short; or naming a missing kernel). Removed by the next change.
+    pub broken: Vec<EntryName>,
+}
+
+impl Status {
+    /// The entry systemd-boot boots next, if any.
+    pub fn next_boot(&self) -> Option<EntryName> {
+        boot_order(&self.entries).first().copied()
+    }
+
+    fn next_generation(&self) -> u32 {
+        self.entries
+            .iter()
+            .chain(&self.broken)
+            .map(|e| e.generation)
+            .max()
+            .unwrap_or(0)
+            .saturating_add(1)
+    }
+}
+
+/// Reads META and the entries.
+pub fn status<B: Device, M: Device>(boot: &mut BootFs<B>, meta_dev: &mut M) -> Result<Status> {
+    let (meta, meta_copy) = meta::read(meta_dev)?;
+    let state = BootState::from_meta(&meta).map_err(anyhow::Error::msg)?;
+    let (entries, broken) = read_entries(boot)?;
+    Ok(Status {
+        meta,
+        meta_copy,
+        state,
+        entries,
+        broken,
+    })
+}
+
+/// Our entries on BOOT, sorted, split into those systemd-boot would boot
+/// (the entry parses, its `linux` and `initrd` files exist) and the others.
+pub fn read_entries<B: Device>(boot: &mut BootFs<B>) -> Result<(Vec<EntryName>, Vec<EntryName>)> {
+    let mut names: Vec<EntryName> = boot
+        .list(BOOT_ENTRIES_DIR)?
+        .iter()
+        .filter_map(|f| EntryName::parse(&f.name.to_lowercase()))
+        .collect();
+    names.sort();
+    let (mut valid, mut broken) = (Vec::new(), Vec::new());
+    for n in names {
+        let ok = match entry_of(boot, &n) {
+            Ok(e) => {
+                boot.exists(&e.linux)? && (e.initrd.is_empty() || boot.exists(&e.initrd)?)
+            }
+            Err(_) => false,
+        };
+        if ok { valid.push(n) } else { broken.push(n) }
+    }
+    Ok((valid, broken))
+}
+
+fn write_state<M: Device>(meta_dev: &mut M, st: &Status, new: &BootState) -> Result<()> {
+    let mut m = st.meta.clone();
+    new.write_to(&mut m);
+    meta::write(meta_dev, &m)
+}
+
+/// A file of the payload: where it is, its SHA-256 (hex) and length.
+#[derive(Debug, Clone)]
+pub struct PayloadFile {
+    pub path: PathBuf,
+    pub sha256: String,
+    pub len: u64,
+}
+
+/// What an upgrade installs into a slot.
+#[derive(Debug, Clone)]
+pub struct Payload {
+    pub version: String,
+    /// Shown in the entry's title: `<title> <version> (slot B)`.
+    pub title: String,
+    pub cmdline: String,
+    pub kernel: PayloadFile,
+    pub initramfs: PayloadFile,
+}
+
+impl Payload {
+    pub fn entry(&self, slot: Slot) -> Entry {
+        contract::boot::slot_entry(
+            slot,
+            &self.kernel.sha256,
+            &self.initramfs.sha256,
+            &self.title,
+            &self.version,
+            &self.cmdline,
+        )
+    }
+}
+
+/// What an upgrade did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upgraded {
+    pub from: Slot,
+    pub to: Slot,
+    pub from_version: String,
+    pub entry: EntryName,
+    /// Bytes of boot files written (0 when identical files were there).
+    pub bytes_written: u64,
+}
+
+fn clusters(len: u64, cluster: u64) -> u64 {
+    len.div_ceil(cluster).max(1) * cluster
+}
+
+/// Installs `payload` into the slot that is not the fallback and makes it
+/// the one tried next, with `tries` boots before systemd-boot falls back.
+/// Checks everything it can (the fallback is bootable, BOOT has room) before
+/// its first write.
+pub fn upgrade<B: Device, M: Device>(
+    boot: &mut BootFs<B>,
+    meta_dev: &mut M,
+    payload: &Payload,
+    tries: u32,
+) -> Result<Upgraded> {
+    let st = status(boot, meta_dev)?;
+    let target = st.state.upgrade_target();
+    let fallback = target.other();
+    if best_entry(&st.entries, fallback).is_none() {
+        bail!(
+            "slot {fallback}, which must stay bootable during the upgrade, has no boot entry: \
+             the disk is not in a state to upgrade (reinstall it with `imager install`)"
+        );
+    }
+    if tries == 0 {
+        bail!("an upgrade needs at least one try");
+    }
+    let entry = payload.entry(target);
+    let entry_text = entry.render();
+    let slot_dir = target.name();
+
+    // Space: what the slot's old files and entries free, against what comes.
+    let (free, cluster) = boot.space()?;
+    let old_files = boot.list(slot_dir)?;
+    let mut freed: u64 = old_files
+        .iter()
+        .filter(|f| f.name != file_name(&entry.linux) && f.name != file_name(&entry.initrd))
+        .map(|f| clusters(f.size, cluster))
+        .sum();
+    freed += (st.entries.iter().filter(|e| e.slot == target).count() + st.broken.len()) as u64
+        * cluster;
+    let reused = |name: &str, len: u64| {
+        old_files
+            .iter()
+            .any(|f| f.name == file_name(name) && f.size == len)
+    };
+    let mut needed = clusters(entry_text.len() as u64, cluster);
+    for (path, f) in [
+        (&entry.linux, &payload.kernel),
+        (&entry.initrd, &payload.initramfs),
+    ] {
+        if !reused(path, f.len) {
+            needed += clusters(f.len, cluster);
+        }
+    }
+    if free + freed < needed {
+        bail!(
+            "BOOT has no room for the new version: it needs {} MiB for slot {target} and has \
+             {} MiB free (with slot {target}'s old files counted as free); nothing was written. \
+             Make the BOOT partition larger (disk.partitions.BOOT in the profile) and reinstall",
+            needed.div_ceil(1 << 20),
+            (free + freed) / (1 << 20)
+        );
+    }
+
+    // 1. The target's entries: the slot stops being bootable. And entries
+    //    the boot loader passes over anyway.
+    for e in st.entries.iter().filter(|e| e.slot == target).chain(&st.broken) {
+        boot.remove(&e.path())?;
+    }
+    boot.ensure_dir(slot_dir)?;
+    // 2. Its old files, and new-named files that are not what we expect.
+    let mut bytes_written = 0;
+    for f in &old_files {
+        let path = format!("{slot_dir}/{}", f.name);
+        let wanted = [
+            (&entry.linux, &payload.kernel),
+            (&entry.initrd, &payload.initramfs),
+        ]
+        .into_iter()
+        .find(|(p, _)| **p == path);
+        let keep = match wanted {
+            Some((_, pf)) => f.size == pf.len && boot.hash(&path)?.0 == pf.sha256,
+            None => false,
+        };
+        if !keep {
+            boot.remove(&path)?;
+        }
+    }
+    // 3. The new files, then read back against the signed digests.
+    for (path, pf) in [
+        (&entry.linux, &payload.kernel),
+        (&entry.initrd, &payload.initramfs),
+    ] {
+        if !boot.exists(path)? {
+            let mut src = File::open(&pf.path)
+                .with_context(|| format!("opening {}", pf.path.display()))?;
+            boot.create(path, &mut src, pf.len)?;
+            bytes_written += pf.len;
+        }
+        let (sha, len) = boot.hash(path)?;
+        if sha != pf.sha256 || len != pf.len {
+            bail!(
+                "{path} on BOOT reads back as sha256 {sha} ({len} bytes), not the signed \
+                 {} ({} bytes): the disk does not keep what is written to it; the upgrade \
+                 stopped before switching, slot {fallback} still boots",
+                pf.sha256,
+                pf.len
+            );
+        }
+    }
+    // 4. META: the intent, before the switch.
+    let from_version = st.state.version(fallback).to_string();
+    let mut new = st.state.clone();
+    new.set(target, SlotStatus::Pending, payload.version.clone());
+    new.default = target;
+    new.pending = Some(Pending {
+        from: fallback,
+        to: target,
+        from_version: from_version.clone(),
+        to_version: payload.version.clone(),
+    });
+    new.record(format!(
+        "upgrade-started from={fallback} to={target} from-version={from_version} to-version={} tries={tries}",
+        payload.version
+    ));
+    write_state(meta_dev, &st, &new)?;
+    // 5. The switch: the new entry, generation above all.
+    let name = EntryName::trial(st.next_generation(), target, tries);
+    boot.create(
+        &name.path(),
+        &mut entry_text.as_bytes(),
+        entry_text.len() as u64,
+    )?;
+    Ok(Upgraded {
+        from: fallback,
+        to: target,
+        from_version,
+        entry: name,
+        bytes_written,
+    })
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// What a rollback did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolledBack {
+    pub from: Slot,
+    pub to: Slot,
+    pub version: String,
+    pub entry: EntryName,
+}
+
+/// Makes the other slot the default. A slot known to be bad is refused
+/// unless `force`; it then gets boot counting, so that it falls back again
+/// if it still fails.
+pub fn rollback<B: Device, M: Device>(
+    boot: &mut BootFs<B>,
+    meta_dev: &mut M,
+    force: bool,
+) -> Result<RolledBack> {
+    let st = status(boot, meta_dev)?;
+    let from = st.state.default;
+    let to = from.other();
+    let status = st.state.status(to);
+    match status {
+        SlotStatus::Empty => bail!("slot {to} is empty: there is nothing to roll back to"),
+        SlotStatus::Bad | SlotStatus::Pending if !force => bail!(
+            "slot {to} ({}) is marked {}: it failed to boot or never booted; pass --force to \
+             try it anyway (it gets {DEFAULT_TRIES} tries, then slot {from} boots again)",
+            st.state.version(to),
+            status.name()
+        ),
+        _ => {}
+    }
+    let Some(current) = best_entry(&st.entries, to) else {
+        bail!("slot {to} has no boot entry: it cannot be booted");
+    };
+    let text = boot.read(&current.path(), ENTRY_LIMIT)?;
+    let text = String::from_utf8(text).context("slot entry is not UTF-8")?;
+    let e = Entry::parse(&text).map_err(anyhow::Error::msg)?;
+    for f in [&e.linux, &e.initrd] {
+        if !f.is_empty() && !boot.exists(f)? {
+            bail!("slot {to}'s entry names {f}, which is not on BOOT: it cannot be booted");
+        }
+    }
+    let trial = status != SlotStatus::Good;
+    let mut new = st.state.clone();
+    new.default = to;
+    if let Some(p) = new.pending.take() {
+        // Rolling back an upgrade still on trial abandons it.
+        new.set(p.to, SlotStatus::Bad, p.to_version.clone());
+    }
+    if trial {
+        new.set(to, SlotStatus::Pending, st.state.version(to));
+        new.pending = Some(Pending {
+            from,
+            to,
+            from_version: st.state.version(from).to_string(),
+            to_version: st.state.version(to).to_string(),
+        });
+    }
+    new.record(format!(
+        "rollback from={from} to={to} version={} forced={}",
+        st.state.version(to),
+        if force { "yes" } else { "no" }
+    ));
+    write_state(meta_dev, &st, &new)?;
+    let name = if trial {
+        EntryName::trial(st.next_generation(), to, DEFAULT_TRIES)
+    } else {
+        EntryName::good(st.next_generation(), to)
+    };
+    boot.create(&name.path(), &mut text.as_bytes(), text.len() as u64)?;
+    for old in st.entries.iter().filter(|e| e.slot == to) {
+        boot.remove(&old.path())?;
+    }
+    Ok(RolledBack {
+        from,
+        to,
+        version: st.state.version(to).to_string(),
+        entry: name,
+    })
+}
+
+/// What the runtime found at boot, once recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BootOutcome {
+    /// Nothing to record.
+    Steady,
+    /// A trial boot: [`bless`] it once the checks pass.
+    Trial,
+    /// The upgrade to `failed` did not make it; this slot runs.
+    FellBack {
+        failed: Slot,
+        version: String,
+        reason: FallbackReason,
+    },
+    /// META's default followed the entries to this slot.
+    DefaultMoved,
+}
+
+/// At boot of `booted`: reads the state and records what the boot means
+/// ([`contract::state::assess`]); a fallback is written to META at once.
+pub fn assess<B: Device, M: Device>(
+    boot: &mut BootFs<B>,
+    meta_dev: &mut M,
+    booted: Slot,
+) -> Result<BootOutcome> {
+    let st = status(boot, meta_dev)?;
+    let mut new = st.state.clone();
+    match state::assess(&st.state, &st.entries, booted) {
+        Assessment::Steady => Ok(BootOutcome::Steady),
+        Assessment::Trial { .. } => Ok(BootOutcome::Trial),
+        Assessment::FellBack {
+            failed,
+            version,
+            reason,
+        } => {
+            let (status, why) = match reason {
+                FallbackReason::TriesExhausted { tries } => {
+                    (SlotStatus::Bad, format!("tries-exhausted tries={tries}"))
+                }
+                FallbackReason::NotSwitched => (SlotStatus::Empty, "not-switched".to_string()),
+                FallbackReason::Abandoned => (SlotStatus::Bad, "abandoned".to_string()),
+            };
+            new.set(failed, status, version.clone());
+            new.default = booted;
+            new.pending = None;
+            new.record(format!(
+                "upgrade-failed slot={failed} version={version} reason={why} running={booted}"
+            ));
+            write_state(meta_dev, &st, &new)?;
+            if reason == FallbackReason::Abandoned {
+                // Not to be tried again behind our back.
+                for e in st.entries.iter().filter(|e| e.slot == failed) {
+                    boot.remove(&e.path())?;
+                }
+            }
+            Ok(BootOutcome::FellBack {
+                failed,
+                version,
+                reason,
+            })
+        }
+        Assessment::DefaultMoved => {
+            new.default = booted;
+            new.record(format!("default-moved slot={booted}"));
+            write_state(meta_dev, &st, &new)?;
+            Ok(BootOutcome::DefaultMoved)
+        }
+    }
+}
+
+/// What [`bless`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blessed {
+    pub slot: Slot,
+    pub version: String,
+    /// The version it replaced as default, when an upgrade succeeded.
+    pub from_version: Option<String>,
+}
+
+/// Once a trial boot of `booted` (running `version`) passed its checks:
+/// the entry loses its counter (new name written, then the counting one
+/// removed), then META marks the slot good and clears the upgrade.
+pub fn bless<B: Device, M: Device>(
+    boot: &mut BootFs<B>,
+    meta_dev: &mut M,
+    booted: Slot,
+    version: &str,
+) -> Result<Blessed> {
+    let st = status(boot, meta_dev)?;
+    if let Some(counting) = best_entry(&st.entries, booted).filter(|e| e.tries.is_some()) {
+        let good = counting.blessed();
+        if !st.entries.contains(&good) {
+            let text = boot.read(&counting.path(), ENTRY_LIMIT)?;
+            boot.create(&good.path(), &mut &text[..], text.len() as u64)?;
+        }
+        boot.remove(&counting.path())?;
+    }
+    let from_version = st
+        .state
+        .pending
+        .as_ref()
+        .filter(|p| p.to == booted)
+        .map(|p| p.from_version.clone());
+    let mut new = st.state.clone();
+    new.set(booted, SlotStatus::Good, version);
+    new.default = booted;
+    new.pending = None;
+    new.record(match &from_version {
+        Some(f) => format!("upgrade-succeeded slot={booted} version={version} from-version={f}"),
+        None => format!("blessed slot={booted} version={version}"),
+    });
+    write_state(meta_dev, &st, &new)?;
+    Ok(Blessed {
+        slot: booted,
+        version: version.to_string(),
+        from_version,
+    })
+}
+
+/// The META tag of the trusted keys, for the installer.
+pub fn trusted_keys(meta: &Meta) -> Option<&str> {
+    meta.get(Tag::TrustedKeys)
+}
+
+/// Reads the kernel and initramfs hashes named by a slot's entry, for
+/// checks (`imager inspect`).
+pub fn entry_of<B: Device>(boot: &mut BootFs<B>, name: &EntryName) -> Result<Entry> {
+    let text = boot.read(&name.path(), ENTRY_LIMIT)?;
+    Entry::parse(&String::from_utf8_lossy(&text)).map_err(anyhow::Error::msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::Faulty;
+    use contract::meta::{AREA_LEN, SlotRecord};
+    use sha2::{Digest, Sha256};
+    use std::io::Cursor;
+
+    type Dev = Cursor<Vec<u8>>;
+
+    /// A BOOT filesystem with slot A installed (version 1) and its META.
+    fn disk(boot_mib: usize) -> (Dev, Dev) {
+        let mut dev = Cursor::new(vec![0u8; boot_mib << 20]);
+        fatfs::format_volume(&mut dev, fatfs::FormatVolumeOptions::new()).unwrap();
+        let mut boot = BootFs::new(dev, 0);
+        for d in ["loader", "loader/entries", "A", "B"] {
+            boot.ensure_dir(d).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let p = payload(dir.path(), "1", 1000);
+        let e = p.entry(Slot::A);
+        for (path, f) in [(&e.linux, &p.kernel), (&e.initrd, &p.initramfs)] {
+            boot.create(path, &mut File::open(&f.path).unwrap(), f.len)
+                .unwrap();
+        }
+        let text = e.render();
+        boot.create(
+            &EntryName::good(1, Slot::A).path(),
+            &mut text.as_bytes(),
+            text.len() as u64,
+        )
+        .unwrap();
+        let mut meta = Meta::default();
+        meta.set(Tag::DefaultSlot, "A");
+        meta.set(
+            Tag::SlotA,
+            SlotRecord {
+                status: SlotStatus::Good,
+                version: "1".into(),
+            }
+            .render(),
+        );
+        let mut m = Cursor::new(vec![0u8; AREA_LEN]);
+        meta::write(&mut m, &meta).unwrap();
+        (boot.into_inner(), m)
+    }
+
+    fn payload(dir: &std::path::Path, version: &str, size: usize) -> Payload {
+        let file = |name: &str, seed: u8| {
+            let data: Vec<u8> = (0..size)
+                .map(|i| (i as u8).wrapping_mul(seed).wrapping_add(version.len() as u8))
+                .chain(version.bytes())
+                .collect();
+            let path = dir.join(format!("{name}-{version}"));
+            std::fs::write(&path, &data).unwrap();
+            PayloadFile {
+                path,
+                sha256: crate::fat::hex(&Sha256::digest(&data)),
+                len: data.len() as u64,
+            }
+        };
+        Payload {
+            version: version.into(),
+            title: "Test".into(),
+            cmdline: "console=ttyS0".into(),
+            kernel: file("kernel", 7),
+            initramfs: file("initramfs", 13),
+        }
+    }
+
+    /// What systemd-boot does: picks the first valid entry (its kernel
+    /// exists) and, if it counts, renames it before starting it.
+    fn firmware_tries(boot: &mut BootFs<&mut Dev>) -> Slot {
+        let entries = entries(boot);
+        let first = boot_order(&entries)[0];
+        if let Some(t) = first.tries
+            && t.left > 0
+        {
+            let mut next = first;
+            next.tries = Some(contract::boot::Tries {
+                left: t.left - 1,
+                done: t.done + 1,
+            });
+            let text = boot.read(&first.path(), 4096).unwrap();
+            boot.remove(&first.path()).unwrap();
+            boot.create(&next.path(), &mut &text[..], text.len() as u64)
+                .unwrap();
+        }
+        first.slot
+    }
+
+    fn entries(boot: &mut BootFs<&mut Dev>) -> Vec<EntryName> {
+        let (valid, _) = read_entries(boot).unwrap();
+        valid
+    }
+
+    #[test]
+    fn upgrade_bless_fail_and_rollback() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut b, mut m) = disk(40);
+        let mut boot = BootFs::new(&mut b, 0);
+        let v2 = payload(dir.path(), "2", 300_000);
+        let up = upgrade(&mut boot, &mut m, &v2, 3).unwrap();
+        assert_eq!((up.from, up.to), (Slot::A, Slot::B));
+        assert_eq!(up.entry.file_name(), "g00000002-slot-b+3-0.conf");
+        let st = status(&mut boot, &mut m).unwrap();
+        assert_eq!(st.state.default, Slot::B);
+        assert_eq!(st.state.status(Slot::B), SlotStatus::Pending);
+        assert!(st.state.history[0].contains("upgrade-started from=A to=B"));
+        // The firmware tries B; the runtime blesses it.
+        assert_eq!(firmware_tries(&mut boot), Slot::B);
+        assert_eq!(assess(&mut boot, &mut m, Slot::B).unwrap(), BootOutcome::Trial);
+        let blessed = bless(&mut boot, &mut m, Slot::B, "2").unwrap();
+        assert_eq!(blessed.from_version.as_deref(), Some("1"));
+        assert_eq!(
+            entries(&mut boot),
+            [EntryName::good(1, Slot::A), EntryName::good(2, Slot::B)]
+        );
+        assert_eq!(firmware_tries(&mut boot), Slot::B);
+        assert_eq!(assess(&mut boot, &mut m, Slot::B).unwrap(), BootOutcome::Steady);
+
+        // v3 never reaches ready: three tries, then A... no: then B (v2).
+        let v3 = payload(dir.path(), "3", 200_000);
+        let up = upgrade(&mut boot, &mut m, &v3, 3).unwrap();
+        assert_eq!((up.from, up.to), (Slot::B, Slot::A));
+        // A's v1 files are gone, v3's are there.
+        let a_files: Vec<String> = boot.list("A").unwrap().into_iter().map(|f| f.name).collect();
+        assert_eq!(a_files.len(), 2);
+        assert!(a_files.iter().all(|f| f.contains(&v3.kernel.sha256[..16])
+            || f.contains(&v3.initramfs.sha256[..16])));
+        for _ in 0..3 {
+            assert_eq!(firmware_tries(&mut boot), Slot::A);
+        }
+        assert_eq!(firmware_tries(&mut boot), Slot::B, "tries ran out");
+        let out = assess(&mut boot, &mut m, Slot::B).unwrap();
+        assert_eq!(
+            out,
+            BootOutcome::FellBack {
+                failed: Slot::A,
+                version: "3".into(),
+                reason: FallbackReason::TriesExhausted { tries: 3 }
+            }
+        );
+        let st = status(&mut boot, &mut m).unwrap();
+        assert_eq!(st.state.default, Slot::B);
+        assert_eq!(st.state.status(Slot::A), SlotStatus::Bad);
+        assert!(st.state.pending.is_none());
+        assert!(st.state.history.last().unwrap().contains("upgrade-failed slot=A version=3"));
+
+        // Rolling back to a bad slot needs force, and then it is on trial.
+        let e = format!("{:#}", rollback(&mut boot, &mut m, false).unwrap_err());
+        assert!(e.contains("marked bad") && e.contains("--force"), "{e}");
+        let r = rollback(&mut boot, &mut m, true).unwrap();
+        assert_eq!((r.from, r.to), (Slot::B, Slot::A));
+        assert_eq!(r.entry.file_name(), "g00000004-slot-a+3-0.conf");
+        assert_eq!(firmware_tries(&mut boot), Slot::A);
+
+        // v4 replaces the trial of A (target stays A, fallback B).
+        let v4 = payload(dir.path(), "4", 100_000);
+        let up = upgrade(&mut boot, &mut m, &v4, 2).unwrap();
+        assert_eq!((up.from, up.to), (Slot::B, Slot::A));
+        assert_eq!(firmware_tries(&mut boot), Slot::A);
+        bless(&mut boot, &mut m, Slot::A, "4").unwrap();
+        // A manual rollback to the good B: no counting.
+        let r = rollback(&mut boot, &mut m, false).unwrap();
+        assert_eq!(r.entry, EntryName::good(6, Slot::B));
+        assert_eq!(firmware_tries(&mut boot), Slot::B);
+        assert_eq!(assess(&mut boot, &mut m, Slot::B).unwrap(), BootOutcome::Steady);
+        assert_eq!(
+            entries(&mut boot),
+            [EntryName::good(5, Slot::A), EntryName::good(6, Slot::B)]
+        );
+    }
+
+    #[test]
+    fn no_room_is_refused_before_any_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let (b, m) = disk(8);
+        let before = (b.get_ref().clone(), m.get_ref().clone());
+        let mut b = Faulty::counting(b);
+        let mut m = Faulty::counting(m);
+        let big = payload(dir.path(), "2", 6 << 20);
+        let e = format!(
+            "{:#}",
+            upgrade(&mut BootFs::new(&mut b, 0), &mut m, &big, 3).unwrap_err()
+        );
+        assert!(e.contains("BOOT has no room") && e.contains("nothing was written"), "{e}");
+        assert_eq!((b.writes(), m.writes()), (0, 0));
+        assert_eq!(b.into_inner().into_inner(), before.0);
+        assert_eq!(m.into_inner().into_inner(), before.1);
+    }
+
+    /// Cut the power before every write of an upgrade in turn: the disk
+    /// boots A or B (whose files are whole), META reads, and the runtime's
+    /// assessment leaves a consistent state; the upgrade can then be run
+    /// again to the end.
+    #[test]
+    fn an_upgrade_cut_at_any_write_boots_one_of_the_two() {
+        let dir = tempfile::tempdir().unwrap();
+        let (b0, m0) = disk(16);
+        let v2 = payload(dir.path(), "2", 20_000);
+        let run = |fail_at: Option<u64>| {
+            let mut b = match fail_at {
+                Some(n) => Faulty::failing_at(b0.clone(), n),
+                None => Faulty::counting(b0.clone()),
+            };
+            let mut m = b.share(m0.clone());
+            let r = upgrade(&mut BootFs::new(&mut b, 0), &mut m, &v2, 3);
+            (r.is_ok(), b.writes(), b.into_inner(), m.into_inner())
+        };
+        let (done, total, ..) = run(None);
+        assert!(done && total > 10, "{total} writes");
+        let mut saw = [false, false];
+        for n in 1..=total + 1 {
+            let (done, _, mut bd, mut md) = run(Some(n));
+            assert_eq!(done, n > total, "cut {n}");
+            let mut boot = BootFs::new(&mut bd, 0);
+            let slot = firmware_tries(&mut boot);
+            saw[(slot == Slot::B) as usize] = true;
+            let best = best_entry(&entries(&mut boot), slot).unwrap();
+            let e = entry_of(&mut boot, &best).unwrap();
+            let want = if slot == Slot::A { "1" } else { "2" };
+            assert_eq!(e.version, want, "cut {n}");
+            for f in [&e.linux, &e.initrd] {
+                assert!(boot.exists(f).unwrap(), "cut {n}: {f} missing");
+            }
+            if slot == Slot::B {
+                let (sha, _) = boot.hash(&e.linux).unwrap();
+                assert_eq!(sha, v2.kernel.sha256, "cut {n}");
+            }
+            let out = assess(&mut boot, &mut md, slot).unwrap();
+            if slot == Slot::B {
+                assert_eq!(out, BootOutcome::Trial, "cut {n}");
+                bless(&mut boot, &mut md, slot, want).unwrap();
+            }
+            let st = status(&mut boot, &mut md).unwrap();
+            assert_eq!(st.state.default, slot, "cut {n}");
+            assert!(st.state.pending.is_none(), "cut {n}");
+            // And the upgrade runs again to the end from there.
+            if slot == Slot::A {
+                let up = upgrade(&mut boot, &mut md, &v2, 3).unwrap();
+                assert_eq!(up.to, Slot::B, "cut {n}");
+                assert_eq!(firmware_tries(&mut boot), Slot::B, "cut {n}");
+            }
+        }
+        assert_eq!(saw, [true, true]);
+    }
+}
