@@ -31,6 +31,10 @@ pub const ESP_LOADER_CONF: &str = "loader/loader.conf";
 /// Boot Loader Specification type #1 entries, on BOOT (XBOOTLDR).
 pub const BOOT_ENTRIES_DIR: &str = "loader/entries";
 
+/// Where the installer image carries its payload (kernel, initramfs, signed
+/// manifest), relative to the image's root.
+pub const INSTALLER_PAYLOAD_DIR: &str = "usr/install/amd64";
+
 /// The identity of an image, the input of its disk GUID.
 pub fn image_identity(name: &str, version: &str, payload_digests: &[&str]) -> String {
     let mut s = format!("{name}\n{version}\n");

@@ -5,7 +5,8 @@
 //! named by content hash, and its Boot Loader Specification entry; see
 //! [`contract::boot`]. [`write_raw_image`] puts the pieces on a disk.
 
-use crate::disk::{FatFile, FatParams, Layout, format_fat, write_disk};
+use crate::disk::{FatFile, FatParams, Layout, PlacedPartition, format_fat, write_disk};
+use crate::io::Window;
 use anyhow::{Context, Result, ensure};
 use contract::boot::{Entry, EntryName, loader_conf};
 use contract::guid::volume_id;
@@ -82,8 +83,42 @@ pub fn write_raw_image(
     meta: &Meta,
     epoch: u64,
 ) -> Result<()> {
+    let mut fill = filler(layout, disk_guid, esp, boot, meta, epoch, false)?;
+    write_disk(dest, layout, disk_guid, |p, w| fill(p, w))
+        .with_context(|| format!("writing the disk image {}", dest.display()))
+}
+
+/// The same on an existing device, in place (a block device): the partition
+/// table is written last, and the start of STATE and EPHEMERAL is zeroed so
+/// that the runtime formats them afresh.
+pub fn write_raw_device(
+    dest: &Path,
+    layout: &Layout,
+    disk_guid: Guid,
+    esp: Vec<FatFile>,
+    boot: Vec<FatFile>,
+    meta: &Meta,
+    epoch: u64,
+) -> Result<()> {
+    let mut fill = filler(layout, disk_guid, esp, boot, meta, epoch, true)?;
+    crate::disk::write_disk_in_place(dest, layout, disk_guid, |p, w| fill(p, w))
+        .with_context(|| format!("installing onto {}", dest.display()))
+}
+
+type Fill<'a> =
+    Box<dyn FnMut(&PlacedPartition, &mut Window<&mut std::fs::File>) -> Result<()> + 'a>;
+
+fn filler<'a>(
+    layout: &'a Layout,
+    disk_guid: Guid,
+    esp: Vec<FatFile>,
+    boot: Vec<FatFile>,
+    meta: &Meta,
+    epoch: u64,
+    wipe: bool,
+) -> Result<Fill<'a>> {
     let area = meta.encode().context("encoding META")?;
-    write_disk(dest, layout, disk_guid, |p, w| {
+    Ok(Box::new(move |p, w| {
         let params = |fat32| FatParams {
             label: p.label().to_string(),
             volume_id: volume_id(disk_guid, p.label()),
@@ -107,12 +142,16 @@ pub fn write_raw_image(
                 );
                 w.write_all(&area).context("writing META")?;
             }
+            Content::Unformatted if wipe => {
+                let zeros = vec![0u8; 1 << 20];
+                let n = p.len().min(zeros.len() as u64) as usize;
+                w.write_all(&zeros[..n]).context("clearing the partition")?;
+            }
             // Sparse: unwritten space reads as zeros.
             Content::Raw | Content::Unformatted => {}
         }
         Ok(())
-    })
-    .with_context(|| format!("writing the disk image {}", dest.display()))
+    }))
 }
 
 #[cfg(test)]

@@ -10,7 +10,6 @@ use crate::io::sha256_file;
 use crate::profile::{Output, Profile};
 use crate::{boot, disk, initramfs, kernel, rootfs, runtime, sign};
 use anyhow::{Context, Result, bail};
-use contract::meta::{Meta, SlotRecord, SlotStatus, Tag};
 use contract::{Slot, paths};
 use std::path::{Path, PathBuf};
 
@@ -296,7 +295,12 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
             &p.version,
             &p.cmdline(),
         );
-        let meta = initial_meta(p);
+        let meta = crate::install::initial_meta(
+            &p.name,
+            &p.version,
+            &[signer.public_key()],
+            "build",
+        )?;
         let raw = out.join(names::RAW);
         boot::write_raw_image(&raw, layout, disk_guid, esp, boot_files, &meta, epoch)?;
         artifacts.push((Kind::Raw, raw));
@@ -335,6 +339,10 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         source_date_epoch: epoch,
         key_id: signer.key_id(),
         artifacts: listed.clone(),
+        boot: Some(sign::BootSpec {
+            title: p.pretty_name.clone(),
+            cmdline: p.cmdline(),
+        }),
     };
     let (m, s) = sign::write_signed_manifest(out, &manifest, signer.as_ref())?;
     for (kind, path) in [(Kind::Manifest, m), (Kind::Signature, s)] {
@@ -422,22 +430,6 @@ pub fn rootfs_spec(p: &Profile, machined: &Path, epoch: u64) -> Result<rootfs::R
         }
     }
     Ok(spec)
-}
-
-/// META of a freshly built image: slot A good and default, slot B empty.
-pub fn initial_meta(p: &Profile) -> Meta {
-    let mut m = Meta::default();
-    m.set(Tag::ImageName, p.name.as_str());
-    m.set(Tag::DefaultSlot, Slot::A.name());
-    m.set(
-        Tag::SlotA,
-        SlotRecord {
-            status: SlotStatus::Good,
-            version: p.version.clone(),
-        }
-        .render(),
-    );
-    m
 }
 
 /// Writes the report's artifact list as JSON (for `--json`).

@@ -4,7 +4,9 @@ use crate::io::Window;
 use crate::{disk, sign};
 use anyhow::{Context, Result};
 use contract::PartitionRole;
-use contract::boot::{Entry, slot_of_entry};
+use contract::Slot;
+use contract::boot::{Entry, EntryName, boot_order, slot_of_entry};
+use contract::state::{BootState, best_entry};
 use contract::meta::Meta;
 use serde::Serialize;
 use std::fs::File;
@@ -47,6 +49,39 @@ pub struct EntryInfo {
     pub files_present: bool,
 }
 
+/// One slot as the slot model and the boot entries describe it.
+#[derive(Debug, Serialize)]
+pub struct SlotInfo {
+    pub slot: String,
+    /// `empty`, `good`, `pending` or `bad` (META).
+    pub status: String,
+    pub version: String,
+    /// The slot's entry that systemd-boot would pick, if any.
+    pub entry: Option<String>,
+    /// Boot counting of that entry: tries left and done (null: not counting).
+    pub tries_left: Option<u32>,
+    pub tries_done: Option<u32>,
+    /// META names it the default slot.
+    pub default: bool,
+    /// systemd-boot boots it next (first in its order).
+    pub boots_next: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SlotsInfo {
+    pub default: Option<String>,
+    pub boots_next: Option<String>,
+    /// The upgrade on trial, as META records it.
+    pub pending_upgrade: Option<String>,
+    pub slots: Vec<SlotInfo>,
+    /// Upgrade and rollback history, oldest first.
+    pub history: Vec<String>,
+    /// Key ids of the keys the installer accepts for this disk.
+    pub trusted_keys: Vec<String>,
+    /// Why the slot model could not be read, if it could not.
+    pub error: Option<String>,
+}
+
 #[derive(Debug, Serialize)]
 pub struct MetaInfo {
     /// Which copy was valid (0 or 1), or null when neither was.
@@ -73,6 +108,7 @@ pub struct Report {
     pub partitions: Vec<PartitionInfo>,
     pub loader_default: Option<String>,
     pub entries: Vec<EntryInfo>,
+    pub slots: SlotsInfo,
     pub meta: MetaInfo,
     pub manifest: Option<ManifestInfo>,
 }
@@ -149,23 +185,34 @@ pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
         }
     }
 
-    let meta = {
+    let (meta, decoded) = {
         let mut w = window(&mut f, &table, PartitionRole::Meta)?;
         let mut area = vec![0u8; contract::meta::AREA_LEN];
         w.read_exact(&mut area).context("reading META")?;
         match Meta::decode(&area) {
-            Ok((m, copy)) => MetaInfo {
-                valid_copy: Some(copy),
-                error: None,
-                keys: m.entries(),
-            },
-            Err(e) => MetaInfo {
-                valid_copy: None,
-                error: Some(e.to_string()),
-                keys: Vec::new(),
-            },
+            Ok((m, copy)) => (
+                MetaInfo {
+                    valid_copy: Some(copy),
+                    error: None,
+                    keys: m
+                        .entries()
+                        .into_iter()
+                        .filter(|(k, _)| k != "history" && k != "trusted-keys")
+                        .collect(),
+                },
+                Some(m),
+            ),
+            Err(e) => (
+                MetaInfo {
+                    valid_copy: None,
+                    error: Some(e.to_string()),
+                    keys: Vec::new(),
+                },
+                None,
+            ),
         }
     };
+    let slots = slots_info(decoded.as_ref(), &entries);
 
     let manifest = manifest_status(image, key);
     Ok(Report {
@@ -176,9 +223,64 @@ pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
         partitions,
         loader_default,
         entries,
+        slots,
         meta,
         manifest,
     })
+}
+
+/// The slot model of META, with what the boot entries add (tries, order).
+fn slots_info(meta: Option<&Meta>, entries: &[EntryInfo]) -> SlotsInfo {
+    let mut info = SlotsInfo {
+        default: None,
+        boots_next: None,
+        pending_upgrade: None,
+        slots: Vec::new(),
+        history: Vec::new(),
+        trusted_keys: Vec::new(),
+        error: None,
+    };
+    let Some(meta) = meta else {
+        info.error = Some("META is invalid".into());
+        return info;
+    };
+    let state = match BootState::from_meta(meta) {
+        Ok(s) => s,
+        Err(e) => {
+            info.error = Some(e);
+            return info;
+        }
+    };
+    let names: Vec<EntryName> = entries
+        .iter()
+        .filter(|e| e.files_present)
+        .filter_map(|e| EntryName::parse(&e.file))
+        .collect();
+    let next = boot_order(&names).first().map(|e| e.slot);
+    info.default = Some(state.default.to_string());
+    info.boots_next = next.map(|s| s.to_string());
+    info.pending_upgrade = state.pending.as_ref().map(|p| p.render());
+    info.history = state.history.clone();
+    info.trusted_keys = crate::install::parse_trusted_keys(
+        meta.get(contract::meta::Tag::TrustedKeys)
+            .unwrap_or_default(),
+    )
+    .map(|ks| ks.iter().map(sign::key_id).collect())
+    .unwrap_or_default();
+    for slot in Slot::ALL {
+        let best = best_entry(&names, slot);
+        info.slots.push(SlotInfo {
+            slot: slot.to_string(),
+            status: state.status(slot).name().to_string(),
+            version: state.version(slot).to_string(),
+            entry: best.map(|e| e.file_name()),
+            tries_left: best.and_then(|e| e.tries).map(|t| t.left),
+            tries_done: best.and_then(|e| e.tries).map(|t| t.done),
+            default: state.default == slot,
+            boots_next: next == Some(slot),
+        });
+    }
+    info
 }
 
 fn manifest_status(image: &Path, key: Option<&Path>) -> Option<ManifestInfo> {
@@ -252,10 +354,7 @@ pub fn run(args: &InspectArgs) -> Result<i32> {
             p.number, p.name, p.type_guid, p.first_lba, p.last_lba
         );
     }
-    println!(
-        "\nboot entries (default: {}):",
-        r.loader_default.as_deref().unwrap_or("none")
-    );
+    println!("\nboot entries (systemd-boot boots the first of its order):");
     for slot in contract::Slot::ALL {
         let mut any = false;
         for e in r.entries.iter().filter(|e| e.slot == slot.name()) {
@@ -278,6 +377,38 @@ pub fn run(args: &InspectArgs) -> Result<i32> {
         if !any {
             println!("  slot {}: empty", slot.name());
         }
+    }
+    let sl = &r.slots;
+    println!(
+        "\nslots (default {}, boots next {}):",
+        sl.default.as_deref().unwrap_or("?"),
+        sl.boots_next.as_deref().unwrap_or("nothing")
+    );
+    if let Some(e) = &sl.error {
+        println!("  unreadable: {e}");
+    }
+    for s in &sl.slots {
+        let tries = match (s.tries_left, s.tries_done) {
+            (Some(l), Some(d)) => format!(", {l} tries left ({d} done)"),
+            _ => String::new(),
+        };
+        println!(
+            "  {}  {:<8} {:<12} {}{}",
+            s.slot,
+            s.status,
+            if s.version.is_empty() { "-" } else { &s.version },
+            s.entry.as_deref().unwrap_or("no entry"),
+            tries
+        );
+    }
+    println!(
+        "  pending upgrade: {}",
+        sl.pending_upgrade.as_deref().unwrap_or("none")
+    );
+    println!("  trusted keys: {}", sl.trusted_keys.join(", "));
+    println!("  history:");
+    for h in &sl.history {
+        println!("    {h}");
     }
     match (&r.meta.valid_copy, &r.meta.error) {
         (Some(c), _) => println!("\nMETA (copy {c} valid):"),

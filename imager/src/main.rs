@@ -37,6 +37,13 @@ enum Command {
     Inspect(imager::inspect::InspectArgs),
     /// Make a squashfs (zstd) from a directory, as the image builder does.
     Squashfs(SquashfsArgs),
+    /// Lay out a blank disk and install the installer's payload into slot A.
+    Install(imager::install::InstallArgs),
+    /// Install the installer's payload into the inactive slot and make it the
+    /// one tried next (with boot counting; the current slot is the fallback).
+    Upgrade(imager::install::UpgradeArgs),
+    /// Make the other slot the default again.
+    Rollback(imager::install::RollbackArgs),
 }
 
 #[derive(clap::Args)]
@@ -107,9 +114,64 @@ fn jobs(j: Option<usize>) -> usize {
     j.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// Invoked as `installer` (the installer image's entrypoint), the payload
+/// defaults to the image's own.
+fn invoked_as_installer() -> bool {
+    std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n == "installer"))
+        .unwrap_or(false)
+}
+
+fn installer_path(given: &Option<PathBuf>) -> Result<PathBuf> {
+    match given {
+        Some(p) => Ok(p.clone()),
+        None if invoked_as_installer() => Ok(imager::install::builtin_payload()),
+        None => anyhow::bail!(
+            "--installer is required: pass an installer image (installer.tar) or a payload \
+             directory"
+        ),
+    }
+}
+
+fn print_json_or(json: bool, value: &impl serde::Serialize, line: String) -> Result<ExitCode> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value)?);
+    } else {
+        eprintln!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Install(a) => {
+            let r = imager::install::run_install(&a, &installer_path(&a.installer)?)?;
+            let line = format!(
+                "install: {} installed into slot {} of {} (signed by {})",
+                r.version, r.slot, r.disk, r.key_id
+            );
+            print_json_or(a.json, &r, line)
+        }
+        Command::Upgrade(a) => {
+            let r = imager::install::run_upgrade(&a, &installer_path(&a.installer)?)?;
+            let line = format!(
+                "upgrade: slot {} now has {} and is tried next ({} tries, entry {}); \
+                 slot {} ({}) is the fallback",
+                r.to_slot, r.to_version, r.tries, r.entry, r.from_slot, r.from_version
+            );
+            print_json_or(a.json, &r, line)
+        }
+        Command::Rollback(a) => {
+            let r = imager::install::run_rollback(&a)?;
+            let line = format!(
+                "rollback: slot {} ({}) is the default again (entry {}); slot {} stays installed",
+                r.to_slot, r.version, r.entry, r.from_slot
+            );
+            print_json_or(a.json, &r, line)
+        }
         Command::Build(a) => {
             let path = Profile::locate(&a.profile)?;
             let p = Profile::load(&path)?;

@@ -12,6 +12,7 @@ mod osrelease;
 mod partitions;
 mod power;
 mod skeleton;
+mod slots;
 mod stage1;
 mod stage2;
 mod sys;

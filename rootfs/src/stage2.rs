@@ -4,7 +4,7 @@
 use crate::console::{self, say};
 use crate::error::{Context, Error, Result};
 use crate::partitions::{self, Partition};
-use crate::{failure, osrelease, power};
+use crate::{failure, osrelease, power, slots};
 use contract::cmdline;
 use contract::meta::{AREA_LEN, Meta, SlotRecord, Tag};
 use contract::partition::PartitionRole;
@@ -56,7 +56,13 @@ pub fn run() -> Result<Infallible> {
         .filter(|v| !v.is_empty())
         .ok_or_else(|| Error::msg(format!("{ROOTFS_OS_RELEASE} has no VERSION_ID")))?;
 
+    let mut disk = slots::Disk::open(&meta_part, &all)?;
+    let trial = disk.assess(slot, &version)?;
+
     failure::breakpoint(&cmdline, "ready")?;
+    if trial {
+        disk.bless(slot, &version)?;
+    }
     let supervisor = power::prepare()?;
     say(format!("cmdline {}", cmdline.trim()));
     say(format!(

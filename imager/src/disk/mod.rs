@@ -43,6 +43,32 @@ where
     Ok(())
 }
 
+/// Lays out an existing device (a block device, or a file kept where it
+/// is) in place: fills every partition first, syncs, then writes the
+/// partition table and syncs again, so that the disk only looks like one of
+/// ours once everything else is on it.
+pub fn write_disk_in_place<F>(dest: &Path, layout: &Layout, disk_guid: Guid, mut fill: F) -> Result<()>
+where
+    F: FnMut(&PlacedPartition, &mut Window<&mut File>) -> Result<()>,
+{
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dest)
+        .with_context(|| format!("opening {} for writing", dest.display()))?;
+    for p in &layout.partitions {
+        let mut w = Window::new(&mut f, p.offset(), p.len())
+            .with_context(|| format!("seeking to partition {}", p.label()))?;
+        fill(p, &mut w).with_context(|| format!("filling partition {}", p.label()))?;
+    }
+    f.sync_all()
+        .with_context(|| format!("syncing {}", dest.display()))?;
+    write_table(&mut f, layout, disk_guid).context("writing partition table")?;
+    f.sync_all()
+        .with_context(|| format!("syncing {}", dest.display()))?;
+    Ok(())
+}
+
 /// A read-only window on the partition `label` of the disk image `path`, as
 /// found in its partition table.
 pub fn open_partition(path: &Path, label: &str) -> Result<Window<File>> {

@@ -36,6 +36,18 @@ pub struct Manifest {
     /// Paths relative to the manifest's directory, `/`-separated, without
     /// `.`, `..` or empty components.
     pub artifacts: Vec<Artifact>,
+    /// How to boot the kernel and initramfs listed: what the installer
+    /// writes into a boot entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<BootSpec>,
+}
+
+/// The boot entry of a payload: the title shown and the kernel command line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootSpec {
+    pub title: String,
+    pub cmdline: String,
 }
 
 impl Manifest {
@@ -55,6 +67,7 @@ impl Manifest {
             source_date_epoch,
             key_id: String::new(),
             artifacts,
+            boot: None,
         }
     }
 

@@ -1,0 +1,92 @@
+//! Boot assessment: what this boot means for the slot state, and the
+//! blessing of a trial boot once the runtime's checks pass. The writes and
+//! their order are [`bootstate::ops`]'s, shared with the installer.
+
+use crate::console::say;
+use crate::error::{Error, Result};
+use crate::partitions::{self, Partition};
+use bootstate::fat::BootFs;
+use bootstate::ops::{self, BootOutcome};
+use contract::Slot;
+use contract::partition::PartitionRole;
+use std::fs::File;
+use std::path::Path;
+
+/// The BOOT and META partitions of the disk the runtime booted from.
+pub struct Disk {
+    boot: BootFs<File>,
+    meta: File,
+}
+
+fn open_rw(p: &Partition) -> Result<File> {
+    let dev = p.dev_path(Path::new("/dev"));
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&dev)
+        .map_err(|e| Error::msg(format!("open {} for writing: {e}", dev.display())))
+}
+
+fn err(what: &str) -> impl FnOnce(anyhow::Error) -> Error + '_ {
+    move |e| Error::msg(format!("{what}: {e:#}"))
+}
+
+impl Disk {
+    /// Opens BOOT and META on META's disk.
+    pub fn open(meta: &Partition, all: &[Partition]) -> Result<Disk> {
+        let on_disk = partitions::on_disk_of(all, meta);
+        let boot = on_disk
+            .iter()
+            .find(|p| p.label == PartitionRole::Boot.label())
+            .ok_or_else(|| {
+                Error::msg(format!(
+                    "no BOOT partition on {}",
+                    meta.disk.as_deref().unwrap_or("META's disk")
+                ))
+            })?;
+        // Files this writes on BOOT (entries) carry no clock time.
+        Ok(Disk {
+            boot: BootFs::new(open_rw(boot)?, 0),
+            meta: open_rw(meta)?,
+        })
+    }
+
+    /// Records what this boot of `booted` means and says it; returns
+    /// whether it is a trial to bless once ready.
+    pub fn assess(&mut self, booted: Slot, version: &str) -> Result<bool> {
+        let outcome = ops::assess(&mut self.boot, &mut self.meta, booted)
+            .map_err(err("assessing the boot"))?;
+        match &outcome {
+            BootOutcome::Steady => {}
+            BootOutcome::Trial => say(format!(
+                "slots: slot {booted} ({version}) is on trial: it is blessed once ready"
+            )),
+            BootOutcome::FellBack {
+                failed,
+                version: failed_version,
+                reason,
+            } => say(format!(
+                "rollback: the upgrade to slot {failed} ({failed_version}) failed: {}; \
+                 running slot {booted} ({version})",
+                reason.describe()
+            )),
+            BootOutcome::DefaultMoved => say(format!(
+                "slots: slot {booted} is the default now (the boot loader started it first)"
+            )),
+        }
+        Ok(outcome == BootOutcome::Trial)
+    }
+
+    /// Blesses the trial boot of `booted`.
+    pub fn bless(&mut self, booted: Slot, version: &str) -> Result<()> {
+        let b = ops::bless(&mut self.boot, &mut self.meta, booted, version)
+            .map_err(err("blessing the boot"))?;
+        match b.from_version {
+            Some(from) => say(format!(
+                "blessed slot {booted} ({version}): the upgrade from {from} succeeded"
+            )),
+            None => say(format!("blessed slot {booted} ({version})")),
+        }
+        Ok(())
+    }
+}
