@@ -108,6 +108,10 @@ struct BootArgs {
     /// Keep the whole console in this file.
     #[arg(long)]
     console_log: Option<PathBuf>,
+    /// Let the guest reboot and wait for ready across reboots (a failed boot
+    /// then falls back to the other slot by boot counting).
+    #[arg(long)]
+    reboots: bool,
 }
 
 fn jobs(j: Option<usize>) -> usize {
@@ -235,13 +239,21 @@ fn run() -> Result<ExitCode> {
             };
             o.echo = !a.quiet;
             o.console_log = a.console_log;
+            o.reboots = a.reboots;
             let r = qemu::boot(&o).with_context(|| format!("booting {}", a.image.display()))?;
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 eprintln!(
-                    "boot: ready version={} slot={} in {:.1} s",
-                    r.version, r.slot, r.seconds
+                    "boot: ready version={} slot={} in {:.1} s{}",
+                    r.version,
+                    r.slot,
+                    r.seconds,
+                    if r.failed_boots > 0 {
+                        format!(" after {} failed boot(s)", r.failed_boots)
+                    } else {
+                        String::new()
+                    }
                 );
             }
             Ok(if r.clean_poweroff == Some(false) {

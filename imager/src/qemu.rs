@@ -40,6 +40,10 @@ pub struct BootOptions {
     pub sector_size: u64,
     /// Also keep the whole console here.
     pub console_log: Option<PathBuf>,
+    /// Let the guest reboot and wait for ready across reboots: a runtime
+    /// failure or kernel panic then does not end the boot (systemd-boot's
+    /// boot counting may fall back to the other slot).
+    pub reboots: bool,
 }
 
 impl BootOptions {
@@ -54,6 +58,7 @@ impl BootOptions {
             echo: true,
             sector_size: 512,
             console_log: None,
+            reboots: false,
         }
     }
 }
@@ -80,6 +85,9 @@ pub struct BootReport {
     pub cmdline: Option<String>,
     /// Whether the machine powered off cleanly after the power button.
     pub clean_poweroff: Option<bool>,
+    /// Boots that failed (runtime failure or panic) before the ready one,
+    /// with `reboots`.
+    pub failed_boots: u32,
     #[serde(skip)]
     pub console: Vec<String>,
 }
@@ -102,6 +110,10 @@ pub fn parse_ready(line: &str) -> Option<Ready> {
         uptime: uptime?,
     })
 }
+
+/// Failures after which the machine reboots by itself (the runtime reboots
+/// on failure; the kernel on panic, with `panic=` set).
+const RECOVERABLE: [&str; 2] = ["the kernel panicked", "the runtime failed"];
 
 /// Console lines that end a boot as failed.
 fn fatal_line(line: &str) -> Option<&'static str> {
@@ -197,7 +209,8 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
     let mut cmd = Command::new(qemu);
     cmd.args(["-machine", "q35", "-m"])
         .arg(opts.memory_mib.to_string())
-        .args(["-smp", "1", "-nodefaults", "-display", "none", "-no-reboot"])
+        .args(["-smp", "1", "-nodefaults", "-display", "none"])
+        .args(if opts.reboots { &[][..] } else { &["-no-reboot"][..] })
         .args(["-accel", if opts.kvm { "kvm" } else { "tcg" }])
         .arg("-drive")
         .arg(format!(
@@ -319,6 +332,7 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
     };
     let deadline = started + opts.timeout;
     let mut cmdline = None;
+    let mut failed_boots = 0;
     let ready = loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
@@ -330,6 +344,10 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
                 let ready = parse_ready(&line);
                 con.push(line);
                 if let Some(why) = fatal {
+                    if opts.reboots && RECOVERABLE.contains(&why) {
+                        failed_boots += 1;
+                        continue;
+                    }
                     bail!("boot failed: {why}; last console lines:\n{}", con.tail());
                 }
                 if let Some(r) = ready {
@@ -364,6 +382,7 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
         uptime: ready.uptime,
         cmdline,
         clean_poweroff,
+        failed_boots,
         console: con.all,
     })
 }
