@@ -327,7 +327,17 @@ fn inspect_shows_partitions_entries_meta_and_manifest() {
     assert_eq!(entries[0]["slot"], "A");
     assert_eq!(entries[0]["title"], "Imager 0.1.0 (slot A)");
     assert_eq!(entries[0]["files_present"], true);
-    assert_eq!(r["loader_default"], "slot-a.conf");
+    assert_eq!(entries[0]["file"], "g00000001-slot-a.conf");
+    // No default in loader.conf: the entries' order decides.
+    assert_eq!(r["loader_default"], Value::Null);
+    assert_eq!(r["slots"]["boots_next"], "A");
+    assert_eq!(r["slots"]["slots"][0]["status"], "good");
+    assert_eq!(r["slots"]["slots"][1]["status"], "empty");
+    assert_eq!(
+        r["slots"]["history"][0], "1 build slot=A version=0.1.0",
+        "{r}"
+    );
+    assert_eq!(r["slots"]["trusted_keys"].as_array().unwrap().len(), 1);
     let keys = r["meta"]["keys"].as_array().unwrap();
     assert!(
         keys.iter().any(|k| k[0] == "default-slot" && k[1] == "A"),

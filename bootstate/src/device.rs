@@ -277,7 +277,12 @@ mod tests {
         w.write_all(&[1; 20]).unwrap();
         assert!(w.write(&[1]).is_err(), "past the end");
         let inner = w.into_inner().into_inner();
-        assert_eq!(&inner[8..32], &[0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0]);
+        assert_eq!(
+            &inner[8..32],
+            &[
+                0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0
+            ]
+        );
 
         let mut f = Faulty::failing_at(io::Cursor::new(vec![0u8; 8]), 3);
         f.write_all(&[1]).unwrap();

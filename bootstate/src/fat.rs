@@ -282,7 +282,6 @@ mod tests {
         assert_eq!((leap.date.month, leap.date.day), (2, 29));
     }
 
-
     #[test]
     fn create_list_hash_remove() {
         for (sector, len) in [(512u16, 40usize << 20), (4096, 64 << 20)] {
@@ -291,8 +290,12 @@ mod tests {
             fs.ensure_dir("loader/entries").unwrap();
             fs.ensure_dir("A").unwrap();
             let big = vec![7u8; 3 << 20];
-            fs.create("A/vmlinuz-0123456789abcdef", &mut &big[..], big.len() as u64)
-                .unwrap();
+            fs.create(
+                "A/vmlinuz-0123456789abcdef",
+                &mut &big[..],
+                big.len() as u64,
+            )
+            .unwrap();
             let entry = b"title x\nlinux /A/vmlinuz-0123456789abcdef\n";
             fs.create(
                 "loader/entries/g00000001-slot-a.conf",
@@ -300,7 +303,10 @@ mod tests {
                 entry.len() as u64,
             )
             .unwrap();
-            assert!(fs.create("A/vmlinuz-0123456789abcdef", &mut &b""[..], 0).is_err());
+            assert!(
+                fs.create("A/vmlinuz-0123456789abcdef", &mut &b""[..], 0)
+                    .is_err()
+            );
             let names: Vec<_> = fs.list("loader/entries").unwrap();
             assert_eq!(
                 names,
@@ -311,7 +317,8 @@ mod tests {
             );
             assert_eq!(fs.list("B").unwrap(), []);
             assert_eq!(
-                fs.read("loader/entries/g00000001-slot-a.conf", 4096).unwrap(),
+                fs.read("loader/entries/g00000001-slot-a.conf", 4096)
+                    .unwrap(),
                 entry
             );
             let (sha, n) = fs.hash("A/vmlinuz-0123456789abcdef").unwrap();
@@ -320,7 +327,10 @@ mod tests {
             assert!(fs.remove("A/vmlinuz-0123456789abcdef").unwrap());
             assert!(!fs.remove("A/vmlinuz-0123456789abcdef").unwrap());
             let (free_after, _) = fs.space().unwrap();
-            assert!(free_after >= free_before + big.len() as u64, "clusters freed");
+            assert!(
+                free_after >= free_before + big.len() as u64,
+                "clusters freed"
+            );
             assert_eq!(fs.list("A").unwrap(), []);
             assert!(!fs.exists("A/vmlinuz-0123456789abcdef").unwrap());
         }
@@ -333,15 +343,25 @@ mod tests {
         let mut base = BootFs::new(blank(512, 40 << 20), 0);
         base.ensure_dir("loader").unwrap();
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-        base.create("loader/a-long-file-name.conf", &mut &data[..], data.len() as u64)
-            .unwrap();
+        base.create(
+            "loader/a-long-file-name.conf",
+            &mut &data[..],
+            data.len() as u64,
+        )
+        .unwrap();
         let image = base.into_inner().into_inner();
         let mut total = Faulty::counting(Cursor::new(image.clone()));
-        BootFs::new(&mut total, 0).remove("loader/a-long-file-name.conf").unwrap();
+        BootFs::new(&mut total, 0)
+            .remove("loader/a-long-file-name.conf")
+            .unwrap();
         assert!(total.writes() >= 3);
         for n in 1..=total.writes() {
             let mut dev = Faulty::failing_at(Cursor::new(image.clone()), n);
-            assert!(BootFs::new(&mut dev, 0).remove("loader/a-long-file-name.conf").is_err());
+            assert!(
+                BootFs::new(&mut dev, 0)
+                    .remove("loader/a-long-file-name.conf")
+                    .is_err()
+            );
             let mut fs = BootFs::new(dev.into_inner(), 0);
             let listed = fs.list("loader").unwrap();
             if n == 1 {
@@ -352,7 +372,8 @@ mod tests {
             }
             // A new file never shares clusters with a visible one.
             let other = vec![1u8; 300_000];
-            fs.create("loader/new", &mut &other[..], other.len() as u64).unwrap();
+            fs.create("loader/new", &mut &other[..], other.len() as u64)
+                .unwrap();
             assert_eq!(
                 fs.hash("loader/new").unwrap().0,
                 hex(&Sha256::digest(&other))

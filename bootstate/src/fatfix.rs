@@ -332,7 +332,10 @@ fn scan_dir<T: Read + Seek>(dev: &mut T, ranges: &[(u64, u64)]) -> Result<Vec<(S
         if e[11] == ATTR_LFN {
             let units: Vec<u16> = [1..11, 14..26, 28..32]
                 .into_iter()
-                .flat_map(|r| e[r].chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])))
+                .flat_map(|r| {
+                    e[r].chunks_exact(2)
+                        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                })
                 .collect();
             lfn.push((offset_of(i * ENTRY), units, e[13]));
             continue;

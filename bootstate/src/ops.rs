@@ -86,9 +86,7 @@ pub fn read_entries<B: Device>(boot: &mut BootFs<B>) -> Result<(Vec<EntryName>, 
     let (mut valid, mut broken) = (Vec::new(), Vec::new());
     for n in names {
         let ok = match entry_of(boot, &n) {
-            Ok(e) => {
-                boot.exists(&e.linux)? && (e.initrd.is_empty() || boot.exists(&e.initrd)?)
-            }
+            Ok(e) => boot.exists(&e.linux)? && (e.initrd.is_empty() || boot.exists(&e.initrd)?),
             Err(_) => false,
         };
         if ok { valid.push(n) } else { broken.push(n) }
@@ -183,8 +181,8 @@ pub fn upgrade<B: Device, M: Device>(
         .filter(|f| f.name != file_name(&entry.linux) && f.name != file_name(&entry.initrd))
         .map(|f| clusters(f.size, cluster))
         .sum();
-    freed += (st.entries.iter().filter(|e| e.slot == target).count() + st.broken.len()) as u64
-        * cluster;
+    freed +=
+        (st.entries.iter().filter(|e| e.slot == target).count() + st.broken.len()) as u64 * cluster;
     let reused = |name: &str, len: u64| {
         old_files
             .iter()
@@ -211,7 +209,12 @@ pub fn upgrade<B: Device, M: Device>(
 
     // 1. The target's entries: the slot stops being bootable. And entries
     //    the boot loader passes over anyway.
-    for e in st.entries.iter().filter(|e| e.slot == target).chain(&st.broken) {
+    for e in st
+        .entries
+        .iter()
+        .filter(|e| e.slot == target)
+        .chain(&st.broken)
+    {
         boot.remove(&e.path())?;
     }
     boot.ensure_dir(slot_dir)?;
@@ -239,8 +242,8 @@ pub fn upgrade<B: Device, M: Device>(
         (&entry.initrd, &payload.initramfs),
     ] {
         if !boot.exists(path)? {
-            let mut src = File::open(&pf.path)
-                .with_context(|| format!("opening {}", pf.path.display()))?;
+            let mut src =
+                File::open(&pf.path).with_context(|| format!("opening {}", pf.path.display()))?;
             boot.create(path, &mut src, pf.len)?;
             bytes_written += pf.len;
         }
@@ -552,7 +555,11 @@ mod tests {
     fn payload(dir: &std::path::Path, version: &str, size: usize) -> Payload {
         let file = |name: &str, seed: u8| {
             let data: Vec<u8> = (0..size)
-                .map(|i| (i as u8).wrapping_mul(seed).wrapping_add(version.len() as u8))
+                .map(|i| {
+                    (i as u8)
+                        .wrapping_mul(seed)
+                        .wrapping_add(version.len() as u8)
+                })
                 .chain(version.bytes())
                 .collect();
             let path = dir.join(format!("{name}-{version}"));
@@ -613,7 +620,10 @@ mod tests {
         assert!(st.state.history[0].contains("upgrade-started from=A to=B"));
         // The firmware tries B; the runtime blesses it.
         assert_eq!(firmware_tries(&mut boot), Slot::B);
-        assert_eq!(assess(&mut boot, &mut m, Slot::B).unwrap(), BootOutcome::Trial);
+        assert_eq!(
+            assess(&mut boot, &mut m, Slot::B).unwrap(),
+            BootOutcome::Trial
+        );
         let blessed = bless(&mut boot, &mut m, Slot::B, "2").unwrap();
         assert_eq!(blessed.from_version.as_deref(), Some("1"));
         assert_eq!(
@@ -621,17 +631,29 @@ mod tests {
             [EntryName::good(1, Slot::A), EntryName::good(2, Slot::B)]
         );
         assert_eq!(firmware_tries(&mut boot), Slot::B);
-        assert_eq!(assess(&mut boot, &mut m, Slot::B).unwrap(), BootOutcome::Steady);
+        assert_eq!(
+            assess(&mut boot, &mut m, Slot::B).unwrap(),
+            BootOutcome::Steady
+        );
 
         // v3 never reaches ready: three tries, then A... no: then B (v2).
         let v3 = payload(dir.path(), "3", 200_000);
         let up = upgrade(&mut boot, &mut m, &v3, 3).unwrap();
         assert_eq!((up.from, up.to), (Slot::B, Slot::A));
         // A's v1 files are gone, v3's are there.
-        let a_files: Vec<String> = boot.list("A").unwrap().into_iter().map(|f| f.name).collect();
+        let a_files: Vec<String> = boot
+            .list("A")
+            .unwrap()
+            .into_iter()
+            .map(|f| f.name)
+            .collect();
         assert_eq!(a_files.len(), 2);
-        assert!(a_files.iter().all(|f| f.contains(&v3.kernel.sha256[..16])
-            || f.contains(&v3.initramfs.sha256[..16])));
+        assert!(
+            a_files
+                .iter()
+                .all(|f| f.contains(&v3.kernel.sha256[..16])
+                    || f.contains(&v3.initramfs.sha256[..16]))
+        );
         for _ in 0..3 {
             assert_eq!(firmware_tries(&mut boot), Slot::A);
         }
@@ -649,7 +671,13 @@ mod tests {
         assert_eq!(st.state.default, Slot::B);
         assert_eq!(st.state.status(Slot::A), SlotStatus::Bad);
         assert!(st.state.pending.is_none());
-        assert!(st.state.history.last().unwrap().contains("upgrade-failed slot=A version=3"));
+        assert!(
+            st.state
+                .history
+                .last()
+                .unwrap()
+                .contains("upgrade-failed slot=A version=3")
+        );
 
         // Rolling back to a bad slot needs force, and then it is on trial.
         let e = format!("{:#}", rollback(&mut boot, &mut m, false).unwrap_err());
@@ -669,7 +697,10 @@ mod tests {
         let r = rollback(&mut boot, &mut m, false).unwrap();
         assert_eq!(r.entry, EntryName::good(6, Slot::B));
         assert_eq!(firmware_tries(&mut boot), Slot::B);
-        assert_eq!(assess(&mut boot, &mut m, Slot::B).unwrap(), BootOutcome::Steady);
+        assert_eq!(
+            assess(&mut boot, &mut m, Slot::B).unwrap(),
+            BootOutcome::Steady
+        );
         assert_eq!(
             entries(&mut boot),
             [EntryName::good(5, Slot::A), EntryName::good(6, Slot::B)]
@@ -688,7 +719,10 @@ mod tests {
             "{:#}",
             upgrade(&mut BootFs::new(&mut b, 0), &mut m, &big, 3).unwrap_err()
         );
-        assert!(e.contains("BOOT has no room") && e.contains("nothing was written"), "{e}");
+        assert!(
+            e.contains("BOOT has no room") && e.contains("nothing was written"),
+            "{e}"
+        );
         assert_eq!((b.writes(), m.writes()), (0, 0));
         assert_eq!(b.into_inner().into_inner(), before.0);
         assert_eq!(m.into_inner().into_inner(), before.1);

@@ -93,7 +93,8 @@ impl BootState {
             .get(Tag::History)
             .unwrap_or_default()
             .lines()
-            .filter(|l| !l.trim().is_empty())
+            .map(str::trim_end)
+            .filter(|l| !l.is_empty())
             .map(str::to_string)
             .collect();
         Ok(BootState {
@@ -316,7 +317,12 @@ mod tests {
         }
         assert_eq!(s.history.len(), MAX_HISTORY);
         assert!(s.history[0].starts_with("6 e5"));
-        assert!(s.history.last().unwrap().starts_with(&format!("{} ", MAX_HISTORY + 5)));
+        assert!(
+            s.history
+                .last()
+                .unwrap()
+                .starts_with(&format!("{} ", MAX_HISTORY + 5))
+        );
     }
 
     #[test]

@@ -44,7 +44,14 @@ pub fn entry(
     version: &str,
     cmdline: &str,
 ) -> Entry {
-    contract::boot::slot_entry(slot, kernel_sha256, initramfs_sha256, name, version, cmdline)
+    contract::boot::slot_entry(
+        slot,
+        kernel_sha256,
+        initramfs_sha256,
+        name,
+        version,
+        cmdline,
+    )
 }
 
 /// The files of `slot` on BOOT: its kernel and initramfs (given as path and
@@ -298,7 +305,8 @@ mod tests {
             );
             let bootp = || open_partition(&img, "BOOT").unwrap();
             let text =
-                String::from_utf8(read_file(bootp(), &EntryName::good(1, Slot::A).path()).unwrap()).unwrap();
+                String::from_utf8(read_file(bootp(), &EntryName::good(1, Slot::A).path()).unwrap())
+                    .unwrap();
             let e = Entry::parse(&text).unwrap();
             assert_eq!(e.title, "Test 1.2.0 (slot A)");
             assert_eq!(

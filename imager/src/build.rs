@@ -295,12 +295,8 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
             &p.version,
             &p.cmdline(),
         );
-        let meta = crate::install::initial_meta(
-            &p.name,
-            &p.version,
-            &[signer.public_key()],
-            "build",
-        )?;
+        let meta =
+            crate::install::initial_meta(&p.name, &p.version, &[signer.public_key()], "build")?;
         let raw = out.join(names::RAW);
         boot::write_raw_image(&raw, layout, disk_guid, esp, boot_files, &meta, epoch)?;
         artifacts.push((Kind::Raw, raw));

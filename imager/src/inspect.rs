@@ -6,8 +6,8 @@ use anyhow::{Context, Result};
 use contract::PartitionRole;
 use contract::Slot;
 use contract::boot::{Entry, EntryName, boot_order, slot_of_entry};
-use contract::state::{BootState, best_entry};
 use contract::meta::Meta;
+use contract::state::{BootState, best_entry};
 use serde::Serialize;
 use std::fs::File;
 use std::io::Read;
@@ -396,7 +396,11 @@ pub fn run(args: &InspectArgs) -> Result<i32> {
             "  {}  {:<8} {:<12} {}{}",
             s.slot,
             s.status,
-            if s.version.is_empty() { "-" } else { &s.version },
+            if s.version.is_empty() {
+                "-"
+            } else {
+                &s.version
+            },
             s.entry.as_deref().unwrap_or("no entry"),
             tries
         );

@@ -203,7 +203,9 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
 
 /// Size of a disk image file or block device.
 pub fn device_size(f: &mut File) -> Result<u64> {
-    let end = f.seek(SeekFrom::End(0)).context("finding the disk's size")?;
+    let end = f
+        .seek(SeekFrom::End(0))
+        .context("finding the disk's size")?;
     f.seek(SeekFrom::Start(0))?;
     Ok(end)
 }
@@ -249,6 +251,10 @@ pub struct UpgradeReport {
     pub key_id: String,
     /// Bytes of kernel and initramfs written to BOOT.
     pub boot_bytes_written: u64,
+    /// Everything written to the disk (boot files, FAT metadata, entries,
+    /// META), in bytes and in write calls.
+    pub disk_bytes_written: u64,
+    pub disk_writes: u64,
 }
 
 /// Upgrades the disk whose BOOT and META are `boot_dev` and `meta_dev`.
@@ -273,7 +279,10 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device>(
 }
 
 pub fn run_upgrade(a: &UpgradeArgs, installer: &Path) -> Result<UpgradeReport> {
-    let (boot, mut meta) = open_slots(&a.disk)?;
+    let (boot, meta) = open_slots(&a.disk)?;
+    // Counted, to report what an upgrade costs the disk.
+    let boot = bootstate::Faulty::counting(boot);
+    let mut meta = boot.share(meta);
     let (up, p) = upgrade_on(boot, &mut meta, installer, a.tries)?;
     Ok(UpgradeReport {
         disk: a.disk.display().to_string(),
@@ -285,6 +294,8 @@ pub fn run_upgrade(a: &UpgradeArgs, installer: &Path) -> Result<UpgradeReport> {
         tries: a.tries,
         key_id: sign::key_id(&p.key),
         boot_bytes_written: up.bytes_written,
+        disk_bytes_written: meta.bytes_written(),
+        disk_writes: meta.writes(),
     })
 }
 
@@ -324,7 +335,12 @@ pub struct InstallReport {
 
 /// META of a newly installed or built disk: slot A good and default, slot B
 /// empty, the trusted keys, and the first history event.
-pub fn initial_meta(image_name: &str, version: &str, trusted: &[VerifyingKey], event: &str) -> Result<Meta> {
+pub fn initial_meta(
+    image_name: &str,
+    version: &str,
+    trusted: &[VerifyingKey],
+    event: &str,
+) -> Result<Meta> {
     let mut m = Meta::default();
     m.set(Tag::ImageName, image_name);
     let mut state = BootState {
@@ -365,11 +381,15 @@ pub fn run_install(a: &InstallArgs, installer: &Path) -> Result<InstallReport> {
         .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
         .unwrap_or(false);
     let size = match (&a.size, std::fs::metadata(&a.disk)) {
-        (Some(s), _) if !is_block => crate::profile::Size::parse(s).map_err(anyhow::Error::msg)?.0,
+        (Some(s), _) if !is_block => {
+            crate::profile::Size::parse(s)
+                .map_err(anyhow::Error::msg)?
+                .0
+        }
         (Some(_), _) => bail!("--size is for image files: a block device has its own size"),
         (None, Ok(_)) => {
-            let mut f = File::open(&a.disk)
-                .with_context(|| format!("opening {}", a.disk.display()))?;
+            let mut f =
+                File::open(&a.disk).with_context(|| format!("opening {}", a.disk.display()))?;
             device_size(&mut f)?
         }
         (None, Err(_)) => contract::partition::DEFAULT_DISK_SIZE,
@@ -401,7 +421,10 @@ pub fn run_install(a: &InstallArgs, installer: &Path) -> Result<InstallReport> {
     let (mut b, _) = open_slots(&a.disk)?;
     let mut fs = BootFs::new(&mut b, epoch);
     let e = p.payload.entry(Slot::A);
-    for (path, f) in [(&e.linux, &p.payload.kernel), (&e.initrd, &p.payload.initramfs)] {
+    for (path, f) in [
+        (&e.linux, &p.payload.kernel),
+        (&e.initrd, &p.payload.initramfs),
+    ] {
         let (sha, _) = fs.hash(path)?;
         if sha != f.sha256 {
             bail!("{path} reads back as {sha}, not the signed {}", f.sha256);

@@ -210,7 +210,11 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
     cmd.args(["-machine", "q35", "-m"])
         .arg(opts.memory_mib.to_string())
         .args(["-smp", "1", "-nodefaults", "-display", "none"])
-        .args(if opts.reboots { &[][..] } else { &["-no-reboot"][..] })
+        .args(if opts.reboots {
+            &[][..]
+        } else {
+            &["-no-reboot"][..]
+        })
         .args(["-accel", if opts.kvm { "kvm" } else { "tcg" }])
         .arg("-drive")
         .arg(format!(

@@ -47,7 +47,12 @@ where
 /// is) in place: fills every partition first, syncs, then writes the
 /// partition table and syncs again, so that the disk only looks like one of
 /// ours once everything else is on it.
-pub fn write_disk_in_place<F>(dest: &Path, layout: &Layout, disk_guid: Guid, mut fill: F) -> Result<()>
+pub fn write_disk_in_place<F>(
+    dest: &Path,
+    layout: &Layout,
+    disk_guid: Guid,
+    mut fill: F,
+) -> Result<()>
 where
     F: FnMut(&PlacedPartition, &mut Window<&mut File>) -> Result<()>,
 {

@@ -22,10 +22,7 @@ fn guid() -> Guid {
 
 fn esp() -> Vec<FatFile> {
     vec![
-        FatFile::bytes(
-            "loader/loader.conf",
-            contract::boot::loader_conf(),
-        ),
+        FatFile::bytes("loader/loader.conf", contract::boot::loader_conf()),
         FatFile::bytes("EFI/BOOT/BOOTX64.EFI", vec![0x4d; 150_000]),
     ]
 }
@@ -192,10 +189,7 @@ fn tables_read_back_and_filesystems_are_clean() {
         let esp_files = list_files(open_partition(&img, "EFI").unwrap()).unwrap();
         assert_eq!(esp_files, ["EFI/BOOT/BOOTX64.EFI", "loader/loader.conf"]);
         let conf = read_file(open_partition(&img, "EFI").unwrap(), "loader/loader.conf").unwrap();
-        assert_eq!(
-            conf,
-            contract::boot::loader_conf().as_bytes()
-        );
+        assert_eq!(conf, contract::boot::loader_conf().as_bytes());
         let boot_files = list_files(open_partition(&img, "BOOT").unwrap()).unwrap();
         assert_eq!(
             boot_files,

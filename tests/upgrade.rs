@@ -1,0 +1,382 @@
+//! End-to-end tests of upgrades, boot counting, rollback and the installer's
+//! refusals, booted under OVMF: v1 is the default image, v2 the same system
+//! as version 0.2.0, v3 a version 0.3.0 whose runtime stops before ready
+//! (`machined.break=ready`), all signed with the development key.
+
+// Test helpers panic on unexpected failures: that is how a test fails.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use bootstate::Faulty;
+use bootstate::fat::BootFs;
+use common::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn dev_key() -> PathBuf {
+    repo().join("out/keys/dev.key")
+}
+
+/// Builds a variant of the default profile into target/e2e/NAME.
+fn build_variant(name: &str, edit: impl Fn(String) -> String, key: &Path) -> Build {
+    let profile = write_profile(name, edit);
+    let dir = scratch().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = ok(imager()
+        .args(["build", "--json", "--profile"])
+        .arg(&profile)
+        .arg("--key")
+        .arg(key)
+        .arg("--out")
+        .arg(&dir));
+    Build {
+        dir,
+        json: serde_json::from_str(&stdout).unwrap(),
+    }
+}
+
+fn version(v: &'static str) -> impl Fn(String) -> String {
+    move |t| t.replace("version: 0.1.0", &format!("version: {v}"))
+}
+
+struct Images {
+    v1: Build,
+    v2: Build,
+    v3: Build,
+}
+
+fn images() -> &'static Images {
+    static I: OnceLock<Images> = OnceLock::new();
+    I.get_or_init(|| {
+        let v1 = build_variant("upgrade-v1", |t| t, &dev_key());
+        let v2 = build_variant("upgrade-v2", version("0.2.0"), &dev_key());
+        let v3 = build_variant(
+            "upgrade-v3",
+            |t| {
+                version("0.3.0")(t).replace(
+                    "    - vdso32=0\n",
+                    "    - vdso32=0\n    - machined.break=ready\n",
+                )
+            },
+            &dev_key(),
+        );
+        Images { v1, v2, v3 }
+    })
+}
+
+/// A fresh copy of the v1 disk (sparse).
+fn disk_copy(name: &str) -> PathBuf {
+    let d = scratch().join(format!("{name}.raw"));
+    let _ = std::fs::remove_file(&d);
+    ok(Command::new("cp")
+        .arg("--sparse=always")
+        .arg(images().v1.artifact("raw"))
+        .arg(&d));
+    d
+}
+
+/// The payload an upgrade installs: the build's output directory (its
+/// signed manifest lists the kernel and initramfs).
+fn payload(b: &Build) -> &Path {
+    &b.dir
+}
+
+fn upgrade(disk: &Path, installer: &Path) -> Value {
+    serde_json::from_str(&ok(imager()
+        .args(["upgrade", "--json", "--installer"])
+        .arg(installer)
+        .arg("--disk")
+        .arg(disk)))
+    .unwrap()
+}
+
+fn rollback(disk: &Path, force: bool) -> Output2 {
+    let mut c = imager();
+    c.args(["rollback", "--json", "--disk"]).arg(disk);
+    if force {
+        c.arg("--force");
+    }
+    let out = run(&mut c);
+    Output2 {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+struct Output2 {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// Boots `disk`, keeping what the guest writes; returns the report and the
+/// whole console.
+fn boot(disk: &Path, reboots: bool) -> (Value, String) {
+    let log = disk.with_extension("console.log");
+    let mut c = imager();
+    c.args(["boot", "--write", "--quiet", "--json", "--timeout", "900"])
+        .arg("--console-log")
+        .arg(&log)
+        .arg(disk);
+    if reboots {
+        c.arg("--reboots");
+    }
+    let report: Value = serde_json::from_str(&ok(&mut c)).unwrap();
+    (report, std::fs::read_to_string(&log).unwrap())
+}
+
+fn inspect(disk: &Path) -> Value {
+    let out = run(imager().args(["inspect", "--json"]).arg(disk));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn slot_of(report: &Value) -> (String, String) {
+    (
+        report["version"].as_str().unwrap().to_string(),
+        report["slot"].as_str().unwrap().to_string(),
+    )
+}
+
+fn slot_status(r: &Value, slot: &str) -> String {
+    r["slots"]["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["slot"] == slot)
+        .unwrap()["status"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn sha256(path: &Path) -> String {
+    let out = ok(Command::new("sha256sum").arg(path));
+    out.split_whitespace().next().unwrap().to_string()
+}
+
+#[test]
+fn upgrade_bless_manual_rollback_and_fallback_from_a_broken_version() {
+    let i = images();
+    let disk = disk_copy("upgrade-scenario");
+    let (r, _) = boot(&disk, false);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+
+    // v1 -> v2: the trial boot is blessed, and the next boot stays on v2.
+    let up = upgrade(&disk, payload(&i.v2));
+    assert_eq!(
+        (&up["from_slot"], &up["to_slot"]),
+        (&"A".into(), &"B".into())
+    );
+    assert_eq!(up["entry"], "g00000002-slot-b+3-0.conf");
+    let s = inspect(&disk);
+    assert_eq!(slot_status(&s, "B"), "pending");
+    assert_eq!(s["slots"]["boots_next"], "B");
+    let (r, console) = boot(&disk, false);
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
+    assert!(
+        console.contains("machined: blessed slot B (0.2.0): the upgrade from 0.1.0 succeeded"),
+        "{console}"
+    );
+    let s = inspect(&disk);
+    assert_eq!(slot_status(&s, "B"), "good");
+    assert_eq!(s["slots"]["pending_upgrade"], Value::Null);
+    let (r, console) = boot(&disk, false);
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
+    assert!(!console.contains("on trial"), "{console}");
+
+    // A manual rollback boots v1, and another one v2 again.
+    let rb = rollback(&disk, false);
+    assert!(rb.ok, "{}", rb.stderr);
+    let (r, _) = boot(&disk, false);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+    assert!(rollback(&disk, false).ok);
+    let (r, _) = boot(&disk, false);
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
+
+    // v2 -> v3, which never reaches ready: after its tries the machine is
+    // back on v2 by itself and says so.
+    let up = upgrade(&disk, payload(&i.v3));
+    assert_eq!(
+        (&up["from_slot"], &up["to_slot"]),
+        (&"B".into(), &"A".into())
+    );
+    let (r, console) = boot(&disk, true);
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
+    assert_eq!(r["failed_boots"], 3, "{console}");
+    assert_eq!(
+        console
+            .matches("machined: fatal: machined.break=ready")
+            .count(),
+        3,
+        "{console}"
+    );
+    assert!(
+        console.contains(
+            "machined: rollback: the upgrade to slot A (0.3.0) failed: it failed to reach \
+             ready in 3 tries; running slot B (0.2.0)"
+        ),
+        "{console}"
+    );
+    let s = inspect(&disk);
+    assert_eq!(slot_status(&s, "A"), "bad");
+    assert_eq!(s["slots"]["default"], "B");
+    let history = s["slots"]["history"].to_string();
+    assert!(
+        history.contains("upgrade-failed slot=A version=0.3.0 reason=tries-exhausted tries=3"),
+        "{history}"
+    );
+    let a = &s["slots"]["slots"][0];
+    assert_eq!((&a["tries_left"], &a["tries_done"]), (&0.into(), &3.into()));
+
+    // A bad slot is not rolled back to unless forced.
+    let rb = rollback(&disk, false);
+    assert!(!rb.ok && rb.stderr.contains("marked bad"), "{}", rb.stderr);
+    let (r, _) = boot(&disk, false);
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
+    let _ = rb.stdout;
+}
+
+#[test]
+fn tampered_and_foreign_payloads_and_a_full_boot_are_refused_with_nothing_written() {
+    let i = images();
+    let disk = disk_copy("upgrade-refusals");
+    let before = sha256(&disk);
+    let refused = |installer: &Path, what: &str| {
+        let out = run(imager()
+            .args(["upgrade", "--installer"])
+            .arg(installer)
+            .arg("--disk")
+            .arg(&disk));
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{what} was accepted");
+        assert_eq!(sha256(&disk), before, "{what}: the disk changed");
+        err
+    };
+
+    // One flipped byte in the initramfs.
+    let tampered = scratch().join("upgrade-tampered");
+    let _ = std::fs::remove_dir_all(&tampered);
+    ok(Command::new("cp")
+        .arg("-r")
+        .arg(payload(&i.v2))
+        .arg(&tampered));
+    let initramfs = tampered.join("initramfs.zst");
+    let mut bytes = std::fs::read(&initramfs).unwrap();
+    bytes[1000] ^= 0x40;
+    std::fs::write(&initramfs, bytes).unwrap();
+    let err = refused(&tampered, "a tampered payload");
+    assert!(err.contains("initramfs.zst"), "{err}");
+
+    // Signed by another key.
+    let other = scratch().join("upgrade-other-key");
+    std::fs::create_dir_all(&other).unwrap();
+    let other_key = other.join("other.key");
+    let _ = std::fs::remove_file(&other_key);
+    let _ = std::fs::remove_file(other.join("other.pub"));
+    ok(imager()
+        .args(["keygen", "--private"])
+        .arg(&other_key)
+        .arg("--public")
+        .arg(other.join("other.pub")));
+    let foreign = build_variant("upgrade-foreign", version("0.2.0"), &other_key);
+    let err = refused(&foreign.dir, "a payload signed by another key");
+    assert!(
+        err.contains("not signed by a key this disk trusts"),
+        "{err}"
+    );
+
+    // BOOT without room: all but 2 MiB of it taken by something else.
+    {
+        let (b, _) = imager::install::open_slots(&disk).unwrap();
+        let mut fs = BootFs::new(b, 0);
+        let (free, _) = fs.space().unwrap();
+        let junk = free - (2 << 20);
+        let mut src = std::io::Read::take(std::io::repeat(0), junk);
+        fs.create("junk.bin", &mut src, junk).unwrap();
+    }
+    let full = sha256(&disk);
+    let out = run(imager()
+        .args(["upgrade", "--installer"])
+        .arg(payload(&i.v2))
+        .arg("--disk")
+        .arg(&disk));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("BOOT has no room") && err.contains("nothing was written"),
+        "{err}"
+    );
+    assert_eq!(sha256(&disk), full, "a refused upgrade changed the disk");
+    let (r, _) = boot(&disk, false);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+}
+
+/// Cuts the power before the N-th write of an upgrade, for N spread over the
+/// whole write sequence and every write of its switch, and boots the disk
+/// after each: it always boots v1 or v2, and v2 only once the switch is
+/// written. (`bootstate`'s unit tests check every single write offline.)
+#[test]
+fn an_upgrade_interrupted_at_any_point_leaves_a_bootable_disk() {
+    let i = images();
+    let run_upgrade = |disk: &Path, fail_at: Option<u64>| -> (bool, u64) {
+        let (b, m) = imager::install::open_slots(disk).unwrap();
+        let b = match fail_at {
+            Some(n) => Faulty::failing_at(b, n),
+            None => Faulty::counting(b),
+        };
+        let mut m = b.share(m);
+        let r = imager::install::upgrade_on(b, &mut m, payload(&i.v2), 3);
+        if let Err(e) = &r {
+            let chain = format!("{e:#}");
+            assert!(chain.contains("simulated power cut"), "{chain}");
+        }
+        (r.is_ok(), m.writes())
+    };
+    let probe = disk_copy("upgrade-cut-probe");
+    let (done, total) = run_upgrade(&probe, None);
+    assert!(done && total > 20, "{total} writes");
+    let mut points: Vec<u64> = vec![1, 2, total / 4, total / 2, 3 * total / 4];
+    points.extend(total.saturating_sub(7)..=total + 1);
+    points.sort();
+    points.dedup();
+    let mut v2_from = None;
+    for n in points {
+        let disk = disk_copy("upgrade-cut");
+        let (done, _) = run_upgrade(&disk, Some(n));
+        assert_eq!(done, n > total, "cut at write {n}");
+        let (r, console) = boot(&disk, false);
+        let (v, slot) = slot_of(&r);
+        match v.as_str() {
+            "0.1.0" => {
+                assert_eq!(slot, "A");
+                assert!(
+                    v2_from.is_none(),
+                    "cut {n}: v1 after v2 booted at an earlier cut"
+                );
+            }
+            "0.2.0" => {
+                assert_eq!(slot, "B");
+                assert!(console.contains("blessed slot B"), "cut {n}: {console}");
+                v2_from.get_or_insert(n);
+            }
+            _ => panic!("cut {n}: booted {v}"),
+        }
+        let fsck = run(tool("fsck.fat").arg("-n").arg(extract_boot(&disk)));
+        let text = String::from_utf8_lossy(&fsck.stdout);
+        assert!(
+            !text.contains("Cross-linked") && !text.contains("has no valid"),
+            "cut {n}: BOOT damaged:\n{text}"
+        );
+    }
+    assert!(v2_from.is_some(), "no cut point booted v2");
+}
+
+fn extract_boot(disk: &Path) -> PathBuf {
+    let dest = disk.with_extension("boot.img");
+    extract_partition(disk, "BOOT", &dest);
+    dest
+}
