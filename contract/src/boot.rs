@@ -29,6 +29,12 @@ pub fn entry_path(slot: Slot) -> String {
     format!("{BOOT_ENTRIES_DIR}/{}.conf", entry_id(slot))
 }
 
+/// The title of a slot's boot entry: the image's title (`Imager 0.1.0`, the
+/// `boot.title` of its manifest) and the slot: `Imager 0.1.0 (slot A)`.
+pub fn entry_title(image_title: &str, slot: Slot) -> String {
+    format!("{image_title} (slot {slot})")
+}
+
 /// Slot of an entry file name, accepting systemd-boot's boot-counting suffix
 /// (`slot-b+3-0.conf`).
 pub fn slot_of_entry(file_name: &str) -> Option<Slot> {
@@ -150,6 +156,10 @@ mod tests {
         assert_eq!(slot_of_entry("slot-b+3-0.conf"), Some(Slot::B));
         assert_eq!(slot_of_entry("slot-a.conf"), Some(Slot::A));
         assert_eq!(slot_of_entry("slot-c.conf"), None);
+        assert_eq!(
+            entry_title("Imager 0.1.0", Slot::B),
+            "Imager 0.1.0 (slot B)"
+        );
         assert!(loader_conf(Slot::B).contains("default slot-b.conf\n"));
     }
 }

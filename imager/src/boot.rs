@@ -34,6 +34,13 @@ pub fn esp_files(systemd_boot: &Path, default: Slot) -> Result<Vec<FatFile>> {
     ])
 }
 
+/// The title of an image, slot aside: `<pretty name> <version>`. Every
+/// build's manifest carries it (`boot.title`); a slot's entry adds the slot
+/// ([`contract::boot::entry_title`]).
+pub fn image_title(name: &str, version: &str) -> String {
+    format!("{name} {version}")
+}
+
 /// The boot entry of `slot`: title `<name> <version> (slot A)`, options the
 /// profile's command line followed by `machined.slot=A`.
 pub fn entry(
@@ -47,7 +54,7 @@ pub fn entry(
     let slot_arg = format!("{}={slot}", contract::cmdline::SLOT);
     let cmdline = cmdline.trim();
     Entry {
-        title: format!("{name} {version} (slot {slot})"),
+        title: contract::boot::entry_title(&image_title(name, version), slot),
         version: version.to_string(),
         linux: kernel_path(slot, kernel_sha256),
         initrd: initramfs_path(slot, initramfs_sha256),

@@ -334,6 +334,7 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         profile: profile_name(p),
         source_date_epoch: epoch,
         key_id: signer.key_id(),
+        boot: None,
         artifacts: listed.clone(),
     };
     let (m, s) = sign::write_signed_manifest(out, &manifest, signer.as_ref())?;
