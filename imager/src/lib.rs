@@ -12,6 +12,7 @@ pub mod initramfs;
 pub mod inspect;
 pub mod io;
 pub mod kernel;
+pub mod oci;
 pub mod profile;
 pub mod qemu;
 pub mod rootfs;
