@@ -184,6 +184,44 @@ fn extract_payload_gives_the_payload_bytes() {
         );
     }
     ok(imager().arg("verify").arg(&dir).arg("--key").arg(dev_pub()));
+    // What skopeo makes of it reads too: a copy (gzip layer, skopeo's
+    // default) and a layout with a zstd layer.
+    let copies = scratch().join("installer-copies");
+    let _ = std::fs::remove_dir_all(&copies);
+    std::fs::create_dir_all(&copies).unwrap();
+    let gzip = copies.join("gzip.tar");
+    let zstd = copies.join("zstd");
+    ok(tool("skopeo")
+        .args(["copy", "-q"])
+        .arg(format!("oci-archive:{}", archive().display()))
+        .arg(format!("oci-archive:{}:{TAG}", gzip.display())));
+    ok(tool("skopeo")
+        .args([
+            "copy",
+            "-q",
+            "--dest-compress-format",
+            "zstd",
+            "--dest-compress",
+        ])
+        .arg(format!("oci-archive:{}", archive().display()))
+        .arg(format!("oci:{}:{TAG}", zstd.display())));
+    for (i, copy) in [gzip, zstd].iter().enumerate() {
+        let d = copies.join(format!("payload-{i}"));
+        let got = imager::oci::extract_payload(copy, &d).unwrap();
+        for name in [
+            "vmlinuz",
+            "initramfs.zst",
+            "manifest.json",
+            "manifest.json.sig",
+        ] {
+            assert_eq!(
+                std::fs::read(dir.join(name)).unwrap(),
+                std::fs::read(got.join(name)).unwrap(),
+                "{name} of {}",
+                copy.display()
+            );
+        }
+    }
     // From the layout directory too, with the same bytes.
     let dest2 = scratch().join("installer-extracted-layout");
     let _ = std::fs::remove_dir_all(&dest2);

@@ -9,8 +9,8 @@
 //! layer is streamed to a temporary file while it is hashed, then copied into
 //! the archive; nothing large is held in memory.
 //!
-//! [`extract_payload`] reads such an archive (or any single-platform OCI
-//! image of uncompressed or zstd layers) back: index → manifest → config and
+//! [`extract_payload`] reads such an archive (or any OCI image with one
+//! linux/amd64 image of tar layers, uncompressed, gzip or zstd) back: index → manifest → config and
 //! layers, every blob checked against its digest and size, and extracts the
 //! payload directory ([`contract::paths::INSTALLER_PAYLOAD_DIR`]). It does
 //! not verify the payload's signature: that is the installer's job, against
@@ -31,9 +31,11 @@ pub const MEDIA_TYPE_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+jso
 pub const MEDIA_TYPE_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 pub const MEDIA_TYPE_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
 pub const MEDIA_TYPE_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
+pub const MEDIA_TYPE_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
 /// Docker's media types, which skopeo may write when it copies an image.
 const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 const DOCKER_LAYER: &str = "application/vnd.docker.image.rootfs.diff.tar";
+const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
 /// The annotation of `index.json` that names an image (`oci-archive:FILE:TAG`).
 pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
 /// The image layout version this code writes (`oci-layout`).
@@ -751,21 +753,27 @@ fn extract_from(store: &Store, index: &[u8], dest: &Path) -> Result<PathBuf> {
 /// the payload directory, whiteouts of them. Checks the layer's digest and
 /// size and its uncompressed digest (`diff_id`).
 fn extract_layer(store: &Store, layer: &Descriptor, diff_id: &str, staging: &Path) -> Result<()> {
-    let zstd = match layer.media_type.as_str() {
-        MEDIA_TYPE_LAYER | DOCKER_LAYER => false,
-        MEDIA_TYPE_LAYER_ZSTD => true,
+    enum Compression {
+        None,
+        Gzip,
+        Zstd,
+    }
+    let compression = match layer.media_type.as_str() {
+        MEDIA_TYPE_LAYER | DOCKER_LAYER => Compression::None,
+        MEDIA_TYPE_LAYER_GZIP | DOCKER_LAYER_GZIP => Compression::Gzip,
+        MEDIA_TYPE_LAYER_ZSTD => Compression::Zstd,
         other => bail!(
-            "layer {} has media type {other:?}: only uncompressed ({MEDIA_TYPE_LAYER}) and \
-             zstd layers are supported",
+            "layer {} has media type {other:?}: only tar layers, uncompressed or compressed \
+             with gzip or zstd, are supported",
             layer.digest
         ),
     };
     let mut outer = HashingReader::new(store.open(layer)?);
     let (applied, diff) = {
-        let inner: Box<dyn Read + '_> = if zstd {
-            Box::new(zstd::Decoder::new(&mut outer).context("starting zstd")?)
-        } else {
-            Box::new(&mut outer)
+        let inner: Box<dyn Read + '_> = match compression {
+            Compression::None => Box::new(&mut outer),
+            Compression::Gzip => Box::new(flate2::read::GzDecoder::new(&mut outer)),
+            Compression::Zstd => Box::new(zstd::Decoder::new(&mut outer).context("starting zstd")?),
         };
         let mut diff = HashingReader::new(inner);
         let applied = apply_layer(&mut diff, staging);
