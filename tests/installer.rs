@@ -67,7 +67,8 @@ fn two_builds_give_byte_identical_archives_listed_in_the_signed_manifest() {
         a.display(),
         b.display()
     );
-    // The build's manifest lists the archive (and no disk image) and verifies.
+    // The build's manifest lists the archive (and metal's disk image) and
+    // verifies.
     let m: Value =
         serde_json::from_slice(&std::fs::read(image().dir.join("manifest.json")).unwrap()).unwrap();
     let kinds: Vec<&str> = m["artifacts"]
@@ -77,7 +78,9 @@ fn two_builds_give_byte_identical_archives_listed_in_the_signed_manifest() {
         .map(|a| a["kind"].as_str().unwrap())
         .collect();
     assert!(kinds.contains(&"installer"), "{kinds:?}");
-    assert!(!kinds.contains(&"raw"), "{kinds:?}");
+    assert!(kinds.contains(&"raw"), "{kinds:?}");
+    assert_eq!(m["name"], "metal");
+    assert_eq!(m["profile"], "profiles/installer.yaml");
     assert_eq!(m["boot"]["title"], "Imager 0.1.0");
     ok(imager()
         .arg("verify")
