@@ -165,6 +165,12 @@ pub fn entry_id(slot: Slot) -> &'static str {
     }
 }
 
+/// The title of a slot's boot entry: the image's title (`Imager 0.1.0`, the
+/// `boot.title` of its manifest) and the slot: `Imager 0.1.0 (slot A)`.
+pub fn entry_title(image_title: &str, slot: Slot) -> String {
+    format!("{image_title} (slot {slot})")
+}
+
 /// Slot of an entry file name.
 pub fn slot_of_entry(file_name: &str) -> Option<Slot> {
     EntryName::parse(file_name).map(|e| e.slot)
@@ -251,20 +257,20 @@ impl Entry {
     }
 }
 
-/// The entry of `slot`: title `<name> <version> (slot A)`, options the
-/// image's command line followed by `machined.slot=A`.
+/// The entry of `slot`: title `<image title> (slot A)` ([`entry_title`]),
+/// options the image's command line followed by `machined.slot=A`.
 pub fn slot_entry(
     slot: Slot,
     kernel_sha256: &str,
     initramfs_sha256: &str,
-    name: &str,
+    image_title: &str,
     version: &str,
     cmdline: &str,
 ) -> Entry {
     let slot_arg = format!("{}={slot}", crate::cmdline::SLOT);
     let cmdline = cmdline.trim();
     Entry {
-        title: format!("{name} {version} (slot {slot})"),
+        title: entry_title(image_title, slot),
         version: version.to_string(),
         linux: kernel_path(slot, kernel_sha256),
         initrd: initramfs_path(slot, initramfs_sha256),
@@ -349,5 +355,9 @@ mod tests {
         // Tries used up: sorted last, the previous slot boots again.
         let b2x = EntryName::parse("g00000002-slot-b+0-3.conf").unwrap();
         assert_eq!(boot_order(&[b2x, a1]), vec![a1, b2x]);
+        assert_eq!(
+            entry_title("Imager 0.1.0", Slot::B),
+            "Imager 0.1.0 (slot B)"
+        );
     }
 }

@@ -31,10 +31,6 @@ pub const ESP_LOADER_CONF: &str = "loader/loader.conf";
 /// Boot Loader Specification type #1 entries, on BOOT (XBOOTLDR).
 pub const BOOT_ENTRIES_DIR: &str = "loader/entries";
 
-/// Where the installer image carries its payload (kernel, initramfs, signed
-/// manifest), relative to the image's root.
-pub const INSTALLER_PAYLOAD_DIR: &str = "usr/install/amd64";
-
 /// The identity of an image, the input of its disk GUID.
 pub fn image_identity(name: &str, version: &str, payload_digests: &[&str]) -> String {
     let mut s = format!("{name}\n{version}\n");
@@ -44,3 +40,33 @@ pub fn image_identity(name: &str, version: &str, payload_digests: &[&str]) -> St
     }
     s
 }
+
+/// The installer container image (`imager build` output `installer`): where
+/// its files are, relative to the image's root.
+///
+/// The installer binary (the static `imager`).
+pub const INSTALLER_BINARY: &str = "usr/bin/imager";
+/// A symbolic link to [`INSTALLER_BINARY`]: run under this name, the binary
+/// acts as the installer. `/usr/bin/installer` is the image's entrypoint.
+pub const INSTALLER_LINK: &str = "usr/bin/installer";
+/// The directory of the payload the installer writes to a disk: the four
+/// `PAYLOAD_*` files, the manifest signed by the build's key.
+pub const INSTALLER_PAYLOAD_DIR: &str = "usr/install/amd64";
+/// The payload's kernel.
+pub const PAYLOAD_KERNEL: &str = "vmlinuz";
+/// The payload's initramfs.
+pub const PAYLOAD_INITRAMFS: &str = "initramfs.zst";
+/// The payload's signed manifest: lists exactly the kernel and the initramfs.
+pub const PAYLOAD_MANIFEST: &str = "manifest.json";
+/// The detached signature of [`PAYLOAD_MANIFEST`].
+pub const PAYLOAD_SIGNATURE: &str = "manifest.json.sig";
+/// Every file of the payload directory.
+/// The boot loader (systemd-boot) in the payload, for installs on blank disks;
+/// listed in the payload manifest, but not required by readers.
+pub const PAYLOAD_BOOT_LOADER: &str = "systemd-bootx64.efi";
+pub const PAYLOAD_FILES: [&str; 4] = [
+    PAYLOAD_KERNEL,
+    PAYLOAD_INITRAMFS,
+    PAYLOAD_MANIFEST,
+    PAYLOAD_SIGNATURE,
+];

@@ -14,6 +14,8 @@ pub enum Kind {
     Raw,
     Iso,
     Installer,
+    /// systemd-boot, carried in the installer's payload for `imager install`.
+    BootLoader,
     Manifest,
     Signature,
     PublicKey,
@@ -29,6 +31,7 @@ impl Kind {
             Kind::Raw => "raw",
             Kind::Iso => "iso",
             Kind::Installer => "installer",
+            Kind::BootLoader => "boot-loader",
             Kind::Manifest => "manifest",
             Kind::Signature => "signature",
             Kind::PublicKey => "public-key",

@@ -35,6 +35,13 @@ pub fn esp_files(systemd_boot: &Path) -> Result<Vec<FatFile>> {
     ])
 }
 
+/// The title of an image, slot aside: `<pretty name> <version>`. Every
+/// build's manifest carries it (`boot.title`); a slot's entry adds the slot
+/// ([`contract::boot::entry_title`]).
+pub fn image_title(name: &str, version: &str) -> String {
+    format!("{name} {version}")
+}
+
 /// The boot entry of `slot` (see [`contract::boot::slot_entry`]).
 pub fn entry(
     slot: Slot,
@@ -48,7 +55,7 @@ pub fn entry(
         slot,
         kernel_sha256,
         initramfs_sha256,
-        name,
+        &image_title(name, version),
         version,
         cmdline,
     )

@@ -1,6 +1,7 @@
 //! `imager build`: the whole pipeline from a profile to signed artifacts.
 //!
-//! kernel → runtime → root filesystem → initramfs → disk image → manifest.
+//! kernel → runtime → root filesystem → initramfs → disk image, installer
+//! image → manifest.
 //! Each artifact is written atomically into the output directory; the
 //! manifest and its signature come last, so a directory with a manifest that
 //! verifies holds a complete build.
@@ -8,7 +9,7 @@
 use crate::artifact::{Artifact, Kind};
 use crate::io::sha256_file;
 use crate::profile::{Output, Profile};
-use crate::{boot, disk, initramfs, kernel, rootfs, runtime, sign};
+use crate::{boot, disk, initramfs, kernel, oci, rootfs, runtime, sign};
 use anyhow::{Context, Result, bail};
 use contract::{Slot, paths};
 use std::path::{Path, PathBuf};
@@ -20,6 +21,8 @@ pub mod names {
     pub const ROOTFS: &str = "rootfs.sqsh";
     pub const INITRAMFS: &str = "initramfs.zst";
     pub const RAW: &str = "disk.raw";
+    /// The installer container image, an OCI archive.
+    pub const INSTALLER: &str = "installer.tar";
     pub const MANIFEST: &str = "manifest.json";
     pub const SIGNATURE: &str = "manifest.json.sig";
 }
@@ -262,6 +265,24 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         (None, None) => bail!("the profile names no runtime"),
     };
 
+    // Installer binary (the static imager).
+    let installer_bin = match &p.installer {
+        Some(i) if p.outputs.contains(&Output::Installer) => {
+            Some(match (&i.cargo_package, &i.binary) {
+                (Some(pkg), _) => {
+                    step(&format!("installer: building {} (static)", pkg.display()));
+                    runtime::build_named(pkg, "installer", "installer.cargo_package")?
+                }
+                (None, Some(bin)) => {
+                    runtime::check_static(bin)?;
+                    bin.clone()
+                }
+                (None, None) => bail!("the profile names no installer binary"),
+            })
+        }
+        _ => None,
+    };
+
     // Root filesystem.
     step("rootfs: squashfs");
     let rootfs_out = out.join(names::ROOTFS);
@@ -301,6 +322,21 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         boot::write_raw_image(&raw, layout, disk_guid, esp, boot_files, &meta, epoch)?;
         artifacts.push((Kind::Raw, raw));
     }
+    let boot_info = sign::Boot {
+        title: boot::image_title(&p.pretty_name, &p.version),
+        cmdline: p.cmdline(),
+    };
+    if let Some(bin) = &installer_bin {
+        step("installer: payload manifest and OCI archive");
+        let payload = PayloadInput {
+            kernel: &kernel_out,
+            initramfs: &initramfs_out,
+            boot: &boot_info,
+            epoch,
+        };
+        let image = write_installer(p, out, bin, &payload, signer.as_ref())?;
+        artifacts.push((Kind::Installer, image));
+    }
     artifacts.splice(
         0..0,
         [
@@ -334,11 +370,8 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         profile: profile_name(p),
         source_date_epoch: epoch,
         key_id: signer.key_id(),
+        boot: Some(boot_info),
         artifacts: listed.clone(),
-        boot: Some(sign::BootSpec {
-            title: p.pretty_name.clone(),
-            cmdline: p.cmdline(),
-        }),
     };
     let (m, s) = sign::write_signed_manifest(out, &manifest, signer.as_ref())?;
     for (kind, path) in [(Kind::Manifest, m), (Kind::Signature, s)] {
@@ -366,6 +399,108 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         kernel_cached,
         artifacts: listed,
     })
+}
+
+/// What the installer image carries besides its binary.
+pub struct PayloadInput<'a> {
+    pub kernel: &'a Path,
+    pub initramfs: &'a Path,
+    pub boot: &'a sign::Boot,
+    pub epoch: u64,
+}
+
+/// Hard-links `src` to `dest`, or copies it where links cannot be made.
+fn link_or_copy(src: &Path, dest: &Path) -> Result<()> {
+    if std::fs::hard_link(src, dest).is_ok() {
+        return Ok(());
+    }
+    std::fs::copy(src, dest)
+        .map(|_| ())
+        .with_context(|| format!("copying {} to {}", src.display(), dest.display()))
+}
+
+/// Writes the installer image `out/installer.tar`: the payload (kernel,
+/// initramfs and a manifest listing exactly those two, signed by `signer`)
+/// under [`paths::INSTALLER_PAYLOAD_DIR`], the static installer `binary` as
+/// [`paths::INSTALLER_BINARY`] with [`paths::INSTALLER_LINK`] pointing to
+/// it, the link as entrypoint, the version as tag. The payload is staged in
+/// a temporary directory of `out` that a later build sweeps if this one is
+/// killed.
+pub fn write_installer(
+    p: &Profile,
+    out: &Path,
+    binary: &Path,
+    payload: &PayloadInput,
+    signer: &dyn sign::Signer,
+) -> Result<PathBuf> {
+    let stage = tempfile::Builder::new()
+        .prefix(".installer-payload.")
+        .suffix(".partial")
+        .tempdir_in(out)
+        .with_context(|| format!("creating a staging directory in {}", out.display()))?;
+    let dir = stage.path();
+    link_or_copy(payload.kernel, &dir.join(paths::PAYLOAD_KERNEL))?;
+    link_or_copy(payload.initramfs, &dir.join(paths::PAYLOAD_INITRAMFS))?;
+    link_or_copy(&p.boot.systemd_boot, &dir.join(paths::PAYLOAD_BOOT_LOADER))?;
+    let manifest = sign::Manifest {
+        boot: Some(payload.boot.clone()),
+        ..sign::Manifest::new(
+            &p.name,
+            &p.version,
+            profile_name(p),
+            payload.epoch,
+            vec![
+                sign::describe(dir, Kind::Kernel, paths::PAYLOAD_KERNEL)?,
+                sign::describe(dir, Kind::Initramfs, paths::PAYLOAD_INITRAMFS)?,
+                sign::describe(dir, Kind::BootLoader, paths::PAYLOAD_BOOT_LOADER)?,
+            ],
+        )
+    };
+    sign::write_signed_manifest(dir, &manifest, signer)
+        .context("signing the installer's payload manifest")?;
+    let mut entries = vec![
+        oci::Entry::File {
+            path: paths::INSTALLER_BINARY.to_string(),
+            source: binary.to_path_buf(),
+            mode: 0o755,
+        },
+        oci::Entry::Symlink {
+            path: paths::INSTALLER_LINK.to_string(),
+            target: relative_link(paths::INSTALLER_LINK, paths::INSTALLER_BINARY),
+        },
+    ];
+    for name in paths::PAYLOAD_FILES
+        .into_iter()
+        .chain([paths::PAYLOAD_BOOT_LOADER])
+    {
+        entries.push(oci::Entry::File {
+            path: format!("{}/{name}", paths::INSTALLER_PAYLOAD_DIR),
+            source: dir.join(name),
+            mode: 0o644,
+        });
+    }
+    let spec = oci::ImageSpec {
+        entries,
+        entrypoint: vec![format!("/{}", paths::INSTALLER_LINK)],
+        tag: p.version.clone(),
+        epoch: payload.epoch,
+    };
+    let dest = out.join(names::INSTALLER);
+    oci::write_image(&dest, &spec).with_context(|| format!("writing {}", dest.display()))?;
+    Ok(dest)
+}
+
+/// The target of a symbolic link at `link` to `target` (both relative to the
+/// same root): `imager` for `usr/bin/installer` → `usr/bin/imager`.
+pub fn relative_link(link: &str, target: &str) -> String {
+    fn parent(p: &str) -> &str {
+        p.rsplit_once('/').map_or("", |(d, _)| d)
+    }
+    if parent(link) == parent(target) {
+        return target.rsplit('/').next().unwrap_or(target).to_string();
+    }
+    let ups = parent(link).split('/').filter(|c| !c.is_empty()).count();
+    format!("{}{target}", "../".repeat(ups))
 }
 
 /// The root filesystem, exactly as the runtime's manifest lists it: its
@@ -431,4 +566,25 @@ pub fn rootfs_spec(p: &Profile, machined: &Path, epoch: u64) -> Result<rootfs::R
 /// Writes the report's artifact list as JSON (for `--json`).
 pub fn report_json(r: &BuildReport) -> Result<String> {
     serde_json::to_string_pretty(r).context("serializing the build report")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_links() {
+        assert_eq!(
+            relative_link("usr/bin/installer", "usr/bin/imager"),
+            "imager"
+        );
+        assert_eq!(
+            relative_link("sbin/installer", "usr/bin/imager"),
+            "../usr/bin/imager"
+        );
+        assert_eq!(
+            relative_link("installer", "usr/bin/imager"),
+            "usr/bin/imager"
+        );
+    }
 }

@@ -439,16 +439,16 @@ pub fn run_install(a: &InstallArgs, installer: &Path) -> Result<InstallReport> {
     })
 }
 
-/// The boot loader to install: the payload's own `systemd-bootx64.efi` when
-/// it carries one, else the build host's.
+/// The boot loader to install: the one the payload's signed manifest lists,
+/// else the build host's.
 fn systemd_boot_for(p: &VerifiedPayload) -> PathBuf {
-    let own = p.payload.kernel.path.with_file_name(SYSTEMD_BOOT_NAME);
-    if own.is_file() {
-        own
-    } else {
-        PathBuf::from(boot::DEFAULT_SYSTEMD_BOOT)
+    match p
+        .manifest
+        .artifacts
+        .iter()
+        .find(|a| a.kind == Kind::BootLoader)
+    {
+        Some(a) => p.payload.kernel.path.with_file_name(&a.path),
+        None => PathBuf::from(boot::DEFAULT_SYSTEMD_BOOT),
     }
 }
-
-/// The boot loader's file name in a payload directory.
-pub const SYSTEMD_BOOT_NAME: &str = "systemd-bootx64.efi";

@@ -84,8 +84,8 @@ impl Write for AtomicFile {
 }
 
 /// Removes the temporaries an interrupted writer left in `dir` (hidden
-/// `.NAME.*.partial` files: a killed process runs no destructor). Returns how
-/// many were removed.
+/// `.NAME.*.partial` files and directories: a killed process runs no
+/// destructor). Returns how many were removed.
 pub fn remove_stale_partials(dir: &Path) -> Result<usize> {
     let mut n = 0;
     let entries = match std::fs::read_dir(dir) {
@@ -98,8 +98,14 @@ pub fn remove_stale_partials(dir: &Path) -> Result<usize> {
         let name = entry.file_name();
         let name = name.to_string_lossy();
         if name.starts_with('.') && name.ends_with(".partial") {
-            std::fs::remove_file(entry.path())
-                .with_context(|| format!("removing {}", entry.path().display()))?;
+            let path = entry.path();
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            if is_dir {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            }
+            .with_context(|| format!("removing {}", path.display()))?;
             n += 1;
         }
     }
@@ -212,6 +218,12 @@ mod tests {
         // A temporary left by a killed writer is swept; the output stays.
         let stale = AtomicFile::create(&dest).unwrap();
         std::mem::forget(stale);
+        assert_eq!(remove_stale_partials(dir.path()).unwrap(), 1);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        // So is a temporary directory (a staged installer payload).
+        let staged = dir.path().join(".payload.x1.partial");
+        std::fs::create_dir_all(staged.join("sub")).unwrap();
+        std::fs::write(staged.join("sub/f"), b"x").unwrap();
         assert_eq!(remove_stale_partials(dir.path()).unwrap(), 1);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }

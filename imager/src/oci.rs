@@ -1,13 +1,872 @@
-//! The installer image as an OCI archive (placeholder until the OCI module
-//! lands).
+//! The installer container image: an OCI image layout (`oci-layout`,
+//! `index.json`, `blobs/sha256/…`) in one tar archive, the `oci-archive`
+//! transport of skopeo and podman.
+//!
+//! [`write_image`] writes an image of one uncompressed layer, byte for byte
+//! the same for the same inputs: every timestamp is the build's
+//! `SOURCE_DATE_EPOCH`, entries are sorted, owners are 0:0 without names,
+//! modes are fixed and every JSON document is compact with sorted keys. The
+//! layer is streamed to a temporary file while it is hashed, then copied into
+//! the archive; nothing large is held in memory.
+//!
+//! [`extract_payload`] reads such an archive (or any OCI image with one
+//! linux/amd64 image of tar layers, uncompressed, gzip or zstd) back: index → manifest → config and
+//! layers, every blob checked against its digest and size, and extracts the
+//! payload directory ([`contract::paths::INSTALLER_PAYLOAD_DIR`]). It does
+//! not verify the payload's signature: that is the installer's job, against
+//! the keys the disk trusts.
 
-use anyhow::{Result, bail};
+use crate::io::{AtomicFile, HashingReader, HashingWriter};
+use anyhow::{Context, Result, anyhow, bail};
+use contract::paths::{INSTALLER_PAYLOAD_DIR, PAYLOAD_FILES};
+use serde::Deserialize;
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-/// Extracts the installer payload of an OCI archive into `dest`.
-pub fn extract_payload(archive: &Path, _dest: &Path) -> Result<PathBuf> {
-    bail!(
-        "{}: reading OCI archives is not implemented yet: pass the payload directory",
-        archive.display()
+pub const MEDIA_TYPE_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub const MEDIA_TYPE_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub const MEDIA_TYPE_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+pub const MEDIA_TYPE_LAYER: &str = "application/vnd.oci.image.layer.v1.tar";
+pub const MEDIA_TYPE_LAYER_ZSTD: &str = "application/vnd.oci.image.layer.v1.tar+zstd";
+pub const MEDIA_TYPE_LAYER_GZIP: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+/// Docker's media types, which skopeo may write when it copies an image.
+const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+const DOCKER_LAYER: &str = "application/vnd.docker.image.rootfs.diff.tar";
+const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
+/// The annotation of `index.json` that names an image (`oci-archive:FILE:TAG`).
+pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
+/// The image layout version this code writes (`oci-layout`).
+pub const LAYOUT_VERSION: &str = "1.0.0";
+/// Index, manifest and config are small JSON documents; larger is not one.
+const MAX_JSON: u64 = 4 << 20;
+
+/// A file or link of the image's layer. Paths are relative to the image's
+/// root, `/`-separated; parent directories are added (mode 0755).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// A regular file with the bytes of `source`.
+    File {
+        path: String,
+        source: PathBuf,
+        mode: u32,
+    },
+    /// A symbolic link to `target`.
+    Symlink { path: String, target: String },
+}
+
+impl Entry {
+    pub fn path(&self) -> &str {
+        match self {
+            Entry::File { path, .. } | Entry::Symlink { path, .. } => path,
+        }
+    }
+}
+
+/// An image of one layer.
+#[derive(Debug, Clone)]
+pub struct ImageSpec {
+    pub entries: Vec<Entry>,
+    /// `config.Entrypoint`, e.g. `["/usr/bin/installer"]`.
+    pub entrypoint: Vec<String>,
+    /// The `org.opencontainers.image.ref.name` of the image in `index.json`.
+    pub tag: String,
+    /// Every timestamp: file mtimes and the config's `created`.
+    pub epoch: u64,
+}
+
+/// What [`write_image`] wrote; digests are `sha256:<hex>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageInfo {
+    pub path: PathBuf,
+    pub manifest_digest: String,
+    pub config_digest: String,
+    pub layer_digest: String,
+    pub layer_size: u64,
+}
+
+/// Checks that `tag` is a valid OCI tag (`[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`).
+pub fn check_tag(tag: &str) -> Result<(), String> {
+    let ok = !tag.is_empty()
+        && tag.len() <= 128
+        && !tag.starts_with(['.', '-'])
+        && tag
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{tag:?} cannot be an OCI image tag: use at most 128 letters, digits, '.', '_' and \
+             '-', not starting with '.' or '-'"
+        ))
+    }
+}
+
+/// Checks a path inside the image: relative, `/`-separated, no empty, `.`
+/// or `..` component, no NUL.
+fn check_image_path(path: &str) -> Result<()> {
+    if path.is_empty() || path.starts_with('/') || path.contains('\0') {
+        bail!("image path {path:?} must be relative to the image's root and not empty");
+    }
+    if path.split('/').any(|c| matches!(c, "" | "." | "..")) {
+        bail!("image path {path:?} has an empty, `.` or `..` component");
+    }
+    Ok(())
+}
+
+/// `1970-01-01T00:00:00Z` from seconds since 1970 (RFC 3339, UTC).
+pub fn rfc3339(epoch: u64) -> String {
+    let days = (epoch / 86400) as i64;
+    let secs = epoch % 86400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
     )
 }
+
+fn header(kind: tar::EntryType, mode: u32, size: u64, epoch: u64) -> tar::Header {
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(epoch);
+    h.set_size(size);
+    h
+}
+
+/// A temporary file beside `dest`, named so that a later build sweeps it if
+/// this one is killed ([`crate::io::remove_stale_partials`]).
+fn temp_beside(dest: &Path, what: &str) -> Result<tempfile::NamedTempFile> {
+    let dir = dest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    tempfile::Builder::new()
+        .prefix(&format!(".{name}.{what}."))
+        .suffix(".partial")
+        .tempfile_in(dir)
+        .with_context(|| format!("creating a temporary {what} for {}", dest.display()))
+}
+
+/// Writes the layer tar of `entries` (with their parent directories, sorted)
+/// into `file`, hashing it. Returns its hex SHA-256 and size.
+fn write_layer(file: &File, entries: &[Entry], epoch: u64) -> Result<(String, u64)> {
+    let mut dirs = BTreeSet::new();
+    let mut seen = BTreeSet::new();
+    for e in entries {
+        check_image_path(e.path())?;
+        if !seen.insert(e.path()) {
+            bail!("image path {} is given twice", e.path());
+        }
+        let mut parent = e.path();
+        while let Some((p, _)) = parent.rsplit_once('/') {
+            dirs.insert(p.to_string());
+            parent = p;
+        }
+    }
+    if let Some(d) = dirs.iter().find(|d| seen.contains(d.as_str())) {
+        bail!("image path {d} is both a directory and a file");
+    }
+    enum Item<'a> {
+        Dir,
+        Entry(&'a Entry),
+    }
+    let mut items: Vec<(&str, Item)> = dirs.iter().map(|d| (d.as_str(), Item::Dir)).collect();
+    items.extend(entries.iter().map(|e| (e.path(), Item::Entry(e))));
+    items.sort_by(|a, b| a.0.cmp(b.0));
+
+    let w = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));
+    let mut b = tar::Builder::new(w);
+    for (path, item) in items {
+        match item {
+            Item::Dir => {
+                let mut h = header(tar::EntryType::Directory, 0o755, 0, epoch);
+                b.append_data(&mut h, format!("{path}/"), io::empty())
+                    .with_context(|| format!("adding {path}/ to the layer"))?;
+            }
+            Item::Entry(Entry::File { source, mode, .. }) => {
+                let f =
+                    File::open(source).with_context(|| format!("opening {}", source.display()))?;
+                let size = f
+                    .metadata()
+                    .with_context(|| format!("reading {}", source.display()))?
+                    .len();
+                let mut h = header(tar::EntryType::Regular, *mode, size, epoch);
+                // Exactly `size` bytes: a file that grows meanwhile cannot
+                // break the archive (one that shrinks fails the copy).
+                b.append_data(&mut h, path, BufReader::new(f).take(size))
+                    .with_context(|| {
+                        format!("adding {} as {path} to the layer", source.display())
+                    })?;
+            }
+            Item::Entry(Entry::Symlink { target, .. }) => {
+                let mut h = header(tar::EntryType::Symlink, 0o777, 0, epoch);
+                b.append_link(&mut h, path, target)
+                    .with_context(|| format!("adding the link {path} to the layer"))?;
+            }
+        }
+    }
+    let w = b.into_inner().context("finishing the layer")?;
+    let (buf, hex, size) = w.finish();
+    buf.into_inner()
+        .map_err(|e| e.into_error())
+        .context("writing the layer")?;
+    Ok((hex, size))
+}
+
+/// Writes the OCI archive `dest` of `spec`, atomically (a temporary name,
+/// renamed when complete).
+pub fn write_image(dest: &Path, spec: &ImageSpec) -> Result<ImageInfo> {
+    check_tag(&spec.tag).map_err(|e| anyhow!("image tag: {e}"))?;
+    let layer = temp_beside(dest, "layer")?;
+    let (layer_hex, layer_size) = write_layer(layer.as_file(), &spec.entries, spec.epoch)
+        .with_context(|| format!("writing the layer of {}", dest.display()))?;
+    assemble(dest, layer.as_file(), &layer_hex, layer_size, spec)
+}
+
+/// Writes the archive `dest` around the layer in `layer` (hex SHA-256
+/// `layer_hex`, `layer_size` bytes): config, manifest, index, layout.
+fn assemble(
+    dest: &Path,
+    layer: &File,
+    layer_hex: &str,
+    layer_size: u64,
+    spec: &ImageSpec,
+) -> Result<ImageInfo> {
+    let layer_digest = format!("sha256:{layer_hex}");
+    let created = rfc3339(spec.epoch);
+
+    // Keys in sorted order, compact: the same document gives the same bytes
+    // whatever the map type of serde_json.
+    let config = json!({
+        "architecture": "amd64",
+        "config": { "Entrypoint": spec.entrypoint },
+        "created": created,
+        "history": [ { "created": created, "created_by": "imager build" } ],
+        "os": "linux",
+        "rootfs": { "diff_ids": [layer_digest], "type": "layers" },
+    });
+    let config = serde_json::to_vec(&config).context("serializing the image config")?;
+    let config_digest = digest_of(&config);
+    let manifest = json!({
+        "config": {
+            "digest": config_digest,
+            "mediaType": MEDIA_TYPE_CONFIG,
+            "size": config.len(),
+        },
+        "layers": [ {
+            "digest": layer_digest,
+            "mediaType": MEDIA_TYPE_LAYER,
+            "size": layer_size,
+        } ],
+        "mediaType": MEDIA_TYPE_MANIFEST,
+        "schemaVersion": 2,
+    });
+    let manifest = serde_json::to_vec(&manifest).context("serializing the image manifest")?;
+    let manifest_digest = digest_of(&manifest);
+    let index = json!({
+        "manifests": [ {
+            "annotations": { REF_NAME: spec.tag },
+            "digest": manifest_digest,
+            "mediaType": MEDIA_TYPE_MANIFEST,
+            "platform": { "architecture": "amd64", "os": "linux" },
+            "size": manifest.len(),
+        } ],
+        "mediaType": MEDIA_TYPE_INDEX,
+        "schemaVersion": 2,
+    });
+    let index = serde_json::to_vec(&index).context("serializing index.json")?;
+    let layout = serde_json::to_vec(&json!({ "imageLayoutVersion": LAYOUT_VERSION }))
+        .context("serializing oci-layout")?;
+
+    enum Src<'a> {
+        Dir,
+        Bytes(&'a [u8]),
+        File(&'a File, u64),
+    }
+    let blob = |d: &str| format!("blobs/sha256/{}", d.trim_start_matches("sha256:"));
+    let mut items: BTreeMap<String, Src> = BTreeMap::new();
+    items.insert("blobs/".into(), Src::Dir);
+    items.insert("blobs/sha256/".into(), Src::Dir);
+    items.insert("oci-layout".into(), Src::Bytes(&layout));
+    items.insert("index.json".into(), Src::Bytes(&index));
+    items.insert(blob(&manifest_digest), Src::Bytes(&manifest));
+    items.insert(blob(&config_digest), Src::Bytes(&config));
+    items.insert(blob(&layer_digest), Src::File(layer, layer_size));
+
+    let mut out = AtomicFile::create(dest)?;
+    {
+        let mut b = tar::Builder::new(BufWriter::with_capacity(1 << 20, &mut out));
+        for (path, src) in items {
+            let what = || format!("adding {path} to {}", dest.display());
+            match src {
+                Src::Dir => {
+                    let mut h = header(tar::EntryType::Directory, 0o755, 0, spec.epoch);
+                    b.append_data(&mut h, &path, io::empty())
+                        .with_context(what)?;
+                }
+                Src::Bytes(bytes) => {
+                    let mut h = header(
+                        tar::EntryType::Regular,
+                        0o644,
+                        bytes.len() as u64,
+                        spec.epoch,
+                    );
+                    b.append_data(&mut h, &path, bytes).with_context(what)?;
+                }
+                Src::File(mut f, size) => {
+                    f.seek(SeekFrom::Start(0)).with_context(what)?;
+                    // The layer as hashed, re-checked on the way in.
+                    let mut r = HashingReader::new(BufReader::with_capacity(1 << 20, f).take(size));
+                    let mut h = header(tar::EntryType::Regular, 0o644, size, spec.epoch);
+                    b.append_data(&mut h, &path, &mut r).with_context(what)?;
+                    if r.finish() != (layer_hex.to_string(), size) {
+                        bail!(
+                            "the layer of {} changed while it was written",
+                            dest.display()
+                        );
+                    }
+                }
+            }
+        }
+        let w = b
+            .into_inner()
+            .with_context(|| format!("finishing {}", dest.display()))?;
+        w.into_inner()
+            .map_err(|e| e.into_error())
+            .with_context(|| format!("writing {}", dest.display()))?;
+    }
+    let path = out.commit()?;
+    Ok(ImageInfo {
+        path,
+        manifest_digest,
+        config_digest,
+        layer_digest,
+        layer_size,
+    })
+}
+
+fn digest_of(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+// ---------------------------------------------------------------- reading
+
+/// An OCI content descriptor (only the fields read here; others are allowed).
+#[derive(Debug, Clone, Deserialize)]
+struct Descriptor {
+    #[serde(rename = "mediaType", default)]
+    media_type: String,
+    digest: String,
+    size: u64,
+    #[serde(default)]
+    platform: Option<Platform>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Platform {
+    architecture: String,
+    os: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Index {
+    #[serde(rename = "schemaVersion")]
+    schema_version: u32,
+    manifests: Vec<Descriptor>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ImageManifest {
+    #[serde(rename = "schemaVersion")]
+    schema_version: u32,
+    config: Descriptor,
+    layers: Vec<Descriptor>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ImageConfig {
+    rootfs: RootFs,
+}
+
+#[derive(Debug, Deserialize)]
+struct RootFs {
+    diff_ids: Vec<String>,
+}
+
+/// The hex part of a `sha256:<64 hex>` digest (nothing else names a blob
+/// file, so a digest can never be a path of its own).
+fn digest_hex(digest: &str) -> Result<&str> {
+    let hex = digest.strip_prefix("sha256:").with_context(|| {
+        format!("digest {digest:?} is not a sha256 digest (the only algorithm supported)")
+    })?;
+    if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        bail!("digest {digest:?} is not sha256: and 64 lowercase hex digits");
+    }
+    Ok(hex)
+}
+
+/// Where the blobs are: a layout directory, or an archive with each blob's
+/// data offset and size.
+enum Store {
+    Dir(PathBuf),
+    Archive {
+        path: PathBuf,
+        blobs: BTreeMap<String, (u64, u64)>,
+    },
+}
+
+/// `./a/b/` → `a/b`; refuses absolute paths and `..`.
+fn normalize(path: &str) -> Result<&str, String> {
+    let mut p = path;
+    while let Some(rest) = p.strip_prefix("./") {
+        p = rest;
+    }
+    let p = p.trim_end_matches('/');
+    if p.starts_with('/') {
+        return Err(format!("{path:?} is an absolute path"));
+    }
+    if p.split('/').any(|c| c == "..") {
+        return Err(format!("{path:?} contains `..`"));
+    }
+    Ok(p)
+}
+
+fn read_limited(r: impl Read, what: &str) -> Result<Vec<u8>> {
+    let mut v = Vec::new();
+    r.take(MAX_JSON + 1)
+        .read_to_end(&mut v)
+        .with_context(|| format!("reading {what}"))?;
+    if v.len() as u64 > MAX_JSON {
+        bail!("{what} is larger than {MAX_JSON} bytes: not an OCI image");
+    }
+    Ok(v)
+}
+
+impl Store {
+    /// Scans an archive: reads `index.json` and `oci-layout`, notes where
+    /// each blob's bytes are.
+    fn open_archive(path: &Path) -> Result<(Store, Vec<u8>)> {
+        let what = path.display();
+        let f = File::open(path).with_context(|| format!("opening {what}"))?;
+        let mut ar = tar::Archive::new(BufReader::with_capacity(1 << 20, f));
+        let mut blobs = BTreeMap::new();
+        let mut index = None;
+        let mut layout = None;
+        let entries = ar
+            .entries_with_seek()
+            .with_context(|| format!("reading {what} as a tar archive"))?;
+        for e in entries {
+            let mut e = e.with_context(|| {
+                format!("reading {what} as a tar archive: is it an OCI archive (oci-archive)?")
+            })?;
+            let raw = e.path_bytes().into_owned();
+            let Ok(name) = std::str::from_utf8(&raw) else {
+                continue;
+            };
+            let name = normalize(name)
+                .map_err(|e| anyhow!("{what}: archive entry {e}: refusing the archive"))?
+                .to_string();
+            let regular = matches!(
+                e.header().entry_type(),
+                tar::EntryType::Regular | tar::EntryType::Continuous
+            );
+            match name.as_str() {
+                "index.json" | "oci-layout" if !regular => {
+                    bail!("{what}: {name} is not a regular file in the archive")
+                }
+                "index.json" => index = Some(read_limited(&mut e, "index.json")?),
+                "oci-layout" => layout = Some(read_limited(&mut e, "oci-layout")?),
+                _ => {
+                    if let Some(hex) = name.strip_prefix("blobs/sha256/") {
+                        if hex.is_empty() {
+                            continue;
+                        }
+                        if !regular {
+                            bail!("{what}: blob {name} is not a regular file in the archive");
+                        }
+                        let at = (e.raw_file_position(), e.size());
+                        if blobs.insert(hex.to_string(), at).is_some() {
+                            bail!("{what}: the archive holds {name} twice: refusing it");
+                        }
+                    }
+                }
+            }
+        }
+        let index = index.with_context(|| {
+            format!(
+                "not an OCI archive: no index.json in {what}: give an installer image made by \
+                 `imager build` (installer.tar) or a directory holding the payload"
+            )
+        })?;
+        check_layout(layout.as_deref(), path)?;
+        Ok((
+            Store::Archive {
+                path: path.to_path_buf(),
+                blobs,
+            },
+            index,
+        ))
+    }
+
+    /// The bytes of blob `d`, checked to have the descriptor's size; the
+    /// caller checks the digest of what it reads.
+    fn open(&self, d: &Descriptor) -> Result<Box<dyn Read + '_>> {
+        let hex = digest_hex(&d.digest)?;
+        let (file, offset, size) = match self {
+            Store::Dir(root) => {
+                let p = root.join("blobs/sha256").join(hex);
+                let f = File::open(&p).map_err(|e| {
+                    anyhow!(
+                        "blob {} is missing from {} ({e}): the image is incomplete",
+                        d.digest,
+                        root.display()
+                    )
+                })?;
+                let size = f
+                    .metadata()
+                    .with_context(|| format!("reading {}", p.display()))?
+                    .len();
+                (f, 0, size)
+            }
+            Store::Archive { path, blobs } => {
+                let &(offset, size) = blobs.get(hex).with_context(|| {
+                    format!(
+                        "blob {} is missing from {}: the archive is incomplete",
+                        d.digest,
+                        path.display()
+                    )
+                })?;
+                let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+                (f, offset, size)
+            }
+        };
+        if size != d.size {
+            bail!(
+                "blob {} has {size} bytes but its descriptor says {}: the archive is corrupt",
+                d.digest,
+                d.size
+            );
+        }
+        let mut f = BufReader::with_capacity(1 << 20, file);
+        f.seek(SeekFrom::Start(offset))
+            .with_context(|| format!("reading blob {}", d.digest))?;
+        Ok(Box::new(f.take(size)))
+    }
+
+    /// A small JSON blob, read whole and checked against its digest.
+    fn read_json<T: serde::de::DeserializeOwned>(&self, d: &Descriptor, what: &str) -> Result<T> {
+        if d.size > MAX_JSON {
+            bail!("the {what} {} is {} bytes: too large", d.digest, d.size);
+        }
+        let mut r = HashingReader::new(self.open(d)?);
+        let bytes = read_limited(&mut r, what)?;
+        check_digest(d, r.finish())?;
+        serde_json::from_slice(&bytes)
+            .with_context(|| format!("the {what} {} is not a valid OCI {what}", d.digest))
+    }
+}
+
+fn check_layout(layout: Option<&[u8]>, at: &Path) -> Result<()> {
+    let Some(bytes) = layout else {
+        bail!("not an OCI image layout: no oci-layout in {}", at.display());
+    };
+    let v: serde_json::Value = serde_json::from_slice(bytes)
+        .with_context(|| format!("oci-layout in {} is not JSON", at.display()))?;
+    match v["imageLayoutVersion"].as_str() {
+        Some(s) if s.starts_with("1.") => Ok(()),
+        other => bail!(
+            "oci-layout in {}: imageLayoutVersion {other:?} is not supported (1.x)",
+            at.display()
+        ),
+    }
+}
+
+fn check_digest(d: &Descriptor, (hex, size): (String, u64)) -> Result<()> {
+    if size != d.size {
+        bail!(
+            "blob {} has {size} bytes but its descriptor says {}: the archive is corrupt",
+            d.digest,
+            d.size
+        );
+    }
+    if d.digest != format!("sha256:{hex}") {
+        bail!(
+            "blob {} does not match its digest (its bytes hash to sha256:{hex}): the archive \
+             is corrupt: download or build it again",
+            d.digest
+        );
+    }
+    Ok(())
+}
+
+/// Extracts the installer payload of an OCI archive (or of an OCI image
+/// layout directory) into `dest` and returns the directory that holds
+/// `vmlinuz`, `initramfs.zst`, `manifest.json` and `manifest.json.sig`
+/// (`dest`). Given a directory that already holds those four files, returns
+/// it unchanged. Every blob read is checked against its digest and size;
+/// files appear in `dest` only after the whole image checked out. The
+/// payload's signature is NOT verified here.
+pub fn extract_payload(archive: &Path, dest: &Path) -> Result<PathBuf> {
+    let what = archive.display();
+    let meta = std::fs::metadata(archive).with_context(|| format!("reading {what}"))?;
+    let (store, index) = if meta.is_dir() {
+        if PAYLOAD_FILES.iter().all(|f| archive.join(f).is_file()) {
+            return Ok(archive.to_path_buf());
+        }
+        let index_path = archive.join("index.json");
+        if !index_path.is_file() {
+            let missing: Vec<&str> = PAYLOAD_FILES
+                .into_iter()
+                .filter(|f| !archive.join(f).is_file())
+                .collect();
+            bail!(
+                "{what} is neither a payload directory (it lacks {}) nor an OCI image layout \
+                 (no index.json)",
+                missing.join(", ")
+            );
+        }
+        let layout = std::fs::read(archive.join("oci-layout")).ok();
+        check_layout(layout.as_deref(), archive)?;
+        let f =
+            File::open(&index_path).with_context(|| format!("opening {}", index_path.display()))?;
+        let index = read_limited(f, "index.json")?;
+        (Store::Dir(archive.to_path_buf()), index)
+    } else {
+        Store::open_archive(archive)?
+    };
+    extract_from(&store, &index, dest).with_context(|| format!("extracting the payload of {what}"))
+}
+
+fn extract_from(store: &Store, index: &[u8], dest: &Path) -> Result<PathBuf> {
+    let index: Index =
+        serde_json::from_slice(index).context("index.json is not a valid OCI image index")?;
+    if index.schema_version != 2 {
+        bail!(
+            "index.json has schemaVersion {}: only 2 is supported",
+            index.schema_version
+        );
+    }
+    let images: Vec<&Descriptor> = index
+        .manifests
+        .iter()
+        .filter(|d| d.media_type == MEDIA_TYPE_MANIFEST || d.media_type == DOCKER_MANIFEST)
+        .collect();
+    let image = match images.as_slice() {
+        [one] => *one,
+        [] => bail!("index.json names no image manifest"),
+        many => {
+            let amd64: Vec<&&Descriptor> = many
+                .iter()
+                .filter(|d| {
+                    d.platform
+                        .as_ref()
+                        .is_some_and(|p| p.architecture == "amd64" && p.os == "linux")
+                })
+                .collect();
+            match amd64.as_slice() {
+                [one] => **one,
+                _ => bail!(
+                    "index.json names {} images and not exactly one for linux/amd64: give an \
+                     archive of one installer image",
+                    many.len()
+                ),
+            }
+        }
+    };
+    let manifest: ImageManifest = store.read_json(image, "image manifest")?;
+    if manifest.schema_version != 2 {
+        bail!(
+            "image manifest {} has schemaVersion {}: only 2 is supported",
+            image.digest,
+            manifest.schema_version
+        );
+    }
+    let config: ImageConfig = store.read_json(&manifest.config, "image config")?;
+    if config.rootfs.diff_ids.len() != manifest.layers.len() {
+        bail!(
+            "the image config lists {} layers (rootfs.diff_ids) but the manifest {}: the image \
+             is corrupt",
+            config.rootfs.diff_ids.len(),
+            manifest.layers.len()
+        );
+    }
+
+    std::fs::create_dir_all(dest).with_context(|| format!("creating {}", dest.display()))?;
+    let staging = tempfile::Builder::new()
+        .prefix(".payload.")
+        .suffix(".partial")
+        .tempdir_in(dest)
+        .with_context(|| format!("creating a temporary directory in {}", dest.display()))?;
+    for (layer, diff_id) in manifest.layers.iter().zip(&config.rootfs.diff_ids) {
+        extract_layer(store, layer, diff_id, staging.path())?;
+    }
+    let missing: Vec<&str> = PAYLOAD_FILES
+        .into_iter()
+        .filter(|f| !staging.path().join(f).is_file())
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "the image has no {}: it is not an installer image (build one with \
+             `imager build --profile installer`)",
+            missing
+                .iter()
+                .map(|f| format!("{INSTALLER_PAYLOAD_DIR}/{f}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let mut names: Vec<PathBuf> = std::fs::read_dir(staging.path())
+        .and_then(|d| d.map(|e| e.map(|e| e.path())).collect())
+        .with_context(|| format!("listing {}", staging.path().display()))?;
+    names.sort();
+    for from in names {
+        let to = dest.join(from.file_name().unwrap_or_default());
+        std::fs::rename(&from, &to)
+            .with_context(|| format!("moving {} to {}", from.display(), to.display()))?;
+    }
+    Ok(dest.to_path_buf())
+}
+
+/// Applies one layer to the staged payload: its regular files directly under
+/// the payload directory, whiteouts of them. Checks the layer's digest and
+/// size and its uncompressed digest (`diff_id`).
+fn extract_layer(store: &Store, layer: &Descriptor, diff_id: &str, staging: &Path) -> Result<()> {
+    enum Compression {
+        None,
+        Gzip,
+        Zstd,
+    }
+    let compression = match layer.media_type.as_str() {
+        MEDIA_TYPE_LAYER | DOCKER_LAYER => Compression::None,
+        MEDIA_TYPE_LAYER_GZIP | DOCKER_LAYER_GZIP => Compression::Gzip,
+        MEDIA_TYPE_LAYER_ZSTD => Compression::Zstd,
+        other => bail!(
+            "layer {} has media type {other:?}: only tar layers, uncompressed or compressed \
+             with gzip or zstd, are supported",
+            layer.digest
+        ),
+    };
+    let mut outer = HashingReader::new(store.open(layer)?);
+    let (applied, diff) = {
+        let inner: Box<dyn Read + '_> = match compression {
+            Compression::None => Box::new(&mut outer),
+            Compression::Gzip => Box::new(flate2::read::GzDecoder::new(&mut outer)),
+            Compression::Zstd => Box::new(zstd::Decoder::new(&mut outer).context("starting zstd")?),
+        };
+        let mut diff = HashingReader::new(inner);
+        let applied = apply_layer(&mut diff, staging);
+        // Hash the rest, so that the digests cover every byte.
+        let drained = io::copy(&mut diff, &mut io::sink());
+        let (hex, _) = diff.finish();
+        (applied, drained.map(|_| hex))
+    };
+    let drained = io::copy(&mut outer, &mut io::sink());
+    let blob = outer.finish();
+    // A corrupt blob is reported as such, whatever else it broke.
+    check_digest(layer, blob)?;
+    drained.with_context(|| format!("reading layer {}", layer.digest))?;
+    let diff = diff.with_context(|| format!("reading layer {}", layer.digest))?;
+    applied.with_context(|| format!("reading layer {}", layer.digest))?;
+    if format!("sha256:{diff}") != diff_id {
+        bail!(
+            "layer {} unpacks to sha256:{diff} but the config's diff_id is {diff_id}: the image \
+             is corrupt",
+            layer.digest
+        );
+    }
+    Ok(())
+}
+
+fn apply_layer(r: impl Read, staging: &Path) -> Result<()> {
+    let prefix = format!("{INSTALLER_PAYLOAD_DIR}/");
+    let mut ar = tar::Archive::new(r);
+    for e in ar.entries().context("reading the layer as a tar archive")? {
+        let mut e = e.context("reading the layer as a tar archive")?;
+        let raw = e.path_bytes().into_owned();
+        let Ok(raw) = std::str::from_utf8(&raw) else {
+            continue;
+        };
+        let path = normalize(raw)
+            .map_err(|why| anyhow!("layer entry {why}: refusing the image"))?
+            .to_string();
+        let kind = e.header().entry_type();
+        let is_link = matches!(kind, tar::EntryType::Symlink | tar::EntryType::Link);
+        // A link on the way to the payload would move it anywhere.
+        if is_link && format!("{INSTALLER_PAYLOAD_DIR}/").starts_with(&format!("{path}/")) {
+            bail!(
+                "layer entry {path} is a link, so {INSTALLER_PAYLOAD_DIR} would lead elsewhere: \
+                 refusing the image"
+            );
+        }
+        let Some(name) = path.strip_prefix(&prefix) else {
+            continue;
+        };
+        if name.is_empty() || name.contains('/') {
+            continue;
+        }
+        if name == ".wh..wh..opq" {
+            for f in std::fs::read_dir(staging).context("listing the staged payload")? {
+                let f = f.context("listing the staged payload")?;
+                std::fs::remove_file(f.path())
+                    .with_context(|| format!("removing {}", f.path().display()))?;
+            }
+            continue;
+        }
+        if let Some(gone) = name.strip_prefix(".wh.") {
+            match std::fs::remove_file(staging.join(gone)) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => {
+                    return Err(err).context("applying a whiteout");
+                }
+                _ => continue,
+            }
+        }
+        match kind {
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                let to = staging.join(name);
+                let mut f =
+                    File::create(&to).with_context(|| format!("creating {}", to.display()))?;
+                io::copy(&mut e, &mut f).with_context(|| format!("extracting {path}"))?;
+                f.sync_all()
+                    .with_context(|| format!("flushing {}", to.display()))?;
+            }
+            tar::EntryType::Directory => {}
+            _ if is_link => {
+                let target = e
+                    .link_name_bytes()
+                    .map(|t| String::from_utf8_lossy(&t).into_owned())
+                    .unwrap_or_default();
+                bail!(
+                    "payload entry {path} is a link (to {target:?}): the payload must be \
+                     regular files: refusing the image"
+                );
+            }
+            other => bail!("payload entry {path} is a {other:?}, not a regular file"),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -123,6 +123,19 @@ pub struct RuntimeSection {
     pub manifest: PathBuf,
 }
 
+/// The installer binary of the installer image (output `installer`): the
+/// static `imager`, which acts as the installer when run as `installer`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstallerSection {
+    /// Build it from this cargo package directory (the `imager` package).
+    #[serde(default)]
+    pub cargo_package: Option<PathBuf>,
+    /// Or use this prebuilt static binary.
+    #[serde(default)]
+    pub binary: Option<PathBuf>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BootSection {
@@ -196,7 +209,20 @@ pub struct SigningSection {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Output {
+    /// The raw GPT disk image (`disk.raw`).
     Raw,
+    /// The installer container image, an OCI archive (`installer.tar`).
+    Installer,
+}
+
+impl Output {
+    /// The name as written in a profile.
+    pub fn name(self) -> &'static str {
+        match self {
+            Output::Raw => "raw",
+            Output::Installer => "installer",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -234,6 +260,9 @@ pub struct Profile {
     pub version: String,
     pub kernel: KernelSection,
     pub runtime: RuntimeSection,
+    /// Required with the output `installer`.
+    #[serde(default)]
+    pub installer: Option<InstallerSection>,
     #[serde(default)]
     pub boot: BootSection,
     #[serde(default)]
@@ -332,6 +361,11 @@ impl Profile {
         {
             abs(p);
         }
+        if let Some(i) = self.installer.as_mut() {
+            for p in i.cargo_package.iter_mut().chain(i.binary.iter_mut()) {
+                abs(p);
+            }
+        }
         abs(&mut self.boot.systemd_boot);
         if let Some(k) = self.signing.key.as_mut() {
             abs(k);
@@ -384,6 +418,29 @@ impl Profile {
                 return Err("runtime: give exactly one of cargo_package or binary".into());
             }
             _ => {}
+        }
+        if self.outputs.is_empty() {
+            return Err("outputs: name at least one output (raw, installer)".into());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(o) = self.outputs.iter().find(|o| !seen.insert(**o)) {
+            return Err(format!("outputs: {} is listed twice", o.name()));
+        }
+        match &self.installer {
+            Some(i) if i.cargo_package.is_some() == i.binary.is_some() => {
+                return Err("installer: give exactly one of cargo_package or binary".into());
+            }
+            None if self.outputs.contains(&Output::Installer) => {
+                return Err(
+                    "outputs: installer needs an installer section naming the installer \
+                            binary: installer: { cargo_package: ../imager }"
+                        .into(),
+                );
+            }
+            _ => {}
+        }
+        if self.outputs.contains(&Output::Installer) {
+            crate::oci::check_tag(&self.version).map_err(|e| format!("version: {e}"))?;
         }
         if !contract::partition::SECTOR_SIZES.contains(&self.disk.sector_size) {
             return Err(format!(
@@ -525,6 +582,61 @@ disk:
             e.contains("test.yaml") && e.contains("ESP") && e.contains("line"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn installer_output_needs_its_binary() {
+        let with = |extra: &str| parse(&format!("{GOOD}{extra}"));
+        let p =
+            with("outputs: [raw, installer]\ninstaller:\n  cargo_package: ../imager\n").unwrap();
+        assert_eq!(p.outputs, vec![Output::Raw, Output::Installer]);
+        let i = p.installer.unwrap();
+        assert_eq!(
+            i.cargo_package.as_deref(),
+            Some(Path::new("/p/profiles/../imager"))
+        );
+        let e = with("outputs: [installer]\n").unwrap_err().to_string();
+        assert!(e.contains("installer: { cargo_package: ../imager }"), "{e}");
+        let e = with("outputs: [installer]\ninstaller: { cargo_package: a, binary: b }\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("exactly one of cargo_package or binary"), "{e}");
+        let e = with("outputs: [installer]\ninstaller: { cargo: a }\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line 17") && e.contains("cargo"), "{e}");
+        let e = with("outputs: [iso]\n").unwrap_err().to_string();
+        assert!(e.contains("line 16") && e.contains("iso"), "{e}");
+        let e = with("outputs: [raw, raw]\n").unwrap_err().to_string();
+        assert!(e.contains("raw is listed twice"), "{e}");
+        let e = with("outputs: []\n").unwrap_err().to_string();
+        assert!(e.contains("at least one output"), "{e}");
+        // The version becomes the image's tag.
+        let bad = GOOD.replace("version: 1.0.0", "version: 1.0.0+build");
+        let e = parse(&format!(
+            "{bad}outputs: [installer]\ninstaller: {{ binary: /bin/imager }}\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("version") && e.contains("tag"), "{e}");
+    }
+
+    /// `profiles/installer.yaml` builds the system of `profiles/metal.yaml`:
+    /// it may differ only in its outputs and installer section.
+    #[test]
+    fn installer_profile_is_metal_plus_the_installer() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles");
+        let metal = Profile::load(&dir.join("metal.yaml")).unwrap();
+        let mut inst = Profile::load(&dir.join("installer.yaml")).unwrap();
+        assert_eq!(inst.outputs, vec![Output::Raw, Output::Installer]);
+        let pkg = inst.installer.take().unwrap().cargo_package.unwrap();
+        assert_eq!(
+            std::fs::canonicalize(pkg).unwrap(),
+            std::fs::canonicalize(Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap()
+        );
+        inst.outputs = metal.outputs.clone();
+        inst.path = metal.path.clone();
+        assert_eq!(format!("{inst:?}"), format!("{metal:?}"));
     }
 
     #[test]

@@ -12,11 +12,17 @@ pub const TARGET: &str = "x86_64-unknown-linux-gnu";
 /// with build paths remapped so that the binary does not depend on where the
 /// checkout lives) and returns its path.
 pub fn build(package_dir: &Path) -> Result<PathBuf> {
+    build_named(package_dir, "runtime", "runtime.cargo_package")
+}
+
+/// [`build`] for any static binary of the image: `what` names it in
+/// messages (`runtime`, `installer`), `key` is its profile key.
+pub fn build_named(package_dir: &Path, what: &str, key: &str) -> Result<PathBuf> {
     let manifest = package_dir.join("Cargo.toml");
     let manifest = std::fs::canonicalize(&manifest).unwrap_or(manifest);
     if !manifest.is_file() {
         bail!(
-            "runtime package {} has no Cargo.toml: set runtime.cargo_package in the profile",
+            "{what} package {} has no Cargo.toml: set {key} in the profile",
             package_dir.display()
         );
     }
@@ -38,10 +44,10 @@ pub fn build(package_dir: &Path) -> Result<PathBuf> {
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .stderr(Stdio::inherit())
         .output()
-        .context("running cargo to build the runtime")?;
+        .with_context(|| format!("running cargo to build the {what}"))?;
     if !out.status.success() {
         bail!(
-            "building the runtime in {} failed (cargo's messages are above)",
+            "building the {what} in {} failed (cargo's messages are above)",
             package_dir.display()
         );
     }

@@ -33,21 +33,42 @@ pub struct Manifest {
     /// The [`key_id`](super::key_id) of the signing key; set by
     /// [`write_signed_manifest`].
     pub key_id: String,
+    /// How to boot the kernel and initramfs this manifest lists (absent in
+    /// manifests of older builds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<Boot>,
     /// Paths relative to the manifest's directory, `/`-separated, without
     /// `.`, `..` or empty components.
     pub artifacts: Vec<Artifact>,
-    /// How to boot the kernel and initramfs listed: what the installer
-    /// writes into a boot entry.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub boot: Option<BootSpec>,
 }
 
-/// The boot entry of a payload: the title shown and the kernel command line.
+/// What a boot entry for the manifest's kernel and initramfs needs beyond
+/// the files: the image's title (`Imager 0.1.0`; a slot's entry title is
+/// [`contract::boot::entry_title`] of it) and the kernel command line of the
+/// profile (without the slot argument the entry adds).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct BootSpec {
+pub struct Boot {
     pub title: String,
     pub cmdline: String,
+}
+
+impl Boot {
+    /// Both fields end up on lines of a boot entry: no control characters
+    /// (a newline would add a line of its own), a non-empty title.
+    fn check(&self) -> Result<(), String> {
+        if self.title.trim().is_empty() {
+            return Err("boot.title is empty".into());
+        }
+        for (field, v) in [("boot.title", &self.title), ("boot.cmdline", &self.cmdline)] {
+            if v.chars().any(char::is_control) {
+                return Err(format!(
+                    "{field} {v:?} contains a control character (it is one line of a boot entry)"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Manifest {
@@ -66,8 +87,8 @@ impl Manifest {
             profile: profile.into(),
             source_date_epoch,
             key_id: String::new(),
-            artifacts,
             boot: None,
+            artifacts,
         }
     }
 
@@ -83,6 +104,9 @@ impl Manifest {
                 "manifest format {} is not supported (this imager reads format {FORMAT})",
                 m.format
             );
+        }
+        if let Some(Err(reason)) = m.boot.as_ref().map(Boot::check) {
+            anyhow::bail!("invalid manifest: {reason}");
         }
         Ok(m)
     }
@@ -105,6 +129,9 @@ impl Manifest {
         }
         let mut seen = BTreeSet::new();
         let mut problems = Vec::new();
+        if let Some(Err(reason)) = self.boot.as_ref().map(Boot::check) {
+            problems.push(reason);
+        }
         for a in &self.artifacts {
             if let Err(reason) = check_path(&a.path) {
                 problems.push(format!("{}: {reason}", a.path));
@@ -117,7 +144,7 @@ impl Manifest {
             }
         }
         if !problems.is_empty() {
-            bail!("invalid manifest artifacts:\n  {}", problems.join("\n  "));
+            bail!("invalid manifest:\n  {}", problems.join("\n  "));
         }
         Ok(())
     }

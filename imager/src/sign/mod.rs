@@ -23,7 +23,7 @@ pub use keys::{
     public_key_pem,
 };
 pub use manifest::{
-    BootSpec, FORMAT, MANIFEST_NAME, Manifest, SIGNATURE_NAME, check_digest, check_path, describe,
+    Boot, FORMAT, MANIFEST_NAME, Manifest, SIGNATURE_NAME, check_digest, check_path, describe,
     signature_path, write_signed_manifest,
 };
 pub use verify::{ArtifactCheck, Status, VerifyReport, verify};

@@ -1,0 +1,244 @@
+//! End-to-end tests of the installer image: `imager build --profile
+//! installer` makes `installer.tar`, an OCI archive that skopeo and umoci
+//! read, whose entrypoint is the static imager and whose payload verifies.
+//!
+//! The kernel comes from the build cache; the static installer binary is
+//! compiled by the first build (release, LTO: a few minutes cold).
+
+// Test helpers panic on unexpected failures: that is how a test fails.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+const TAG: &str = "0.1.0";
+
+fn build_installer(name: &str) -> Build {
+    let dir = scratch().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = ok(imager()
+        .args(["build", "--profile", "installer", "--json", "--out"])
+        .arg(&dir));
+    let json: Value = serde_json::from_str(&stdout).expect("build --json prints JSON");
+    Build { dir, json }
+}
+
+/// The installer image, built once for all tests.
+fn image() -> &'static Build {
+    static B: OnceLock<Build> = OnceLock::new();
+    B.get_or_init(|| build_installer("installer-first"))
+}
+
+fn archive() -> PathBuf {
+    let a = image().artifact("installer");
+    assert_eq!(a.file_name().unwrap(), "installer.tar");
+    a
+}
+
+fn dev_pub() -> PathBuf {
+    repo().join("out/keys/dev.pub")
+}
+
+/// The archive unpacked into an OCI layout directory (umoci reads those).
+fn layout() -> &'static Path {
+    static L: OnceLock<PathBuf> = OnceLock::new();
+    L.get_or_init(|| {
+        let dir = scratch().join("installer-layout");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        ok(tool("tar").arg("-xf").arg(archive()).arg("-C").arg(&dir));
+        dir
+    })
+}
+
+#[test]
+fn two_builds_give_byte_identical_archives_listed_in_the_signed_manifest() {
+    let a = archive();
+    let second = build_installer("installer-second");
+    let b = second.artifact("installer");
+    assert_eq!(
+        std::fs::read(&a).unwrap(),
+        std::fs::read(&b).unwrap(),
+        "{} and {} differ",
+        a.display(),
+        b.display()
+    );
+    // The build's manifest lists the archive (and metal's disk image) and
+    // verifies.
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(image().dir.join("manifest.json")).unwrap()).unwrap();
+    let kinds: Vec<&str> = m["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["kind"].as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&"installer"), "{kinds:?}");
+    assert!(kinds.contains(&"raw"), "{kinds:?}");
+    assert_eq!(m["name"], "metal");
+    assert_eq!(m["profile"], "profiles/installer.yaml");
+    assert_eq!(m["boot"]["title"], "Imager 0.1.0");
+    ok(imager()
+        .arg("verify")
+        .arg(&image().dir)
+        .arg("--key")
+        .arg(dev_pub()));
+    // No temporaries are left in the output directory.
+    for e in std::fs::read_dir(&image().dir).unwrap() {
+        let n = e.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(!n.starts_with('.'), "left behind: {n}");
+    }
+}
+
+#[test]
+fn skopeo_reads_the_archive_its_platform_and_entrypoint() {
+    let a = archive();
+    for reference in [
+        format!("oci-archive:{}", a.display()),
+        format!("oci-archive:{}:{TAG}", a.display()),
+    ] {
+        let out = ok(tool("skopeo").args(["inspect", &reference]));
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["Architecture"], "amd64", "{v}");
+        assert_eq!(v["Os"], "linux", "{v}");
+        assert_eq!(v["Layers"].as_array().unwrap().len(), 1, "{v}");
+        assert_eq!(v["Created"], "2023-11-14T22:13:20Z", "{v}");
+        let out = ok(tool("skopeo").args(["inspect", "--config", &reference]));
+        let c: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            c["config"]["Entrypoint"],
+            serde_json::json!(["/usr/bin/installer"])
+        );
+        assert_eq!(c["architecture"], "amd64");
+        assert_eq!(c["os"], "linux");
+    }
+}
+
+#[test]
+fn umoci_unpacks_a_static_installer_that_runs_and_a_payload_that_verifies() {
+    let bundle = scratch().join("installer-bundle");
+    let _ = std::fs::remove_dir_all(&bundle);
+    ok(tool("umoci")
+        .args(["unpack", "--image"])
+        .arg(format!("{}:{TAG}", layout().display()))
+        .arg(&bundle));
+    let rootfs = bundle.join("rootfs");
+    let bin = rootfs.join("usr/bin/imager");
+    imager::runtime::check_static(&bin).unwrap();
+    let link = rootfs.join("usr/bin/installer");
+    assert_eq!(std::fs::read_link(&link).unwrap(), Path::new("imager"));
+    for exe in [&bin, &link] {
+        let out = ok(std::process::Command::new(exe).arg("--version"));
+        assert!(out.contains("0.1.0"), "{out}");
+    }
+    // The payload: exactly the kernel and the initramfs, signed by the
+    // build's key, with what a boot entry needs.
+    let payload = rootfs.join("usr/install/amd64");
+    let out = ok(imager()
+        .arg("verify")
+        .arg(&payload)
+        .arg("--key")
+        .arg(dev_pub())
+        .arg("--json"));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(payload.join("manifest.json")).unwrap()).unwrap();
+    let listed: Vec<(&str, &str)> = m["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| (a["kind"].as_str().unwrap(), a["path"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        listed,
+        [("initramfs", "initramfs.zst"), ("kernel", "vmlinuz")]
+    );
+    assert_eq!(m["boot"]["title"], "Imager 0.1.0");
+    let cmdline = m["boot"]["cmdline"].as_str().unwrap();
+    assert!(
+        cmdline.starts_with("console=ttyS0,115200 slab_nomerge"),
+        "{cmdline}"
+    );
+    // The payload is the build's kernel and initramfs.
+    for name in ["vmlinuz", "initramfs.zst"] {
+        assert_eq!(
+            std::fs::read(payload.join(name)).unwrap(),
+            std::fs::read(image().dir.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn extract_payload_gives_the_payload_bytes() {
+    let dest = scratch().join("installer-extracted");
+    let _ = std::fs::remove_dir_all(&dest);
+    let dir = imager::oci::extract_payload(&archive(), &dest).unwrap();
+    for name in ["vmlinuz", "initramfs.zst"] {
+        assert_eq!(
+            std::fs::read(dir.join(name)).unwrap(),
+            std::fs::read(image().dir.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+    ok(imager().arg("verify").arg(&dir).arg("--key").arg(dev_pub()));
+    // What skopeo makes of it reads too: a copy (gzip layer, skopeo's
+    // default) and a layout with a zstd layer.
+    let copies = scratch().join("installer-copies");
+    let _ = std::fs::remove_dir_all(&copies);
+    std::fs::create_dir_all(&copies).unwrap();
+    let gzip = copies.join("gzip.tar");
+    let zstd = copies.join("zstd");
+    ok(tool("skopeo")
+        .args(["copy", "-q"])
+        .arg(format!("oci-archive:{}", archive().display()))
+        .arg(format!("oci-archive:{}:{TAG}", gzip.display())));
+    ok(tool("skopeo")
+        .args([
+            "copy",
+            "-q",
+            "--dest-compress-format",
+            "zstd",
+            "--dest-compress",
+        ])
+        .arg(format!("oci-archive:{}", archive().display()))
+        .arg(format!("oci:{}:{TAG}", zstd.display())));
+    for (i, copy) in [gzip, zstd].iter().enumerate() {
+        let d = copies.join(format!("payload-{i}"));
+        let got = imager::oci::extract_payload(copy, &d).unwrap();
+        for name in [
+            "vmlinuz",
+            "initramfs.zst",
+            "manifest.json",
+            "manifest.json.sig",
+        ] {
+            assert_eq!(
+                std::fs::read(dir.join(name)).unwrap(),
+                std::fs::read(got.join(name)).unwrap(),
+                "{name} of {}",
+                copy.display()
+            );
+        }
+    }
+    // From the layout directory too, with the same bytes.
+    let dest2 = scratch().join("installer-extracted-layout");
+    let _ = std::fs::remove_dir_all(&dest2);
+    let dir2 = imager::oci::extract_payload(layout(), &dest2).unwrap();
+    for name in [
+        "vmlinuz",
+        "initramfs.zst",
+        "manifest.json",
+        "manifest.json.sig",
+    ] {
+        assert_eq!(
+            std::fs::read(dir.join(name)).unwrap(),
+            std::fs::read(dir2.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+}
