@@ -22,7 +22,11 @@ fn dev_key() -> PathBuf {
 
 /// Builds a variant of the default profile into target/e2e/NAME.
 fn build_variant(name: &str, edit: impl Fn(String) -> String, key: &Path) -> Build {
-    let profile = write_profile(name, edit);
+    build_variant_of("metal", name, edit, key)
+}
+
+fn build_variant_of(base: &str, name: &str, edit: impl Fn(String) -> String, key: &Path) -> Build {
+    let profile = write_profile_from(base, name, edit);
     let dir = scratch().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     let stdout = ok(imager()
@@ -52,7 +56,8 @@ fn images() -> &'static Images {
     static I: OnceLock<Images> = OnceLock::new();
     I.get_or_init(|| {
         let v1 = build_variant("upgrade-v1", |t| t, &dev_key());
-        let v2 = build_variant("upgrade-v2", version("0.2.0"), &dev_key());
+        // v2 comes as an installer image, v3 as a payload directory.
+        let v2 = build_variant_of("installer", "upgrade-v2", version("0.2.0"), &dev_key());
         let v3 = build_variant(
             "upgrade-v3",
             |t| {
@@ -78,10 +83,12 @@ fn disk_copy(name: &str) -> PathBuf {
     d
 }
 
-/// The payload an upgrade installs: the build's output directory (its
-/// signed manifest lists the kernel and initramfs).
-fn payload(b: &Build) -> &Path {
-    &b.dir
+/// What an upgrade installs: the build's installer image when it made one,
+/// else its output directory (whose signed manifest lists the kernel and
+/// initramfs too).
+fn payload(b: &Build) -> PathBuf {
+    let tar = b.dir.join("installer.tar");
+    if tar.is_file() { tar } else { b.dir.clone() }
 }
 
 fn upgrade(disk: &Path, installer: &Path) -> Value {
@@ -166,7 +173,7 @@ fn upgrade_bless_manual_rollback_and_fallback_from_a_broken_version() {
     assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
 
     // v1 -> v2: the trial boot is blessed, and the next boot stays on v2.
-    let up = upgrade(&disk, payload(&i.v2));
+    let up = upgrade(&disk, &payload(&i.v2));
     assert_eq!(
         (&up["from_slot"], &up["to_slot"]),
         (&"A".into(), &"B".into())
@@ -199,7 +206,7 @@ fn upgrade_bless_manual_rollback_and_fallback_from_a_broken_version() {
 
     // v2 -> v3, which never reaches ready: after its tries the machine is
     // back on v2 by itself and says so.
-    let up = upgrade(&disk, payload(&i.v3));
+    let up = upgrade(&disk, &payload(&i.v3));
     assert_eq!(
         (&up["from_slot"], &up["to_slot"]),
         (&"B".into(), &"A".into())
@@ -329,7 +336,7 @@ fn an_upgrade_interrupted_at_any_point_leaves_a_bootable_disk() {
             None => Faulty::counting(b),
         };
         let mut m = b.share(m);
-        let r = imager::install::upgrade_on(b, &mut m, payload(&i.v2), 3);
+        let r = imager::install::upgrade_on(b, &mut m, &payload(&i.v2), 3);
         if let Err(e) = &r {
             let chain = format!("{e:#}");
             assert!(chain.contains("simulated power cut"), "{chain}");
@@ -379,4 +386,47 @@ fn extract_boot(disk: &Path) -> PathBuf {
     let dest = disk.with_extension("boot.img");
     extract_partition(disk, "BOOT", &dest);
     dest
+}
+
+/// The installer taken out of its image by umoci runs as the image's
+/// entrypoint would (called `installer`, its own payload at
+/// /usr/install/amd64: here in a chroot of the unpacked root) and upgrades a
+/// disk image that then boots the new version.
+#[test]
+fn the_installer_unpacked_by_umoci_upgrades_a_disk_image() {
+    let i = images();
+    let layout = scratch().join("upgrade-layout");
+    let bundle = scratch().join("upgrade-bundle");
+    for d in [&layout, &bundle] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    std::fs::create_dir_all(&layout).unwrap();
+    ok(tool("tar")
+        .arg("-xf")
+        .arg(payload(&i.v2))
+        .arg("-C")
+        .arg(&layout));
+    ok(tool("umoci")
+        .args(["unpack", "--image"])
+        .arg(format!("{}:0.2.0", layout.display()))
+        .arg(&bundle));
+    let root = bundle.join("rootfs");
+    let disk = disk_copy("upgrade-by-installer");
+    let inside = root.join("disk.raw");
+    std::fs::hard_link(&disk, &inside).unwrap();
+    let out = ok(tool("chroot").arg(&root).args([
+        "/usr/bin/installer",
+        "upgrade",
+        "--json",
+        "--disk",
+        "/disk.raw",
+    ]));
+    let r: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (&r["to_slot"], &r["to_version"]),
+        (&"B".into(), &"0.2.0".into())
+    );
+    std::fs::remove_file(&inside).unwrap();
+    let (r, _) = boot(&disk, false);
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
 }

@@ -115,7 +115,12 @@ pub fn extract_partition(img: &Path, label: &str, dest: &Path) {
 
 /// A profile beside the real ones, so its relative paths resolve the same.
 pub fn write_profile(name: &str, edit: impl Fn(String) -> String) -> PathBuf {
-    let text = std::fs::read_to_string(repo().join("profiles/metal.yaml")).unwrap();
+    write_profile_from("metal", name, edit)
+}
+
+/// A variant of `profiles/BASE.yaml` beside the real ones.
+pub fn write_profile_from(base: &str, name: &str, edit: impl Fn(String) -> String) -> PathBuf {
+    let text = std::fs::read_to_string(repo().join(format!("profiles/{base}.yaml"))).unwrap();
     let dir = scratch().join("profiles");
     std::fs::create_dir_all(&dir).unwrap();
     let text = edit(text).replace(
