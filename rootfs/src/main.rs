@@ -5,6 +5,7 @@
 mod console;
 mod error;
 mod failure;
+mod gpt;
 mod input;
 mod loopdev;
 mod mount;
@@ -14,6 +15,7 @@ mod power;
 mod skeleton;
 mod stage1;
 mod stage2;
+mod storage;
 mod sys;
 
 use std::path::Path;

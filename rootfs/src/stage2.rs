@@ -4,7 +4,7 @@
 use crate::console::{self, say};
 use crate::error::{Context, Error, Result};
 use crate::partitions::{self, Partition};
-use crate::{failure, osrelease, power};
+use crate::{failure, osrelease, power, storage};
 use contract::cmdline;
 use contract::meta::{AREA_LEN, Meta, SlotRecord, Tag};
 use contract::partition::PartitionRole;
@@ -56,6 +56,7 @@ pub fn run() -> Result<Infallible> {
         .filter(|v| !v.is_empty())
         .ok_or_else(|| Error::msg(format!("{ROOTFS_OS_RELEASE} has no VERSION_ID")))?;
 
+    storage::setup(slot, &version)?;
     failure::breakpoint(&cmdline, "ready")?;
     let supervisor = power::prepare()?;
     say(format!("cmdline {}", cmdline.trim()));
