@@ -12,6 +12,7 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::OnceLock;
 
 /// The default image, built once for all tests.

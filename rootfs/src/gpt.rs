@@ -95,6 +95,7 @@ impl Table {
     pub fn alternate_lba(&self) -> u64 {
         get_u64(&self.header, H_ALT_LBA)
     }
+    #[cfg(test)]
     pub fn last_usable(&self) -> u64 {
         get_u64(&self.header, H_LAST_USABLE)
     }
@@ -158,7 +159,7 @@ pub fn read_primary<F: Read + Seek>(f: &mut F, sector: u64) -> Result<Table> {
     }
     let n = get_u32(&header, H_NUM_ENTRIES) as usize;
     let size = get_u32(&header, H_ENTRY_SIZE) as usize;
-    if !(128..=4096).contains(&size) || size % 8 != 0 || n == 0 || n > 4096 {
+    if !(128..=4096).contains(&size) || !size.is_multiple_of(8) || n == 0 || n > 4096 {
         return Err(Error::msg(format!(
             "GPT entry array of {n} entries of {size} bytes is not supported"
         )));

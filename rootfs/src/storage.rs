@@ -395,8 +395,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<XfsGrowfsData>(), 16);
         // _IOC(dir, 'X', nr, size)
         let ioc = |dir: u64, nr: u64, size: u64| (dir << 30) | (size << 16) | (0x58 << 8) | nr;
-        assert_eq!(XFS_IOC_FSGEOMETRY as u64, ioc(2, 126, 256));
-        assert_eq!(XFS_IOC_FSGROWFSDATA as u64, ioc(1, 110, 16));
+        assert_eq!(XFS_IOC_FSGEOMETRY, ioc(2, 126, 256));
+        assert_eq!(XFS_IOC_FSGROWFSDATA, ioc(1, 110, 16));
     }
 
     #[test]
