@@ -110,7 +110,11 @@ fn xfs_superblock(disk: &Path, label: &str) -> (u64, u64, String) {
     (
         get("dblocks").parse().unwrap(),
         get("blocksize").parse().unwrap(),
-        get("fname").trim_matches('"').to_string(),
+        // xfs_db prints the 12-byte label with its NUL padding: "STATE\000…"
+        get("fname")
+            .trim_matches('"')
+            .trim_end_matches("\\000")
+            .to_string(),
     )
 }
 
