@@ -118,6 +118,51 @@ fn xfs_superblock(disk: &Path, label: &str) -> (u64, u64, String) {
     )
 }
 
+/// Runs xfs_db read-only on a copy of partition `label` with `commands`.
+fn xfs_db(disk: &Path, label: &str, commands: &[&str]) -> String {
+    let part = scratch().join(format!("storage-{label}-db.xfs"));
+    extract_partition(disk, label, &part);
+    let mut cmd = tool("xfs_db");
+    cmd.arg("-r");
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    let out = ok(cmd.arg(&part));
+    let _ = std::fs::remove_file(&part);
+    out
+}
+
+/// The contents of a small file (one block) of the XFS filesystem on
+/// partition `label`, read offline by xfs_db.
+fn xfs_small_file(disk: &Path, label: &str, path: &str) -> String {
+    let at = format!("path {path}");
+    let out = xfs_db(
+        disk,
+        label,
+        &[&at, "p core.size", "dblock 0", "type text", "p"],
+    );
+    let size: usize = out
+        .lines()
+        .find_map(|l| l.strip_prefix("core.size = "))
+        .unwrap_or_else(|| panic!("no size for {path}: {out}"))
+        .trim()
+        .parse()
+        .unwrap();
+    // Hex dump lines: `000:  31 20 73 … <16 ASCII>`.
+    let bytes: Vec<u8> = out
+        .lines()
+        .filter_map(|l| l.split_once(":  "))
+        .flat_map(|(_, rest)| {
+            rest.split_whitespace()
+                .take(16)
+                .map(|h| u8::from_str_radix(h, 16).unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(bytes.len() >= size, "{out}");
+    String::from_utf8(bytes[..size].to_vec()).unwrap()
+}
+
 #[test]
 fn first_boot_formats_both_and_a_second_boot_keeps_them() {
     let disk = disk_copy("twice");
@@ -138,6 +183,17 @@ fn first_boot_formats_both_and_a_second_boot_keeps_them() {
     assert_eq!(second["boot"], "2", "{console}");
     assert_eq!(second["first-version"], first["first-version"]);
     assert_eq!(second["ephemeral-bytes"], first["ephemeral-bytes"]);
+
+    // Offline, on EPHEMERAL: the boot log survived the power-offs, and the
+    // /etc/kubernetes overlay has its upper and work directories.
+    assert_eq!(
+        xfs_small_file(&disk, "EPHEMERAL", "/log/machined/boots"),
+        format!("1 slot=A version={version}\n2 slot=A version={version}\n")
+    );
+    let overlays = xfs_db(&disk, "EPHEMERAL", &["path /system/overlays", "ls"]);
+    for d in ["etc-kubernetes-upper", "etc-kubernetes-work"] {
+        assert!(overlays.contains(&format!(" {d} (good)")), "{overlays}");
+    }
 
     for label in ["STATE", "EPHEMERAL"] {
         let (dblocks, bs, name) = xfs_superblock(&disk, label);

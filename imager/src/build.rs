@@ -508,3 +508,65 @@ pub fn initial_meta(p: &Profile) -> Meta {
 pub fn report_json(r: &BuildReport) -> Result<String> {
     serde_json::to_string_pretty(r).context("serializing the build report")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile_with_manifest(dir: &Path, manifest: &str) -> Profile {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut p = Profile::load(&root.join("profiles/metal.yaml")).unwrap();
+        let m = dir.join("skeleton.txt");
+        std::fs::write(&m, manifest).unwrap();
+        p.runtime.manifest = m;
+        p
+    }
+
+    #[test]
+    fn host_programs_bring_their_closure_and_its_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let machined = dir.path().join("machined");
+        std::fs::write(&machined, "x").unwrap();
+        let p = profile_with_manifest(
+            dir.path(),
+            "builder 0644 usr/lib/machined/host-closure.txt\nhost 0755 usr/sbin/mkfs.xfs\n",
+        );
+        let spec = rootfs_spec(&p, &machined, 0).unwrap();
+        let paths: Vec<&str> = spec.files.iter().map(|f| f.path.as_str()).collect();
+        assert!(paths.contains(&"/usr/sbin/mkfs.xfs"), "{paths:?}");
+        assert!(paths.contains(&"/lib64/ld-linux-x86-64.so.2"), "{paths:?}");
+        assert!(
+            paths.contains(&"/usr/lib/x86_64-linux-gnu/libc.so.6"),
+            "{paths:?}"
+        );
+        let manifest = spec
+            .files
+            .iter()
+            .find(|f| f.path == paths::ROOTFS_HOST_CLOSURE)
+            .unwrap();
+        let rootfs::Source::Bytes(text) = &manifest.source else {
+            panic!("closure manifest is not generated")
+        };
+        let text = String::from_utf8(text.clone()).unwrap();
+        let entries = contract::skeleton::parse(&text).unwrap();
+        assert!(
+            entries
+                .iter()
+                .any(|e| e.path == "usr/lib/x86_64-linux-gnu/libc.so.6"),
+            "{text}"
+        );
+        assert!(!entries.iter().any(|e| e.path == "usr/sbin/mkfs.xfs"));
+        // Same inputs, same manifest.
+        let again = rootfs_spec(&p, &machined, 0).unwrap();
+        assert_eq!(again, spec);
+
+        // Without the closure manifest line, or with a program that is not
+        // on the host, the build stops with the reason.
+        let p = profile_with_manifest(dir.path(), "host 0755 usr/sbin/mkfs.xfs\n");
+        let e = format!("{:#}", rootfs_spec(&p, &machined, 0).unwrap_err());
+        assert!(e.contains("host-closure.txt"), "{e}");
+        let p = profile_with_manifest(dir.path(), "host 0755 usr/sbin/no-such-program\n");
+        let e = format!("{:#}", rootfs_spec(&p, &machined, 0).unwrap_err());
+        assert!(e.contains("not on this host"), "{e}");
+    }
+}

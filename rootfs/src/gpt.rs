@@ -479,6 +479,41 @@ pub(crate) mod tests {
         grows_at(4096);
     }
 
+    /// A power cut right after the new backup is written (the first flush
+    /// never returns) leaves the old table readable and consistent; the next
+    /// attempt finishes the job.
+    #[test]
+    fn a_cut_after_the_backup_leaves_the_old_table_and_is_redone() {
+        let dir = crate::partitions::tests::tempdir("gpt-cut");
+        let img = dir.join("disk.img");
+        fresh_disk(&img, 512, 1024 * MIB);
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&img)
+            .unwrap();
+        let before = read_primary(&mut f, 512).unwrap();
+        let old_backup = read_at(&mut f, before.alternate_lba() * 512, 512).unwrap();
+        let big = 2048 * MIB;
+        f.set_len(big).unwrap();
+        let mut cut = |_: &mut std::fs::File| Err(std::io::Error::other("power cut"));
+        let e = grow_last(&mut f, 512, big, "EPHEMERAL", &mut cut).unwrap_err();
+        assert!(e.to_string().contains("flush the backup GPT"), "{e}");
+        let after = read_primary(&mut f, 512).unwrap();
+        assert_eq!(after.header, before.header);
+        assert_eq!(after.entries, before.entries);
+        assert_eq!(
+            read_at(&mut f, before.alternate_lba() * 512, 512).unwrap(),
+            old_backup
+        );
+        let mut flush = |f: &mut std::fs::File| f.sync_all();
+        let g = grow_last(&mut f, 512, big, "EPHEMERAL", &mut flush)
+            .unwrap()
+            .unwrap();
+        assert_eq!((g.new_last_lba + 1) * 512, 2047 * MIB);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn refuses_corrupt_tables_and_other_partitions() {
         let dir = crate::partitions::tests::tempdir("gpt-bad");
