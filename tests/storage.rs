@@ -84,7 +84,9 @@ fn partition(disk: &Path, label: &str) -> (Value, u64) {
 /// `(dblocks, blocksize, label)` of the XFS filesystem on partition `label`,
 /// read offline by xfs_db from a copy of the partition.
 fn xfs_superblock(disk: &Path, label: &str) -> (u64, u64, String) {
-    let part = scratch().join(format!("storage-{label}.xfs"));
+    // Named after the disk: the tests may run in parallel (scripts/test).
+    let stem = disk.file_stem().unwrap().to_string_lossy();
+    let part = scratch().join(format!("{stem}-{label}.xfs"));
     extract_partition(disk, label, &part);
     let out = ok(tool("xfs_db")
         .args([
@@ -120,7 +122,8 @@ fn xfs_superblock(disk: &Path, label: &str) -> (u64, u64, String) {
 
 /// Runs xfs_db read-only on a copy of partition `label` with `commands`.
 fn xfs_db(disk: &Path, label: &str, commands: &[&str]) -> String {
-    let part = scratch().join(format!("storage-{label}-db.xfs"));
+    let stem = disk.file_stem().unwrap().to_string_lossy();
+    let part = scratch().join(format!("{stem}-{label}-db.xfs"));
     extract_partition(disk, label, &part);
     let mut cmd = tool("xfs_db");
     cmd.arg("-r");
