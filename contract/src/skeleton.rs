@@ -5,13 +5,18 @@
 //!
 //! One entry a line, `<kind> <octal mode> <path relative to />`:
 //! `dir` (a directory), `file` (copied from `rootfs/skeleton/`), `builder`
-//! (a file the builder produces). Parents come before children.
+//! (a file the builder produces), `host` (a program copied from the build
+//! host at the same path, with the shared libraries and the ELF interpreter
+//! it needs; those are listed in the generated [`crate::paths::ROOTFS_HOST_CLOSURE`]
+//! manifest, in this same format with kind `host`). Parents come before
+//! children.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Dir,
     File,
     Builder,
+    Host,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +45,7 @@ pub fn parse(text: &str) -> Result<Vec<Entry<'_>>, String> {
             "dir" => Kind::Dir,
             "file" => Kind::File,
             "builder" => Kind::Builder,
+            "host" => Kind::Host,
             _ => return Err(bad()),
         };
         let mode = u32::from_str_radix(mode, 8).map_err(|_| bad())?;
@@ -58,6 +64,10 @@ mod tests {
     #[test]
     fn parses_entries_and_rejects_bad_lines() {
         let e = parse("# c\n\ndir 1777 tmp\nbuilder 0755 usr/bin/x\n").unwrap();
+        assert_eq!(
+            parse("host 0755 usr/sbin/mkfs.xfs").unwrap()[0].kind,
+            Kind::Host
+        );
         assert_eq!(
             e,
             vec![

@@ -7,6 +7,7 @@
 pub mod artifact;
 pub mod boot;
 pub mod build;
+pub mod closure;
 pub mod disk;
 pub mod initramfs;
 pub mod inspect;

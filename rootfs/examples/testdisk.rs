@@ -3,12 +3,14 @@
 //!
 //! ```text
 //! testdisk sfdisk                      sfdisk script: every LAYOUT partition, 1 MiB
-//!                                      each, the last one taking the rest
+//!                                      each (STATE: its minimum size), the last
+//!                                      one taking the rest
 //! testdisk meta <out> <slot> <version> META area (both copies) with that slot
 //!                                      as default and good at that version
 //! ```
 
 use contract::meta::{Meta, SlotRecord, SlotStatus, Tag};
+use contract::partition::{Content, MIB};
 use contract::{LAYOUT, Slot};
 use std::process::ExitCode;
 
@@ -17,6 +19,9 @@ fn sfdisk() -> String {
     for (i, p) in LAYOUT.iter().enumerate() {
         let size = if i + 1 == LAYOUT.len() {
             String::new()
+        } else if p.content == Content::Unformatted {
+            // The runtime formats it (XFS): its smallest allowed size.
+            format!("size={}MiB, ", p.min_size / MIB)
         } else {
             "size=1MiB, ".into()
         };

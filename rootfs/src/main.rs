@@ -5,6 +5,7 @@
 mod console;
 mod error;
 mod failure;
+mod gpt;
 mod input;
 mod loopdev;
 mod mount;
@@ -15,6 +16,7 @@ mod skeleton;
 mod slots;
 mod stage1;
 mod stage2;
+mod storage;
 mod sys;
 
 use std::path::Path;

@@ -153,7 +153,7 @@ pub fn wait_for(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use contract::partition::PartitionRole;
 

@@ -7,15 +7,31 @@ pub use contract::skeleton::{Kind, parse};
 
 pub const MANIFEST: &str = include_str!("../skeleton.txt");
 
-/// The manifest entries missing under `root`, as `path (kind)` strings.
+/// The manifest entries missing under `root`, as `path` strings: those of
+/// `skeleton.txt` (compiled in), then those of the generated closure manifest
+/// of the host programs ([`contract::paths::ROOTFS_HOST_CLOSURE`]), when the
+/// root filesystem has it. Files not listed in either are not looked at.
 pub fn missing(root: &Path) -> Result<Vec<String>, String> {
-    Ok(parse(MANIFEST)?
+    let mut out = missing_in(root, MANIFEST)?;
+    let closure = root.join(contract::paths::ROOTFS_HOST_CLOSURE.trim_start_matches('/'));
+    if closure.is_file() {
+        let text = std::fs::read_to_string(&closure)
+            .map_err(|e| format!("read {}: {e}", closure.display()))?;
+        let more = missing_in(root, &text)
+            .map_err(|e| format!("{}: {e}", contract::paths::ROOTFS_HOST_CLOSURE))?;
+        out.extend(more);
+    }
+    Ok(out)
+}
+
+fn missing_in(root: &Path, manifest: &str) -> Result<Vec<String>, String> {
+    Ok(parse(manifest)?
         .into_iter()
         .filter(|e| {
             let p = root.join(e.path);
             match e.kind {
                 Kind::Dir => !p.is_dir(),
-                Kind::File | Kind::Builder => !p.is_file(),
+                Kind::File | Kind::Builder | Kind::Host => !p.is_file(),
             }
         })
         .map(|e| e.path.to_string())
@@ -50,6 +66,14 @@ mod tests {
             Kind::Dir,
             paths::EPHEMERAL_MOUNT.trim_start_matches('/')
         ));
+        assert!(has(
+            Kind::Builder,
+            paths::ROOTFS_HOST_CLOSURE.trim_start_matches('/')
+        ));
+        assert!(has(Kind::Host, paths::MKFS_XFS.trim_start_matches('/')));
+        for d in paths::PERSISTENT_ETC_DIRS {
+            assert!(has(Kind::Dir, &format!("etc/{d}")), "{d}");
+        }
         // Every `file` is in rootfs/skeleton, and every file there is listed.
         let skel = Path::new(env!("CARGO_MANIFEST_DIR")).join("skeleton");
         for e in entries.iter().filter(|e| e.kind == Kind::File) {
@@ -93,6 +117,28 @@ mod tests {
         let m = missing(&root).unwrap();
         assert!(m.contains(&"etc/hosts".to_string()));
         assert!(!m.contains(&"etc".to_string()));
+        assert!(m.contains(&"usr/sbin/mkfs.xfs".to_string()));
+        // The generated closure manifest is checked when present.
+        std::fs::create_dir_all(root.join("usr/lib/machined")).unwrap();
+        std::fs::write(
+            root.join("usr/lib/machined/host-closure.txt"),
+            "host 0755 lib64/ld-linux-x86-64.so.2\n",
+        )
+        .unwrap();
+        let m = missing(&root).unwrap();
+        assert!(
+            m.contains(&"lib64/ld-linux-x86-64.so.2".to_string()),
+            "{m:?}"
+        );
+        std::fs::create_dir_all(root.join("lib64")).unwrap();
+        std::fs::write(root.join("lib64/ld-linux-x86-64.so.2"), "").unwrap();
+        let m = missing(&root).unwrap();
+        assert!(
+            !m.contains(&"lib64/ld-linux-x86-64.so.2".to_string()),
+            "{m:?}"
+        );
+        std::fs::write(root.join("usr/lib/machined/host-closure.txt"), "bad\n").unwrap();
+        assert!(missing(&root).is_err());
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

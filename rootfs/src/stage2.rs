@@ -4,7 +4,7 @@
 use crate::console::{self, say};
 use crate::error::{Context, Error, Result};
 use crate::partitions::{self, Partition};
-use crate::{failure, osrelease, power, slots};
+use crate::{failure, osrelease, power, slots, storage};
 use contract::cmdline;
 use contract::meta::{AREA_LEN, Meta, SlotRecord, Tag};
 use contract::partition::PartitionRole;
@@ -59,6 +59,7 @@ pub fn run() -> Result<Infallible> {
     let mut disk = slots::Disk::open(&meta_part, &all)?;
     let trial = disk.assess(slot, &version)?;
 
+    storage::setup(slot, &version)?;
     failure::breakpoint(&cmdline, "ready")?;
     if trial {
         disk.bless(slot, &version)?;

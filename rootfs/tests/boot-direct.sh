@@ -98,6 +98,26 @@ if [ -z "$comp" ]; then
 fi
 root=$work/root
 rm -rf "$root" && mkdir -p "$root"
+closure=$work/host-closure.txt
+: >"$closure"
+# A host program and its shared libraries, resolved with ldd (the builder has
+# its own ELF reader, imager/src/closure.rs): content under the needed name in
+# the canonical directory, the interpreter at its exact path, no symlinks.
+add_host() { # add_host <mode> <path>
+    install -D -m "$1" "/$2" "$root/$2"
+    ldd "/$2" | while read -r name arrow lib _; do
+        case $name in linux-vdso.so.*) continue ;; esac
+        if [ "$arrow" = "=>" ]; then
+            dest=$(readlink -f "$(dirname "$lib")")/$name
+        else
+            dest=$name lib=$name # the interpreter: "/lib64/ld-linux-x86-64.so.2 (0x…)"
+        fi
+        case $dest in /*) ;; *) continue ;; esac
+        [ -e "$root$dest" ] && continue
+        install -D -m 0755 "$(readlink -f "$lib")" "$root$dest"
+        printf 'host 0755 %s\n' "${dest#/}" >>"$closure"
+    done
+}
 while read -r kind mode path; do
     case $kind in
         '' | '#'*) continue ;;
@@ -109,11 +129,14 @@ while read -r kind mode path; do
                 /usr/lib/os-release)
                     printf 'NAME="Imager test"\nID=imager\nVERSION_ID=%s\n' "$version" >"$root/$path"
                     chmod "$mode" "$root/$path" ;;
+                /usr/lib/machined/host-closure.txt) ;; # written after the loop
                 *) die "skeleton.txt names a builder file this script does not know: $path" ;;
             esac ;;
+        host) add_host "$mode" "$path" ;;
         *) die "skeleton.txt: unknown kind $kind" ;;
     esac
 done <"$here/../skeleton.txt"
+LC_ALL=C sort -u "$closure" | install -D -m 0644 /dev/stdin "$root/usr/lib/machined/host-closure.txt"
 mksquashfs "$root" "$work/rootfs.sqsh" -noappend -all-root -comp "$comp" -quiet -no-progress >/dev/null
 say "rootfs.sqsh: $(stat -c %s "$work/rootfs.sqsh") bytes ($comp)"
 
@@ -129,7 +152,7 @@ say "initramfs.zst: $(stat -c %s "$work/initramfs.zst") bytes"
 
 # --- disk: GPT with the contract's labels, META written into META ------------
 disk=$work/disk.raw
-rm -f "$disk" && truncate -s 16M "$disk"
+rm -f "$disk" && truncate -s 1G "$disk" # sparse; STATE and EPHEMERAL become XFS
 "$testdisk" sfdisk | sfdisk -q "$disk" >/dev/null
 "$testdisk" meta "$work/meta.bin" "$slot" "$version"
 meta_start=$(sfdisk -J "$disk" | python3 -c '

@@ -1,0 +1,369 @@
+//! Host programs in the root filesystem: a program copied from the build
+//! host together with its shared-library closure.
+//!
+//! The closure is resolved the way the dynamic loader would: the ELF
+//! interpreter (`PT_INTERP`), then every `DT_NEEDED` library, recursively,
+//! searched in the needing object's `DT_RUNPATH` (or, when it has none, its
+//! own and its loaders' `DT_RPATH`), then the Debian multiarch and system
+//! directories ([`DEFAULT_SEARCH`]). `$ORIGIN` is expanded.
+//!
+//! The root filesystem has no symbolic links, so each library's content (the
+//! file the name resolves to) is copied under its needed name in the
+//! canonical directory it was found in: `/lib/x86_64-linux-gnu/libuuid.so.1`
+//! on a merged-/usr host becomes `/usr/lib/x86_64-linux-gnu/libuuid.so.1`.
+//! The interpreter keeps its exact path (`/lib64/ld-linux-x86-64.so.2`),
+//! which is what the kernel opens. A `DT_NEEDED` naming the interpreter
+//! itself (libc needs `ld-linux-x86-64.so.2`) is satisfied by the loader
+//! already in memory and is not copied twice.
+//!
+//! The ELF reader is a few dozen lines of our own (64-bit little-endian
+//! only, the one format the images run): it reads just the program headers
+//! and the dynamic section, so no ELF crate is needed.
+
+use anyhow::{Context, Result, bail, ensure};
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// Where libraries are looked for after the object's own paths: the Debian
+/// multiarch directories, then the plain ones.
+pub const DEFAULT_SEARCH: [&str; 4] = [
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib",
+    "/lib",
+];
+
+/// What the dynamic loader needs to know about one ELF file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ElfDeps {
+    pub interp: Option<String>,
+    pub needed: Vec<String>,
+    pub rpath: Vec<String>,
+    pub runpath: Vec<String>,
+}
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+const PT_LOAD: u32 = 1;
+const PT_DYNAMIC: u32 = 2;
+const PT_INTERP: u32 = 3;
+const DT_NULL: u64 = 0;
+const DT_NEEDED: u64 = 1;
+const DT_STRTAB: u64 = 5;
+const DT_STRSZ: u64 = 10;
+const DT_RPATH: u64 = 15;
+const DT_RUNPATH: u64 = 29;
+
+/// Reads the interpreter, needed libraries and search paths of an ELF64
+/// little-endian file. `None` when the bytes are not such a file or are
+/// truncated or inconsistent.
+pub fn parse_elf(b: &[u8]) -> Option<ElfDeps> {
+    if b.get(0..4)? != b"\x7fELF" || *b.get(4)? != 2 || *b.get(5)? != 1 {
+        return None;
+    }
+    let phoff = usize::try_from(u64_at(b, 0x20)?).ok()?;
+    let phentsize = usize::from(u16_at(b, 0x36)?);
+    let phnum = usize::from(u16_at(b, 0x38)?);
+    if phentsize < 56 {
+        return None;
+    }
+    // (type, offset, vaddr, filesz)
+    let mut phdrs = Vec::with_capacity(phnum);
+    for i in 0..phnum {
+        let at = phoff.checked_add(i.checked_mul(phentsize)?)?;
+        phdrs.push((
+            u32_at(b, at)?,
+            u64_at(b, at + 8)?,
+            u64_at(b, at + 16)?,
+            u64_at(b, at + 32)?,
+        ));
+    }
+    let mut deps = ElfDeps::default();
+    let slice = |off: u64, len: u64| -> Option<&[u8]> {
+        let start = usize::try_from(off).ok()?;
+        let end = start.checked_add(usize::try_from(len).ok()?)?;
+        b.get(start..end)
+    };
+    if let Some(&(_, off, _, len)) = phdrs.iter().find(|p| p.0 == PT_INTERP) {
+        let s = slice(off, len)?;
+        let s = s.split(|c| *c == 0).next()?;
+        deps.interp = Some(String::from_utf8(s.to_vec()).ok()?);
+    }
+    let Some(&(_, dyn_off, _, dyn_len)) = phdrs.iter().find(|p| p.0 == PT_DYNAMIC) else {
+        return Some(deps); // static
+    };
+    let dynamic = slice(dyn_off, dyn_len)?;
+    let mut entries = Vec::new();
+    for e in dynamic.chunks_exact(16) {
+        let tag = u64_at(e, 0)?;
+        if tag == DT_NULL {
+            break;
+        }
+        entries.push((tag, u64_at(e, 8)?));
+    }
+    let get = |t: u64| entries.iter().find(|e| e.0 == t).map(|e| e.1);
+    let (strtab_vaddr, strsz) = (get(DT_STRTAB)?, get(DT_STRSZ)?);
+    // The string table is addressed by virtual address: map it through the
+    // PT_LOAD segment that contains it.
+    let (_, seg_off, seg_vaddr, _) = *phdrs.iter().find(|p| {
+        p.0 == PT_LOAD && p.2 <= strtab_vaddr && strtab_vaddr < p.2.saturating_add(p.3)
+    })?;
+    let strtab = slice(seg_off.checked_add(strtab_vaddr - seg_vaddr)?, strsz)?;
+    let string = |off: u64| -> Option<String> {
+        let s = strtab.get(usize::try_from(off).ok()?..)?;
+        let s = s.split(|c| *c == 0).next()?;
+        String::from_utf8(s.to_vec()).ok()
+    };
+    let split = |s: String| -> Vec<String> {
+        s.split(':')
+            .filter(|p| !p.is_empty())
+            .map(String::from)
+            .collect()
+    };
+    for &(tag, val) in &entries {
+        match tag {
+            DT_NEEDED => deps.needed.push(string(val)?),
+            DT_RPATH => deps.rpath.extend(split(string(val)?)),
+            DT_RUNPATH => deps.runpath.extend(split(string(val)?)),
+            _ => {}
+        }
+    }
+    Some(deps)
+}
+
+fn read_deps(path: &Path) -> Result<ElfDeps> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    parse_elf(&bytes).with_context(|| {
+        format!(
+            "{} is not a readable 64-bit little-endian ELF file",
+            path.display()
+        )
+    })
+}
+
+/// One file of a closure: where it goes in the image and where its bytes
+/// come from on the host.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ClosureFile {
+    /// Absolute path in the image.
+    pub path: String,
+    /// The host file (symbolic links resolved).
+    pub source: PathBuf,
+    /// 0o755 when the host file is executable by its owner, 0o644 otherwise.
+    pub mode: u32,
+}
+
+fn mode_of(path: &Path) -> Result<u32> {
+    let m = std::fs::metadata(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .permissions()
+        .mode();
+    Ok(if m & 0o100 != 0 { 0o755 } else { 0o644 })
+}
+
+fn expand_origin(p: &str, origin: &Path) -> String {
+    let o = origin.to_string_lossy();
+    p.replace("${ORIGIN}", &o).replace("$ORIGIN", &o)
+}
+
+/// The closure of `program` (an absolute host path): the interpreter and
+/// every shared library, not the program itself, sorted by image path.
+/// `search` replaces [`DEFAULT_SEARCH`] (for tests).
+pub fn resolve(program: &Path, search: &[&str]) -> Result<Vec<ClosureFile>> {
+    let root = read_deps(program)?;
+    let mut out: BTreeMap<String, ClosureFile> = BTreeMap::new();
+    let mut interp_name = None;
+    if let Some(interp) = &root.interp {
+        let src = std::fs::canonicalize(interp).with_context(|| {
+            format!(
+                "the ELF interpreter {interp} of {} is not on this host",
+                program.display()
+            )
+        })?;
+        interp_name = Path::new(interp)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned());
+        out.insert(
+            interp.clone(),
+            ClosureFile {
+                path: interp.clone(),
+                mode: mode_of(&src)?,
+                source: src,
+            },
+        );
+    }
+    // (needed name, needed by, RPATHs inherited from the loaders)
+    let mut queue: Vec<(String, PathBuf, ElfDeps, Vec<String>)> = Vec::new();
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    let push = |queue: &mut Vec<_>, by: &Path, deps: &ElfDeps, inherited: &[String]| {
+        let origin = by.parent().unwrap_or(Path::new("/"));
+        let mut rpaths: Vec<String> = inherited.to_vec();
+        if deps.runpath.is_empty() {
+            rpaths.extend(deps.rpath.iter().map(|p| expand_origin(p, origin)));
+        }
+        for n in deps.needed.iter().rev() {
+            queue.push((n.clone(), by.to_path_buf(), deps.clone(), rpaths.clone()));
+        }
+    };
+    push(&mut queue, program, &root, &[]);
+    while let Some((name, by, by_deps, rpaths)) = queue.pop() {
+        if interp_name.as_deref() == Some(name.as_str()) || !seen.insert(name.clone()) {
+            continue;
+        }
+        ensure!(
+            !name.is_empty() && name != "." && name != "..",
+            "{} needs a library with the invalid name {name:?}",
+            by.display()
+        );
+        let origin = by.parent().unwrap_or(Path::new("/"));
+        let dirs: Vec<String> = if name.contains('/') {
+            Vec::new()
+        } else if by_deps.runpath.is_empty() {
+            rpaths.clone()
+        } else {
+            by_deps
+                .runpath
+                .iter()
+                .map(|p| expand_origin(p, origin))
+                .collect()
+        };
+        let candidates: Vec<PathBuf> = if name.contains('/') {
+            vec![PathBuf::from(&name)]
+        } else {
+            dirs.iter()
+                .map(String::as_str)
+                .chain(search.iter().copied())
+                .map(|d| Path::new(d).join(&name))
+                .collect()
+        };
+        let Some(found) = candidates.iter().find(|c| c.is_file()) else {
+            let mut looked: Vec<String> = dirs.clone();
+            looked.extend(search.iter().map(|s| s.to_string()));
+            bail!(
+                "{name} needed by {} not found in {}: install the package that provides it",
+                by.display(),
+                looked.join(", ")
+            );
+        };
+        let real = std::fs::canonicalize(found)
+            .with_context(|| format!("resolving {}", found.display()))?;
+        let dir = std::fs::canonicalize(found.parent().unwrap_or(Path::new("/")))
+            .with_context(|| format!("resolving the directory of {}", found.display()))?;
+        let file_name = Path::new(&name)
+            .file_name()
+            .with_context(|| format!("{name} has no file name"))?;
+        let image_path = dir.join(file_name).to_string_lossy().into_owned();
+        let deps = read_deps(&real)?;
+        out.insert(
+            image_path.clone(),
+            ClosureFile {
+                path: image_path,
+                mode: mode_of(&real)?,
+                source: real.clone(),
+            },
+        );
+        push(&mut queue, found, &deps, &rpaths);
+    }
+    Ok(out.into_values().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mkfs_xfs_closure_has_libc_and_the_interpreter() {
+        let prog = Path::new("/usr/sbin/mkfs.xfs");
+        if !prog.is_file() {
+            panic!("/usr/sbin/mkfs.xfs is missing: run scripts/setup.sh (xfsprogs)");
+        }
+        let deps = read_deps(prog).unwrap();
+        assert_eq!(deps.interp.as_deref(), Some("/lib64/ld-linux-x86-64.so.2"));
+        assert!(deps.needed.iter().any(|n| n == "libc.so.6"), "{deps:?}");
+        let c = resolve(prog, &DEFAULT_SEARCH).unwrap();
+        let paths: Vec<&str> = c.iter().map(|f| f.path.as_str()).collect();
+        assert!(paths.contains(&"/lib64/ld-linux-x86-64.so.2"), "{paths:?}");
+        assert!(paths.iter().any(|p| p.ends_with("/libc.so.6")), "{paths:?}");
+        assert!(
+            paths.iter().any(|p| p.ends_with("/libuuid.so.1")),
+            "{paths:?}"
+        );
+        // Sorted, no duplicates, the loader only once, regular files only.
+        let mut sorted = paths.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted, paths);
+        assert_eq!(
+            paths
+                .iter()
+                .filter(|p| p.ends_with("ld-linux-x86-64.so.2"))
+                .count(),
+            1
+        );
+        for f in &c {
+            assert!(f.source.is_file(), "{f:?}");
+            assert!(std::fs::symlink_metadata(&f.source).unwrap().is_file());
+            assert!(f.path.starts_with('/'));
+        }
+        // Same answer twice.
+        assert_eq!(c, resolve(prog, &DEFAULT_SEARCH).unwrap());
+    }
+
+    #[test]
+    fn a_static_binary_has_an_empty_closure() {
+        // ldconfig is static on Debian.
+        let p = Path::new("/sbin/ldconfig");
+        if p.is_file() && read_deps(p).unwrap().interp.is_none() {
+            assert!(resolve(p, &DEFAULT_SEARCH).unwrap().is_empty());
+        }
+    }
+
+    #[test]
+    fn a_missing_library_names_it_the_needer_and_the_places_searched() {
+        let empty = tempfile::tempdir().unwrap();
+        let dir = empty.path().to_str().unwrap();
+        let err = resolve(Path::new("/usr/sbin/mkfs.xfs"), &[dir]).unwrap_err();
+        let e = format!("{err:#}");
+        assert!(
+            e.contains("needed by /usr/sbin/mkfs.xfs not found in"),
+            "{e}"
+        );
+        assert!(e.contains(dir), "{e}");
+        assert!(e.contains("install the package that provides it"), "{e}");
+    }
+
+    #[test]
+    fn garbage_is_not_an_elf_and_does_not_panic() {
+        assert_eq!(parse_elf(b""), None);
+        assert_eq!(parse_elf(b"\x7fELF\x02\x01"), None);
+        let mut b = std::fs::read("/usr/sbin/mkfs.xfs").unwrap();
+        b.truncate(200);
+        let _ = parse_elf(&b);
+        for cut in [64, 1000, 5000] {
+            let full = std::fs::read("/usr/sbin/mkfs.xfs").unwrap();
+            let _ = parse_elf(&full[..cut.min(full.len())]);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("x");
+        std::fs::write(&f, b"#!/bin/sh\n").unwrap();
+        let e = format!("{:#}", resolve(&f, &DEFAULT_SEARCH).unwrap_err());
+        assert!(e.contains("not a readable 64-bit"), "{e}");
+    }
+
+    #[test]
+    fn origin_is_expanded() {
+        assert_eq!(
+            expand_origin("$ORIGIN/../lib:${ORIGIN}", Path::new("/opt/x/bin")),
+            "/opt/x/bin/../lib:/opt/x/bin"
+        );
+    }
+}

@@ -1,0 +1,438 @@
+//! STATE and EPHEMERAL: found on META's disk, EPHEMERAL grown to the end of
+//! a disk larger than the image, formatted XFS on first boot, mounted
+//! (EPHEMERAL at /var, STATE at /system/state), the EPHEMERAL filesystem
+//! grown to its partition, the persistent /etc overlays laid, and one line
+//! appended to the boot log.
+//!
+//! Formatting runs the shipped `mkfs.xfs` (a `host` program of the root
+//! filesystem); growing the filesystem uses the XFS_IOC_FSGROWFSDATA ioctl
+//! directly, so no xfs_growfs is shipped.
+
+use crate::console::say;
+use crate::error::{Context, Error, Result, check};
+use crate::partitions::{self, Partition};
+use crate::{gpt, mount, sys};
+use contract::Slot;
+use contract::partition::PartitionRole;
+use contract::paths::{
+    BOOT_LOG, EPHEMERAL_MOUNT, MKFS_XFS, OVERLAYS_DIR, PERSISTENT_ETC_DIRS, STATE_MOUNT,
+    etc_overlay_dirs,
+};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const DEVICE_TIMEOUT: Duration = Duration::from_secs(10);
+const DEVICE_POLL: Duration = Duration::from_millis(20);
+/// The XFS superblock magic at offset 0 of the filesystem.
+const XFS_MAGIC: &[u8; 4] = b"XFSB";
+const NOSUID_NODEV: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV;
+
+// ioctls: <linux/blkpg.h>, <xfs/xfs_fs.h>.
+const BLKPG: libc::c_ulong = 0x1269;
+const BLKPG_RESIZE_PARTITION: libc::c_int = 3;
+/// _IOR('X', 126, struct xfs_fsop_geom), 256 bytes.
+const XFS_IOC_FSGEOMETRY: libc::c_ulong = 0x8100_587e;
+/// _IOW('X', 110, struct xfs_growfs_data), 16 bytes.
+const XFS_IOC_FSGROWFSDATA: libc::c_ulong = 0x4010_586e;
+
+#[repr(C)]
+struct BlkpgPartition {
+    start: libc::c_longlong,
+    length: libc::c_longlong,
+    pno: libc::c_int,
+    devname: [libc::c_char; 64],
+    volname: [libc::c_char; 64],
+}
+
+#[repr(C)]
+struct BlkpgIoctlArg {
+    op: libc::c_int,
+    flags: libc::c_int,
+    datalen: libc::c_int,
+    data: *mut libc::c_void,
+}
+
+#[repr(C)]
+struct XfsGrowfsData {
+    newblocks: u64,
+    imaxpct: u32,
+}
+
+/// Whether a partition was formatted this boot or already held XFS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Made {
+    Made,
+    Kept,
+}
+
+impl Made {
+    pub fn name(self) -> &'static str {
+        match self {
+            Made::Made => "made",
+            Made::Kept => "kept",
+        }
+    }
+}
+
+/// The one console line of the storage step.
+pub fn report_line(
+    state: Made,
+    ephemeral: Made,
+    ephemeral_bytes: u64,
+    boot: u64,
+    first_version: &str,
+) -> String {
+    format!(
+        "storage STATE={} EPHEMERAL={} ephemeral-bytes={ephemeral_bytes} boot={boot} first-version={first_version}",
+        state.name(),
+        ephemeral.name()
+    )
+}
+
+/// Does it all; see the module documentation.
+pub fn setup(slot: Slot, version: &str) -> Result<()> {
+    let (disk, state, ephemeral) = wait_for_partitions()?;
+    grow_ephemeral(&disk, &ephemeral).with_context(|| format!("grow EPHEMERAL on /dev/{disk}"))?;
+    let state_dev = format!("/dev/{}", state.name);
+    let eph_dev = format!("/dev/{}", ephemeral.name);
+    let state_made = format_if_blank(&state_dev, PartitionRole::State.label())?;
+    let eph_made = format_if_blank(&eph_dev, PartitionRole::Ephemeral.label())?;
+
+    mount::mount(
+        Some(&eph_dev),
+        EPHEMERAL_MOUNT,
+        Some("xfs"),
+        NOSUID_NODEV,
+        None,
+    )
+    .context("mount EPHEMERAL")?;
+    let eph_bytes = partition_bytes(&ephemeral.name)?;
+    grow_xfs(EPHEMERAL_MOUNT, eph_bytes)
+        .with_context(|| format!("grow the XFS filesystem on {EPHEMERAL_MOUNT}"))?;
+    sys::mkdir_all(Path::new(STATE_MOUNT), 0o700)?;
+    mount::mount(
+        Some(&state_dev),
+        STATE_MOUNT,
+        Some("xfs"),
+        NOSUID_NODEV | libc::MS_NOEXEC,
+        None,
+    )
+    .context("mount STATE")?;
+    overlays()?;
+    let (boot, first_version) = log_boot(Path::new(BOOT_LOG), slot, version)?;
+    say(report_line(
+        state_made,
+        eph_made,
+        eph_bytes,
+        boot,
+        &first_version,
+    ));
+    Ok(())
+}
+
+/// META, STATE and EPHEMERAL on one disk, with their device nodes.
+fn wait_for_partitions() -> Result<(String, Partition, Partition)> {
+    let start = Instant::now();
+    loop {
+        let all = partitions::scan(Path::new("/sys"))?;
+        let meta = partitions::find(&all, PartitionRole::Meta.label()).map(|(m, _)| m.clone());
+        if let Some(meta) = meta
+            && let Some(disk) = meta.disk.clone()
+        {
+            let on_disk = partitions::on_disk_of(&all, &meta);
+            let get = |role: PartitionRole| {
+                on_disk
+                    .iter()
+                    .find(|p| p.label == role.label())
+                    .map(|p| (*p).clone())
+            };
+            if let (Some(s), Some(e)) = (get(PartitionRole::State), get(PartitionRole::Ephemeral))
+                && s.dev_path(Path::new("/dev")).exists()
+                && e.dev_path(Path::new("/dev")).exists()
+            {
+                return Ok((disk, s, e));
+            }
+        }
+        if start.elapsed() >= DEVICE_TIMEOUT {
+            return Err(Error::msg(format!(
+                "no STATE and EPHEMERAL partitions on META's disk after {:.1}s",
+                DEVICE_TIMEOUT.as_secs_f64()
+            )));
+        }
+        std::thread::sleep(DEVICE_POLL);
+    }
+}
+
+fn read_sys(path: &str) -> Result<u64> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {path}"))?;
+    text.trim()
+        .parse()
+        .with_context(|| format!("parse {path} ({:?})", text.trim()))
+}
+
+/// A block device's size in bytes (sysfs counts 512-byte sectors).
+fn partition_bytes(name: &str) -> Result<u64> {
+    Ok(read_sys(&format!("/sys/class/block/{name}/size"))? * 512)
+}
+
+fn grow_ephemeral(disk: &str, ephemeral: &Partition) -> Result<()> {
+    let sector = read_sys(&format!("/sys/class/block/{disk}/queue/logical_block_size"))?;
+    let disk_bytes = read_sys(&format!("/sys/class/block/{disk}/size"))? * 512;
+    let pno = read_sys(&format!("/sys/class/block/{}/partition", ephemeral.name))?;
+    let path = format!("/dev/{disk}");
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("open {path}"))?;
+    let grown = gpt::grow_last(
+        &mut f,
+        sector,
+        disk_bytes,
+        PartitionRole::Ephemeral.label(),
+        &mut |f| f.sync_all(),
+    )?;
+    let Some(g) = grown else {
+        return Ok(());
+    };
+    if g.index as u64 + 1 != pno {
+        return Err(Error::msg(format!(
+            "EPHEMERAL is GPT entry {} but the kernel calls {} partition {pno}",
+            g.index + 1,
+            ephemeral.name
+        )));
+    }
+    let mut part = BlkpgPartition {
+        start: (g.first_lba * sector) as libc::c_longlong,
+        length: ((g.new_last_lba + 1 - g.first_lba) * sector) as libc::c_longlong,
+        pno: pno as libc::c_int,
+        devname: [0; 64],
+        volname: [0; 64],
+    };
+    let mut arg = BlkpgIoctlArg {
+        op: BLKPG_RESIZE_PARTITION,
+        flags: 0,
+        datalen: std::mem::size_of::<BlkpgPartition>() as libc::c_int,
+        data: (&mut part as *mut BlkpgPartition).cast(),
+    };
+    // SAFETY: arg and the partition it points to are valid for the call.
+    check(
+        unsafe { libc::ioctl(f.as_raw_fd(), BLKPG, &mut arg as *mut BlkpgIoctlArg) },
+        || format!("BLKPG_RESIZE_PARTITION {} on {path}", ephemeral.name),
+    )?;
+    say(format!(
+        "stage2: grew EPHEMERAL {} from {} to {} bytes (disk {disk_bytes} bytes)",
+        ephemeral.name,
+        (g.old_last_lba + 1 - g.first_lba) * sector,
+        (g.new_last_lba + 1 - g.first_lba) * sector
+    ));
+    Ok(())
+}
+
+/// Whether the first bytes of a partition are an XFS superblock.
+pub fn has_xfs(dev: &str) -> Result<bool> {
+    let mut magic = [0u8; 4];
+    std::fs::File::open(dev)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .with_context(|| format!("read the first block of {dev}"))?;
+    Ok(&magic == XFS_MAGIC)
+}
+
+/// Runs mkfs.xfs on `dev` unless it already holds XFS; never formats XFS.
+fn format_if_blank(dev: &str, label: &str) -> Result<Made> {
+    if has_xfs(dev)? {
+        return Ok(Made::Kept);
+    }
+    let started = Instant::now();
+    let out = std::process::Command::new(MKFS_XFS)
+        .args(["-f", "-K", "-L", label, dev])
+        .env_clear()
+        // xfsprogs refuses filesystems under 300 MiB (STATE is 100 MiB)
+        // except under its test suite's variables, which Talos sets too.
+        .env("TEST_DIR", "1")
+        .env("TEST_DEV", "1")
+        .env("QA_CHECK_FS", "1")
+        .output()
+        .with_context(|| format!("run {MKFS_XFS} for {label} on {dev}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(Error::msg(format!(
+            "{MKFS_XFS} -L {label} {dev} failed ({}): {}",
+            out.status,
+            err.trim().replace('\n', " | ")
+        )));
+    }
+    if !has_xfs(dev)? {
+        return Err(Error::msg(format!(
+            "{MKFS_XFS} succeeded but {dev} has no XFS superblock"
+        )));
+    }
+    say(format!(
+        "stage2: formatted {label} ({dev}) as XFS in {:.1}s",
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(Made::Made)
+}
+
+/// Grows the XFS filesystem mounted at `mount_point` to `bytes` when it is
+/// smaller (XFS_IOC_FSGROWFSDATA, as xfs_growfs does).
+fn grow_xfs(mount_point: &str, bytes: u64) -> Result<()> {
+    let f = std::fs::File::open(mount_point).with_context(|| format!("open {mount_point}"))?;
+    let mut geom = [0u8; 256];
+    // SAFETY: geom is 256 bytes, the size the ioctl number encodes.
+    check(
+        unsafe { libc::ioctl(f.as_raw_fd(), XFS_IOC_FSGEOMETRY, geom.as_mut_ptr()) },
+        || "XFS_IOC_FSGEOMETRY".into(),
+    )?;
+    let u32_at =
+        |at: usize| u32::from_le_bytes([geom[at], geom[at + 1], geom[at + 2], geom[at + 3]]);
+    let blocksize = u64::from(u32_at(0));
+    let imaxpct = u32_at(28);
+    let mut d = [0u8; 8];
+    d.copy_from_slice(&geom[32..40]);
+    let datablocks = u64::from_le_bytes(d);
+    if blocksize == 0 {
+        return Err(Error::msg("XFS reports a block size of 0"));
+    }
+    let want = bytes / blocksize;
+    if want <= datablocks {
+        return Ok(());
+    }
+    let mut arg = XfsGrowfsData {
+        newblocks: want,
+        imaxpct,
+    };
+    // SAFETY: arg is a valid xfs_growfs_data for the call.
+    check(
+        unsafe {
+            libc::ioctl(
+                f.as_raw_fd(),
+                XFS_IOC_FSGROWFSDATA,
+                &mut arg as *mut XfsGrowfsData,
+            )
+        },
+        || format!("XFS_IOC_FSGROWFSDATA to {want} blocks"),
+    )?;
+    say(format!(
+        "stage2: grew the XFS filesystem on {mount_point} from {} to {} bytes",
+        datablocks * blocksize,
+        want * blocksize
+    ));
+    Ok(())
+}
+
+/// overlayfs on each persistent /etc directory, its upper and work
+/// directories on EPHEMERAL.
+fn overlays() -> Result<()> {
+    sys::mkdir_all(Path::new(OVERLAYS_DIR), 0o700)?;
+    for name in PERSISTENT_ETC_DIRS {
+        let (upper, work) = etc_overlay_dirs(name);
+        sys::mkdir_all(Path::new(&upper), 0o755)?;
+        sys::mkdir_all(Path::new(&work), 0o700)?;
+        let target = format!("/etc/{name}");
+        let data = format!("lowerdir={target},upperdir={upper},workdir={work}");
+        mount::mount(
+            Some("overlay"),
+            &target,
+            Some("overlay"),
+            NOSUID_NODEV,
+            Some(&data),
+        )?;
+    }
+    Ok(())
+}
+
+/// The number of this boot and the version of the first, from the boot log
+/// as it was before this boot.
+pub fn parse_boot_log(text: &str) -> (u64, Option<String>) {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let first = lines.first().and_then(|l| {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix("version="))
+            .map(String::from)
+    });
+    (lines.len() as u64 + 1, first)
+}
+
+/// Appends `<n> slot=<A|B> version=<v>` to the boot log and makes it durable.
+/// Returns this boot's number and the first boot's version.
+fn log_boot(path: &Path, slot: Slot, version: &str) -> Result<(u64, String)> {
+    if let Some(dir) = path.parent() {
+        sys::mkdir_all(dir, 0o755)?;
+    }
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(Error::msg(format!("read {}: {e}", path.display()))),
+    };
+    let (n, first) = parse_boot_log(&text);
+    let first = first.unwrap_or_else(|| version.to_string());
+    let line = format!("{n} slot={slot} version={version}\n");
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .with_context(|| format!("open {}", path.display()))?;
+    f.write_all(line.as_bytes())
+        .and_then(|()| f.sync_all())
+        .with_context(|| format!("append to {}", path.display()))?;
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
+    }
+    Ok((n, first))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ioctl_structures_have_the_kernel_sizes() {
+        assert_eq!(std::mem::size_of::<BlkpgPartition>(), 152);
+        assert_eq!(std::mem::size_of::<BlkpgIoctlArg>(), 24);
+        assert_eq!(std::mem::size_of::<XfsGrowfsData>(), 16);
+        // _IOC(dir, 'X', nr, size)
+        let ioc = |dir: u64, nr: u64, size: u64| (dir << 30) | (size << 16) | (0x58 << 8) | nr;
+        assert_eq!(XFS_IOC_FSGEOMETRY, ioc(2, 126, 256));
+        assert_eq!(XFS_IOC_FSGROWFSDATA, ioc(1, 110, 16));
+    }
+
+    #[test]
+    fn boot_log_counts_boots_and_remembers_the_first_version() {
+        assert_eq!(parse_boot_log(""), (1, None));
+        assert_eq!(
+            parse_boot_log("1 slot=A version=0.1.0\n2 slot=B version=0.2.0\n"),
+            (3, Some("0.1.0".into()))
+        );
+        let dir = crate::partitions::tests::tempdir("bootlog");
+        let log = dir.join("log/machined/boots");
+        assert_eq!(log_boot(&log, Slot::A, "1.0").unwrap(), (1, "1.0".into()));
+        assert_eq!(log_boot(&log, Slot::B, "2.0").unwrap(), (2, "1.0".into()));
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "1 slot=A version=1.0\n2 slot=B version=2.0\n"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn report_line_format() {
+        assert_eq!(
+            report_line(Made::Made, Made::Kept, 1 << 30, 2, "0.1.0"),
+            "storage STATE=made EPHEMERAL=kept ephemeral-bytes=1073741824 boot=2 first-version=0.1.0"
+        );
+    }
+
+    #[test]
+    fn xfs_magic_is_detected() {
+        let dir = crate::partitions::tests::tempdir("xfsmagic");
+        let f = dir.join("p");
+        std::fs::write(&f, vec![0u8; 4096]).unwrap();
+        assert!(!has_xfs(f.to_str().unwrap()).unwrap());
+        std::fs::write(&f, b"XFSB\0\0\0\0").unwrap();
+        assert!(has_xfs(f.to_str().unwrap()).unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
