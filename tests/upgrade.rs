@@ -160,6 +160,23 @@ fn slot_status(r: &Value, slot: &str) -> String {
         .to_string()
 }
 
+/// `boot=` and `first-version=` of the last storage line of a console: the
+/// runtime appends a line to /var/log/machined/boots at every boot and
+/// reports the count and the version that wrote the first line.
+fn var_log(console: &str) -> (u32, String) {
+    let line = console
+        .lines()
+        .rfind(|l| l.starts_with("machined: storage "))
+        .unwrap_or_else(|| panic!("no storage line in:\n{console}"));
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap_or_else(|| panic!("no {k} in {line}"))
+            .to_string()
+    };
+    (field("boot=").parse().unwrap(), field("first-version="))
+}
+
 fn sha256(path: &Path) -> String {
     let out = ok(Command::new("sha256sum").arg(path));
     out.split_whitespace().next().unwrap().to_string()
@@ -169,8 +186,18 @@ fn sha256(path: &Path) -> String {
 fn upgrade_bless_manual_rollback_and_fallback_from_a_broken_version() {
     let i = images();
     let disk = disk_copy("upgrade-scenario");
-    let (r, _) = boot(&disk, false);
+    // /var (EPHEMERAL) keeps its boot log through every boot below: written
+    // first by v1, it is read by v2, v1 again after a rollback, and so on.
+    let mut boots = 0;
+    let mut var_kept = |console: &str| {
+        let (n, first) = var_log(console);
+        assert!(n > boots, "boot log went from {boots} to {n}:\n{console}");
+        assert_eq!(first, "0.1.0", "{console}");
+        boots = n;
+    };
+    let (r, console) = boot(&disk, false);
     assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+    var_kept(&console);
 
     // v1 -> v2: the trial boot is blessed, and the next boot stays on v2.
     let up = upgrade(&disk, &payload(&i.v2));
@@ -188,21 +215,25 @@ fn upgrade_bless_manual_rollback_and_fallback_from_a_broken_version() {
         console.contains("machined: blessed slot B (0.2.0): the upgrade from 0.1.0 succeeded"),
         "{console}"
     );
+    var_kept(&console);
     let s = inspect(&disk);
     assert_eq!(slot_status(&s, "B"), "good");
     assert_eq!(s["slots"]["pending_upgrade"], Value::Null);
     let (r, console) = boot(&disk, false);
     assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
     assert!(!console.contains("on trial"), "{console}");
+    var_kept(&console);
 
     // A manual rollback boots v1, and another one v2 again.
     let rb = rollback(&disk, false);
     assert!(rb.ok, "{}", rb.stderr);
-    let (r, _) = boot(&disk, false);
+    let (r, console) = boot(&disk, false);
     assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+    var_kept(&console);
     assert!(rollback(&disk, false).ok);
-    let (r, _) = boot(&disk, false);
+    let (r, console) = boot(&disk, false);
     assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
+    var_kept(&console);
 
     // v2 -> v3, which never reaches ready: after its tries the machine is
     // back on v2 by itself and says so.
@@ -228,6 +259,7 @@ fn upgrade_bless_manual_rollback_and_fallback_from_a_broken_version() {
         ),
         "{console}"
     );
+    var_kept(&console);
     let s = inspect(&disk);
     assert_eq!(slot_status(&s, "A"), "bad");
     assert_eq!(s["slots"]["default"], "B");
@@ -242,8 +274,9 @@ fn upgrade_bless_manual_rollback_and_fallback_from_a_broken_version() {
     // A bad slot is not rolled back to unless forced.
     let rb = rollback(&disk, false);
     assert!(!rb.ok && rb.stderr.contains("marked bad"), "{}", rb.stderr);
-    let (r, _) = boot(&disk, false);
+    let (r, console) = boot(&disk, false);
     assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
+    var_kept(&console);
     let _ = rb.stdout;
 }
 
