@@ -463,3 +463,74 @@ fn the_installer_unpacked_by_umoci_upgrades_a_disk_image() {
     let (r, _) = boot(&disk, false);
     assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
 }
+
+/// `imager install` lays out a blank disk from an installer image: a new
+/// image file of the size asked, and an existing blank file of its own size.
+/// Both boot the installed version from slot A, with EPHEMERAL to the end.
+#[test]
+fn install_lays_out_a_blank_disk_that_boots_the_payload() {
+    let i = images();
+    let pubkey = repo().join("out/keys/dev.pub");
+    let fresh = scratch().join("upgrade-install-new.raw");
+    let blank = scratch().join("upgrade-install-blank.raw");
+    let _ = std::fs::remove_file(&fresh);
+    let _ = std::fs::remove_file(&blank);
+    ok(Command::new("truncate").args(["-s", "2G"]).arg(&blank));
+    for (disk, size) in [(&fresh, Some("3GiB")), (&blank, None)] {
+        let mut c = imager();
+        c.args(["install", "--json", "--installer"])
+            .arg(payload(&i.v2))
+            .arg("--disk")
+            .arg(disk)
+            .arg("--key")
+            .arg(&pubkey);
+        if let Some(s) = size {
+            c.args(["--size", s]);
+        }
+        let r: Value = serde_json::from_str(&ok(&mut c)).unwrap();
+        assert_eq!((&r["slot"], &r["version"]), (&"A".into(), &"0.2.0".into()));
+        let want = if size.is_some() { 3u64 << 30 } else { 2 << 30 };
+        assert_eq!(std::fs::metadata(disk).unwrap().len(), want);
+        let sf: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(disk))).unwrap();
+        let parts = sf["partitiontable"]["partitions"].as_array().unwrap();
+        let last = parts.last().unwrap();
+        assert_eq!(last["name"], "EPHEMERAL");
+        let end = (last["start"].as_u64().unwrap() + last["size"].as_u64().unwrap()) * 512;
+        assert_eq!(end, want - (1 << 20), "EPHEMERAL ends before the last MiB");
+        let s = inspect(disk);
+        assert_eq!(slot_status(&s, "A"), "good");
+        assert!(
+            s["slots"]["history"][0]
+                .as_str()
+                .unwrap()
+                .contains("install slot=A version=0.2.0"),
+            "{s}"
+        );
+        let (r, _) = boot(disk, false);
+        assert_eq!(slot_of(&r), ("0.2.0".into(), "A".into()));
+    }
+    // A payload the given key did not sign is refused, and no disk appears.
+    let keys = scratch().join("upgrade-install-key");
+    let _ = std::fs::remove_dir_all(&keys);
+    std::fs::create_dir_all(&keys).unwrap();
+    ok(imager()
+        .args(["keygen", "--private"])
+        .arg(keys.join("k.key"))
+        .arg("--public")
+        .arg(keys.join("k.pub")));
+    let refused = scratch().join("upgrade-install-refused.raw");
+    let _ = std::fs::remove_file(&refused);
+    let out = run(imager()
+        .args(["install", "--installer"])
+        .arg(payload(&i.v2))
+        .arg("--disk")
+        .arg(&refused)
+        .arg("--key")
+        .arg(keys.join("k.pub")));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("not signed by"),
+        "{err}"
+    );
+    assert!(!refused.exists());
+}

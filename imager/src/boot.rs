@@ -84,29 +84,26 @@ pub fn boot_files(
     files
 }
 
-/// Writes the raw disk image `dest` (atomically, sparse): the partition
-/// table of `layout`, FAT filesystems on EFI (`esp`) and BOOT (`boot`), the
-/// META area at the start of META. BIOS reads as zeros; STATE and EPHEMERAL
-/// are left for the runtime to format. Every timestamp is `epoch`.
-pub fn write_raw_image(
-    dest: &Path,
-    layout: &Layout,
-    disk_guid: Guid,
-    esp: Vec<FatFile>,
-    boot: Vec<FatFile>,
-    meta: &Meta,
-    epoch: u64,
-) -> Result<()> {
-    let mut fill = filler(layout, disk_guid, esp, boot, meta, epoch, false)?;
-    write_disk(dest, layout, disk_guid, |p, w| fill(p, w))
-        .with_context(|| format!("writing the disk image {}", dest.display()))
+/// How a disk is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskTarget {
+    /// A new image file, created under a temporary name, sparse, and renamed
+    /// into place when complete.
+    NewImage,
+    /// An existing device (a block device), in place: the partition table
+    /// is written last, and the start of STATE and EPHEMERAL is zeroed so
+    /// that the runtime formats them afresh.
+    InPlace,
 }
 
-/// The same on an existing device, in place (a block device): the partition
-/// table is written last, and the start of STATE and EPHEMERAL is zeroed so
-/// that the runtime formats them afresh.
-pub fn write_raw_device(
+/// Writes the raw disk `dest`: the partition table of `layout`, FAT
+/// filesystems on EFI (`esp`) and BOOT (`boot`), the META area at the start
+/// of META. BIOS reads as zeros; STATE and EPHEMERAL are left for the
+/// runtime to format. Every timestamp is `epoch`.
+#[allow(clippy::too_many_arguments)]
+pub fn write_raw_image(
     dest: &Path,
+    target: DiskTarget,
     layout: &Layout,
     disk_guid: Guid,
     esp: Vec<FatFile>,
@@ -114,9 +111,14 @@ pub fn write_raw_device(
     meta: &Meta,
     epoch: u64,
 ) -> Result<()> {
-    let mut fill = filler(layout, disk_guid, esp, boot, meta, epoch, true)?;
-    crate::disk::write_disk_in_place(dest, layout, disk_guid, |p, w| fill(p, w))
-        .with_context(|| format!("installing onto {}", dest.display()))
+    let in_place = target == DiskTarget::InPlace;
+    let mut fill = filler(layout, disk_guid, esp, boot, meta, epoch, in_place)?;
+    if in_place {
+        crate::disk::write_disk_in_place(dest, layout, disk_guid, |p, w| fill(p, w))
+    } else {
+        write_disk(dest, layout, disk_guid, |p, w| fill(p, w))
+    }
+    .with_context(|| format!("writing the disk {}", dest.display()))
 }
 
 type Fill<'a> =
@@ -271,7 +273,17 @@ mod tests {
                 "1.2.0",
                 "console=ttyS0",
             );
-            write_raw_image(&img, &layout, guid, esp, boot, &meta, 1_700_000_000).unwrap();
+            write_raw_image(
+                &img,
+                DiskTarget::NewImage,
+                &layout,
+                guid,
+                esp,
+                boot,
+                &meta,
+                1_700_000_000,
+            )
+            .unwrap();
 
             if ss == 512 {
                 let out = run(Command::new(tool("sfdisk", "fdisk"))

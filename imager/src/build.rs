@@ -319,7 +319,16 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         let meta =
             crate::install::initial_meta(&p.name, &p.version, &[signer.public_key()], "build")?;
         let raw = out.join(names::RAW);
-        boot::write_raw_image(&raw, layout, disk_guid, esp, boot_files, &meta, epoch)?;
+        boot::write_raw_image(
+            &raw,
+            boot::DiskTarget::NewImage,
+            layout,
+            disk_guid,
+            esp,
+            boot_files,
+            &meta,
+            epoch,
+        )?;
         artifacts.push((Kind::Raw, raw));
     }
     let boot_info = sign::Boot {

@@ -412,11 +412,14 @@ pub fn run_install(a: &InstallArgs, installer: &Path) -> Result<InstallReport> {
     let meta = initial_meta(&p.manifest.name, &p.payload.version, &[key], "install")?;
     let guid = contract::guid::disk_guid(&identity);
     let epoch = p.manifest.source_date_epoch;
-    if is_block {
-        boot::write_raw_device(&a.disk, &layout, guid, esp, boot_files, &meta, epoch)?;
+    let target = if is_block {
+        boot::DiskTarget::InPlace
     } else {
-        boot::write_raw_image(&a.disk, &layout, guid, esp, boot_files, &meta, epoch)?;
-    }
+        boot::DiskTarget::NewImage
+    };
+    boot::write_raw_image(
+        &a.disk, target, &layout, guid, esp, boot_files, &meta, epoch,
+    )?;
     // Read back what was written against the signed digests.
     let (mut b, _) = open_slots(&a.disk)?;
     let mut fs = BootFs::new(&mut b, epoch);
