@@ -137,6 +137,133 @@ impl<T: Device> Device for Window<T> {
     }
 }
 
+/// Makes the small writes a FAT library issues for one directory entry (a
+/// name here, a size there) reach the device as one sector write, as they
+/// would in a filesystem driver: writes that stay within one 512-byte sector
+/// are gathered and written together when a write goes elsewhere, on a
+/// read, a flush or a sync. A disk writes a sector whole or not at all, so
+/// an entry is then created, renamed or sized in one step. Larger writes
+/// pass straight through, in order.
+#[derive(Debug)]
+pub struct SectorWriter<D: Read + Write + Seek> {
+    inner: D,
+    pos: u64,
+    /// The sector being gathered: its offset and contents.
+    dirty: Option<(u64, Box<[u8; SECTOR]>)>,
+}
+
+const SECTOR: usize = 512;
+
+impl<D: Read + Write + Seek> SectorWriter<D> {
+    pub fn new(inner: D) -> SectorWriter<D> {
+        SectorWriter {
+            inner,
+            pos: 0,
+            dirty: None,
+        }
+    }
+
+    fn write_back(&mut self) -> io::Result<()> {
+        if let Some((at, buf)) = self.dirty.take() {
+            self.inner.seek(SeekFrom::Start(at))?;
+            self.inner.write_all(&buf[..])?;
+        }
+        Ok(())
+    }
+}
+
+impl<D: Read + Write + Seek> Read for SectorWriter<D> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.write_back()?;
+        self.inner.seek(SeekFrom::Start(self.pos))?;
+        let n = self.inner.read(buf)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl<D: Read + Write + Seek> Write for SectorWriter<D> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let sector = self.pos / SECTOR as u64 * SECTOR as u64;
+        let within = (self.pos - sector) as usize;
+        if within + buf.len() > SECTOR {
+            // Not within one sector: in order, after what was gathered.
+            self.write_back()?;
+            self.inner.seek(SeekFrom::Start(self.pos))?;
+            let n = self.inner.write(buf)?;
+            self.pos += n as u64;
+            return Ok(n);
+        }
+        if self.dirty.as_ref().is_none_or(|(at, _)| *at != sector) {
+            self.write_back()?;
+            let mut b = Box::new([0u8; SECTOR]);
+            self.inner.seek(SeekFrom::Start(sector))?;
+            // The last sector of a device may be short: keep what reads.
+            let mut got = 0;
+            while got < SECTOR {
+                match self.inner.read(&mut b[got..])? {
+                    0 => break,
+                    k => got += k,
+                }
+            }
+            if got < SECTOR {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "write past the end of the device",
+                ));
+            }
+            self.dirty = Some((sector, b));
+        }
+        if let Some((_, b)) = self.dirty.as_mut() {
+            b[within..within + buf.len()].copy_from_slice(buf);
+        }
+        self.pos += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.write_back()?;
+        self.inner.flush()
+    }
+}
+
+impl<D: Read + Write + Seek> Seek for SectorWriter<D> {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let target = match to {
+            SeekFrom::Start(p) => p,
+            SeekFrom::Current(d) => self
+                .pos
+                .checked_add_signed(d)
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek before start"))?,
+            SeekFrom::End(_) => {
+                self.write_back()?;
+                self.inner.seek(to)?
+            }
+        };
+        self.pos = target;
+        Ok(target)
+    }
+}
+
+impl<D: Device> Device for SectorWriter<D> {
+    fn sync(&mut self) -> io::Result<()> {
+        self.write_back()?;
+        self.inner.sync()
+    }
+}
+
+impl<D: Read + Write + Seek> Drop for SectorWriter<D> {
+    fn drop(&mut self) {
+        // fatfs does not flush its device when it unmounts: its last write
+        // (clearing the dirty flag) is written here. An error shows at the
+        // caller's sync, which follows every change.
+        let _ = self.write_back();
+    }
+}
+
 /// A device that counts writes and, when asked, fails every write from the
 /// `fail_at`-th on (1-based), as if the power had been cut just before it:
 /// nothing of that write or any later one reaches the device. Handles made
@@ -269,6 +396,30 @@ mod tests {
         assert_eq!(v[9], 0);
         assert_eq!(&v[10..30], &[1u8; 20]);
         assert_eq!(v[30], 0);
+    }
+
+    #[test]
+    fn sector_writer_gathers_writes_within_a_sector() {
+        let mut f = Faulty::counting(io::Cursor::new(vec![0u8; 2048]));
+        {
+            let mut w = SectorWriter::new(&mut f);
+            w.seek(SeekFrom::Start(600)).unwrap();
+            for b in 0..32u8 {
+                w.write_all(&[b]).unwrap();
+            }
+            let mut back = [0u8; 4];
+            w.seek(SeekFrom::Start(600)).unwrap();
+            w.read_exact(&mut back).unwrap();
+            assert_eq!(back, [0, 1, 2, 3], "reads see gathered writes");
+            w.seek(SeekFrom::Start(1020)).unwrap();
+            w.write_all(&[9; 8]).unwrap(); // across a sector boundary
+            w.flush().unwrap();
+        }
+        assert_eq!(f.writes(), 2, "one sector write, one straight write");
+        let v = f.into_inner().into_inner();
+        assert_eq!(&v[600..604], &[0, 1, 2, 3]);
+        assert_eq!(v[631], 31);
+        assert_eq!(&v[1020..1028], &[9; 8]);
     }
 
     #[test]

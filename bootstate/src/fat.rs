@@ -4,7 +4,7 @@
 //! first cluster last); they are removed with [`crate::fatfix::remove_file`],
 //! whose order is safe for a removal. Every change ends with a sync.
 
-use crate::device::Device;
+use crate::device::{Device, SectorWriter};
 use anyhow::{Context, Result, bail};
 use fatfs::{Date, DateTime, FileSystem, FsOptions, Time, TimeProvider};
 use sha2::{Digest, Sha256};
@@ -92,10 +92,12 @@ impl<D: Device> BootFs<D> {
         self.dev
     }
 
-    fn open(&mut self) -> Result<FileSystem<&mut D>> {
+    /// fatfs over the device, its small writes gathered per sector.
+    fn open(&mut self) -> Result<FileSystem<SectorWriter<&mut D>>> {
         self.dev.seek(SeekFrom::Start(0))?;
         let opts = FsOptions::new().time_provider(time_provider(self.epoch));
-        FileSystem::new(&mut self.dev, opts).context("reading the BOOT filesystem")
+        FileSystem::new(SectorWriter::new(&mut self.dev), opts)
+            .context("reading the BOOT filesystem")
     }
 
     /// The regular files of directory `dir` ("" for the root), sorted by
@@ -337,52 +339,73 @@ mod tests {
     }
 
     /// A removal cut at any write leaves the file whole or gone, and never
-    /// an entry whose clusters another file can take.
+    /// an entry whose clusters another file can take: on FAT16 (a fixed
+    /// root region, as BOOT) and FAT32 (FSInfo, a root cluster chain), in a
+    /// directory of several clusters.
     #[test]
     fn removal_is_crash_safe_at_every_write() {
-        let mut base = BootFs::new(blank(512, 40 << 20), 0);
-        base.ensure_dir("loader").unwrap();
-        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-        base.create(
-            "loader/a-long-file-name.conf",
-            &mut &data[..],
-            data.len() as u64,
-        )
-        .unwrap();
-        let image = base.into_inner().into_inner();
-        let mut total = Faulty::counting(Cursor::new(image.clone()));
-        BootFs::new(&mut total, 0)
-            .remove("loader/a-long-file-name.conf")
+        let fat32 = || {
+            let mut dev = Cursor::new(vec![0u8; 40 << 20]);
+            fatfs::format_volume(
+                &mut dev,
+                fatfs::FormatVolumeOptions::new()
+                    .fat_type(fatfs::FatType::Fat32)
+                    .bytes_per_cluster(512),
+            )
             .unwrap();
-        assert!(total.writes() >= 3);
-        for n in 1..=total.writes() {
-            let mut dev = Faulty::failing_at(Cursor::new(image.clone()), n);
-            assert!(
-                BootFs::new(&mut dev, 0)
-                    .remove("loader/a-long-file-name.conf")
-                    .is_err()
-            );
-            let mut fs = BootFs::new(dev.into_inner(), 0);
-            let listed = fs.list("loader").unwrap();
-            if n == 1 {
-                assert_eq!(listed.len(), 1, "cut before the first write");
-                assert_eq!(fs.hash("loader/a-long-file-name.conf").unwrap().1, 200_000);
-            } else {
-                assert_eq!(listed, [], "the file is gone after its short entry");
+            dev
+        };
+        for (kind, dev) in [("FAT16", blank(512, 40 << 20)), ("FAT32", fat32())] {
+            let mut base = BootFs::new(dev, 0);
+            base.ensure_dir("loader").unwrap();
+            // Enough entries that the directory spans several clusters.
+            for i in 0..40 {
+                let name = format!("loader/filler-with-a-long-name-{i:02}.conf");
+                base.create(&name, &mut &b"x"[..], 1).unwrap();
             }
-            // A new file never shares clusters with a visible one.
-            let other = vec![1u8; 300_000];
-            fs.create("loader/new", &mut &other[..], other.len() as u64)
+            let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+            base.create(
+                "loader/a-long-file-name.conf",
+                &mut &data[..],
+                data.len() as u64,
+            )
+            .unwrap();
+            let image = base.into_inner().into_inner();
+            let mut total = Faulty::counting(Cursor::new(image.clone()));
+            BootFs::new(&mut total, 0)
+                .remove("loader/a-long-file-name.conf")
                 .unwrap();
-            assert_eq!(
-                fs.hash("loader/new").unwrap().0,
-                hex(&Sha256::digest(&other))
-            );
-            if n == 1 {
-                assert_eq!(
-                    fs.hash("loader/a-long-file-name.conf").unwrap().0,
-                    hex(&Sha256::digest(&data))
+            assert!(total.writes() >= 3, "{kind}");
+            for n in 1..=total.writes() {
+                let mut dev = Faulty::failing_at(Cursor::new(image.clone()), n);
+                assert!(
+                    BootFs::new(&mut dev, 0)
+                        .remove("loader/a-long-file-name.conf")
+                        .is_err()
                 );
+                let mut fs = BootFs::new(dev.into_inner(), 0);
+                let present = fs.exists("loader/a-long-file-name.conf").unwrap();
+                assert_eq!(
+                    present,
+                    n == 1,
+                    "{kind}: cut {n}: gone after its short entry"
+                );
+                assert_eq!(fs.list("loader").unwrap().len(), 40 + usize::from(present));
+                // A new file never shares clusters with a visible one.
+                let other = vec![1u8; 300_000];
+                fs.create("loader/new", &mut &other[..], other.len() as u64)
+                    .unwrap();
+                assert_eq!(
+                    fs.hash("loader/new").unwrap().0,
+                    hex(&Sha256::digest(&other)),
+                    "{kind}: cut {n}"
+                );
+                if present {
+                    assert_eq!(
+                        fs.hash("loader/a-long-file-name.conf").unwrap().0,
+                        hex(&Sha256::digest(&data))
+                    );
+                }
             }
         }
     }

@@ -80,6 +80,9 @@ fn geometry<T: Read + Seek>(dev: &mut T) -> Result<Geometry> {
     let root_sectors = (root_entries * 32).div_ceil(bps);
     let data_sector = reserved + fats * spf + root_sectors;
     let clusters = (total.saturating_sub(data_sector) / spc) as u32;
+    if clusters >= 0x0FFF_FFF5 {
+        bail!("not a FAT boot sector: {clusters} clusters");
+    }
     let kind = if clusters < 4085 {
         bail!("FAT12 volumes are not supported: make the partition at least 4 MiB")
     } else if clusters < 65525 {
@@ -87,6 +90,10 @@ fn geometry<T: Read + Seek>(dev: &mut T) -> Result<Geometry> {
     } else {
         Kind::Fat32
     };
+    let root_cluster = le32(&bs, 44) as u32;
+    if kind == Kind::Fat32 && !(2..clusters.saturating_add(2)).contains(&root_cluster) {
+        bail!("FAT32 root directory cluster {root_cluster} is out of range");
+    }
     Ok(Geometry {
         kind,
         fats,
@@ -94,7 +101,7 @@ fn geometry<T: Read + Seek>(dev: &mut T) -> Result<Geometry> {
         cluster_size: bps * spc,
         fat_offset: reserved * bps,
         root_region: ((reserved + fats * spf) * bps, root_sectors * bps),
-        root_cluster: le32(&bs, 44) as u32,
+        root_cluster,
         fs_info: le16(&bs, 48) * bps,
         data_offset: data_sector * bps,
         clusters,
@@ -102,6 +109,11 @@ fn geometry<T: Read + Seek>(dev: &mut T) -> Result<Geometry> {
 }
 
 impl Geometry {
+    /// Whether `c` names a data cluster of this volume.
+    fn valid_cluster(&self, c: u32) -> bool {
+        (2..self.clusters.saturating_add(2)).contains(&c)
+    }
+
     fn cluster_offset(&self, c: u32) -> u64 {
         self.data_offset + u64::from(c - 2) * self.cluster_size
     }
@@ -135,6 +147,9 @@ impl Geometry {
 
     /// The byte ranges of a cluster chain.
     fn chain<T: Read + Seek>(&self, dev: &mut T, first: u32) -> Result<Vec<(u64, u64)>> {
+        if !self.valid_cluster(first) {
+            bail!("cluster {first} is out of range");
+        }
         let mut out = Vec::new();
         let mut c = Some(first);
         while let Some(cl) = c {
@@ -251,15 +266,22 @@ pub fn fix_dot_entries<T: Read + Write + Seek>(dev: &mut T) -> Result<()> {
 /// Fills the FSInfo sector's free-cluster count and next-free hint, which
 /// fatfs leaves "unknown" (fsck.fat reports them uninitialized).
 fn write_fs_info<T: Read + Write + Seek>(dev: &mut T, g: &Geometry) -> Result<()> {
-    let mut fat = vec![0u8; (g.clusters as usize + 2) * 4];
-    dev.seek(SeekFrom::Start(g.fat_offset))?;
-    dev.read_exact(&mut fat)?;
+    // The FAT, read a chunk at a time (its size comes from the disk).
+    let entries = u64::from(g.clusters) + 2;
     let mut free = 0u32;
     let mut next = None;
-    for (i, e) in fat.chunks_exact(4).enumerate().skip(2) {
-        if u32::from_le_bytes([e[0], e[1], e[2], e[3]]) & 0x0FFF_FFFF == 0 {
-            free += 1;
-            next.get_or_insert(i as u32);
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut index = 0u64;
+    dev.seek(SeekFrom::Start(g.fat_offset))?;
+    while index < entries {
+        let n = ((entries - index) * 4).min(chunk.len() as u64) as usize;
+        dev.read_exact(&mut chunk[..n])?;
+        for e in chunk[..n].chunks_exact(4) {
+            if index >= 2 && u32::from_le_bytes([e[0], e[1], e[2], e[3]]) & 0x0FFF_FFFF == 0 {
+                free += 1;
+                next.get_or_insert(index as u32);
+            }
+            index += 1;
         }
     }
     let mut sector = [0u8; 512];
@@ -411,6 +433,12 @@ pub fn remove_file<T: Read + Write + Seek>(dev: &mut T, path: &str) -> Result<bo
     for at in std::iter::once(f.short).chain(f.long.iter().copied()) {
         dev.seek(SeekFrom::Start(at))?;
         dev.write_all(&[0xE5])?;
+    }
+    if f.first_cluster != 0 && !g.valid_cluster(f.first_cluster) {
+        bail!(
+            "{path} starts at cluster {}, outside the volume",
+            f.first_cluster
+        );
     }
     if f.first_cluster >= 2 {
         let mut c = Some(f.first_cluster);

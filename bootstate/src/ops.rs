@@ -49,14 +49,22 @@ impl Status {
         boot_order(&self.entries).first().copied()
     }
 
-    fn next_generation(&self) -> u32 {
-        self.entries
+    fn next_generation(&self) -> Result<u32> {
+        let next = self
+            .entries
             .iter()
             .chain(&self.broken)
             .map(|e| e.generation)
             .max()
             .unwrap_or(0)
-            .saturating_add(1)
+            + 1;
+        if next > contract::boot::MAX_GENERATION {
+            bail!(
+                "the boot entries have used up their generations ({}): reinstall the disk",
+                contract::boot::MAX_GENERATION
+            );
+        }
+        Ok(next)
     }
 }
 
@@ -75,7 +83,7 @@ pub fn status<B: Device, M: Device>(boot: &mut BootFs<B>, meta_dev: &mut M) -> R
 }
 
 /// Our entries on BOOT, sorted, split into those systemd-boot would boot
-/// (the entry parses, its `linux` and `initrd` files exist) and the others.
+/// (the entry parses, its `linux` file exists) and the others.
 pub fn read_entries<B: Device>(boot: &mut BootFs<B>) -> Result<(Vec<EntryName>, Vec<EntryName>)> {
     let mut names: Vec<EntryName> = boot
         .list(BOOT_ENTRIES_DIR)?
@@ -166,8 +174,11 @@ pub fn upgrade<B: Device, M: Device>(
              the disk is not in a state to upgrade (reinstall it with `imager install`)"
         );
     }
-    if tries == 0 {
-        bail!("an upgrade needs at least one try");
+    if !(1..=contract::boot::MAX_TRIES).contains(&tries) {
+        bail!(
+            "tries must be 1 to {}, not {tries}",
+            contract::boot::MAX_TRIES
+        );
     }
     let entry = payload.entry(target);
     let entry_text = entry.render();
@@ -275,7 +286,7 @@ pub fn upgrade<B: Device, M: Device>(
     ));
     write_state(meta_dev, &st, &new)?;
     // 5. The switch: the new entry, generation above all.
-    let name = EntryName::trial(st.next_generation(), target, tries);
+    let name = EntryName::trial(st.next_generation()?, target, tries);
     boot.create(
         &name.path(),
         &mut entry_text.as_bytes(),
@@ -312,7 +323,10 @@ pub fn rollback<B: Device, M: Device>(
     force: bool,
 ) -> Result<RolledBack> {
     let st = status(boot, meta_dev)?;
-    let from = st.state.default;
+    // The slot that boots now, as the entries say: after a rollback cut
+    // between its META write and its entry, running it again must not
+    // reverse it.
+    let from = st.next_boot().map_or(st.state.default, |e| e.slot);
     let to = from.other();
     let status = st.state.status(to);
     match status {
@@ -358,10 +372,11 @@ pub fn rollback<B: Device, M: Device>(
         if force { "yes" } else { "no" }
     ));
     write_state(meta_dev, &st, &new)?;
+    let generation = st.next_generation()?;
     let name = if trial {
-        EntryName::trial(st.next_generation(), to, DEFAULT_TRIES)
+        EntryName::trial(generation, to, DEFAULT_TRIES)
     } else {
-        EntryName::good(st.next_generation(), to)
+        EntryName::good(generation, to)
     };
     boot.create(&name.path(), &mut text.as_bytes(), text.len() as u64)?;
     for old in st.entries.iter().filter(|e| e.slot == to) {
@@ -466,10 +481,22 @@ pub fn bless<B: Device, M: Device>(
     if let Some(counting) = best_entry(&st.entries, booted).filter(|e| e.tries.is_some()) {
         let good = counting.blessed();
         if !st.entries.contains(&good) {
+            // An empty file of that name is a blessing cut short: redo it.
+            if st.broken.contains(&good) {
+                boot.remove(&good.path())?;
+            }
             let text = boot.read(&counting.path(), ENTRY_LIMIT)?;
             boot.create(&good.path(), &mut &text[..], text.len() as u64)?;
         }
-        boot.remove(&counting.path())?;
+    }
+    // Every counting entry of this slot goes, also one left behind by a
+    // blessing cut short (systemd-boot would keep trying it).
+    for e in st
+        .entries
+        .iter()
+        .filter(|e| e.slot == booted && e.tries.is_some())
+    {
+        boot.remove(&e.path())?;
     }
     let from_version = st
         .state
@@ -779,6 +806,83 @@ mod tests {
                 let up = upgrade(&mut boot, &mut md, &v2, 3).unwrap();
                 assert_eq!(up.to, Slot::B, "cut {n}");
                 assert_eq!(firmware_tries(&mut boot), Slot::B, "cut {n}");
+            }
+        }
+        assert_eq!(saw, [true, true]);
+    }
+
+    /// A blessing or a rollback cut at any write: the disk still boots one of
+    /// the two slots, and running the runtime's steps (or the rollback)
+    /// again ends in a consistent state.
+    #[test]
+    fn bless_and_rollback_cut_at_any_write_recover() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut b0, mut m0) = disk(16);
+        let v2 = payload(dir.path(), "2", 20_000);
+        upgrade(&mut BootFs::new(&mut b0, 0), &mut m0, &v2, 3).unwrap();
+        assert_eq!(firmware_tries(&mut BootFs::new(&mut b0, 0)), Slot::B);
+        type Step = dyn Fn(&mut BootFs<&mut Faulty<Dev>>, &mut Faulty<Dev>) -> Result<()>;
+        fn count(b0: &Dev, m0: &Dev, f: &Step) -> u64 {
+            let mut b = Faulty::counting(b0.clone());
+            let mut m = b.share(m0.clone());
+            f(&mut BootFs::new(&mut b, 0), &mut m).unwrap();
+            b.writes()
+        }
+        let blessing = |boot: &mut BootFs<&mut Faulty<Dev>>, m: &mut Faulty<Dev>| {
+            assess(boot, m, Slot::B)?;
+            bless(boot, m, Slot::B, "2").map(|_| ())
+        };
+        let total = count(&b0, &m0, &blessing);
+        for n in 1..=total {
+            let mut b = Faulty::failing_at(b0.clone(), n);
+            let mut m = b.share(m0.clone());
+            assert!(blessing(&mut BootFs::new(&mut b, 0), &mut m).is_err());
+            let (mut bd, mut md) = (b.into_inner(), m.into_inner());
+            let mut boot = BootFs::new(&mut bd, 0);
+            // Tries may run low, but B still boots, and blessing completes.
+            let slot = firmware_tries(&mut boot);
+            assert_eq!(slot, Slot::B, "cut {n}");
+            assess(&mut boot, &mut md, slot).unwrap();
+            bless(&mut boot, &mut md, slot, "2").unwrap();
+            assert_eq!(
+                entries(&mut boot),
+                [EntryName::good(1, Slot::A), EntryName::good(2, Slot::B)],
+                "cut {n}"
+            );
+            let st = status(&mut boot, &mut md).unwrap();
+            assert_eq!(st.state.status(Slot::B), SlotStatus::Good, "cut {n}");
+            assert!(st.state.pending.is_none(), "cut {n}");
+        }
+
+        // From the blessed state, a rollback to A cut at any write.
+        bless(&mut BootFs::new(&mut b0, 0), &mut m0, Slot::B, "2").unwrap();
+        let roll = |boot: &mut BootFs<&mut Faulty<Dev>>, m: &mut Faulty<Dev>| {
+            rollback(boot, m, false).map(|_| ())
+        };
+        let total = count(&b0, &m0, &roll);
+        let mut saw = [false, false];
+        for n in 1..=total {
+            let mut b = Faulty::failing_at(b0.clone(), n);
+            let mut m = b.share(m0.clone());
+            assert!(roll(&mut BootFs::new(&mut b, 0), &mut m).is_err());
+            let (mut bd, mut md) = (b.into_inner(), m.into_inner());
+            let mut boot = BootFs::new(&mut bd, 0);
+            let slot = firmware_tries(&mut boot);
+            saw[(slot == Slot::A) as usize] = true;
+            let best = best_entry(&entries(&mut boot), slot).unwrap();
+            let e = entry_of(&mut boot, &best).unwrap();
+            assert_eq!(
+                e.version,
+                if slot == Slot::A { "1" } else { "2" },
+                "cut {n}"
+            );
+            assess(&mut boot, &mut md, slot).unwrap();
+            let st = status(&mut boot, &mut md).unwrap();
+            assert_eq!(st.state.default, slot, "cut {n}: META follows what boots");
+            // Running the rollback again lands on A whatever the cut.
+            if slot == Slot::B {
+                rollback(&mut boot, &mut md, false).unwrap();
+                assert_eq!(firmware_tries(&mut boot), Slot::A, "cut {n}");
             }
         }
         assert_eq!(saw, [true, true]);

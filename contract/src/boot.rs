@@ -32,6 +32,10 @@ use std::fmt;
 
 /// How many times a new slot is tried before systemd-boot falls back.
 pub const DEFAULT_TRIES: u32 = 3;
+/// The most tries an entry may be given.
+pub const MAX_TRIES: u32 = 99;
+/// The highest generation an entry name can carry (8 digits).
+pub const MAX_GENERATION: u32 = 99_999_999;
 
 /// The name of a boot entry file: `g<generation>-slot-<a|b>[+LEFT[-DONE]].conf`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -143,16 +147,23 @@ impl fmt::Display for EntryName {
     }
 }
 
-/// The entry systemd-boot boots by default among `entries`, by its rule:
+/// The entries in the order systemd-boot sorts them (it boots the first):
 /// entries with tries left (or without counting) before used-up ones, then
-/// the highest name. Our names compare like systemd-boot's version compare
-/// because the generation has a fixed width.
+/// the highest id by its version compare (`strverscmp_improved`), in which
+/// our names order by generation (fixed width), then slot; for the same
+/// generation and slot, the version compare skips `+` and puts a counting
+/// name (`…-slot-b+2-1.conf`) before the plain one (`…-slot-b.conf`), and
+/// more tries left first.
 pub fn boot_order(entries: &[EntryName]) -> Vec<EntryName> {
     let mut v = entries.to_vec();
     v.sort_by(|a, b| {
+        let left = |e: &EntryName| e.tries.map(|t| t.left);
         a.is_exhausted()
             .cmp(&b.is_exhausted())
-            .then_with(|| b.file_name().cmp(&a.file_name()))
+            .then_with(|| b.generation.cmp(&a.generation))
+            .then_with(|| b.slot.cmp(&a.slot))
+            .then_with(|| b.tries.is_some().cmp(&a.tries.is_some()))
+            .then_with(|| left(b).cmp(&left(a)))
     });
     v
 }
@@ -355,6 +366,9 @@ mod tests {
         // Tries used up: sorted last, the previous slot boots again.
         let b2x = EntryName::parse("g00000002-slot-b+0-3.conf").unwrap();
         assert_eq!(boot_order(&[b2x, a1]), vec![a1, b2x]);
+        // A blessing cut short: systemd-boot still prefers the counting name.
+        let b2t = EntryName::parse("g00000002-slot-b+2-1.conf").unwrap();
+        assert_eq!(boot_order(&[b2.blessed(), b2t])[0], b2t);
         assert_eq!(
             entry_title("Imager 0.1.0", Slot::B),
             "Imager 0.1.0 (slot B)"

@@ -223,7 +223,8 @@ pub enum Assessment {
     DefaultMoved,
 }
 
-/// The best (highest generation, blessed before counting) entry of each slot.
+/// The entry of `slot` systemd-boot would pick among `entries` (highest
+/// generation; for the same generation, a counting name before the plain one).
 pub fn best_entry(entries: &[EntryName], slot: Slot) -> Option<EntryName> {
     crate::boot::boot_order(
         &entries

@@ -44,8 +44,9 @@ pub struct UpgradeArgs {
     /// Disk image file or block device.
     #[arg(long)]
     pub disk: PathBuf,
-    /// Boots the new slot is tried before systemd-boot falls back.
-    #[arg(long, default_value_t = contract::boot::DEFAULT_TRIES)]
+    /// Boots the new slot is tried before systemd-boot falls back (1 to 99).
+    #[arg(long, default_value_t = contract::boot::DEFAULT_TRIES,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(contract::boot::MAX_TRIES)))]
     pub tries: u32,
     /// Print the result as JSON on stdout.
     #[arg(long)]
@@ -150,13 +151,13 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
                 report
                     .ensure_ok()
                     .context("the installer's payload does not match its signed manifest")?;
-                verified = Some(*key);
+                verified = Some((*key, report.verified));
                 break;
             }
             Err(e) => errors.push(format!("{e:#}")),
         }
     }
-    let Some(key) = verified else {
+    let Some((key, manifest)) = verified else {
         let ids: Vec<String> = trusted.iter().map(sign::key_id).collect();
         bail!(
             "the installer's payload is not signed by a key this disk trusts ({}): {}; \
@@ -165,11 +166,20 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
             errors.join("; ")
         );
     };
-    let manifest_path = dir.join(sign::MANIFEST_NAME);
-    let manifest = Manifest::parse(
-        &std::fs::read(&manifest_path)
-            .with_context(|| format!("reading {}", manifest_path.display()))?,
-    )?;
+    // The version goes into a boot entry line and META's records.
+    if manifest.version.is_empty()
+        || manifest
+            .version
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+    {
+        bail!(
+            "the payload's version {:?} is empty or has spaces or control characters",
+            manifest.version
+        );
+    }
+    // The files are used from here on; what was verified is their digests,
+    // and every file written to BOOT is read back against them.
     let file = |kind: Kind| -> Result<PayloadFile> {
         let a = manifest
             .artifacts
@@ -210,12 +220,18 @@ pub fn device_size(f: &mut File) -> Result<u64> {
     Ok(end)
 }
 
-/// The BOOT and META partitions of a disk, each on its own handle.
+/// The BOOT and META partitions of a disk, each on its own handle, opened
+/// with O_DSYNC: every write is on the disk before the next one starts, so
+/// the order of writes that makes an upgrade crash-safe is the order in
+/// which they reach the disk (the page cache would otherwise write back in
+/// its own order).
 pub fn open_slots(disk_path: &Path) -> Result<(Window<File>, Window<File>)> {
+    use std::os::unix::fs::OpenOptionsExt;
     let open = || {
         std::fs::OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(libc::O_DSYNC)
             .open(disk_path)
             .with_context(|| format!("opening {} for writing", disk_path.display()))
     };

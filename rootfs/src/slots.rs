@@ -18,11 +18,15 @@ pub struct Disk {
     meta: File,
 }
 
+/// Opens a partition with O_DSYNC, so that writes reach the disk in the
+/// order they are made (see `imager::install::open_slots`).
 fn open_rw(p: &Partition) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
     let dev = p.dev_path(Path::new("/dev"));
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
+        .custom_flags(libc::O_DSYNC)
         .open(&dev)
         .map_err(|e| Error::msg(format!("open {} for writing: {e}", dev.display())))
 }

@@ -101,6 +101,10 @@ pub struct VerifyReport {
     pub profile: String,
     pub source_date_epoch: u64,
     pub artifacts: Vec<ArtifactCheck>,
+    /// The manifest parsed from the very bytes whose signature verified
+    /// (never read again from the file, which may have changed since).
+    #[serde(skip)]
+    pub verified: Manifest,
 }
 
 impl VerifyReport {
@@ -230,11 +234,12 @@ pub fn verify(manifest_path: &Path, public_key: &VerifyingKey) -> Result<VerifyR
         ok: problems == 0,
         problems,
         key_id: trusted,
-        name: manifest.name,
-        version: manifest.version,
-        profile: manifest.profile,
+        name: manifest.name.clone(),
+        version: manifest.version.clone(),
+        profile: manifest.profile.clone(),
         source_date_epoch: manifest.source_date_epoch,
         artifacts,
+        verified: manifest,
     })
 }
 
