@@ -308,6 +308,7 @@ fn tampered_and_foreign_payloads_and_a_full_boot_are_refused_with_nothing_writte
     assert!(err.contains("does not match its digest"), "{err}");
     let tampered = scratch().join("upgrade-tampered");
     let _ = std::fs::remove_dir_all(&tampered);
+    let _ = std::fs::remove_file(&tampered);
     ok(Command::new("cp").arg("-r").arg(&i.v2.dir).arg(&tampered));
     let initramfs = tampered.join("initramfs.zst");
     let mut bytes = std::fs::read(&initramfs).unwrap();
