@@ -1,0 +1,30 @@
+//! The installer image reader: any bytes as an OCI archive give a payload
+//! directory or an error, never a panic, and never a file outside the
+//! destination.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+use std::sync::OnceLock;
+
+fn work() -> &'static std::path::Path {
+    static W: OnceLock<std::path::PathBuf> = OnceLock::new();
+    W.get_or_init(|| {
+        let d = std::env::temp_dir().join(format!("imager-fuzz-oci-{}", std::process::id()));
+        std::fs::create_dir_all(&d).expect("work directory");
+        d
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let dir = work();
+    let archive = dir.join("archive.tar");
+    let dest = dir.join("dest");
+    let _ = std::fs::remove_dir_all(&dest);
+    std::fs::create_dir_all(&dest).expect("destination");
+    std::fs::write(&archive, data).expect("archive");
+    let _ = imager::oci::extract_payload(&archive, &dest);
+    // Nothing beside the archive and the destination.
+    for e in std::fs::read_dir(dir).expect("work directory").flatten() {
+        let name = e.file_name();
+        assert!(name == "archive.tar" || name == "dest", "{name:?} written outside dest");
+    }
+});
