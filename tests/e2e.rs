@@ -562,3 +562,36 @@ fn a_runtime_failure_fails_the_boot_with_its_reason() {
         "{err}"
     );
 }
+
+/// A runtime that hangs before ready is failed by its ready timeout, so that
+/// boot counting sees a failed boot and not a machine stuck for ever.
+#[test]
+fn a_boot_that_hangs_is_failed_by_the_ready_timeout() {
+    let p = write_profile("hangs", |t| {
+        t.replace(
+            "    - vdso32=0\n",
+            "    - vdso32=0\n    - machined.break=hang\n    - machined.ready_timeout=30\n    \
+             - machined.on_failure=poweroff\n",
+        )
+    });
+    let dir = scratch().join("hangs");
+    let _ = std::fs::remove_dir_all(&dir);
+    ok(imager()
+        .args(["build", "--profile"])
+        .arg(&p)
+        .arg("--out")
+        .arg(&dir));
+    let out = run(imager()
+        .args(["boot", "--quiet", "--timeout", "600"])
+        .arg(dir.join("disk.raw")));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a hanging runtime booted:\n{err}");
+    assert!(
+        err.contains("machined.break=hang: hanging before ready"),
+        "{err}"
+    );
+    assert!(
+        err.contains("machined: fatal: not ready 30 s after boot (machined.ready_timeout=30)"),
+        "{err}"
+    );
+}

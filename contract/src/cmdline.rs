@@ -6,8 +6,15 @@ use crate::slot::Slot;
 pub const SLOT: &str = "machined.slot";
 /// What to do when the runtime fails: `machined.on_failure=reboot|halt|poweroff`.
 pub const ON_FAILURE: &str = "machined.on_failure";
-/// Stop before reaching ready (for tests of a deliberately broken version).
+/// Stop before reaching ready (for tests of a deliberately broken version):
+/// `machined.break=stage1|switch-root|stage2|ready` fails there,
+/// `machined.break=hang` hangs before ready, `machined.break=panic` panics.
 pub const BREAK: &str = "machined.break";
+/// Seconds from boot to ready before the runtime gives up and applies its
+/// failure policy (so a boot that hangs is counted as failed); 0: never.
+pub const READY_TIMEOUT: &str = "machined.ready_timeout";
+/// The default of [`READY_TIMEOUT`].
+pub const DEFAULT_READY_TIMEOUT_S: u64 = 300;
 
 /// What the runtime does after printing a fatal error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

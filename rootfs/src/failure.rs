@@ -128,6 +128,49 @@ mod tests {
     }
 }
 
+/// Set once the runtime is ready: the watchdog stands down.
+static READY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Arms the ready timeout (`machined.ready_timeout=`, seconds since boot):
+/// if the runtime has not called [`ready`] by then, a watchdog thread fails
+/// it, so that a boot that hangs is a failed boot (and systemd-boot's boot
+/// counting can fall back). Returns the timeout armed, if any.
+pub fn arm_ready_timeout(cmdline: &str, uptime_s: f64) -> Option<u64> {
+    let secs = match cmdline::get(cmdline, cmdline::READY_TIMEOUT) {
+        None => cmdline::DEFAULT_READY_TIMEOUT_S,
+        Some(v) => match v.parse::<u64>() {
+            Ok(n) => n,
+            Err(_) => {
+                say(format!(
+                    "warning: {}={v:?} is not a number of seconds, using {}",
+                    cmdline::READY_TIMEOUT,
+                    cmdline::DEFAULT_READY_TIMEOUT_S
+                ));
+                cmdline::DEFAULT_READY_TIMEOUT_S
+            }
+        },
+    };
+    if secs == 0 {
+        return None;
+    }
+    let left = (secs as f64 - uptime_s).max(0.0);
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs_f64(left));
+        if !READY.load(Ordering::SeqCst) {
+            fatal(format!(
+                "not ready {secs} s after boot ({}={secs})",
+                cmdline::READY_TIMEOUT
+            ));
+        }
+    });
+    Some(secs)
+}
+
+/// The runtime is ready: the ready timeout no longer applies.
+pub fn ready() {
+    READY.store(true, Ordering::SeqCst);
+}
+
 /// The points where `machined.break=<stage>` stops the runtime, in boot order.
 pub const BREAK_POINTS: [&str; 4] = ["stage1", "switch-root", "stage2", "ready"];
 
@@ -138,6 +181,17 @@ pub fn breakpoint(cmdline: &str, point: &str) -> crate::error::Result<()> {
     let Some(asked) = cmdline::get(cmdline, cmdline::BREAK) else {
         return Ok(());
     };
+    // `hang` hangs where `ready` would fail: it tests the ready timeout.
+    if asked == "hang" {
+        if point == "ready" {
+            say(format!(
+                "{}=hang: hanging before ready as asked",
+                cmdline::BREAK
+            ));
+            sys::pause_forever();
+        }
+        return Ok(());
+    }
     // `panic` panics where `ready` would fail: it tests the panic hook.
     if asked == "panic" {
         if point == "ready" {

@@ -25,6 +25,7 @@ pub fn run() -> Result<Infallible> {
     power::take_signals()?;
     let cmdline = std::fs::read_to_string("/proc/cmdline").context("read /proc/cmdline")?;
     failure::configure(&cmdline);
+    failure::arm_ready_timeout(&cmdline, uptime()?.parse().unwrap_or(0.0));
     failure::breakpoint(&cmdline, "stage2")?;
 
     let slot = cmdline::slot(&cmdline).ok_or_else(|| {
@@ -64,6 +65,7 @@ pub fn run() -> Result<Infallible> {
     if trial {
         disk.bless(slot, &version)?;
     }
+    failure::ready();
     let supervisor = power::prepare()?;
     say(format!("cmdline {}", cmdline.trim()));
     say(format!(
