@@ -536,15 +536,14 @@ fn a_4096_byte_sector_image_is_laid_out_and_the_boot_loader_limit_is_reported() 
     assert!(err.contains("systemd-boot found no boot entry"), "{err}");
 }
 
-#[test]
-fn a_runtime_failure_fails_the_boot_with_its_reason() {
-    let p = write_profile("broken", |t| {
-        t.replace(
-            "    - vdso32=0\n",
-            "    - vdso32=0\n    - machined.break=ready\n    - machined.on_failure=poweroff\n",
-        )
+/// Builds the default image with `options` added to its command line and
+/// boots it, expecting the boot to fail; returns what `imager boot` said.
+fn failing_boot(name: &str, options: &[&str]) -> String {
+    let extra: String = options.iter().map(|o| format!("    - {o}\n")).collect();
+    let p = write_profile(name, |t| {
+        t.replace("    - vdso32=0\n", &format!("    - vdso32=0\n{extra}"))
     });
-    let dir = scratch().join("broken");
+    let dir = scratch().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     ok(imager()
         .args(["build", "--profile"])
@@ -554,9 +553,18 @@ fn a_runtime_failure_fails_the_boot_with_its_reason() {
     let out = run(imager()
         .args(["boot", "--quiet", "--timeout", "600"])
         .arg(dir.join("disk.raw")));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "a broken runtime booted:\n{err}");
     assert!(err.contains("the runtime failed"), "{err}");
+    err
+}
+
+#[test]
+fn a_runtime_failure_fails_the_boot_with_its_reason() {
+    let err = failing_boot(
+        "broken",
+        &["machined.break=ready", "machined.on_failure=poweroff"],
+    );
     assert!(
         err.contains("machined: fatal: machined.break=ready"),
         "{err}"
@@ -567,25 +575,14 @@ fn a_runtime_failure_fails_the_boot_with_its_reason() {
 /// boot counting sees a failed boot and not a machine stuck for ever.
 #[test]
 fn a_boot_that_hangs_is_failed_by_the_ready_timeout() {
-    let p = write_profile("hangs", |t| {
-        t.replace(
-            "    - vdso32=0\n",
-            "    - vdso32=0\n    - machined.break=hang\n    - machined.ready_timeout=30\n    \
-             - machined.on_failure=poweroff\n",
-        )
-    });
-    let dir = scratch().join("hangs");
-    let _ = std::fs::remove_dir_all(&dir);
-    ok(imager()
-        .args(["build", "--profile"])
-        .arg(&p)
-        .arg("--out")
-        .arg(&dir));
-    let out = run(imager()
-        .args(["boot", "--quiet", "--timeout", "600"])
-        .arg(dir.join("disk.raw")));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a hanging runtime booted:\n{err}");
+    let err = failing_boot(
+        "hangs",
+        &[
+            "machined.break=hang",
+            "machined.ready_timeout=30",
+            "machined.on_failure=poweroff",
+        ],
+    );
     assert!(
         err.contains("machined.break=hang: hanging before ready"),
         "{err}"

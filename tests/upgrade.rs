@@ -449,22 +449,7 @@ fn extract_boot(disk: &Path) -> PathBuf {
 #[test]
 fn the_installer_unpacked_by_umoci_upgrades_a_disk_image() {
     let i = images();
-    let layout = scratch().join("upgrade-layout");
-    let bundle = scratch().join("upgrade-bundle");
-    for d in [&layout, &bundle] {
-        let _ = std::fs::remove_dir_all(d);
-    }
-    std::fs::create_dir_all(&layout).unwrap();
-    ok(tool("tar")
-        .arg("-xf")
-        .arg(payload(&i.v2))
-        .arg("-C")
-        .arg(&layout));
-    ok(tool("umoci")
-        .args(["unpack", "--image"])
-        .arg(format!("{}:0.2.0", layout.display()))
-        .arg(&bundle));
-    let root = bundle.join("rootfs");
+    let root = unpack_installer(&i.v2, "upgrade-unpacked");
     let disk = disk_copy("upgrade-by-installer");
     let inside = root.join("disk.raw");
     std::fs::hard_link(&disk, &inside).unwrap();
@@ -556,6 +541,27 @@ fn install_lays_out_a_blank_disk_that_boots_the_payload() {
     assert!(!refused.exists());
 }
 
+/// `b`'s installer image unpacked by umoci; returns its root filesystem.
+fn unpack_installer(b: &Build, name: &str) -> PathBuf {
+    let layout = scratch().join(format!("{name}-layout"));
+    let bundle = scratch().join(format!("{name}-bundle"));
+    for d in [&layout, &bundle] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    std::fs::create_dir_all(&layout).unwrap();
+    ok(tool("tar")
+        .arg("-xf")
+        .arg(payload(b))
+        .arg("-C")
+        .arg(&layout));
+    let tag = b.json["version"].as_str().unwrap();
+    ok(tool("umoci")
+        .args(["unpack", "--image"])
+        .arg(format!("{}:{tag}", layout.display()))
+        .arg(&bundle));
+    bundle.join("rootfs")
+}
+
 /// Detaches a loop device when dropped.
 struct Loop(String);
 
@@ -589,22 +595,7 @@ fn install_and_upgrade_work_on_a_block_device() {
     assert_eq!(r["size"], 2u64 << 30);
 
     // The installer image's own binary and payload, on the device.
-    let layout = scratch().join("upgrade-blockdev-layout");
-    let bundle = scratch().join("upgrade-blockdev-bundle");
-    for d in [&layout, &bundle] {
-        let _ = std::fs::remove_dir_all(d);
-    }
-    std::fs::create_dir_all(&layout).unwrap();
-    ok(tool("tar")
-        .arg("-xf")
-        .arg(payload(&i.v2))
-        .arg("-C")
-        .arg(&layout));
-    ok(tool("umoci")
-        .args(["unpack", "--image"])
-        .arg(format!("{}:0.2.0", layout.display()))
-        .arg(&bundle));
-    let root = bundle.join("rootfs");
+    let root = unpack_installer(&i.v2, "upgrade-blockdev");
     use std::os::unix::fs::FileTypeExt;
     use std::os::unix::fs::MetadataExt;
     let md = std::fs::metadata(&dev).unwrap();
