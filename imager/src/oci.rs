@@ -42,6 +42,28 @@ pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
 pub const LAYOUT_VERSION: &str = "1.0.0";
 /// Index, manifest and config are small JSON documents; larger is not one.
 const MAX_JSON: u64 = 4 << 20;
+/// The most a layer may unpack to, and a payload file may be: a hostile
+/// image (its digests are its own; the signature is checked later) must not
+/// fill the disk or run for ever.
+const MAX_LAYER_UNPACKED: u64 = 4 << 30;
+const MAX_PAYLOAD_FILE: u64 = 1 << 30;
+
+/// A reader that fails once more than `left` bytes have passed.
+struct Capped<R> {
+    inner: R,
+    left: u64,
+    what: &'static str,
+}
+
+impl<R: Read> Read for Capped<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.left = self.left.checked_sub(n as u64).ok_or_else(|| {
+            io::Error::other(format!("{} is larger than the installer allows", self.what))
+        })?;
+        Ok(n)
+    }
+}
 
 /// A file or link of the image's layer. Paths are relative to the image's
 /// root, `/`-separated; parent directories are added (mode 0755).
@@ -775,6 +797,11 @@ fn extract_layer(store: &Store, layer: &Descriptor, diff_id: &str, staging: &Pat
             Compression::Gzip => Box::new(flate2::read::GzDecoder::new(&mut outer)),
             Compression::Zstd => Box::new(zstd::Decoder::new(&mut outer).context("starting zstd")?),
         };
+        let inner = Capped {
+            inner,
+            left: MAX_LAYER_UNPACKED,
+            what: "the unpacked layer",
+        };
         let mut diff = HashingReader::new(inner);
         let applied = apply_layer(&mut diff, staging);
         // Hash the rest, so that the digests cover every byte.
@@ -826,6 +853,14 @@ fn apply_layer(r: impl Read, staging: &Path) -> Result<()> {
         if name.is_empty() || name.contains('/') {
             continue;
         }
+        // Only the files a payload has; anything else is not extracted.
+        let known = PAYLOAD_FILES
+            .iter()
+            .chain([&contract::paths::PAYLOAD_BOOT_LOADER])
+            .any(|k| name == *k || name.strip_prefix(".wh.") == Some(*k));
+        if !known && name != ".wh..wh..opq" {
+            continue;
+        }
         if name == ".wh..wh..opq" {
             for f in std::fs::read_dir(staging).context("listing the staged payload")? {
                 let f = f.context("listing the staged payload")?;
@@ -847,7 +882,12 @@ fn apply_layer(r: impl Read, staging: &Path) -> Result<()> {
                 let to = staging.join(name);
                 let mut f =
                     File::create(&to).with_context(|| format!("creating {}", to.display()))?;
-                io::copy(&mut e, &mut f).with_context(|| format!("extracting {path}"))?;
+                let mut capped = Capped {
+                    inner: &mut e,
+                    left: MAX_PAYLOAD_FILE,
+                    what: "a payload file",
+                };
+                io::copy(&mut capped, &mut f).with_context(|| format!("extracting {path}"))?;
                 f.sync_all()
                     .with_context(|| format!("flushing {}", to.display()))?;
             }

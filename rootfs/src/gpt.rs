@@ -1,12 +1,15 @@
 //! Growing the last partition of a GPT disk to the end of a disk that is
 //! larger than the image it was written from.
 //!
-//! The crash-safe order: the new backup entry array and header are written
-//! at the new end of the disk and flushed first; then the primary entry
-//! array, header and protective MBR. Until the primary header is written the
-//! old primary still points at the old backup, which is untouched, so a
-//! power cut at any moment leaves a consistent table (the old one or the new
-//! one); the next boot simply does the work again.
+//! The order: the new backup entry array and header are written at the new
+//! end of the disk and flushed first; then the primary entry array, header
+//! and protective MBR. A power cut before the second flush leaves the old
+//! primary intact (the next boot does the work again) — unless the new
+//! primary entries reached the disk without their header: then the primary
+//! no longer checks out, and the new backup at the end of the disk, already
+//! complete, is the table. UEFI firmware restores the primary from it, and
+//! Linux uses it because the images' command line has `gpt` (without it
+//! Linux reads only the primary).
 
 use crate::error::{Context, Error, Result};
 use contract::partition::ALIGNMENT;

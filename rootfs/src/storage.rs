@@ -121,7 +121,15 @@ pub fn setup(slot: Slot, version: &str) -> Result<()> {
     )
     .context("mount STATE")?;
     overlays()?;
-    let (boot, first_version) = log_boot(Path::new(BOOT_LOG), slot, version)?;
+    // The boot log is a record, not a check: a log the runtime cannot use
+    // (/var is the workloads') is reported and does not stop the boot.
+    let (boot, first_version) = match log_boot(Path::new(BOOT_LOG), slot, version) {
+        Ok(v) => v,
+        Err(e) => {
+            say(format!("stage2: warning: boot log not written: {e}"));
+            (0, "unknown".to_string())
+        }
+    };
     say(report_line(
         state_made,
         eph_made,
@@ -231,19 +239,59 @@ fn grow_ephemeral(disk: &str, ephemeral: &Partition) -> Result<()> {
     Ok(())
 }
 
-/// Whether the first bytes of a partition are an XFS superblock.
-pub fn has_xfs(dev: &str) -> Result<bool> {
-    let mut magic = [0u8; 4];
-    std::fs::File::open(dev)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .with_context(|| format!("read the first block of {dev}"))?;
-    Ok(&magic == XFS_MAGIC)
+/// What the first sector of a partition holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Content {
+    /// An XFS superblock of a finished filesystem.
+    Xfs,
+    /// An XFS superblock whose mkfs never finished (`sb_inprogress` set):
+    /// ours, cut short; it cannot be mounted and is made again.
+    XfsUnfinished,
+    /// Zeros: never formatted (or wiped by the installer).
+    Blank,
+    /// Anything else: data of some other kind, which is never formatted.
+    Other,
 }
 
-/// Runs mkfs.xfs on `dev` unless it already holds XFS; never formats XFS.
+/// Classifies the first sector of a partition.
+pub fn probe(first_sector: &[u8]) -> Content {
+    const SB_INPROGRESS: usize = 126;
+    if first_sector.starts_with(XFS_MAGIC) {
+        if first_sector.get(SB_INPROGRESS).is_some_and(|b| *b != 0) {
+            Content::XfsUnfinished
+        } else {
+            Content::Xfs
+        }
+    } else if first_sector.iter().all(|b| *b == 0) {
+        Content::Blank
+    } else {
+        Content::Other
+    }
+}
+
+/// What the first sector of the partition `dev` holds.
+pub fn content_of(dev: &str) -> Result<Content> {
+    let mut sector = [0u8; 512];
+    std::fs::File::open(dev)
+        .and_then(|mut f| f.read_exact(&mut sector))
+        .with_context(|| format!("read the first block of {dev}"))?;
+    Ok(probe(&sector))
+}
+
+/// Runs mkfs.xfs on `dev` when it is blank (or holds our own unfinished
+/// mkfs); keeps an XFS filesystem; refuses anything else, which may be
+/// someone's data.
 fn format_if_blank(dev: &str, label: &str) -> Result<Made> {
-    if has_xfs(dev)? {
-        return Ok(Made::Kept);
+    match content_of(dev)? {
+        Content::Xfs => return Ok(Made::Kept),
+        Content::Blank | Content::XfsUnfinished => {}
+        Content::Other => {
+            return Err(Error::msg(format!(
+                "{label} ({dev}) holds data that is not an XFS filesystem: refusing to \
+                 format it; to let the runtime make {label} afresh, zero its first MiB \
+                 (imager install does)"
+            )));
+        }
     }
     let started = Instant::now();
     let out = std::process::Command::new(MKFS_XFS)
@@ -264,9 +312,9 @@ fn format_if_blank(dev: &str, label: &str) -> Result<Made> {
             err.trim().replace('\n', " | ")
         )));
     }
-    if !has_xfs(dev)? {
+    if content_of(dev)? != Content::Xfs {
         return Err(Error::msg(format!(
-            "{MKFS_XFS} succeeded but {dev} has no XFS superblock"
+            "{MKFS_XFS} succeeded but {dev} has no finished XFS superblock"
         )));
     }
     say(format!(
@@ -345,36 +393,72 @@ fn overlays() -> Result<()> {
 }
 
 /// The number of this boot and the version of the first, from the boot log
-/// as it was before this boot.
+/// as it was before this boot. Only well-formed lines count
+/// (`<n> slot=<A|B> version=<v>`): a line torn by a power cut, or anything
+/// else written there, does not.
 pub fn parse_boot_log(text: &str) -> (u64, Option<String>) {
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let first = lines.first().and_then(|l| {
-        l.split_whitespace()
-            .find_map(|w| w.strip_prefix("version="))
-            .map(String::from)
-    });
+    let valid = |l: &&str| {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        w.len() == 3
+            && w[0].parse::<u64>().is_ok()
+            && (w[1] == "slot=A" || w[1] == "slot=B")
+            && w[2].strip_prefix("version=").is_some_and(|v| !v.is_empty())
+    };
+    let lines: Vec<&str> = text.lines().filter(valid).collect();
+    let first = lines
+        .first()
+        .and_then(|l| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("version="))
+        })
+        .map(String::from);
     (lines.len() as u64 + 1, first)
 }
 
+/// The boot log is read up to this many bytes (it grows by a line a boot).
+const BOOT_LOG_LIMIT: u64 = 16 << 20;
+
 /// Appends `<n> slot=<A|B> version=<v>` to the boot log and makes it durable.
-/// Returns this boot's number and the first boot's version.
+/// Returns this boot's number and the first boot's version. The log is
+/// opened without following a symbolic link (it lives on /var, which
+/// workloads write) and must be a regular file.
 fn log_boot(path: &Path, slot: Slot, version: &str) -> Result<(u64, String)> {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt;
     if let Some(dir) = path.parent() {
         sys::mkdir_all(dir, 0o755)?;
     }
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(Error::msg(format!("read {}: {e}", path.display()))),
-    };
-    let (n, first) = parse_boot_log(&text);
-    let first = first.unwrap_or_else(|| version.to_string());
-    let line = format!("{n} slot={slot} version={version}\n");
     let mut f = std::fs::OpenOptions::new()
+        .read(true)
         .append(true)
         .create(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .mode(0o644)
         .open(path)
         .with_context(|| format!("open {}", path.display()))?;
+    let md = f
+        .metadata()
+        .with_context(|| format!("stat {}", path.display()))?;
+    if !md.is_file() {
+        return Err(Error::msg(format!(
+            "{} is not a regular file",
+            path.display()
+        )));
+    }
+    let mut bytes = Vec::new();
+    (&mut f)
+        .take(BOOT_LOG_LIMIT)
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("read {}", path.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let (n, first) = parse_boot_log(&text);
+    let first = first.unwrap_or_else(|| version.to_string());
+    // A line torn by a power cut is ended, not continued.
+    let torn = !bytes.is_empty() && !bytes.ends_with(b"\n");
+    let line = format!(
+        "{}{n} slot={slot} version={version}\n",
+        if torn { "\n" } else { "" }
+    );
     f.write_all(line.as_bytes())
         .and_then(|()| f.sync_all())
         .with_context(|| format!("append to {}", path.display()))?;
@@ -426,13 +510,52 @@ mod tests {
     }
 
     #[test]
-    fn xfs_magic_is_detected() {
+    fn first_sectors_are_classified() {
+        let mut xfs = vec![0u8; 512];
+        xfs[..4].copy_from_slice(b"XFSB");
+        assert_eq!(probe(&xfs), Content::Xfs);
+        xfs[126] = 1; // sb_inprogress: mkfs did not finish
+        assert_eq!(probe(&xfs), Content::XfsUnfinished);
+        assert_eq!(probe(&[0u8; 512]), Content::Blank);
+        let mut ext4 = vec![0u8; 512];
+        ext4[56] = 0x53;
+        assert_eq!(probe(&ext4), Content::Other);
         let dir = crate::partitions::tests::tempdir("xfsmagic");
         let f = dir.join("p");
         std::fs::write(&f, vec![0u8; 4096]).unwrap();
-        assert!(!has_xfs(f.to_str().unwrap()).unwrap());
-        std::fs::write(&f, b"XFSB\0\0\0\0").unwrap();
-        assert!(has_xfs(f.to_str().unwrap()).unwrap());
+        assert_eq!(content_of(f.to_str().unwrap()).unwrap(), Content::Blank);
+        std::fs::write(&f, &xfs).unwrap();
+        assert_eq!(
+            content_of(f.to_str().unwrap()).unwrap(),
+            Content::XfsUnfinished
+        );
+        // Someone's data is never formatted.
+        std::fs::write(&f, &ext4).unwrap();
+        let e = format_if_blank(f.to_str().unwrap(), "STATE").unwrap_err();
+        assert!(e.to_string().contains("refusing to format it"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_torn_or_foreign_boot_log_line_does_not_count() {
+        assert_eq!(
+            parse_boot_log("1 slot=A version=0.1.0\n2 slot=B ver"),
+            (2, Some("0.1.0".into()))
+        );
+        assert_eq!(parse_boot_log("junk\n\u{fffd}\n"), (1, None));
+        let dir = crate::partitions::tests::tempdir("bootlog-torn");
+        let log = dir.join("boots");
+        std::fs::write(&log, b"1 slot=A version=1.0\n2 slot=A ve\xff").unwrap();
+        assert_eq!(log_boot(&log, Slot::B, "2.0").unwrap(), (2, "1.0".into()));
+        assert!(
+            std::fs::read(&log)
+                .unwrap()
+                .ends_with(b"ve\xff\n2 slot=B version=2.0\n")
+        );
+        // Not through a symbolic link.
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&log, &link).unwrap();
+        assert!(log_boot(&link, Slot::A, "1.0").is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
