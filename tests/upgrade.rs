@@ -335,6 +335,15 @@ fn tampered_and_foreign_payloads_and_a_full_boot_are_refused_with_nothing_writte
         "{err}"
     );
 
+    // Another system, signed by the trusted key.
+    let stranger = build_variant(
+        "upgrade-stranger",
+        |t| version("0.2.0")(t).replace("name: metal", "name: other"),
+        &dev_key(),
+    );
+    let err = refused(&stranger.dir, "a payload of another system");
+    assert!(err.contains("is for the system \"other\""), "{err}");
+
     // BOOT without room: all but 2 MiB of it taken by something else.
     {
         let (b, _) = imager::install::open_slots(&disk).unwrap();

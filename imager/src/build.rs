@@ -167,12 +167,6 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
     let out = &opts.out_dir;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let swept = crate::io::remove_stale_partials(out)?;
-    // A rebuild replaces artifacts one by one: drop the old manifest first,
-    // so that a directory with a manifest always holds one complete build.
-    let old = out.join(names::MANIFEST);
-    if old.exists() {
-        std::fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
-    }
     if swept > 0 {
         step(&format!(
             "removed {swept} temporary file(s) of an interrupted build"
@@ -249,6 +243,16 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
             (built.bzimage, built.config, built.cached)
         }
     };
+    // A rebuild replaces artifacts one by one: drop the old manifest (and
+    // its signature) before the first, so that a directory with a manifest
+    // always holds one complete build; not earlier, so that a build that
+    // fails its checks leaves the previous build whole.
+    for old in [names::MANIFEST, names::SIGNATURE] {
+        let old = out.join(old);
+        if old.exists() {
+            std::fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
+        }
+    }
     let kernel_out = place(&bzimage, out, names::KERNEL)?;
     let config_out = place(&config, out, names::KERNEL_CONFIG)?;
 

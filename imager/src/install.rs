@@ -69,6 +69,7 @@ pub struct InstallArgs {
     /// trusts it for upgrades (default: the development key).
     #[arg(long)]
     pub key: Option<PathBuf>,
+    /// Print the result as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 }
@@ -81,6 +82,7 @@ pub struct RollbackArgs {
     /// Roll back to a slot known to be bad (it gets boot counting).
     #[arg(long)]
     pub force: bool,
+    /// Print the result as JSON on stdout.
     #[arg(long)]
     pub json: bool,
 }
@@ -110,8 +112,13 @@ fn payload_dir(installer: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>)>
         );
     }
     let work = tempfile::tempdir().context("creating a temporary directory")?;
-    let dir = oci::extract_payload(installer, work.path())
-        .with_context(|| format!("reading the installer image {}", installer.display()))?;
+    let dir = oci::extract_payload(installer, work.path()).with_context(|| {
+        format!(
+            "reading {} as an installer image (an OCI archive such as installer.tar; or pass \
+             a payload directory)",
+            installer.display()
+        )
+    })?;
     Ok((dir, Some(work)))
 }
 
@@ -159,11 +166,26 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
     }
     let Some((key, manifest)) = verified else {
         let ids: Vec<String> = trusted.iter().map(sign::key_id).collect();
+        // Only to explain: the manifest is not trusted here.
+        let claimed = std::fs::read(dir.join(sign::MANIFEST_NAME))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v.get("key_id")?.as_str().map(str::to_string));
+        let why = match claimed {
+            Some(k) if !ids.contains(&k) => format!(
+                "it says it is signed by {k}; build the installer with the key the disk \
+                 trusts (imager build --key), or install the disk afresh with \
+                 `imager install --key` for the new key"
+            ),
+            _ => format!(
+                "its signature does not verify: the payload was modified or damaged ({})",
+                errors.join("; ")
+            ),
+        };
         bail!(
-            "the installer's payload is not signed by a key this disk trusts ({}): {}; \
+            "the installer's payload is not signed by a key this disk trusts ({}): {why}; \
              nothing was written",
-            ids.join(", "),
-            errors.join("; ")
+            ids.join(", ")
         );
     };
     // The version goes into a boot entry line and META's records.
@@ -233,7 +255,13 @@ pub fn open_slots(disk_path: &Path) -> Result<(Window<File>, Window<File>)> {
             .write(true)
             .custom_flags(libc::O_DSYNC)
             .open(disk_path)
-            .with_context(|| format!("opening {} for writing", disk_path.display()))
+            .with_context(|| {
+                format!(
+                    "opening {} for writing (the disk must exist and hold an installed \
+                     system: make one with `imager build` or `imager install`)",
+                    disk_path.display()
+                )
+            })
     };
     let mut f = open()?;
     let size = device_size(&mut f)?;
@@ -289,6 +317,15 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device>(
         );
     }
     let p = load_payload(installer, &keys)?;
+    if let Some(name) = meta.get(Tag::ImageName)
+        && name != p.manifest.name
+    {
+        bail!(
+            "the installer is for the system {:?} but this disk runs {name:?}: an upgrade \
+             installs a new version of the same system; nothing was written",
+            p.manifest.name
+        );
+    }
     let mut boot = BootFs::new(boot_dev, p.manifest.source_date_epoch);
     let up = ops::upgrade(&mut boot, meta_dev, &p.payload, tries)?;
     Ok((up, p))

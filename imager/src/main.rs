@@ -171,7 +171,7 @@ fn run() -> Result<ExitCode> {
         Command::Rollback(a) => {
             let r = imager::install::run_rollback(&a)?;
             let line = format!(
-                "rollback: slot {} ({}) is the default again (entry {}); slot {} stays installed",
+                "rollback: slot {} ({}) is the default now (entry {}); slot {} stays installed",
                 r.to_slot, r.version, r.entry, r.from_slot
             );
             print_json_or(a.json, &r, line)

@@ -352,7 +352,18 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
                         failed_boots += 1;
                         continue;
                     }
-                    bail!("boot failed: {why}; last console lines:\n{}", con.tail());
+                    let hint = if RECOVERABLE.contains(&why) && !opts.reboots {
+                        " (on an upgrade's trial boot, `imager boot --write --reboots` lets \
+                         the machine retry and fall back)"
+                    } else {
+                        ""
+                    };
+                    let lines = if opts.echo {
+                        "the console is above".to_string()
+                    } else {
+                        format!("last console lines:\n{}", con.tail())
+                    };
+                    bail!("boot failed: {why}{hint}; {lines}");
                 }
                 if let Some(r) = ready {
                     break r;

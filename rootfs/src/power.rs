@@ -227,20 +227,32 @@ fn terminate_processes() {
     if unsafe { libc::kill(-1, libc::SIGTERM) } < 0 {
         return; // ESRCH: nobody to stop.
     }
+    if all_children_gone_within(TERM_GRACE) {
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(-1, libc::SIGKILL) };
+    // Killed processes still hold their files until they are gone: wait for
+    // them (a while), so that the filesystems can be unmounted cleanly.
+    if !all_children_gone_within(TERM_GRACE) {
+        reap();
+    }
+}
+
+/// Reaps children until none is left (true) or `grace` has passed.
+fn all_children_gone_within(grace: Duration) -> bool {
     let start = Instant::now();
-    while start.elapsed() < TERM_GRACE {
+    while start.elapsed() < grace {
         // SAFETY: plain syscall with a NULL status.
         let pid = unsafe { libc::waitpid(-1, std::ptr::null_mut(), libc::WNOHANG) };
         if pid < 0 {
-            return; // ECHILD: everyone is gone.
+            return true; // ECHILD: everyone is gone.
         }
         if pid == 0 {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    // SAFETY: as above.
-    unsafe { libc::kill(-1, libc::SIGKILL) };
-    reap();
+    false
 }
 
 /// Whether a mount point is an API filesystem left mounted to the end (the

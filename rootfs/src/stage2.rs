@@ -60,7 +60,7 @@ pub fn run() -> Result<Infallible> {
     let mut disk = slots::Disk::open(&meta_part, &all)?;
     let trial = disk.assess(slot, &version)?;
 
-    storage::setup(slot, &version)?;
+    storage::setup(&meta_part, slot, &version)?;
     failure::breakpoint(&cmdline, "ready")?;
     if trial {
         disk.bless(slot, &version)?;

@@ -91,9 +91,11 @@ pub fn report_line(
     )
 }
 
-/// Does it all; see the module documentation.
-pub fn setup(slot: Slot, version: &str) -> Result<()> {
-    let (disk, state, ephemeral) = wait_for_partitions()?;
+/// Does it all; see the module documentation. `meta` is the META partition
+/// stage 2 chose: STATE and EPHEMERAL are taken from its disk, never from
+/// another disk that also carries our labels.
+pub fn setup(meta: &Partition, slot: Slot, version: &str) -> Result<()> {
+    let (disk, state, ephemeral) = wait_for_partitions(meta)?;
     grow_ephemeral(&disk, &ephemeral).with_context(|| format!("grow EPHEMERAL on /dev/{disk}"))?;
     let state_dev = format!("/dev/{}", state.name);
     let eph_dev = format!("/dev/{}", ephemeral.name);
@@ -140,16 +142,13 @@ pub fn setup(slot: Slot, version: &str) -> Result<()> {
     Ok(())
 }
 
-/// META, STATE and EPHEMERAL on one disk, with their device nodes.
-fn wait_for_partitions() -> Result<(String, Partition, Partition)> {
+/// STATE and EPHEMERAL on META's disk, with their device nodes.
+fn wait_for_partitions(meta: &Partition) -> Result<(String, Partition, Partition)> {
     let start = Instant::now();
     loop {
         let all = partitions::scan(Path::new("/sys"))?;
-        let meta = partitions::find(&all, PartitionRole::Meta.label()).map(|(m, _)| m.clone());
-        if let Some(meta) = meta
-            && let Some(disk) = meta.disk.clone()
-        {
-            let on_disk = partitions::on_disk_of(&all, &meta);
+        if let Some(disk) = meta.disk.clone() {
+            let on_disk = partitions::on_disk_of(&all, meta);
             let get = |role: PartitionRole| {
                 on_disk
                     .iter()
