@@ -18,7 +18,7 @@ use crate::fat::BootFs;
 use crate::meta;
 use anyhow::{Context, Result, bail};
 use contract::boot::{DEFAULT_TRIES, Entry, EntryName, boot_order};
-use contract::meta::{Meta, SlotStatus, Tag};
+use contract::meta::{Meta, SlotStatus};
 use contract::paths::BOOT_ENTRIES_DIR;
 use contract::state::{Assessment, BootState, FallbackReason, Pending, best_entry};
 use contract::{Slot, state};
@@ -32,8 +32,6 @@ const ENTRY_LIMIT: u64 = 64 * 1024;
 #[derive(Debug, Clone)]
 pub struct Status {
     pub meta: Meta,
-    /// The META copy read (0, or 1 if copy 0 is damaged).
-    pub meta_copy: usize,
     pub state: BootState,
     /// Our entries on BOOT that systemd-boot would boot: they parse and
     /// their kernel exists (other files in `loader/entries` are ignored).
@@ -70,12 +68,11 @@ impl Status {
 
 /// Reads META and the entries.
 pub fn status<B: Device, M: Device>(boot: &mut BootFs<B>, meta_dev: &mut M) -> Result<Status> {
-    let (meta, meta_copy) = meta::read(meta_dev)?;
+    let (meta, _) = meta::read(meta_dev)?;
     let state = BootState::from_meta(&meta).map_err(anyhow::Error::msg)?;
     let (entries, broken) = read_entries(boot)?;
     Ok(Status {
         meta,
-        meta_copy,
         state,
         entries,
         broken,
@@ -520,11 +517,6 @@ pub fn bless<B: Device, M: Device>(
     })
 }
 
-/// The META tag of the trusted keys, for the installer.
-pub fn trusted_keys(meta: &Meta) -> Option<&str> {
-    meta.get(Tag::TrustedKeys)
-}
-
 /// Reads the kernel and initramfs hashes named by a slot's entry, for
 /// checks (`imager inspect`).
 pub fn entry_of<B: Device>(boot: &mut BootFs<B>, name: &EntryName) -> Result<Entry> {
@@ -536,7 +528,7 @@ pub fn entry_of<B: Device>(boot: &mut BootFs<B>, name: &EntryName) -> Result<Ent
 mod tests {
     use super::*;
     use crate::device::Faulty;
-    use contract::meta::{AREA_LEN, SlotRecord};
+    use contract::meta::{AREA_LEN, SlotRecord, Tag};
     use sha2::{Digest, Sha256};
     use std::io::Cursor;
 

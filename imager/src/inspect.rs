@@ -1,6 +1,5 @@
 //! `imager inspect`: what is on an image, read back from the image itself.
 
-use crate::io::Window;
 use crate::{disk, sign};
 use anyhow::{Context, Result};
 use contract::PartitionRole;
@@ -113,20 +112,6 @@ pub struct Report {
     pub manifest: Option<ManifestInfo>,
 }
 
-fn window<'a>(
-    f: &'a mut File,
-    t: &disk::Table,
-    role: PartitionRole,
-) -> Result<Window<&'a mut File>> {
-    let p = t
-        .partitions
-        .iter()
-        .find(|p| p.label == role.label())
-        .with_context(|| format!("the image has no {} partition", role.label()))?;
-    let (off, len) = p.range(t.sector_size);
-    Window::new(f, off, len).with_context(|| format!("opening the {} partition", role.label()))
-}
-
 /// Reads everything `inspect` shows.
 pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
     let table = disk::read_table(image).context("reading the partition table")?;
@@ -147,7 +132,7 @@ pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
         .collect();
 
     let loader_default = {
-        let mut w = window(&mut f, &table, PartitionRole::Efi)?;
+        let mut w = table.window(&mut f, PartitionRole::Efi.label())?;
         disk::fat::read_file(&mut w, contract::paths::ESP_LOADER_CONF)
             .ok()
             .and_then(|b| {
@@ -159,7 +144,7 @@ pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
 
     let mut entries = Vec::new();
     {
-        let mut w = window(&mut f, &table, PartitionRole::Boot)?;
+        let mut w = table.window(&mut f, PartitionRole::Boot.label())?;
         let files = disk::fat::list_files(&mut w).context("listing BOOT")?;
         let prefix = format!("{}/", contract::paths::BOOT_ENTRIES_DIR);
         for file in files.iter().filter(|f| f.starts_with(&prefix)) {
@@ -186,7 +171,7 @@ pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
     }
 
     let (meta, decoded) = {
-        let mut w = window(&mut f, &table, PartitionRole::Meta)?;
+        let mut w = table.window(&mut f, PartitionRole::Meta.label())?;
         let mut area = vec![0u8; contract::meta::AREA_LEN];
         w.read_exact(&mut area).context("reading META")?;
         match Meta::decode(&area) {

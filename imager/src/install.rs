@@ -264,20 +264,16 @@ pub fn open_slots(disk_path: &Path) -> Result<(Window<File>, Window<File>)> {
             })
     };
     let mut f = open()?;
-    let size = device_size(&mut f)?;
+    let size = disk::gpt::device_size(&mut f)?;
     let table = disk::gpt::read_table_from(&mut f, size)
         .with_context(|| format!("reading the partition table of {}", disk_path.display()))?;
     let window = |role: PartitionRole| -> Result<Window<File>> {
-        let p = table.find(role.label()).with_context(|| {
+        table.window(open()?, role.label()).with_context(|| {
             format!(
-                "{} has no {} partition: it was not made by imager (use `imager install`)",
-                disk_path.display(),
-                role.label()
+                "{}: not a disk made by imager (use `imager install`)",
+                disk_path.display()
             )
-        })?;
-        let (off, len) = p.range(table.sector_size);
-        Window::new(open()?, off, len)
-            .with_context(|| format!("opening the {} partition", role.label()))
+        })
     };
     Ok((window(PartitionRole::Boot)?, window(PartitionRole::Meta)?))
 }
@@ -443,7 +439,7 @@ pub fn run_install(a: &InstallArgs, installer: &Path) -> Result<InstallReport> {
         (None, Ok(_)) => {
             let mut f =
                 File::open(&a.disk).with_context(|| format!("opening {}", a.disk.display()))?;
-            device_size(&mut f)?
+            disk::gpt::device_size(&mut f)?
         }
         (None, Err(_)) => contract::partition::DEFAULT_DISK_SIZE,
     };

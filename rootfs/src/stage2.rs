@@ -6,11 +6,10 @@ use crate::error::{Context, Error, Result};
 use crate::partitions::{self, Partition};
 use crate::{failure, osrelease, power, slots, storage};
 use contract::cmdline;
-use contract::meta::{AREA_LEN, Meta, SlotRecord, Tag};
+use contract::meta::{Meta, SlotRecord, Tag};
 use contract::partition::PartitionRole;
 use contract::paths::ROOTFS_OS_RELEASE;
 use std::convert::Infallible;
-use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 
@@ -104,11 +103,8 @@ fn report_layout(meta: &Partition, all: &[Partition]) {
 }
 
 fn read_meta(dev: &Path) -> Result<(Meta, usize)> {
-    let mut area = vec![0u8; AREA_LEN];
-    std::fs::File::open(dev)
-        .and_then(|mut f| f.read_exact(&mut area))
-        .with_context(|| format!("read META from {}", dev.display()))?;
-    Meta::decode(&area).with_context(|| format!("decode META on {}", dev.display()))
+    let mut f = std::fs::File::open(dev).with_context(|| format!("open META {}", dev.display()))?;
+    bootstate::meta::read(&mut f).map_err(|e| Error::msg(format!("{}: {e:#}", dev.display())))
 }
 
 /// `default-slot=A slot-a=good/1.0` style summary of what matters at boot.

@@ -7,6 +7,7 @@
 //! function of the layout and the disk GUID.
 
 use super::layout::Layout;
+use crate::io::Window;
 use ::gpt::disk::LogicalBlockSize;
 use ::gpt::mbr::ProtectiveMBR;
 use ::gpt::partition::Partition;
@@ -128,6 +129,25 @@ impl Table {
     pub fn find(&self, label: &str) -> Option<&TablePartition> {
         self.partitions.iter().find(|p| p.label == label)
     }
+
+    /// A window of `dev` (the disk this table was read from) on partition
+    /// `label`.
+    pub fn window<T: Seek>(&self, dev: T, label: &str) -> Result<Window<T>> {
+        let p = self
+            .find(label)
+            .with_context(|| format!("the disk has no partition labelled {label}"))?;
+        let (offset, len) = p.range(self.sector_size);
+        Window::new(dev, offset, len).with_context(|| format!("opening partition {label}"))
+    }
+}
+
+/// Size of a disk image file or block device (whose metadata says 0).
+pub fn device_size<D: Seek>(dev: &mut D) -> Result<u64> {
+    let end = dev
+        .seek(SeekFrom::End(0))
+        .context("finding the disk's size")?;
+    dev.seek(SeekFrom::Start(0))?;
+    Ok(end)
 }
 
 /// Which sector size the disk is laid out with: the one at which LBA 1 holds
@@ -148,8 +168,8 @@ pub fn detect_sector_size<R: Read + Seek>(r: &mut R) -> Result<u64> {
 
 /// Reads the partition table of the disk image at `path`.
 pub fn read_table(path: &Path) -> Result<Table> {
-    let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let disk_size = f.metadata()?.len();
+    let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let disk_size = device_size(&mut f)?;
     read_table_from(f, disk_size)
         .with_context(|| format!("reading the partition table of {}", path.display()))
 }

@@ -33,13 +33,22 @@ where
         .set_len(layout.disk_size)
         .with_context(|| format!("sizing {} to {} bytes", dest.display(), layout.disk_size))?;
     write_table(out.file(), layout, disk_guid).context("writing partition table")?;
+    fill_partitions(out.file(), layout, &mut fill)?;
+    out.commit()
+        .with_context(|| format!("writing {}", dest.display()))?;
+    Ok(())
+}
+
+/// Calls `fill` once per partition, in layout order, with a window on it.
+fn fill_partitions<F>(f: &mut File, layout: &Layout, fill: &mut F) -> Result<()>
+where
+    F: FnMut(&PlacedPartition, &mut Window<&mut File>) -> Result<()>,
+{
     for p in &layout.partitions {
-        let mut w = Window::new(out.file(), p.offset(), p.len())
+        let mut w = Window::new(&mut *f, p.offset(), p.len())
             .with_context(|| format!("seeking to partition {}", p.label()))?;
         fill(p, &mut w).with_context(|| format!("filling partition {}", p.label()))?;
     }
-    out.commit()
-        .with_context(|| format!("writing {}", dest.display()))?;
     Ok(())
 }
 
@@ -61,11 +70,7 @@ where
         .write(true)
         .open(dest)
         .with_context(|| format!("opening {} for writing", dest.display()))?;
-    for p in &layout.partitions {
-        let mut w = Window::new(&mut f, p.offset(), p.len())
-            .with_context(|| format!("seeking to partition {}", p.label()))?;
-        fill(p, &mut w).with_context(|| format!("filling partition {}", p.label()))?;
-    }
+    fill_partitions(&mut f, layout, &mut fill)?;
     f.sync_all()
         .with_context(|| format!("syncing {}", dest.display()))?;
     write_table(&mut f, layout, disk_guid).context("writing partition table")?;
@@ -78,12 +83,10 @@ where
 /// found in its partition table.
 pub fn open_partition(path: &Path, label: &str) -> Result<Window<File>> {
     let table = read_table(path)?;
-    let p = table
-        .find(label)
-        .with_context(|| format!("{} has no partition labelled {label}", path.display()))?;
-    let (offset, len) = p.range(table.sector_size);
     let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    Window::new(f, offset, len).with_context(|| format!("seeking to partition {label}"))
+    table
+        .window(f, label)
+        .with_context(|| format!("reading {}", path.display()))
 }
 
 #[cfg(test)]
