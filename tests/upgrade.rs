@@ -514,6 +514,7 @@ fn install_lays_out_a_blank_disk_that_boots_the_payload() {
         assert_eq!(end, want - (1 << 20), "EPHEMERAL ends before the last MiB");
         let s = inspect(disk);
         assert_eq!(slot_status(&s, "A"), "good");
+        assert_eq!(s["entries"][0]["title"], "Imager 0.2.0 (slot A)", "{s}");
         assert!(
             s["slots"]["history"][0]
                 .as_str()

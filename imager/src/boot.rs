@@ -61,20 +61,12 @@ pub fn entry(
     )
 }
 
-/// The files of `slot` on BOOT: its kernel and initramfs (given as path and
-/// hex SHA-256) under their content names, and its entry.
-pub fn boot_files(
-    slot: Slot,
-    kernel: (&Path, &str),
-    initramfs: (&Path, &str),
-    name: &str,
-    version: &str,
-    cmdline: &str,
-) -> Vec<FatFile> {
-    let e = entry(slot, kernel.1, initramfs.1, name, version, cmdline);
+/// The files of `slot` on BOOT: its kernel and initramfs (from these paths)
+/// under the content names entry `e` gives them, and `e` itself.
+pub fn boot_files(slot: Slot, e: &Entry, kernel: &Path, initramfs: &Path) -> Vec<FatFile> {
     let mut files = vec![
-        FatFile::file(e.linux.clone(), kernel.0),
-        FatFile::file(e.initrd.clone(), initramfs.0),
+        FatFile::file(e.linux.clone(), kernel),
+        FatFile::file(e.initrd.clone(), initramfs),
         FatFile::bytes(EntryName::good(1, slot).path(), e.render()),
         FatFile::dir(contract::paths::BOOT_ENTRIES_DIR),
     ];
@@ -201,14 +193,8 @@ mod tests {
             entry(Slot::B, KSHA, ISHA, "X", "1", "").options,
             "machined.slot=B"
         );
-        let files = boot_files(
-            Slot::A,
-            (Path::new("/k"), KSHA),
-            (Path::new("/i"), ISHA),
-            "Imager",
-            "1.2.0",
-            "console=ttyS0",
-        );
+        let e = entry(Slot::A, KSHA, ISHA, "Imager", "1.2.0", "console=ttyS0");
+        let files = boot_files(Slot::A, &e, Path::new("/k"), Path::new("/i"));
         let paths: Vec<_> = files.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(
             paths,
@@ -265,14 +251,8 @@ mod tests {
             let layout = Layout::new(DEFAULT_DISK_SIZE, ss, &BTreeMap::new()).unwrap();
             let img = dir.path().join(format!("disk-{ss}.raw"));
             let esp = esp_files(sd_boot).unwrap();
-            let boot = boot_files(
-                Slot::A,
-                (&kernel, &ksha),
-                (&initramfs, &isha),
-                "Test",
-                "1.2.0",
-                "console=ttyS0",
-            );
+            let e = entry(Slot::A, &ksha, &isha, "Test", "1.2.0", "console=ttyS0");
+            let boot = boot_files(Slot::A, &e, &kernel, &initramfs);
             write_raw_image(
                 &img,
                 DiskTarget::NewImage,

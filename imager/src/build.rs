@@ -312,14 +312,15 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         step("disk: raw GPT image");
         let identity = paths::image_identity(&p.name, &p.version, &[&kernel_sha, &initramfs_sha]);
         let disk_guid = contract::guid::disk_guid(&identity);
-        let boot_files = boot::boot_files(
+        let entry = boot::entry(
             Slot::A,
-            (&kernel_out, &kernel_sha),
-            (&initramfs_out, &initramfs_sha),
+            &kernel_sha,
+            &initramfs_sha,
             &p.pretty_name,
             &p.version,
             &p.cmdline(),
         );
+        let boot_files = boot::boot_files(Slot::A, &entry, &kernel_out, &initramfs_out);
         let meta =
             crate::install::initial_meta(&p.name, &p.version, &[signer.public_key()], "build")?;
         let raw = out.join(names::RAW);

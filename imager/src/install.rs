@@ -445,13 +445,13 @@ pub fn run_install(a: &InstallArgs, installer: &Path) -> Result<InstallReport> {
     };
     let layout = Layout::new(size, 512, &BTreeMap::new())?;
     let esp = boot::esp_files(&systemd_boot_for(&p))?;
+    // The entry as an upgrade writes it (title from the manifest's boot.title).
+    let entry = p.payload.entry(Slot::A);
     let boot_files = boot::boot_files(
         Slot::A,
-        (&p.payload.kernel.path, &p.payload.kernel.sha256),
-        (&p.payload.initramfs.path, &p.payload.initramfs.sha256),
-        &p.payload.title,
-        &p.payload.version,
-        &p.payload.cmdline,
+        &entry,
+        &p.payload.kernel.path,
+        &p.payload.initramfs.path,
     );
     let identity = paths::image_identity(
         &p.manifest.name,
