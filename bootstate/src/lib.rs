@@ -10,6 +10,7 @@
 pub mod device;
 pub mod fat;
 pub mod fatfix;
+pub mod gpt;
 pub mod meta;
 pub mod ops;
 

@@ -124,6 +124,81 @@ pub const SECTOR_SIZES: [u64; 2] = [512, 4096];
 /// Number of GPT partition entries (the minimum the UEFI specification allows).
 pub const GPT_ENTRIES: u32 = 128;
 
+/// Size of one GPT partition entry as the builder writes it (UEFI allows
+/// 128 × 2^n; readers accept those, see `bootstate::gpt`).
+pub const GPT_ENTRY_SIZE: u64 = 128;
+
+/// Sectors taken by one copy of a GPT entry array of `array_bytes`.
+pub fn gpt_array_sectors(array_bytes: u64, sector: u64) -> u64 {
+    array_bytes.div_ceil(sector)
+}
+
+/// Sectors taken by one copy of the builder's entry array
+/// ([`GPT_ENTRIES`] entries of [`GPT_ENTRY_SIZE`] bytes).
+pub fn entry_array_sectors(sector: u64) -> u64 {
+    gpt_array_sectors(u64::from(GPT_ENTRIES) * GPT_ENTRY_SIZE, sector)
+}
+
+/// The first sector a partition may use: after the protective MBR, the
+/// primary header and the primary entry array of `array_sectors`.
+pub fn first_usable_lba(array_sectors: u64) -> u64 {
+    2 + array_sectors
+}
+
+/// Where the end of a GPT disk goes: the backup entry array and header in
+/// its last sectors, the last usable sector before them, and where the last
+/// partition ends (rounded down to [`ALIGNMENT`]). The builder lays a new
+/// disk out with it and the runtime grows the last partition with it, so the
+/// two agree to the sector.
+///
+/// ```text
+/// ... last partition | (alignment slack) | backup entries | backup header |
+///                    ^ partitions_end    ^ last_usable+1  ^               ^ total-1
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskEnd {
+    /// The backup header: the disk's last sector.
+    pub backup_header_lba: u64,
+    /// The backup entry array, just before it.
+    pub backup_entries_lba: u64,
+    /// The last sector a partition may use.
+    pub last_usable_lba: u64,
+    /// Byte offset where the last partition ends (exclusive), a multiple of
+    /// [`ALIGNMENT`] and of the sector size.
+    pub partitions_end: u64,
+}
+
+impl DiskEnd {
+    /// The end of a disk of `disk_bytes` with `sector`-byte sectors and entry
+    /// arrays of `array_sectors`; `None` when the disk cannot hold even the
+    /// backup table.
+    pub fn of(disk_bytes: u64, sector: u64, array_sectors: u64) -> Option<DiskEnd> {
+        if sector == 0 {
+            return None;
+        }
+        let total = disk_bytes / sector;
+        let backup_header_lba = total.checked_sub(1)?;
+        let backup_entries_lba = backup_header_lba.checked_sub(array_sectors)?;
+        let last_usable_lba = backup_entries_lba.checked_sub(1)?;
+        let usable_end = last_usable_lba.checked_add(1)?.checked_mul(sector)?;
+        let partitions_end = usable_end / ALIGNMENT * ALIGNMENT;
+        if !partitions_end.is_multiple_of(sector) {
+            return None;
+        }
+        Some(DiskEnd {
+            backup_header_lba,
+            backup_entries_lba,
+            last_usable_lba,
+            partitions_end,
+        })
+    }
+
+    /// The last sector of a last partition that ends at [`Self::partitions_end`].
+    pub fn last_partition_lba(&self, sector: u64) -> Option<u64> {
+        (self.partitions_end / sector).checked_sub(1)
+    }
+}
+
 impl PartitionRole {
     pub fn spec(self) -> &'static PartitionSpec {
         LAYOUT
@@ -163,5 +238,32 @@ mod tests {
         // Only the last partition takes the rest of the disk.
         assert!(LAYOUT[..5].iter().all(|p| p.default_size.is_some()));
         assert!(LAYOUT[5].default_size.is_none());
+    }
+
+    #[test]
+    fn the_end_of_a_disk() {
+        // 2 GiB at 512-byte sectors: 33 sectors of backup, the last MiB free.
+        let e = DiskEnd::of(2048 * MIB, 512, entry_array_sectors(512)).unwrap();
+        let total = 2048 * MIB / 512;
+        assert_eq!(e.backup_header_lba, total - 1);
+        assert_eq!(e.backup_entries_lba, total - 33);
+        assert_eq!(e.last_usable_lba, total - 34);
+        assert_eq!(e.partitions_end, 2047 * MIB);
+        assert_eq!(e.last_partition_lba(512), Some(2047 * MIB / 512 - 1));
+        // At 4096-byte sectors the backup takes 5 sectors: 5 spare sectors
+        // past a MiB boundary hold it exactly.
+        let e = DiskEnd::of(3072 * MIB + 5 * 4096, 4096, entry_array_sectors(4096)).unwrap();
+        assert_eq!(e.partitions_end, 3072 * MIB);
+        let e = DiskEnd::of(3072 * MIB + 5 * 512, 512, entry_array_sectors(512)).unwrap();
+        assert_eq!(e.partitions_end, 3071 * MIB);
+        assert_eq!(first_usable_lba(entry_array_sectors(512)), 34);
+        assert_eq!(first_usable_lba(entry_array_sectors(4096)), 6);
+        // Too small for a table, or no sector size at all.
+        assert_eq!(DiskEnd::of(512 * 10, 512, 33), None);
+        assert_eq!(DiskEnd::of(MIB, 0, 33), None);
+        assert_eq!(
+            DiskEnd::of(u64::MAX, 512, 33).map(|e| e.partitions_end % MIB),
+            Some(0)
+        );
     }
 }

@@ -13,12 +13,11 @@
 //! ```
 
 use anyhow::{Result, bail};
-use contract::partition::{ALIGNMENT, GPT_ENTRIES, MIB, SECTOR_SIZES};
+use contract::partition::{
+    ALIGNMENT, DiskEnd, MIB, SECTOR_SIZES, entry_array_sectors, first_usable_lba,
+};
 use contract::{LAYOUT, PartitionRole, PartitionSpec};
 use std::collections::BTreeMap;
-
-/// Size of one GPT partition entry.
-pub const GPT_ENTRY_SIZE: u64 = 128;
 
 /// A partition of the layout placed on a disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,11 +64,6 @@ pub struct Layout {
     pub sector_size: u64,
     /// The partitions, in [`LAYOUT`] order.
     pub partitions: Vec<PlacedPartition>,
-}
-
-/// Sectors taken by one copy of the GPT entry array.
-pub fn entry_array_sectors(sector_size: u64) -> u64 {
-    (u64::from(GPT_ENTRIES) * GPT_ENTRY_SIZE).div_ceil(sector_size)
 }
 
 fn mib(bytes: u64) -> String {
@@ -157,7 +151,8 @@ impl Layout {
         }
         let rest = rest.ok_or_else(|| anyhow::anyhow!("internal: no partition takes the rest"))?;
 
-        // The backup GPT: entry array then header, in the last sectors.
+        // The backup GPT: entry array then header, in the last sectors
+        // (contract::partition::DiskEnd, which the runtime's grow uses too).
         let backup = (array + 1) * ss;
         let needed = at + rest.min_size + backup;
         let too_small = || {
@@ -168,10 +163,9 @@ impl Layout {
                 needed.div_ceil(MIB)
             )
         };
-        let end = disk_size
-            .checked_sub(backup)
-            .map(|e| e / ALIGNMENT * ALIGNMENT)
-            .ok_or_else(too_small)?;
+        let end = DiskEnd::of(disk_size, ss, array)
+            .ok_or_else(too_small)?
+            .partitions_end;
         if end < at + rest.min_size {
             return Err(too_small());
         }
@@ -203,12 +197,17 @@ impl Layout {
 
     /// First sector a partition may use (after the primary GPT).
     pub fn first_usable_lba(&self) -> u64 {
-        2 + entry_array_sectors(self.sector_size)
+        first_usable_lba(entry_array_sectors(self.sector_size))
     }
 
     /// Last sector a partition may use (before the backup GPT).
     pub fn last_usable_lba(&self) -> u64 {
-        self.total_sectors() - 2 - entry_array_sectors(self.sector_size)
+        DiskEnd::of(
+            self.disk_size,
+            self.sector_size,
+            entry_array_sectors(self.sector_size),
+        )
+        .map_or(0, |e| e.last_usable_lba)
     }
 }
 

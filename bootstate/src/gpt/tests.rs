@@ -1,0 +1,487 @@
+//! GPT tests on plain files at 512- and 4096-byte sectors. Tables are made
+//! by [`write_new`] (the builder's writer) or by sfdisk; hostile variants
+//! are those tables with fields changed and their CRCs made right again, as
+//! an attacker would.
+
+use super::*;
+use crate::device::Faulty;
+use contract::partition::{ALIGNMENT, LAYOUT, MIB};
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The contract's partitions, 1 MiB apart from 1 MiB, STATE at 32 MiB and
+/// EPHEMERAL to the aligned end of a disk of `bytes`.
+fn layout(bytes: u64, sector: u64) -> Vec<NewPartition<'static>> {
+    let end = DiskEnd::of(bytes, sector, entry_array_sectors(sector)).unwrap();
+    let mut at = ALIGNMENT;
+    LAYOUT
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let len = match p.default_size {
+                Some(_) if p.label == "STATE" => 32 * MIB,
+                Some(s) => s,
+                None => end.partitions_end - at,
+            };
+            let part = NewPartition {
+                label: p.label,
+                type_guid: p.type_guid,
+                unique_guid: Guid::from_u128(0x1000 + i as u128),
+                first_lba: at / sector,
+                last_lba: (at + len) / sector - 1,
+            };
+            at += len;
+            part
+        })
+        .collect()
+}
+
+fn open_rw(path: &Path) -> File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap()
+}
+
+/// A new sparse disk image of `bytes` with the builder's table.
+fn disk(dir: &Path, name: &str, sector: u64, bytes: u64) -> PathBuf {
+    let path = dir.join(name);
+    let f = File::create(&path).unwrap();
+    f.set_len(bytes).unwrap();
+    drop(f);
+    let mut f = open_rw(&path);
+    write_new(
+        &mut f,
+        bytes,
+        sector,
+        Guid::from_u128(0xD15C),
+        &layout(bytes, sector),
+    )
+    .unwrap();
+    path
+}
+
+fn table(path: &Path, sector: u64) -> Table {
+    let mut f = File::open(path).unwrap();
+    let size = device_size(&mut f).unwrap();
+    read_at(&mut f, size, sector).unwrap()
+}
+
+fn tool(name: &str) -> PathBuf {
+    ["/usr/sbin", "/sbin", "/usr/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} not found: install fdisk (scripts/setup.sh)"))
+}
+
+/// The table as libfdisk reads it: `(start, size, name)` per partition. At
+/// 512-byte sectors through `sfdisk --dump`, at 4096 through `fdisk -b`
+/// (sfdisk reads plain files at 512-byte sectors only). Panics when the tool
+/// refuses the disk.
+fn libfdisk(path: &Path, sector: u64) -> Vec<(u64, u64, String)> {
+    if sector == 512 {
+        let out = Command::new(tool("sfdisk"))
+            .arg("--dump")
+            .arg(path)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "sfdisk refused the table: {}{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text.lines()
+            .filter(|l| l.contains(" : start="))
+            .map(|l| {
+                let field = |k: &str| {
+                    l.split(',')
+                        .find_map(|f| f.trim().split_once('=').filter(|(n, _)| n.ends_with(k)))
+                        .map(|(_, v)| v.trim().to_string())
+                        .unwrap_or_default()
+                };
+                (
+                    field("start").parse().unwrap(),
+                    field("size").parse().unwrap(),
+                    field("name").trim_matches('"').to_string(),
+                )
+            })
+            .collect()
+    } else {
+        let out = Command::new(tool("fdisk"))
+            .args(["-b", &sector.to_string(), "-o", "Start,Sectors,Name", "-l"])
+            .arg(path)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "fdisk refused the table: {}{text}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut rows = Vec::new();
+        let mut body = false;
+        for l in text.lines() {
+            if l.trim_start().starts_with("Start") {
+                body = true;
+                continue;
+            }
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if body && f.len() == 3 {
+                rows.push((f[0].parse().unwrap(), f[1].parse().unwrap(), f[2].into()));
+            }
+        }
+        rows
+    }
+}
+
+fn ours(t: &Table) -> Vec<(u64, u64, String)> {
+    t.partitions
+        .iter()
+        .map(|p| (p.first_lba, p.last_lba + 1 - p.first_lba, p.label.clone()))
+        .collect()
+}
+
+#[test]
+fn new_tables_read_back_and_libfdisk_agrees() {
+    let dir = tempfile::tempdir().unwrap();
+    for sector in SECTOR_SIZES {
+        let bytes = 1024 * MIB;
+        let path = disk(dir.path(), &format!("new-{sector}"), sector, bytes);
+        let t = table(&path, sector);
+        assert_eq!(t.source, Copy::Primary);
+        assert_eq!(t.disk_guid, Guid::from_u128(0xD15C));
+        assert_eq!(t.partitions.len(), LAYOUT.len());
+        for (p, want) in t.partitions.iter().zip(layout(bytes, sector)) {
+            assert_eq!(
+                (p.label.as_str(), p.type_guid, p.unique_guid),
+                (want.label, want.type_guid, want.unique_guid)
+            );
+            assert_eq!((p.first_lba, p.last_lba), (want.first_lba, want.last_lba));
+        }
+        assert_eq!(libfdisk(&path, sector), ours(&t));
+        // The sector size is found by read().
+        let mut f = File::open(&path).unwrap();
+        assert_eq!(read(&mut f, bytes).unwrap().sector_size, sector);
+        // The backup copy, read on its own, is the same table.
+        let end = DiskEnd::of(bytes, sector, entry_array_sectors(sector)).unwrap();
+        let b = read_copy(&mut f, sector, bytes, end.backup_header_lba).unwrap();
+        assert_eq!(b.partitions, t.partitions);
+        assert_eq!(b.header.alternate_lba, 1);
+    }
+}
+
+#[test]
+fn tables_made_by_sfdisk_read_as_sfdisk_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sfdisk.img");
+    File::create(&path).unwrap().set_len(300 * MIB).unwrap();
+    let script = "label: gpt\nfirst-lba: 2048\nsize=10MiB, name=\"one\"\nsize=20MiB, name=\"two\"\nname=\"rest\"\n";
+    let mut child = Command::new(tool("sfdisk"))
+        .arg("--quiet")
+        .arg(&path)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let t = table(&path, 512);
+    assert_eq!(ours(&t), libfdisk(&path, 512));
+    assert_eq!(t.partitions[2].label, "rest");
+}
+
+/// Rewrites the copy at `lba` after `change`, with correct CRCs: what an
+/// attacker who knows the format writes.
+fn craft(path: &Path, sector: u64, lba: u64, change: impl FnOnce(&mut Header, &mut Vec<u8>)) {
+    let mut f = open_rw(path);
+    let s = read_exact_at(&mut f, lba * sector, sector as usize).unwrap();
+    let mut h = Header::parse(&s).unwrap();
+    let at = h.entries_lba * sector;
+    let mut entries = read_exact_at(&mut f, at, h.array_bytes() as usize).unwrap();
+    change(&mut h, &mut entries);
+    h.entries_crc = crc32(&entries);
+    write_at(&mut f, at, &entries).unwrap();
+    write_at(&mut f, lba * sector, &h.encode(sector)).unwrap();
+}
+
+/// The array re-laid with entries of `size` bytes (each entry's 128 bytes
+/// first, the rest zero).
+fn with_entry_size(h: &mut Header, entries: &mut Vec<u8>, size: u32) {
+    let old = h.entry_size as usize;
+    let n = h.entry_count as usize;
+    let count = n * old / size as usize;
+    let mut out = vec![0u8; count * size as usize];
+    for i in 0..count.min(n) {
+        out[i * size as usize..i * size as usize + 128]
+            .copy_from_slice(&entries[i * old..i * old + 128]);
+    }
+    h.entry_count = count as u32;
+    h.entry_size = size;
+    *entries = out;
+}
+
+#[test]
+fn every_legal_entry_size_reads_and_the_rest_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for sector in SECTOR_SIZES {
+        let path = disk(dir.path(), &format!("sizes-{sector}"), sector, 1024 * MIB);
+        let want = table(&path, sector).partitions;
+        for size in [256u32, 512, 1024, 2048] {
+            let p = disk(
+                dir.path(),
+                &format!("size-{sector}-{size}"),
+                sector,
+                1024 * MIB,
+            );
+            craft(&p, sector, 1, |h, e| with_entry_size(h, e, size));
+            let t = table(&p, sector);
+            assert_eq!(t.source, Copy::Primary, "entry size {size}");
+            assert_eq!(t.header.entry_size, size);
+            assert_eq!(
+                t.partitions
+                    .iter()
+                    .map(|p| (&p.label, p.first_lba, p.last_lba))
+                    .collect::<Vec<_>>(),
+                want.iter()
+                    .map(|p| (&p.label, p.first_lba, p.last_lba))
+                    .collect::<Vec<_>>(),
+                "entry size {size}"
+            );
+        }
+        // Illegal sizes in both copies: refused, with what is wrong.
+        let end = DiskEnd::of(1024 * MIB, sector, entry_array_sectors(sector)).unwrap();
+        for size in [0u32, 64, 100, 129, 384] {
+            let p = disk(
+                dir.path(),
+                &format!("bad-{sector}-{size}"),
+                sector,
+                1024 * MIB,
+            );
+            for lba in [1, end.backup_header_lba] {
+                craft(&p, sector, lba, |h, _| h.entry_size = size);
+            }
+            let mut f = File::open(&p).unwrap();
+            let e = format!("{:#}", read_at(&mut f, 1024 * MIB, sector).unwrap_err());
+            assert!(e.contains("128 × 2^n"), "{size}: {e}");
+        }
+    }
+}
+
+#[test]
+fn a_damaged_primary_falls_back_to_the_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    for sector in SECTOR_SIZES {
+        let path = disk(
+            dir.path(),
+            &format!("fallback-{sector}"),
+            sector,
+            1024 * MIB,
+        );
+        let want = table(&path, sector).partitions;
+        // A flipped byte in the primary array, then in its header.
+        for at in [2 * sector + 200, sector + 60] {
+            let p = disk(
+                dir.path(),
+                &format!("flip-{sector}-{at}"),
+                sector,
+                1024 * MIB,
+            );
+            let mut f = open_rw(&p);
+            let b = read_exact_at(&mut f, at, 1).unwrap();
+            write_at(&mut f, at, &[b[0] ^ 0x5a]).unwrap();
+            let t = table(&p, sector);
+            assert_eq!(t.source, Copy::Backup);
+            assert!(t.primary_error.as_deref().unwrap().contains("CRC"), "{t:?}");
+            assert_eq!(t.partitions, want);
+            // libfdisk does the same.
+            assert_eq!(libfdisk(&p, sector), ours(&t));
+        }
+        // Both copies damaged: refused, saying so for each.
+        let p = disk(dir.path(), &format!("both-{sector}"), sector, 1024 * MIB);
+        let mut f = open_rw(&p);
+        write_at(&mut f, 2 * sector + 200, &[0x99]).unwrap();
+        let last = 1024 * MIB / sector - 1;
+        write_at(&mut f, last * sector + 60, &[0x99]).unwrap();
+        let e = format!("{:#}", read_at(&mut f, 1024 * MIB, sector).unwrap_err());
+        assert!(e.contains("primary GPT") && e.contains("backup GPT"), "{e}");
+    }
+}
+
+#[test]
+fn contradictions_are_refused_without_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let sector = 512;
+
+    let end = DiskEnd::of(1024 * MIB, sector, entry_array_sectors(sector)).unwrap();
+    type Change = fn(&mut Header, &mut Vec<u8>);
+    let cases: [(&str, Change); 7] = [
+        ("overlap", |_, e| {
+            // STATE starts inside META.
+            let meta_first = u64_at(e, 3 * 128 + E_FIRST);
+            put(e, 4 * 128 + E_FIRST, &meta_first.to_le_bytes());
+        }),
+        ("outside the usable", |_, e| {
+            put(e, 5 * 128 + E_LAST, &u64::MAX.to_le_bytes());
+        }),
+        ("lies outside", |_, e| {
+            put(e, E_FIRST, &(u64::MAX / 2).to_le_bytes());
+        }),
+        ("larger than", |h, _| h.entry_count = u32::MAX),
+        ("usable sectors", |h, _| h.last_usable_lba = u64::MAX),
+        ("not on the disk", |h, _| h.entries_lba = u64::MAX - 3),
+        ("not on the disk", |h, _| h.entries_lba = h.first_usable_lba),
+    ];
+    for (want, change) in cases {
+        let p = disk(dir.path(), "case", sector, 1024 * MIB);
+        for lba in [1, end.backup_header_lba] {
+            craft(&p, sector, lba, change);
+        }
+        let mut f = File::open(&p).unwrap();
+        let e = format!("{:#}", read_at(&mut f, 1024 * MIB, sector).unwrap_err());
+        assert!(e.contains(want), "{want}: {e}");
+    }
+    // A header that names another LBA than its own.
+    let p = disk(dir.path(), "case", sector, 1024 * MIB);
+    craft(&p, sector, 1, |h, _| h.my_lba = 7);
+    let t = table(&p, sector);
+    assert_eq!(t.source, Copy::Backup);
+    assert!(t.primary_error.unwrap().contains("says it is at LBA 7"));
+    // Not a GPT at all, and too small a disk.
+    let mut zeros = std::io::Cursor::new(vec![0u8; 1 << 20]);
+    assert!(format!("{:#}", read(&mut zeros, 1 << 20).unwrap_err()).contains("no valid GPT"));
+    let mut tiny = std::io::Cursor::new(vec![0u8; 1000]);
+    assert!(read(&mut tiny, 1000).is_err());
+}
+
+/// The grow, cut before each of its writes: every cut leaves a table that
+/// our reader and libfdisk accept, the old one or the new one (the other
+/// partitions unchanged, the last ending where it did or where it will),
+/// and growing again finishes with both copies whole.
+fn grow_cut_at_every_write(sector: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let small = 1024 * MIB;
+    let big = 3072 * MIB + 5 * sector;
+    let fresh = |name: &str| {
+        let p = disk(dir.path(), name, sector, small);
+        OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(big)
+            .unwrap();
+        p
+    };
+    let before = table(&fresh("before"), sector);
+    let last_before = before.partitions[5].last_lba;
+    // The whole grow, counted.
+    let p = fresh("whole");
+    let mut f = Faulty::counting(open_rw(&p));
+    let g = grow_last(&mut f, big, sector, "EPHEMERAL")
+        .unwrap()
+        .unwrap();
+    let writes = f.writes();
+    assert_eq!(
+        writes, 5,
+        "backup entries and header, primary entries and header, MBR"
+    );
+    let end = if sector == 512 { 3071 } else { 3072 } * MIB;
+    assert_eq!((g.new_last_lba + 1) * sector, end);
+    assert_eq!(g.old_last_lba, last_before);
+    assert_eq!(
+        grow_last(&mut open_rw(&p), big, sector, "EPHEMERAL").unwrap(),
+        None
+    );
+    let total = big / sector;
+    for n in 1..=writes {
+        let p = fresh(&format!("cut-{n}"));
+        let mut f = Faulty::failing_at(open_rw(&p), n);
+        assert!(
+            grow_last(&mut f, big, sector, "EPHEMERAL").is_err(),
+            "cut {n}"
+        );
+        drop(f);
+        let t = table(&p, sector);
+        assert_eq!(
+            t.partitions[..5],
+            before.partitions[..5],
+            "cut {n}: the other partitions"
+        );
+        let last = t.partitions[5].last_lba;
+        assert!(
+            last == last_before || last == g.new_last_lba,
+            "cut {n}: EPHEMERAL ends at {last}"
+        );
+        // Until the primary header is written the old primary is whole;
+        // with its new array but not its header the new backup is the table.
+        let expect = match n {
+            1..=3 => (Copy::Primary, last_before),
+            4 => (Copy::Backup, g.new_last_lba),
+            _ => (Copy::Primary, g.new_last_lba),
+        };
+        assert_eq!((t.source, last), expect, "cut {n}");
+        assert_eq!(libfdisk(&p, sector), ours(&t), "cut {n}");
+        // The next boot grows again, to the end.
+        let again = grow_last(&mut open_rw(&p), big, sector, "EPHEMERAL").unwrap();
+        assert_eq!(
+            again.map(|g| g.new_last_lba),
+            Some(g.new_last_lba),
+            "cut {n}"
+        );
+        let t = table(&p, sector);
+        assert_eq!(
+            (t.source, t.header.alternate_lba),
+            (Copy::Primary, total - 1),
+            "cut {n}"
+        );
+        assert_eq!(t.partitions[5].last_lba, g.new_last_lba, "cut {n}");
+        let b = read_copy(&mut File::open(&p).unwrap(), sector, big, total - 1).unwrap();
+        assert_eq!(b.partitions, t.partitions, "cut {n}: the backup");
+        assert_eq!(libfdisk(&p, sector), ours(&t), "cut {n}");
+        assert_eq!(
+            grow_last(&mut open_rw(&p), big, sector, "EPHEMERAL").unwrap(),
+            None
+        );
+    }
+}
+
+#[test]
+fn the_grow_cut_at_every_write_512() {
+    grow_cut_at_every_write(512);
+}
+
+#[test]
+fn the_grow_cut_at_every_write_4096() {
+    grow_cut_at_every_write(4096);
+}
+
+#[test]
+fn the_grow_refuses_what_it_cannot_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = disk(dir.path(), "refuse", 512, 1024 * MIB);
+    let big = 2048 * MIB;
+    OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(big)
+        .unwrap();
+    let mut f = open_rw(&p);
+    let e = grow_last(&mut f, big, 512, "STATE").unwrap_err();
+    assert!(e.to_string().contains("not the last"), "{e}");
+    let e = grow_last(&mut f, big, 512, "NOPE").unwrap_err();
+    assert!(e.to_string().contains("no GPT entry"), "{e}");
+    // A disk smaller than the table: neither copy fits it.
+    let e = format!(
+        "{:#}",
+        grow_last(&mut f, 512 * MIB, 512, "EPHEMERAL").unwrap_err()
+    );
+    assert!(e.contains("usable sectors"), "{e}");
+}
