@@ -2,6 +2,10 @@
 //! sync, and reboot, halt or power off as `machined.on_failure=` says.
 //!
 //! PID 1 must never exit (the kernel would panic) and never hang silently.
+//!
+//! A low layer: it uses only [`crate::console`] and [`crate::sys`] (reboot(2)
+//! included), so that every other module, [`crate::power`]'s clean shutdown
+//! among them, may fail through [`fatal`] without a cycle.
 
 use crate::console::say;
 use crate::sys;
@@ -76,7 +80,7 @@ fn act(p: OnFailure) -> ! {
     };
     say(format!("{what} (on_failure={})", name(p)));
     sys::sync();
-    let err = crate::power::reboot(cmd);
+    let err = sys::reboot(cmd);
     say(format!("fatal: reboot(2) failed: {err}; stopping here"));
     sys::pause_forever()
 }

@@ -1,12 +1,16 @@
 //! PID 1 after ready: reap children, and power off or reboot cleanly on
 //! SIGTERM, the ACPI power button (KEY_POWER on an input device) or
 //! ctrl-alt-del (SIGINT, once the kernel is told not to reboot by itself).
+//!
+//! Above [`crate::failure`]: when reboot(2) itself fails at the end of a
+//! clean shutdown, the failure policy takes over; failure does not use
+//! this module (both call [`sys::reboot`]).
 
 use crate::console::say;
 use crate::error::{Error, Result};
 use crate::input::Devices;
-use crate::mount;
 use crate::sys;
+use crate::{failure, mount};
 use std::convert::Infallible;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
@@ -20,13 +24,6 @@ const TERM_GRACE: Duration = Duration::from_secs(2);
 pub enum Action {
     PowerOff,
     Reboot,
-}
-
-/// reboot(2). Returns only on failure, with the error.
-pub fn reboot(cmd: libc::c_int) -> std::io::Error {
-    // SAFETY: reboot takes a command constant.
-    unsafe { libc::reboot(cmd) };
-    std::io::Error::last_os_error()
 }
 
 fn handled_signals() -> libc::sigset_t {
@@ -309,8 +306,8 @@ pub fn shutdown(action: Action) -> ! {
     sys::sync();
     unmount_all();
     sys::sync();
-    let err = reboot(cmd);
-    crate::failure::fatal(format!("reboot(2) for {what}: {err}"))
+    let err = sys::reboot(cmd);
+    failure::fatal(format!("reboot(2) for {what}: {err}"))
 }
 
 #[cfg(test)]

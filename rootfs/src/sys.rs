@@ -1,4 +1,5 @@
 //! Thin, checked wrappers around the few libc calls that are not mounts.
+//! The bottom layer: it uses no other module of the runtime.
 
 use crate::error::{Context, Error, Result, check};
 use std::ffi::CString;
@@ -18,6 +19,14 @@ pub fn pid() -> libc::pid_t {
 pub fn sync() {
     // SAFETY: sync cannot fail.
     unsafe { libc::sync() }
+}
+
+/// reboot(2) with `cmd` (`RB_AUTOBOOT`, `RB_POWER_OFF`, ...). Returns only
+/// on failure, with the error.
+pub fn reboot(cmd: libc::c_int) -> std::io::Error {
+    // SAFETY: reboot takes a command constant.
+    unsafe { libc::reboot(cmd) };
+    std::io::Error::last_os_error()
 }
 
 pub fn chdir(path: &str) -> Result<()> {
