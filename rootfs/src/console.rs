@@ -1,7 +1,7 @@
 //! The console: every line the runtime prints starts with `machined: `.
 
-use crate::error::{Error, Result};
-use crate::sys::cstr;
+use crate::sys::{check, cstr};
+use anyhow::Result;
 
 /// Writes `machined: <line>\n` to standard output in one write(2), so that
 /// lines never interleave. Errors are ignored: there is nowhere to report them.
@@ -32,14 +32,12 @@ pub fn reopen(path: &str) -> Result<()> {
     let c = cstr(path)?;
     // SAFETY: c is a valid NUL-terminated string.
     let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_NOCTTY) };
-    if fd < 0 {
-        return Err(Error::last_os(format!("open {path}")));
-    }
+    let fd = check(fd, || format!("open {path}"))?;
     for target in 0..=2 {
         // SAFETY: fd is open; dup2 onto the standard descriptors.
-        if unsafe { libc::dup2(fd, target) } < 0 {
-            return Err(Error::last_os(format!("dup2 {path} onto fd {target}")));
-        }
+        check(unsafe { libc::dup2(fd, target) }, || {
+            format!("dup2 {path} onto fd {target}")
+        })?;
     }
     if fd > 2 {
         // SAFETY: fd is ours and no longer needed.

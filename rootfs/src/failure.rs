@@ -2,9 +2,14 @@
 //! sync, and reboot, halt or power off as `machined.on_failure=` says.
 //!
 //! PID 1 must never exit (the kernel would panic) and never hang silently.
+//!
+//! A low layer: it uses only [`crate::console`] and [`crate::sys`] (reboot(2)
+//! included), so that every other module, [`crate::power`]'s clean shutdown
+//! among them, may fail through [`fatal`] without a cycle.
 
 use crate::console::say;
 use crate::sys;
+use anyhow::{Result, bail};
 use contract::cmdline::{self, OnFailure};
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -58,9 +63,11 @@ pub fn policy() -> OnFailure {
     decode(POLICY.load(Ordering::SeqCst))
 }
 
-/// Prints the fatal error and applies the policy. Never returns.
+/// Prints the fatal error and applies the policy. Never returns. The reason
+/// is printed with `{:#}`: an [`anyhow::Error`] shows its whole context chain
+/// on the one line (plain strings are unaffected).
 pub fn fatal(reason: impl std::fmt::Display) -> ! {
-    say(format!("fatal: {reason}"));
+    say(format!("fatal: {reason:#}"));
     act(policy())
 }
 
@@ -76,7 +83,7 @@ fn act(p: OnFailure) -> ! {
     };
     say(format!("{what} (on_failure={})", name(p)));
     sys::sync();
-    let err = crate::power::reboot(cmd);
+    let err = sys::reboot(cmd);
     say(format!("fatal: reboot(2) failed: {err}; stopping here"));
     sys::pause_forever()
 }
@@ -177,7 +184,7 @@ pub const BREAK_POINTS: [&str; 4] = ["stage1", "switch-root", "stage2", "ready"]
 /// Fails at `point` when the command line asks for it. An unknown break
 /// point fails at the first point: a typo must not give a working boot when a
 /// broken one was asked for.
-pub fn breakpoint(cmdline: &str, point: &str) -> crate::error::Result<()> {
+pub fn breakpoint(cmdline: &str, point: &str) -> Result<()> {
     let Some(asked) = cmdline::get(cmdline, cmdline::BREAK) else {
         return Ok(());
     };
@@ -206,10 +213,7 @@ pub fn breakpoint(cmdline: &str, point: &str) -> crate::error::Result<()> {
         } else {
             format!("unknown break point (known: {})", BREAK_POINTS.join(", "))
         };
-        return Err(crate::error::Error::msg(format!(
-            "{}={asked}: {why}",
-            cmdline::BREAK
-        )));
+        bail!("{}={asked}: {why}", cmdline::BREAK);
     }
     Ok(())
 }
@@ -223,7 +227,7 @@ mod break_tests {
         let c = "console=ttyS0 machined.break=ready";
         assert!(breakpoint(c, "stage1").is_ok());
         assert!(breakpoint(c, "stage2").is_ok());
-        let e = breakpoint(c, "ready").unwrap_err().to_string();
+        let e = format!("{:#}", breakpoint(c, "ready").unwrap_err());
         assert_eq!(e, "machined.break=ready: stopping at ready as asked");
         assert!(breakpoint("quiet", "ready").is_ok());
         assert!(breakpoint("machined.break=typo", "stage1").is_err());

@@ -11,7 +11,7 @@
 //! Linux uses it because the images' command line has `gpt` (without it
 //! Linux reads only the primary).
 
-use crate::error::{Context, Error, Result};
+use anyhow::{Context, Result, bail};
 use contract::partition::ALIGNMENT;
 use std::io::{Read, Seek, SeekFrom, Write};
 
@@ -144,33 +144,31 @@ pub fn read_primary<F: Read + Seek>(f: &mut F, sector: u64) -> Result<Table> {
     let ss = usize::try_from(sector).context("sector size")?;
     let lba1 = read_at(f, sector, ss).context("read the primary GPT header")?;
     if lba1.get(..8) != Some(&SIGNATURE[..]) {
-        return Err(Error::msg("no GPT signature at LBA 1"));
+        bail!("no GPT signature at LBA 1");
     }
     let hsize = get_u32(&lba1, 12) as usize;
     if !(92..=ss).contains(&hsize) {
-        return Err(Error::msg(format!("GPT header size {hsize} is invalid")));
+        bail!("GPT header size {hsize} is invalid");
     }
     let mut header = lba1[..hsize].to_vec();
     let want = get_u32(&header, H_CRC);
     put_u32(&mut header, H_CRC, 0);
     if crc32(&header) != want {
-        return Err(Error::msg("primary GPT header CRC mismatch"));
+        bail!("primary GPT header CRC mismatch");
     }
     put_u32(&mut header, H_CRC, want);
     if get_u64(&header, H_MY_LBA) != 1 {
-        return Err(Error::msg("primary GPT header does not say it is at LBA 1"));
+        bail!("primary GPT header does not say it is at LBA 1");
     }
     let n = get_u32(&header, H_NUM_ENTRIES) as usize;
     let size = get_u32(&header, H_ENTRY_SIZE) as usize;
     if !(128..=4096).contains(&size) || !size.is_multiple_of(8) || n == 0 || n > 4096 {
-        return Err(Error::msg(format!(
-            "GPT entry array of {n} entries of {size} bytes is not supported"
-        )));
+        bail!("GPT entry array of {n} entries of {size} bytes is not supported");
     }
     let entries = read_at(f, get_u64(&header, H_ENTRIES_LBA) * sector, n * size)
         .context("read the primary GPT entry array")?;
     if crc32(&entries) != get_u32(&header, H_ENTRIES_CRC) {
-        return Err(Error::msg("primary GPT entry array CRC mismatch"));
+        bail!("primary GPT entry array CRC mismatch");
     }
     Ok(Table {
         header,
@@ -214,18 +212,18 @@ pub fn grow_last<F: Read + Write + Seek>(
     let total = disk_bytes / sector;
     let (index, first, old_last) = t
         .find(label)
-        .ok_or_else(|| Error::msg(format!("no GPT entry named {label}")))?;
+        .with_context(|| format!("no GPT entry named {label}"))?;
     if t.max_last_lba() != old_last {
-        return Err(Error::msg(format!("{label} is not the last partition")));
+        bail!("{label} is not the last partition");
     }
     if t.alternate_lba() >= total {
-        return Err(Error::msg(format!(
+        bail!(
             "the backup GPT header (LBA {}) is beyond the disk's {total} sectors",
             t.alternate_lba()
-        )));
+        );
     }
-    let (backup_entries, last_usable, aligned_end) = end_of_disk(total, sector, t.entry_sectors())
-        .ok_or_else(|| Error::msg("disk too small for a GPT"))?;
+    let (backup_entries, last_usable, aligned_end) =
+        end_of_disk(total, sector, t.entry_sectors()).context("disk too small for a GPT")?;
     let new_last = aligned_end.max(old_last);
     if t.alternate_lba() == total - 1 && new_last == old_last {
         return Ok(None);
@@ -501,7 +499,7 @@ pub(crate) mod tests {
         f.set_len(big).unwrap();
         let mut cut = |_: &mut std::fs::File| Err(std::io::Error::other("power cut"));
         let e = grow_last(&mut f, 512, big, "EPHEMERAL", &mut cut).unwrap_err();
-        assert!(e.to_string().contains("flush the backup GPT"), "{e}");
+        assert!(format!("{e:#}").contains("flush the backup GPT"), "{e:#}");
         let after = read_primary(&mut f, 512).unwrap();
         assert_eq!(after.header, before.header);
         assert_eq!(after.entries, before.entries);
@@ -531,16 +529,16 @@ pub(crate) mod tests {
         let big = 2048 * MIB;
         f.set_len(big).unwrap();
         let e = grow_last(&mut f, 512, big, "STATE", &mut flush).unwrap_err();
-        assert!(e.to_string().contains("not the last"), "{e}");
+        assert!(format!("{e:#}").contains("not the last"), "{e:#}");
         let e = grow_last(&mut f, 512, big, "NOPE", &mut flush).unwrap_err();
-        assert!(e.to_string().contains("no GPT entry"), "{e}");
+        assert!(format!("{e:#}").contains("no GPT entry"), "{e:#}");
         // A disk smaller than the table says.
         let e = grow_last(&mut f, 512, 512 * MIB, "EPHEMERAL", &mut flush).unwrap_err();
-        assert!(e.to_string().contains("beyond"), "{e}");
+        assert!(format!("{e:#}").contains("beyond"), "{e:#}");
         // One flipped byte in the entries.
         write_at(&mut f, 2 * 512 + 200, &[0x99]).unwrap();
         let e = grow_last(&mut f, 512, big, "EPHEMERAL", &mut flush).unwrap_err();
-        assert!(e.to_string().contains("CRC"), "{e}");
+        assert!(format!("{e:#}").contains("CRC"), "{e:#}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,7 +1,7 @@
 //! Attaching a file to a loop device, read-only, as losetup does.
 
-use crate::error::{Error, Result};
-use crate::sys::cstr;
+use crate::sys::{check, cstr};
+use anyhow::{Context, Result, anyhow};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 // <linux/loop.h>
@@ -64,10 +64,10 @@ fn info(backing: &str) -> LoopInfo64 {
 fn open(path: &str, flags: libc::c_int) -> Result<OwnedFd> {
     let c = cstr(path)?;
     // SAFETY: valid C string.
-    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(Error::last_os(format!("open {path}")));
-    }
+    let fd = check(
+        unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) },
+        || format!("open {path}"),
+    )?;
     // SAFETY: fd was just opened and is owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
@@ -79,24 +79,22 @@ pub fn attach_read_only(backing: &str) -> Result<String> {
     let file = open(backing, libc::O_RDONLY)?;
     let control = open("/dev/loop-control", libc::O_RDWR)?;
     // Another process may take the free device between the two calls; retry.
-    let mut last = Error::msg("no attempt made");
+    let mut last = anyhow!("no attempt made");
     for _ in 0..8 {
         // SAFETY: LOOP_CTL_GET_FREE takes no argument.
-        let n = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
-        if n < 0 {
-            return Err(Error::last_os("LOOP_CTL_GET_FREE on /dev/loop-control"));
-        }
+        let n = check(
+            unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) },
+            || "LOOP_CTL_GET_FREE on /dev/loop-control",
+        )?;
         let dev = format!("/dev/loop{n}");
         let loop_fd = open(&dev, libc::O_RDONLY)?;
         match configure(&loop_fd, &file, backing) {
             Ok(()) => return Ok(dev),
             Err((errno, e)) if errno == libc::EBUSY => last = e,
-            Err((_, e)) => return Err(Error::msg(format!("attach {backing} to {dev}: {e}"))),
+            Err((_, e)) => return Err(e).with_context(|| format!("attach {backing} to {dev}")),
         }
     }
-    Err(Error::msg(format!(
-        "attach {backing}: every free loop device was taken: {last}"
-    )))
+    Err(last).with_context(|| format!("attach {backing}: every free loop device was taken"))
 }
 
 /// LOOP_CONFIGURE (Linux 5.8+), or LOOP_SET_FD + LOOP_SET_STATUS64 on older
@@ -105,12 +103,12 @@ fn configure(
     loop_fd: &OwnedFd,
     file: &OwnedFd,
     backing: &str,
-) -> std::result::Result<(), (i32, Error)> {
-    let errno = |what: &str| {
+) -> std::result::Result<(), (i32, anyhow::Error)> {
+    let errno = |what: &'static str| {
         let e = std::io::Error::last_os_error();
         (
             e.raw_os_error().unwrap_or(0),
-            Error::msg(format!("{what}: {e}")),
+            anyhow::Error::new(e).context(what),
         )
     };
     let config = LoopConfig {

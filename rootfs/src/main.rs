@@ -3,7 +3,6 @@
 //! and stage 2 (`/usr/bin/machined` in the root filesystem).
 
 mod console;
-mod error;
 mod failure;
 mod gpt;
 mod input;

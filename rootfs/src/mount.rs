@@ -1,8 +1,8 @@
 //! mount(2) and umount(2), with errors that say what was being mounted, and
 //! the /proc/self/mountinfo parser used at shutdown.
 
-use crate::error::{Error, Result};
-use crate::sys::cstr;
+use crate::sys::{check, cstr};
+use anyhow::Result;
 use std::ptr;
 
 /// mount(2). `source`/`fstype`/`data` may be absent.
@@ -28,10 +28,7 @@ pub fn mount(
     let p = |c: &Option<std::ffi::CString>| c.as_ref().map_or(ptr::null(), |c| c.as_ptr());
     // SAFETY: every pointer is NULL or a valid C string alive for the call.
     let ret = unsafe { libc::mount(p(&s), t.as_ptr(), p(&f), flags, p(&d).cast()) };
-    if ret < 0 {
-        return Err(Error::last_os(what()));
-    }
-    Ok(())
+    check(ret, what).map(drop)
 }
 
 /// A virtual filesystem: `mount -t <fstype> <fstype> <target>`.
@@ -57,10 +54,10 @@ pub fn move_mount(source: &str, target: &str) -> Result<()> {
 pub fn umount(target: &str) -> Result<()> {
     let t = cstr(target)?;
     // SAFETY: valid C string.
-    if unsafe { libc::umount2(t.as_ptr(), 0) } < 0 {
-        return Err(Error::last_os(format!("umount {target}")));
-    }
-    Ok(())
+    check(unsafe { libc::umount2(t.as_ptr(), 0) }, || {
+        format!("umount {target}")
+    })
+    .map(drop)
 }
 
 pub fn remount_read_only(target: &str) -> Result<()> {

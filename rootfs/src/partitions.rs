@@ -2,7 +2,7 @@
 //! `/sys/class/block/*` (the kernel exports the GPT partition name as
 //! `PARTNAME=`), and waiting for them to appear in /dev.
 
-use crate::error::{Context, Error, Result};
+use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -138,7 +138,7 @@ pub fn wait_for(
                 .iter()
                 .map(|p| format!("{}={}", p.name, p.label))
                 .collect();
-            return Err(Error::msg(format!(
+            bail!(
                 "no partition labelled {label} appeared in {:.1}s (labelled partitions seen: {})",
                 timeout.as_secs_f64(),
                 if seen.is_empty() {
@@ -146,7 +146,7 @@ pub fn wait_for(
                 } else {
                     seen.join(", ")
                 }
-            )));
+            );
         }
         std::thread::sleep(interval);
     }
@@ -245,7 +245,7 @@ pub(crate) mod tests {
         let tick = Duration::from_millis(5);
         // The label is in sysfs but /dev/vda4 does not exist yet.
         let err = wait_for(&root.join("sys"), &dev, "META", short, tick).unwrap_err();
-        assert!(err.to_string().contains("vda4=META"), "{err}");
+        assert!(format!("{err:#}").contains("vda4=META"), "{err:#}");
         std::fs::write(dev.join("vda4"), "").unwrap();
         let (p, all) = wait_for(&root.join("sys"), &dev, "META", short, tick).unwrap();
         assert_eq!(p.dev_path(&dev), dev.join("vda4"));

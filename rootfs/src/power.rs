@@ -1,12 +1,16 @@
 //! PID 1 after ready: reap children, and power off or reboot cleanly on
 //! SIGTERM, the ACPI power button (KEY_POWER on an input device) or
 //! ctrl-alt-del (SIGINT, once the kernel is told not to reboot by itself).
+//!
+//! Above [`crate::failure`]: when reboot(2) itself fails at the end of a
+//! clean shutdown, the failure policy takes over; failure does not use
+//! this module (both call [`sys::reboot`]).
 
 use crate::console::say;
-use crate::error::{Error, Result};
 use crate::input::Devices;
-use crate::mount;
-use crate::sys;
+use crate::sys::{self, check};
+use crate::{failure, mount};
+use anyhow::{Context, Result};
 use std::convert::Infallible;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
@@ -20,13 +24,6 @@ const TERM_GRACE: Duration = Duration::from_secs(2);
 pub enum Action {
     PowerOff,
     Reboot,
-}
-
-/// reboot(2). Returns only on failure, with the error.
-pub fn reboot(cmd: libc::c_int) -> std::io::Error {
-    // SAFETY: reboot takes a command constant.
-    unsafe { libc::reboot(cmd) };
-    std::io::Error::last_os_error()
 }
 
 fn handled_signals() -> libc::sigset_t {
@@ -48,9 +45,10 @@ fn handled_signals() -> libc::sigset_t {
 pub fn take_signals() -> Result<()> {
     let set = handled_signals();
     // SAFETY: set is valid; the old mask is not wanted.
-    if unsafe { libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) } < 0 {
-        return Err(Error::last_os("sigprocmask"));
-    }
+    check(
+        unsafe { libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) },
+        || "sigprocmask",
+    )?;
     // Not fatal: the system is usable without it (and in a container's PID
     // namespace the kernel refuses it).
     // SAFETY: reboot with CAD_OFF only changes the ctrl-alt-del behaviour.
@@ -139,10 +137,10 @@ pub struct Supervisor {
 pub fn prepare() -> Result<Supervisor> {
     let set = handled_signals();
     // SAFETY: set is valid.
-    let sfd = unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) };
-    if sfd < 0 {
-        return Err(Error::last_os("signalfd"));
-    }
+    let sfd = check(
+        unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) },
+        || "signalfd",
+    )?;
     // SAFETY: sfd was just opened.
     let sfd = unsafe { OwnedFd::from_raw_fd(sfd) };
     let watch = watch_input_dir();
@@ -194,7 +192,7 @@ pub fn supervise(sup: Supervisor) -> Result<Infallible> {
             if e.raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
-            return Err(Error::msg(format!("poll: {e}")));
+            return Err(e).context("poll");
         }
         if fds[0].revents != 0
             && let Some(action) = read_signals(&sfd)
@@ -292,7 +290,7 @@ fn unmount_all() {
         if m.source.starts_with("/dev/")
             && let Err(e2) = mount::remount_read_only(&m.mount_point)
         {
-            say(format!("{e}; {e2}"));
+            say(format!("{e:#}; {e2:#}"));
         }
     }
     let _ = mount::remount_read_only("/");
@@ -309,8 +307,8 @@ pub fn shutdown(action: Action) -> ! {
     sys::sync();
     unmount_all();
     sys::sync();
-    let err = reboot(cmd);
-    crate::failure::fatal(format!("reboot(2) for {what}: {err}"))
+    let err = sys::reboot(cmd);
+    failure::fatal(format!("reboot(2) for {what}: {err}"))
 }
 
 #[cfg(test)]

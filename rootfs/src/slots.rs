@@ -3,8 +3,8 @@
 //! their order are [`bootstate::ops`]'s, shared with the installer.
 
 use crate::console::say;
-use crate::error::{Error, Result};
 use crate::partitions::{self, Partition};
+use anyhow::{Context, Result};
 use bootstate::fat::BootFs;
 use bootstate::ops::{self, BootOutcome};
 use contract::Slot;
@@ -28,11 +28,7 @@ fn open_rw(p: &Partition) -> Result<File> {
         .write(true)
         .custom_flags(libc::O_DSYNC)
         .open(&dev)
-        .map_err(|e| Error::msg(format!("open {} for writing: {e}", dev.display())))
-}
-
-fn err(what: &str) -> impl FnOnce(anyhow::Error) -> Error + '_ {
-    move |e| Error::msg(format!("{what}: {e:#}"))
+        .with_context(|| format!("open {} for writing", dev.display()))
 }
 
 impl Disk {
@@ -42,11 +38,11 @@ impl Disk {
         let boot = on_disk
             .iter()
             .find(|p| p.label == PartitionRole::Boot.label())
-            .ok_or_else(|| {
-                Error::msg(format!(
+            .with_context(|| {
+                format!(
                     "no BOOT partition on {}",
                     meta.disk.as_deref().unwrap_or("META's disk")
-                ))
+                )
             })?;
         // Files this writes on BOOT (entries) carry no clock time.
         Ok(Disk {
@@ -58,8 +54,8 @@ impl Disk {
     /// Records what this boot of `booted` means and says it; returns
     /// whether it is a trial to bless once ready.
     pub fn assess(&mut self, booted: Slot, version: &str) -> Result<bool> {
-        let outcome = ops::assess(&mut self.boot, &mut self.meta, booted)
-            .map_err(err("assessing the boot"))?;
+        let outcome =
+            ops::assess(&mut self.boot, &mut self.meta, booted).context("assessing the boot")?;
         match &outcome {
             BootOutcome::Steady => {}
             BootOutcome::Trial => say(format!(
@@ -84,7 +80,7 @@ impl Disk {
     /// Blesses the trial boot of `booted`.
     pub fn bless(&mut self, booted: Slot, version: &str) -> Result<()> {
         let b = ops::bless(&mut self.boot, &mut self.meta, booted, version)
-            .map_err(err("blessing the boot"))?;
+            .context("blessing the boot")?;
         match b.from_version {
             Some(from) => say(format!(
                 "blessed slot {booted} ({version}): the upgrade from {from} succeeded"

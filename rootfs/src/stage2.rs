@@ -2,9 +2,9 @@
 //! reports ready, then supervises until power-off.
 
 use crate::console::{self, say};
-use crate::error::{Context, Error, Result};
 use crate::partitions::{self, Partition};
 use crate::{failure, osrelease, power, slots, storage};
+use anyhow::{Context, Result};
 use contract::cmdline;
 use contract::meta::{Meta, SlotRecord, Tag};
 use contract::partition::PartitionRole;
@@ -27,12 +27,8 @@ pub fn run() -> Result<Infallible> {
     failure::arm_ready_timeout(&cmdline, uptime()?.parse().unwrap_or(0.0));
     failure::breakpoint(&cmdline, "stage2")?;
 
-    let slot = cmdline::slot(&cmdline).ok_or_else(|| {
-        Error::msg(format!(
-            "no valid {}=A|B on the kernel command line",
-            cmdline::SLOT
-        ))
-    })?;
+    let slot = cmdline::slot(&cmdline)
+        .with_context(|| format!("no valid {}=A|B on the kernel command line", cmdline::SLOT))?;
     let label = PartitionRole::Meta.label();
     let (meta_part, all) = partitions::wait_for(
         Path::new("/sys"),
@@ -54,7 +50,7 @@ pub fn run() -> Result<Infallible> {
         .with_context(|| format!("read {ROOTFS_OS_RELEASE}"))?;
     let version = osrelease::get(&os_release, "VERSION_ID")
         .filter(|v| !v.is_empty())
-        .ok_or_else(|| Error::msg(format!("{ROOTFS_OS_RELEASE} has no VERSION_ID")))?;
+        .with_context(|| format!("{ROOTFS_OS_RELEASE} has no VERSION_ID"))?;
 
     let mut disk = slots::Disk::open(&meta_part, &all)?;
     let trial = disk.assess(slot, &version)?;
@@ -104,7 +100,7 @@ fn report_layout(meta: &Partition, all: &[Partition]) {
 
 fn read_meta(dev: &Path) -> Result<(Meta, usize)> {
     let mut f = std::fs::File::open(dev).with_context(|| format!("open META {}", dev.display()))?;
-    bootstate::meta::read(&mut f).map_err(|e| Error::msg(format!("{}: {e:#}", dev.display())))
+    bootstate::meta::read(&mut f).with_context(|| dev.display().to_string())
 }
 
 /// `default-slot=A slot-a=good/1.0` style summary of what matters at boot.
@@ -121,7 +117,7 @@ fn summary(meta: &Meta, booted: contract::Slot) -> String {
 /// Seconds since boot, as the kernel prints them in /proc/uptime (`2.31`).
 fn uptime() -> Result<String> {
     let text = std::fs::read_to_string("/proc/uptime").context("read /proc/uptime")?;
-    parse_uptime(&text).ok_or_else(|| Error::msg(format!("unexpected /proc/uptime {text:?}")))
+    parse_uptime(&text).with_context(|| format!("unexpected /proc/uptime {text:?}"))
 }
 
 fn parse_uptime(text: &str) -> Option<String> {

@@ -9,9 +9,10 @@
 //! directly, so no xfs_growfs is shipped.
 
 use crate::console::say;
-use crate::error::{Context, Error, Result, check};
 use crate::partitions::{self, Partition};
-use crate::{gpt, mount, sys};
+use crate::sys::{self, check};
+use crate::{gpt, mount};
+use anyhow::{Context, Result, bail};
 use contract::Slot;
 use contract::partition::PartitionRole;
 use contract::paths::{
@@ -128,7 +129,7 @@ pub fn setup(meta: &Partition, slot: Slot, version: &str) -> Result<()> {
     let (boot, first_version) = match log_boot(Path::new(BOOT_LOG), slot, version) {
         Ok(v) => v,
         Err(e) => {
-            say(format!("stage2: warning: boot log not written: {e}"));
+            say(format!("stage2: warning: boot log not written: {e:#}"));
             (0, "unknown".to_string())
         }
     };
@@ -163,10 +164,10 @@ fn wait_for_partitions(meta: &Partition) -> Result<(String, Partition, Partition
             }
         }
         if start.elapsed() >= DEVICE_TIMEOUT {
-            return Err(Error::msg(format!(
+            bail!(
                 "no STATE and EPHEMERAL partitions on META's disk after {:.1}s",
                 DEVICE_TIMEOUT.as_secs_f64()
-            )));
+            );
         }
         std::thread::sleep(DEVICE_POLL);
     }
@@ -205,11 +206,11 @@ fn grow_ephemeral(disk: &str, ephemeral: &Partition) -> Result<()> {
         return Ok(());
     };
     if g.index as u64 + 1 != pno {
-        return Err(Error::msg(format!(
+        bail!(
             "EPHEMERAL is GPT entry {} but the kernel calls {} partition {pno}",
             g.index + 1,
             ephemeral.name
-        )));
+        );
     }
     let mut part = BlkpgPartition {
         start: (g.first_lba * sector) as libc::c_longlong,
@@ -285,11 +286,11 @@ fn format_if_blank(dev: &str, label: &str) -> Result<Made> {
         Content::Xfs => return Ok(Made::Kept),
         Content::Blank | Content::XfsUnfinished => {}
         Content::Other => {
-            return Err(Error::msg(format!(
+            bail!(
                 "{label} ({dev}) holds data that is not an XFS filesystem: refusing to \
                  format it; to let the runtime make {label} afresh, zero its first MiB \
                  (imager install does)"
-            )));
+            );
         }
     }
     let started = Instant::now();
@@ -305,16 +306,14 @@ fn format_if_blank(dev: &str, label: &str) -> Result<Made> {
         .with_context(|| format!("run {MKFS_XFS} for {label} on {dev}"))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
-        return Err(Error::msg(format!(
+        bail!(
             "{MKFS_XFS} -L {label} {dev} failed ({}): {}",
             out.status,
             err.trim().replace('\n', " | ")
-        )));
+        );
     }
     if content_of(dev)? != Content::Xfs {
-        return Err(Error::msg(format!(
-            "{MKFS_XFS} succeeded but {dev} has no finished XFS superblock"
-        )));
+        bail!("{MKFS_XFS} succeeded but {dev} has no finished XFS superblock");
     }
     say(format!(
         "stage2: formatted {label} ({dev}) as XFS in {:.1}s",
@@ -331,7 +330,7 @@ fn grow_xfs(mount_point: &str, bytes: u64) -> Result<()> {
     // SAFETY: geom is 256 bytes, the size the ioctl number encodes.
     check(
         unsafe { libc::ioctl(f.as_raw_fd(), XFS_IOC_FSGEOMETRY, geom.as_mut_ptr()) },
-        || "XFS_IOC_FSGEOMETRY".into(),
+        || "XFS_IOC_FSGEOMETRY",
     )?;
     let u32_at =
         |at: usize| u32::from_le_bytes([geom[at], geom[at + 1], geom[at + 2], geom[at + 3]]);
@@ -341,7 +340,7 @@ fn grow_xfs(mount_point: &str, bytes: u64) -> Result<()> {
     d.copy_from_slice(&geom[32..40]);
     let datablocks = u64::from_le_bytes(d);
     if blocksize == 0 {
-        return Err(Error::msg("XFS reports a block size of 0"));
+        bail!("XFS reports a block size of 0");
     }
     let want = bytes / blocksize;
     if want <= datablocks {
@@ -439,10 +438,7 @@ fn log_boot(path: &Path, slot: Slot, version: &str) -> Result<(u64, String)> {
         .metadata()
         .with_context(|| format!("stat {}", path.display()))?;
     if !md.is_file() {
-        return Err(Error::msg(format!(
-            "{} is not a regular file",
-            path.display()
-        )));
+        bail!("{} is not a regular file", path.display());
     }
     let mut bytes = Vec::new();
     (&mut f)
@@ -531,7 +527,7 @@ mod tests {
         // Someone's data is never formatted.
         std::fs::write(&f, &ext4).unwrap();
         let e = format_if_blank(f.to_str().unwrap(), "STATE").unwrap_err();
-        assert!(e.to_string().contains("refusing to format it"), "{e}");
+        assert!(format!("{e:#}").contains("refusing to format it"), "{e:#}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -1,8 +1,23 @@
-//! Thin, checked wrappers around the few libc calls that are not mounts.
+//! Thin, checked wrappers around the few libc calls that are not mounts,
+//! and [`check`], which turns a libc call's -1 into an error. The bottom
+//! layer: it uses no other module of the runtime.
 
-use crate::error::{Context, Error, Result, check};
+use anyhow::{Context, Result};
 use std::ffi::CString;
 use std::path::Path;
+
+/// Checks the return value of a libc call that returns -1 on error: the
+/// error is `<what>: <strerror(errno)>`, errno read before `what` runs.
+pub fn check<D>(ret: libc::c_int, what: impl FnOnce() -> D) -> Result<libc::c_int>
+where
+    D: std::fmt::Display + Send + Sync + 'static,
+{
+    if ret == -1 {
+        Err(std::io::Error::last_os_error()).with_context(what)
+    } else {
+        Ok(ret)
+    }
+}
 
 pub fn cstr(s: impl AsRef<std::ffi::OsStr>) -> Result<CString> {
     use std::os::unix::ffi::OsStrExt;
@@ -18,6 +33,14 @@ pub fn pid() -> libc::pid_t {
 pub fn sync() {
     // SAFETY: sync cannot fail.
     unsafe { libc::sync() }
+}
+
+/// reboot(2) with `cmd` (`RB_AUTOBOOT`, `RB_POWER_OFF`, ...). Returns only
+/// on failure, with the error.
+pub fn reboot(cmd: libc::c_int) -> std::io::Error {
+    // SAFETY: reboot takes a command constant.
+    unsafe { libc::reboot(cmd) };
+    std::io::Error::last_os_error()
 }
 
 pub fn chdir(path: &str) -> Result<()> {
@@ -53,7 +76,7 @@ pub fn mkdir_all(path: &Path, mode: libc::mode_t) -> Result<()> {
     if unsafe { libc::mkdir(c.as_ptr(), mode) } < 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EEXIST) {
-            return Err(Error::msg(format!("mkdir {}: {e}", path.display())));
+            return Err(e).with_context(|| format!("mkdir {}", path.display()));
         }
     }
     Ok(())
@@ -79,7 +102,7 @@ pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
 
 /// Replaces the process with `path`, keeping the environment. Only returns on
 /// failure.
-pub fn execv(path: &str) -> Error {
+pub fn execv(path: &str) -> anyhow::Error {
     let c = match cstr(path) {
         Ok(c) => c,
         Err(e) => return e,
@@ -88,7 +111,7 @@ pub fn execv(path: &str) -> Error {
     // SAFETY: argv is a NULL-terminated array of valid C strings that outlive
     // the call.
     unsafe { libc::execv(c.as_ptr(), argv.as_ptr()) };
-    Error::last_os(format!("execve {path}"))
+    anyhow::Error::new(std::io::Error::last_os_error()).context(format!("execve {path}"))
 }
 
 /// Blocks until a signal arrives; used only when nothing else can be done.
@@ -96,5 +119,22 @@ pub fn pause_forever() -> ! {
     loop {
         // SAFETY: pause has no preconditions.
         unsafe { libc::pause() };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_says_what_failed_and_why() {
+        assert_eq!(check(3, || "unused").ok(), Some(3));
+        // SAFETY: closing an invalid descriptor only fails with EBADF.
+        let e = check(unsafe { libc::close(-1) }, || "close -1").unwrap_err();
+        let text = format!("{e:#}");
+        assert!(
+            text.starts_with("close -1: ") && text.ends_with("(os error 9)"),
+            "{text}"
+        );
     }
 }
