@@ -137,6 +137,36 @@ impl<T: Device> Device for Window<T> {
     }
 }
 
+/// Refuses writes: lets a library that wants a writable device (fatfs)
+/// read from a source opened read-only, such as a disk `imager inspect`
+/// looks at.
+#[derive(Debug)]
+pub struct ReadOnly<T>(pub T);
+
+impl<T: Read> Read for ReadOnly<T> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl<T> Write for ReadOnly<T> {
+    fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "the filesystem is opened read-only",
+        ))
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<T: Seek> Seek for ReadOnly<T> {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        self.0.seek(to)
+    }
+}
+
 /// Makes the small writes a FAT library issues for one directory entry (a
 /// name here, a size there) reach the device as one sector write, as they
 /// would in a filesystem driver: writes that stay within one 512-byte sector

@@ -4,12 +4,13 @@
 //! first cluster last); they are removed with [`crate::fatfix::remove_file`],
 //! whose order is safe for a removal. Every change ends with a sync.
 
-use crate::device::{Device, SectorWriter};
+use crate::device::{Device, ReadOnly, SectorWriter};
+use crate::fatscan::{self, Scan};
 use anyhow::{Context, Result, bail};
 use fatfs::{Date, DateTime, FileSystem, FsOptions, Time, TimeProvider};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::io::{self, Read, SeekFrom, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::sync::Mutex;
 
 /// A fixed time, the only one fatfs will see.
@@ -75,35 +76,59 @@ pub struct FileInfo {
     pub size: u64,
 }
 
-/// The BOOT FAT filesystem on a device (a partition).
+/// The BOOT FAT filesystem on a device (a partition). Reads need only
+/// `Read + Seek` (`imager inspect` opens disks read-only); changes need a
+/// [`Device`]. Before its first use of the volume it is [`scan`]ned: a
+/// volume that contradicts itself is refused before fatfs reads it.
 #[derive(Debug)]
 pub struct BootFs<D> {
     dev: D,
     /// Timestamp of files this writes, seconds since 1970.
     epoch: u64,
+    /// The scan, once made.
+    scanned: Option<Scan>,
 }
 
-impl<D: Device> BootFs<D> {
+impl<D: Read + Seek> BootFs<D> {
     pub fn new(dev: D, epoch: u64) -> BootFs<D> {
-        BootFs { dev, epoch }
+        BootFs {
+            dev,
+            epoch,
+            scanned: None,
+        }
     }
 
     pub fn into_inner(self) -> D {
         self.dev
     }
 
-    /// fatfs over the device, its small writes gathered per sector.
-    fn open(&mut self) -> Result<FileSystem<SectorWriter<&mut D>>> {
+    /// The volume's scan (made once): free and lost clusters; an error,
+    /// saying what is wrong, for a volume that contradicts itself.
+    pub fn scan(&mut self) -> Result<&Scan> {
+        if self.scanned.is_none() {
+            let s = fatscan::scan(&mut self.dev).context(
+                "BOOT's FAT filesystem is damaged (repair it with fsck.fat -a, or reinstall \
+                 the disk)",
+            )?;
+            self.scanned = Some(s);
+        }
+        self.scanned
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("internal: no scan"))
+    }
+
+    /// fatfs over the device, read-only.
+    fn open_ro(&mut self) -> Result<FileSystem<ReadOnly<&mut D>>> {
+        self.scan()?;
         self.dev.seek(SeekFrom::Start(0))?;
-        let opts = FsOptions::new().time_provider(time_provider(self.epoch));
-        FileSystem::new(SectorWriter::new(&mut self.dev), opts)
+        FileSystem::new(ReadOnly(&mut self.dev), FsOptions::new())
             .context("reading the BOOT filesystem")
     }
 
     /// The regular files of directory `dir` ("" for the root), sorted by
     /// name; empty when the directory does not exist.
     pub fn list(&mut self, dir: &str) -> Result<Vec<FileInfo>> {
-        let fs = self.open()?;
+        let fs = self.open_ro()?;
         let root = fs.root_dir();
         let d = if dir.is_empty() {
             root
@@ -128,16 +153,40 @@ impl<D: Device> BootFs<D> {
         Ok(out)
     }
 
+    /// The paths of all regular files, sorted.
+    pub fn list_all(&mut self) -> Result<Vec<String>> {
+        let fs = self.open_ro()?;
+        let mut out = Vec::new();
+        let mut todo = vec![(String::new(), fs.root_dir())];
+        while let Some((prefix, dir)) = todo.pop() {
+            for e in dir.iter() {
+                let e = e.context("reading a directory on BOOT")?;
+                let name = e.file_name();
+                if name == "." || name == ".." {
+                    continue;
+                }
+                let path = format!("{prefix}{name}");
+                if e.is_dir() {
+                    todo.push((format!("{path}/"), e.to_dir()));
+                } else if e.is_file() {
+                    out.push(path);
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
     /// Whether `path` exists (file or directory).
     pub fn exists(&mut self, path: &str) -> Result<bool> {
-        let fs = self.open()?;
+        let fs = self.open_ro()?;
         let root = fs.root_dir();
         Ok(root.open_file(path).is_ok() || root.open_dir(path).is_ok())
     }
 
     /// A small file's contents (entries, at most `limit` bytes).
     pub fn read(&mut self, path: &str, limit: u64) -> Result<Vec<u8>> {
-        let fs = self.open()?;
+        let fs = self.open_ro()?;
         let f = fs
             .root_dir()
             .open_file(path)
@@ -154,7 +203,7 @@ impl<D: Device> BootFs<D> {
 
     /// SHA-256 (hex) and length of a file, streamed.
     pub fn hash(&mut self, path: &str) -> Result<(String, u64)> {
-        let fs = self.open()?;
+        let fs = self.open_ro()?;
         let mut f = fs
             .root_dir()
             .open_file(path)
@@ -177,10 +226,36 @@ impl<D: Device> BootFs<D> {
 
     /// Free bytes, and the cluster size (a file takes whole clusters).
     pub fn space(&mut self) -> Result<(u64, u64)> {
-        let fs = self.open()?;
+        let fs = self.open_ro()?;
         let st = fs.stats().context("reading BOOT's free space")?;
         let cluster = u64::from(st.cluster_size());
         Ok((u64::from(st.free_clusters()) * cluster, cluster))
+    }
+}
+
+impl<D: Device> BootFs<D> {
+    /// fatfs over the device, its small writes gathered per sector.
+    fn open(&mut self) -> Result<FileSystem<SectorWriter<&mut D>>> {
+        self.scan()?;
+        self.dev.seek(SeekFrom::Start(0))?;
+        let opts = FsOptions::new().time_provider(time_provider(self.epoch));
+        FileSystem::new(SectorWriter::new(&mut self.dev), opts)
+            .context("reading the BOOT filesystem")
+    }
+
+    /// Frees the clusters no directory entry reaches (what a cut file
+    /// creation leaves) and brings the FAT copies in line; syncs. Safe to
+    /// cut at any write: no entry points to what it frees. Returns the
+    /// clusters freed.
+    pub fn reclaim(&mut self) -> Result<usize> {
+        // A fresh scan: the volume may have changed since the first.
+        self.scanned = None;
+        let scan = self.scan()?.clone();
+        let n = fatscan::reclaim(&mut self.dev, &scan).context("freeing BOOT's lost clusters")?;
+        self.dev.sync().context("syncing BOOT")?;
+        // Rescanned at next use.
+        self.scanned = None;
+        Ok(n)
     }
 
     /// Creates directory `dir` if missing (its parent must exist).

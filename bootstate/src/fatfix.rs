@@ -19,149 +19,11 @@
 use anyhow::{Result, bail};
 use std::io::{Read, Seek, SeekFrom, Write};
 
+use crate::fatscan::{DOT, DOTDOT, Geometry, Kind, geometry, le16};
+
 const ENTRY: usize = 32;
 const ATTR_LFN: u8 = 0x0F;
 const ATTR_DIR: u8 = 0x10;
-const DOT: &[u8; 11] = b".          ";
-const DOTDOT: &[u8; 11] = b"..         ";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Fat16,
-    Fat32,
-}
-
-#[derive(Debug)]
-struct Geometry {
-    kind: Kind,
-    /// Number of FAT copies and the length of one, in bytes.
-    fats: u64,
-    fat_len: u64,
-    cluster_size: u64,
-    fat_offset: u64,
-    /// FAT16: the fixed root directory region (offset, length).
-    root_region: (u64, u64),
-    /// FAT32: first cluster of the root directory.
-    root_cluster: u32,
-    /// FAT32: offset of the FSInfo sector.
-    fs_info: u64,
-    data_offset: u64,
-    clusters: u32,
-}
-
-fn le16(b: &[u8], at: usize) -> u64 {
-    u64::from(u16::from_le_bytes([b[at], b[at + 1]]))
-}
-
-fn le32(b: &[u8], at: usize) -> u64 {
-    u64::from(u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]))
-}
-
-fn geometry<T: Read + Seek>(dev: &mut T) -> Result<Geometry> {
-    let mut bs = [0u8; 512];
-    dev.seek(SeekFrom::Start(0))?;
-    dev.read_exact(&mut bs)?;
-    let bps = le16(&bs, 11);
-    let spc = u64::from(bs[13]);
-    let reserved = le16(&bs, 14);
-    let fats = u64::from(bs[16]);
-    let root_entries = le16(&bs, 17);
-    let total = match le16(&bs, 19) {
-        0 => le32(&bs, 32),
-        n => n,
-    };
-    let spf = match le16(&bs, 22) {
-        0 => le32(&bs, 36),
-        n => n,
-    };
-    if bps == 0 || spc == 0 {
-        bail!("not a FAT boot sector");
-    }
-    let root_sectors = (root_entries * 32).div_ceil(bps);
-    let data_sector = reserved + fats * spf + root_sectors;
-    let clusters = (total.saturating_sub(data_sector) / spc) as u32;
-    if clusters >= 0x0FFF_FFF5 {
-        bail!("not a FAT boot sector: {clusters} clusters");
-    }
-    let kind = if clusters < 4085 {
-        bail!("FAT12 volumes are not supported: make the partition at least 4 MiB")
-    } else if clusters < 65525 {
-        Kind::Fat16
-    } else {
-        Kind::Fat32
-    };
-    let root_cluster = le32(&bs, 44) as u32;
-    if kind == Kind::Fat32 && !(2..clusters.saturating_add(2)).contains(&root_cluster) {
-        bail!("FAT32 root directory cluster {root_cluster} is out of range");
-    }
-    Ok(Geometry {
-        kind,
-        fats,
-        fat_len: spf * bps,
-        cluster_size: bps * spc,
-        fat_offset: reserved * bps,
-        root_region: ((reserved + fats * spf) * bps, root_sectors * bps),
-        root_cluster,
-        fs_info: le16(&bs, 48) * bps,
-        data_offset: data_sector * bps,
-        clusters,
-    })
-}
-
-impl Geometry {
-    /// Whether `c` names a data cluster of this volume.
-    fn valid_cluster(&self, c: u32) -> bool {
-        (2..self.clusters.saturating_add(2)).contains(&c)
-    }
-
-    fn cluster_offset(&self, c: u32) -> u64 {
-        self.data_offset + u64::from(c - 2) * self.cluster_size
-    }
-
-    /// Offset of cluster `c`'s entry in the first FAT, and its width.
-    fn fat_entry(&self, c: u32) -> (u64, usize) {
-        match self.kind {
-            Kind::Fat16 => (self.fat_offset + u64::from(c) * 2, 2),
-            Kind::Fat32 => (self.fat_offset + u64::from(c) * 4, 4),
-        }
-    }
-
-    fn next<T: Read + Seek>(&self, dev: &mut T, c: u32) -> Result<Option<u32>> {
-        let (at, width) = self.fat_entry(c);
-        let mut b = [0u8; 4];
-        dev.seek(SeekFrom::Start(at))?;
-        dev.read_exact(&mut b[..width])?;
-        let v = u32::from_le_bytes(b) & 0x0FFF_FFFF;
-        let end = match self.kind {
-            Kind::Fat16 => 0xFFF8,
-            Kind::Fat32 => 0x0FFF_FFF8,
-        };
-        Ok(if v >= end {
-            None
-        } else if v < 2 || v >= self.clusters + 2 {
-            bail!("broken FAT chain at cluster {c}")
-        } else {
-            Some(v)
-        })
-    }
-
-    /// The byte ranges of a cluster chain.
-    fn chain<T: Read + Seek>(&self, dev: &mut T, first: u32) -> Result<Vec<(u64, u64)>> {
-        if !self.valid_cluster(first) {
-            bail!("cluster {first} is out of range");
-        }
-        let mut out = Vec::new();
-        let mut c = Some(first);
-        while let Some(cl) = c {
-            if out.len() > self.clusters as usize {
-                bail!("FAT chain loops at cluster {cl}");
-            }
-            out.push((self.cluster_offset(cl), self.cluster_size));
-            c = self.next(dev, cl)?;
-        }
-        Ok(out)
-    }
-}
 
 fn read_ranges<T: Read + Seek>(dev: &mut T, ranges: &[(u64, u64)]) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
@@ -265,7 +127,7 @@ pub fn fix_dot_entries<T: Read + Write + Seek>(dev: &mut T) -> Result<()> {
 
 /// Fills the FSInfo sector's free-cluster count and next-free hint, which
 /// fatfs leaves "unknown" (fsck.fat reports them uninitialized).
-fn write_fs_info<T: Read + Write + Seek>(dev: &mut T, g: &Geometry) -> Result<()> {
+pub(crate) fn write_fs_info<T: Read + Write + Seek>(dev: &mut T, g: &Geometry) -> Result<()> {
     // The FAT, read a chunk at a time (its size comes from the disk).
     let entries = u64::from(g.clusters) + 2;
     let mut free = 0u32;

@@ -8,8 +8,10 @@
 //! writes that makes every step survive a power cut is written once.
 
 pub mod device;
+pub mod disk;
 pub mod fat;
 pub mod fatfix;
+pub mod fatscan;
 pub mod gpt;
 pub mod meta;
 pub mod ops;

@@ -23,6 +23,7 @@ use contract::paths::BOOT_ENTRIES_DIR;
 use contract::state::{Assessment, BootState, FallbackReason, Pending, best_entry};
 use contract::{Slot, state};
 use std::fs::File;
+use std::io::{Read, Seek};
 use std::path::PathBuf;
 
 /// Largest entry file read.
@@ -67,7 +68,10 @@ impl Status {
 }
 
 /// Reads META and the entries.
-pub fn status<B: Device, M: Device>(boot: &mut BootFs<B>, meta_dev: &mut M) -> Result<Status> {
+pub fn status<B: Read + Seek, M: Read + Seek>(
+    boot: &mut BootFs<B>,
+    meta_dev: &mut M,
+) -> Result<Status> {
     let (meta, _) = meta::read(meta_dev)?;
     let state = BootState::from_meta(&meta).map_err(anyhow::Error::msg)?;
     let (entries, broken) = read_entries(boot)?;
@@ -79,30 +83,103 @@ pub fn status<B: Device, M: Device>(boot: &mut BootFs<B>, meta_dev: &mut M) -> R
     })
 }
 
-/// Our entries on BOOT, sorted, split into those systemd-boot would boot
-/// (the entry parses, its `linux` file exists) and the others.
-pub fn read_entries<B: Device>(boot: &mut BootFs<B>) -> Result<(Vec<EntryName>, Vec<EntryName>)> {
-    let mut names: Vec<EntryName> = boot
-        .list(BOOT_ENTRIES_DIR)?
-        .iter()
-        .filter_map(|f| EntryName::parse(&f.name.to_lowercase()))
-        .collect();
-    names.sort();
-    let (mut valid, mut broken) = (Vec::new(), Vec::new());
-    for n in names {
-        let ok = match entry_of(boot, &n) {
-            Ok(e) => boot.exists(&e.linux)? && (e.initrd.is_empty() || boot.exists(&e.initrd)?),
-            Err(_) => false,
-        };
-        if ok { valid.push(n) } else { broken.push(n) }
+/// One of our entry files on BOOT, as systemd-boot sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryFile {
+    pub name: EntryName,
+    /// The file's name as stored on BOOT.
+    pub file: String,
+    /// The entry, when it parses.
+    pub entry: Option<Entry>,
+    /// Why systemd-boot passes over it, when it does.
+    pub problem: Option<String>,
+}
+
+impl EntryFile {
+    /// Whether systemd-boot would boot it: the one rule for that.
+    pub fn bootable(&self) -> bool {
+        self.problem.is_none()
     }
-    Ok((valid, broken))
+}
+
+/// Our entries on BOOT (other files in `loader/entries` are not ours),
+/// sorted by name, each with what keeps it from booting: it is empty (a
+/// creation cut short, removed by the next change), it does not parse, or a
+/// file it names is not on BOOT.
+pub fn entry_files<B: Read + Seek>(boot: &mut BootFs<B>) -> Result<Vec<EntryFile>> {
+    let mut files: Vec<(EntryName, String, u64)> = boot
+        .list(BOOT_ENTRIES_DIR)?
+        .into_iter()
+        .filter_map(|f| EntryName::parse(&f.name.to_lowercase()).map(|n| (n, f.name, f.size)))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for (name, file, size) in files {
+        let (entry, problem) = if size == 0 {
+            (
+                None,
+                Some(
+                    "empty: its creation was cut short; the next upgrade, rollback or blessing \
+                     removes it"
+                        .to_string(),
+                ),
+            )
+        } else {
+            match entry_of(boot, &name) {
+                Err(e) => (None, Some(format!("unreadable: {e:#}"))),
+                Ok(e) => {
+                    let mut missing = Vec::new();
+                    for f in [&e.linux, &e.initrd] {
+                        if !f.is_empty() && !boot.exists(f)? {
+                            missing.push(format!("/{f}"));
+                        }
+                    }
+                    let problem = (!missing.is_empty())
+                        .then(|| format!("names {}, not on BOOT", missing.join(" and ")));
+                    (Some(e), problem)
+                }
+            }
+        };
+        out.push(EntryFile {
+            name,
+            file,
+            entry,
+            problem,
+        });
+    }
+    Ok(out)
+}
+
+/// Our entries on BOOT, sorted, split into those systemd-boot would boot
+/// and the others ([`entry_files`]).
+pub fn read_entries<B: Read + Seek>(
+    boot: &mut BootFs<B>,
+) -> Result<(Vec<EntryName>, Vec<EntryName>)> {
+    let (valid, broken): (Vec<EntryFile>, Vec<EntryFile>) = entry_files(boot)?
+        .into_iter()
+        .partition(EntryFile::bootable);
+    Ok((
+        valid.into_iter().map(|e| e.name).collect(),
+        broken.into_iter().map(|e| e.name).collect(),
+    ))
+}
+
+/// META with `new` written into it, checked to fit its block: made before
+/// an operation's first write, so that a full META refuses it whole.
+fn meta_with(st: &Status, new: &BootState) -> Result<Meta> {
+    let mut m = st.meta.clone();
+    new.write_to(&mut m);
+    m.encode_block().map_err(|e| {
+        anyhow::anyhow!(
+            "META has no room for the new slot state ({e}): nothing was written; reinstall the \
+             disk (imager install) to start META afresh"
+        )
+    })?;
+    Ok(m)
 }
 
 fn write_state<M: Device>(meta_dev: &mut M, st: &Status, new: &BootState) -> Result<()> {
-    let mut m = st.meta.clone();
-    new.write_to(&mut m);
-    meta::write(meta_dev, &m)
+    meta::write(meta_dev, &meta_with(st, new)?)
 }
 
 /// A file of the payload: where it is, its SHA-256 (hex) and length.
@@ -181,8 +258,12 @@ pub fn upgrade<B: Device, M: Device>(
     let entry_text = entry.render();
     let slot_dir = target.name();
 
-    // Space: what the slot's old files and entries free, against what comes.
-    let (free, cluster) = boot.space()?;
+    // Space: what the slot's old files and entries free, and the clusters a
+    // cut upgrade left behind (reclaimed below), against what comes. The
+    // scan also refuses a FAT that contradicts itself (cross-linked files,
+    // loops) before anything is written.
+    let scan = boot.scan()?.clone();
+    let (free, cluster) = (scan.room(), scan.cluster_size);
     let old_files = boot.list(slot_dir)?;
     let mut freed: u64 = old_files
         .iter()
@@ -215,6 +296,28 @@ pub fn upgrade<B: Device, M: Device>(
         );
     }
 
+    // META as it will be written in step 4: refused now if it does not fit.
+    let from_version = st.state.version(fallback).to_string();
+    let mut new = st.state.clone();
+    new.set(target, SlotStatus::Pending, payload.version.clone());
+    new.default = target;
+    new.pending = Some(Pending {
+        from: fallback,
+        to: target,
+        from_version: from_version.clone(),
+        to_version: payload.version.clone(),
+    });
+    new.record(format!(
+        "upgrade-started from={fallback} to={target} from-version={from_version} to-version={} tries={tries}",
+        payload.version
+    ));
+    let new_meta = meta_with(&st, &new)?;
+    let generation = st.next_generation()?;
+
+    // 0. Clusters that no file holds (left by cut upgrades) are freed.
+    if !scan.lost.is_empty() {
+        boot.reclaim()?;
+    }
     // 1. The target's entries: the slot stops being bootable. And entries
     //    the boot loader passes over anyway.
     for e in st
@@ -267,23 +370,9 @@ pub fn upgrade<B: Device, M: Device>(
         }
     }
     // 4. META: the intent, before the switch.
-    let from_version = st.state.version(fallback).to_string();
-    let mut new = st.state.clone();
-    new.set(target, SlotStatus::Pending, payload.version.clone());
-    new.default = target;
-    new.pending = Some(Pending {
-        from: fallback,
-        to: target,
-        from_version: from_version.clone(),
-        to_version: payload.version.clone(),
-    });
-    new.record(format!(
-        "upgrade-started from={fallback} to={target} from-version={from_version} to-version={} tries={tries}",
-        payload.version
-    ));
-    write_state(meta_dev, &st, &new)?;
+    meta::write(meta_dev, &new_meta)?;
     // 5. The switch: the new entry, generation above all.
-    let name = EntryName::trial(st.next_generation()?, target, tries);
+    let name = EntryName::trial(generation, target, tries);
     boot.create(
         &name.path(),
         &mut entry_text.as_bytes(),
@@ -376,7 +465,8 @@ pub fn rollback<B: Device, M: Device>(
         EntryName::good(generation, to)
     };
     boot.create(&name.path(), &mut text.as_bytes(), text.len() as u64)?;
-    for old in st.entries.iter().filter(|e| e.slot == to) {
+    // Then the slot's older entries, and those systemd-boot passes over.
+    for old in st.entries.iter().filter(|e| e.slot == to).chain(&st.broken) {
         boot.remove(&old.path())?;
     }
     Ok(RolledBack {
@@ -475,26 +565,6 @@ pub fn bless<B: Device, M: Device>(
     version: &str,
 ) -> Result<Blessed> {
     let st = status(boot, meta_dev)?;
-    if let Some(counting) = best_entry(&st.entries, booted).filter(|e| e.tries.is_some()) {
-        let good = counting.blessed();
-        if !st.entries.contains(&good) {
-            // An empty file of that name is a blessing cut short: redo it.
-            if st.broken.contains(&good) {
-                boot.remove(&good.path())?;
-            }
-            let text = boot.read(&counting.path(), ENTRY_LIMIT)?;
-            boot.create(&good.path(), &mut &text[..], text.len() as u64)?;
-        }
-    }
-    // Every counting entry of this slot goes, also one left behind by a
-    // blessing cut short (systemd-boot would keep trying it).
-    for e in st
-        .entries
-        .iter()
-        .filter(|e| e.slot == booted && e.tries.is_some())
-    {
-        boot.remove(&e.path())?;
-    }
     let from_version = st
         .state
         .pending
@@ -509,7 +579,32 @@ pub fn bless<B: Device, M: Device>(
         Some(f) => format!("upgrade-succeeded slot={booted} version={version} from-version={f}"),
         None => format!("blessed slot={booted} version={version}"),
     });
-    write_state(meta_dev, &st, &new)?;
+    let new_meta = meta_with(&st, &new)?;
+    let mut redone = None;
+    if let Some(counting) = best_entry(&st.entries, booted).filter(|e| e.tries.is_some()) {
+        let good = counting.blessed();
+        if !st.entries.contains(&good) {
+            // An empty file of that name is a blessing cut short: redo it.
+            if st.broken.contains(&good) {
+                boot.remove(&good.path())?;
+                redone = Some(good);
+            }
+            let text = boot.read(&counting.path(), ENTRY_LIMIT)?;
+            boot.create(&good.path(), &mut &text[..], text.len() as u64)?;
+        }
+    }
+    // Every counting entry of this slot goes, also one left behind by a
+    // blessing cut short (systemd-boot would keep trying it), and the
+    // entries systemd-boot passes over.
+    let stale = st
+        .entries
+        .iter()
+        .filter(|e| e.slot == booted && e.tries.is_some())
+        .chain(st.broken.iter().filter(|e| Some(**e) != redone));
+    for e in stale {
+        boot.remove(&e.path())?;
+    }
+    meta::write(meta_dev, &new_meta)?;
     Ok(Blessed {
         slot: booted,
         version: version.to_string(),
@@ -519,7 +614,7 @@ pub fn bless<B: Device, M: Device>(
 
 /// Reads the kernel and initramfs hashes named by a slot's entry, for
 /// checks (`imager inspect`).
-pub fn entry_of<B: Device>(boot: &mut BootFs<B>, name: &EntryName) -> Result<Entry> {
+pub fn entry_of<B: Read + Seek>(boot: &mut BootFs<B>, name: &EntryName) -> Result<Entry> {
     let text = boot.read(&name.path(), ENTRY_LIMIT)?;
     Entry::parse(&String::from_utf8_lossy(&text)).map_err(anyhow::Error::msg)
 }

@@ -233,8 +233,9 @@ fn run() -> Result<ExitCode> {
                 None => {
                     let mut f = std::fs::File::open(&a.image)
                         .with_context(|| format!("opening {}", a.image.display()))?;
-                    imager::disk::gpt::detect_sector_size(&mut f)
+                    imager::disk::gpt::read_table_from(&mut f)
                         .with_context(|| format!("reading {}", a.image.display()))?
+                        .sector_size
                 }
             };
             o.echo = !a.quiet;

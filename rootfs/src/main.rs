@@ -4,7 +4,6 @@
 
 mod console;
 mod failure;
-mod gpt;
 mod input;
 mod loopdev;
 mod mount;

@@ -9,9 +9,9 @@
 //! directly, so no xfs_growfs is shipped.
 
 use crate::console::say;
+use crate::mount;
 use crate::partitions::{self, Partition};
 use crate::sys::{self, check};
-use crate::{gpt, mount};
 use anyhow::{Context, Result, bail};
 use contract::Slot;
 use contract::partition::PartitionRole;
@@ -195,13 +195,8 @@ fn grow_ephemeral(disk: &str, ephemeral: &Partition) -> Result<()> {
         .write(true)
         .open(&path)
         .with_context(|| format!("open {path}"))?;
-    let grown = gpt::grow_last(
-        &mut f,
-        sector,
-        disk_bytes,
-        PartitionRole::Ephemeral.label(),
-        &mut |f| f.sync_all(),
-    )?;
+    let grown =
+        bootstate::gpt::grow_last(&mut f, disk_bytes, sector, PartitionRole::Ephemeral.label())?;
     let Some(g) = grown else {
         return Ok(());
     };

@@ -1,0 +1,213 @@
+//! A disk opened for the slot operations: a disk image file or a block
+//! device, locked for the whole operation, its partition table read, and
+//! windows on its partitions.
+//!
+//! The lock is an advisory `flock` on the disk itself: exclusive for a
+//! change (`install`, `upgrade`, `rollback`), shared for a look
+//! (`inspect`). A second change on the same disk is refused at once rather
+//! than interleaving its writes with the first (two upgrades at once would
+//! cross-link BOOT's FAT). The runtime takes the same lock on its boot disk
+//! while it assesses and blesses a boot.
+//!
+//! Writable handles are opened with `O_DSYNC`: every write is on the disk
+//! before the next one starts, so the order of writes that makes an upgrade
+//! crash-safe is the order in which they reach the disk (the page cache
+//! would otherwise write back in its own order).
+
+use crate::device::Window;
+use crate::fat::BootFs;
+use crate::gpt::{self, Table};
+use anyhow::{Context, Result, bail};
+use contract::partition::PartitionRole;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+/// What the operation does to the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Reads only; a shared lock.
+    Read,
+    /// Changes it; an exclusive lock, `O_DSYNC` handles.
+    Write,
+}
+
+/// A locked disk and its partition table.
+#[derive(Debug)]
+pub struct Disk {
+    path: PathBuf,
+    access: Access,
+    /// Holds the lock for as long as the `Disk` lives.
+    _lock: File,
+    pub table: Table,
+}
+
+/// Refuses what is neither a regular file nor a block device before it is
+/// opened (opening a FIFO would wait for a writer for ever).
+pub fn check_kind(path: &Path) -> Result<()> {
+    let m = std::fs::metadata(path).with_context(|| format!("{} not found", path.display()))?;
+    let t = m.file_type();
+    if !(t.is_file() || t.is_block_device()) {
+        bail!(
+            "{} is neither a disk image file nor a block device: give the disk image or the \
+             disk's device node (/dev/…)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+fn open(path: &Path, access: Access) -> std::io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.read(true);
+    if access == Access::Write {
+        o.write(true).custom_flags(libc_o_dsync());
+    }
+    o.open(path)
+}
+
+/// `O_DSYNC` on Linux (all architectures we build for).
+const fn libc_o_dsync() -> i32 {
+    0o10000
+}
+
+/// Takes the lock of `access` on an open disk, or says who holds it.
+pub fn lock(file: &File, path: &Path, access: Access) -> Result<()> {
+    let r = match access {
+        Access::Read => file.try_lock_shared(),
+        Access::Write => file.try_lock(),
+    };
+    match r {
+        Ok(()) => Ok(()),
+        Err(TryLockError::WouldBlock) => bail!(
+            "{} is in use: another install, upgrade or rollback (or the running system's \
+             boot assessment) is changing it; wait for it to finish and try again",
+            path.display()
+        ),
+        Err(TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+    }
+}
+
+impl Disk {
+    /// Opens and locks the disk at `path` and reads its partition table.
+    pub fn open(path: &Path, access: Access) -> Result<Disk> {
+        check_kind(path)?;
+        let mut f = open(path, access).with_context(|| {
+            format!(
+                "opening {}{}",
+                path.display(),
+                if access == Access::Write {
+                    " for writing"
+                } else {
+                    ""
+                }
+            )
+        })?;
+        lock(&f, path, access)?;
+        let size = gpt::device_size(&mut f)
+            .with_context(|| format!("finding the size of {}", path.display()))?;
+        let table = gpt::read(&mut f, size).with_context(|| {
+            format!(
+                "reading the partition table of {}: not a disk made by imager (make one with \
+                 `imager build` or `imager install`)",
+                path.display()
+            )
+        })?;
+        Ok(Disk {
+            path: path.to_path_buf(),
+            access,
+            _lock: f,
+            table,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A window on the partition of `role`, on its own handle.
+    pub fn partition(&self, role: PartitionRole) -> Result<Window<File>> {
+        let f = open(&self.path, self.access)
+            .with_context(|| format!("opening {}", self.path.display()))?;
+        self.table.window(f, role.label()).with_context(|| {
+            format!(
+                "{}: not a disk made by imager (use `imager install`)",
+                self.path.display()
+            )
+        })
+    }
+
+    /// BOOT, whose new files carry the time `epoch`.
+    pub fn boot(&self, epoch: u64) -> Result<BootFs<Window<File>>> {
+        Ok(BootFs::new(self.partition(PartitionRole::Boot)?, epoch))
+    }
+
+    /// META.
+    pub fn meta(&self) -> Result<Window<File>> {
+        self.partition(PartitionRole::Meta)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wait_open(p: &Path, access: Access) -> Disk {
+        let start = std::time::Instant::now();
+        loop {
+            match Disk::open(p, access) {
+                Ok(d) => return d,
+                Err(e) if start.elapsed().as_secs() > 30 => panic!("{e:#}"),
+                Err(_) => std::thread::yield_now(),
+            }
+        }
+    }
+
+    #[test]
+    fn one_change_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("disk");
+        let f = File::create(&p).unwrap();
+        f.set_len(64 << 20).unwrap();
+        let parts = [crate::gpt::NewPartition {
+            label: "BOOT",
+            type_guid: contract::guid::XBOOTLDR,
+            unique_guid: contract::Guid::from_u128(1),
+            first_lba: 2048,
+            last_lba: 4095,
+        }];
+        let mut w = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        crate::gpt::write_new(&mut w, 64 << 20, 512, contract::Guid::from_u128(2), &parts).unwrap();
+        drop(w);
+        let first = Disk::open(&p, Access::Write).unwrap();
+        let e = format!("{:#}", Disk::open(&p, Access::Write).unwrap_err());
+        assert!(e.contains("is in use") && e.contains("wait for it"), "{e}");
+        let e = format!("{:#}", Disk::open(&p, Access::Read).unwrap_err());
+        assert!(e.contains("is in use"), "{e}");
+        drop(first);
+        // Other tests' child processes may hold a copy of the descriptor
+        // between their fork and exec: wait for the lock to be free.
+        let a = wait_open(&p, Access::Read);
+        let b = Disk::open(&p, Access::Read).unwrap();
+        assert!(Disk::open(&p, Access::Write).is_err());
+        assert_eq!(a.table, b.table);
+        drop((a, b));
+        wait_open(&p, Access::Write);
+        // A FIFO is refused before it is opened.
+        let fifo = dir.path().join("fifo");
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let e = format!("{:#}", Disk::open(&fifo, Access::Read).unwrap_err());
+        assert!(
+            e.contains("neither a disk image file nor a block device"),
+            "{e}"
+        );
+    }
+}
