@@ -346,8 +346,8 @@ fn tampered_and_foreign_payloads_and_a_full_boot_are_refused_with_nothing_writte
 
     // BOOT without room: all but 2 MiB of it taken by something else.
     {
-        let (b, _) = imager::install::open_slots(&disk).unwrap();
-        let mut fs = BootFs::new(b, 0);
+        let slots = imager::install::open_slots(&disk).unwrap();
+        let mut fs = BootFs::new(slots.boot, 0);
         let (free, _) = fs.space().unwrap();
         let junk = free - (2 << 20);
         let mut src = std::io::Read::take(std::io::repeat(0), junk);
@@ -378,7 +378,8 @@ fn tampered_and_foreign_payloads_and_a_full_boot_are_refused_with_nothing_writte
 fn an_upgrade_interrupted_at_any_point_leaves_a_bootable_disk() {
     let i = images();
     let run_upgrade = |disk: &Path, fail_at: Option<u64>| -> (bool, u64) {
-        let (b, m) = imager::install::open_slots(disk).unwrap();
+        let slots = imager::install::open_slots(disk).unwrap();
+        let (b, m) = (slots.boot, slots.meta);
         let b = match fail_at {
             Some(n) => Faulty::failing_at(b, n),
             None => Faulty::counting(b),

@@ -3,7 +3,9 @@
 
 use crate::device::Device;
 use anyhow::{Context, Result};
-use contract::meta::{AREA_LEN, BLOCK_LEN, Meta};
+use contract::Slot;
+use contract::meta::{AREA_LEN, BLOCK_LEN, Meta, SlotRecord, SlotStatus, Tag};
+use contract::state::BootState;
 use std::io::{Read, Seek, SeekFrom};
 
 /// Reads META; returns it and the copy it came from.
@@ -25,6 +27,32 @@ pub fn write<D: Device>(dev: &mut D, meta: &Meta) -> Result<()> {
             .with_context(|| format!("syncing META copy {copy}"))?;
     }
     Ok(())
+}
+
+/// META of a newly built or installed disk: slot A good and default at
+/// `version`, slot B empty, the trusted public keys (PEM, concatenated in
+/// `trusted-keys`), and the first history event, `<event> slot=A
+/// version=<version>`. The builder and the installer both start a disk with
+/// it.
+pub fn initial(image_name: &str, version: &str, trusted_pems: &[String], event: &str) -> Meta {
+    let mut m = Meta::default();
+    m.set(Tag::ImageName, image_name);
+    let mut state = BootState {
+        default: Slot::A,
+        slots: [
+            Some(SlotRecord {
+                status: SlotStatus::Good,
+                version: version.to_string(),
+            }),
+            None,
+        ],
+        pending: None,
+        history: Vec::new(),
+    };
+    state.record(format!("{event} slot=A version={version}"));
+    state.write_to(&mut m);
+    m.set(Tag::TrustedKeys, trusted_pems.concat());
+    m
 }
 
 #[cfg(test)]

@@ -202,7 +202,7 @@ pub fn initramfs_path(slot: Slot, sha256_hex: &str) -> String {
 }
 
 /// A Boot Loader Specification type #1 entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Entry {
     pub title: String,
     pub version: String,

@@ -321,8 +321,12 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
             &p.cmdline(),
         );
         let boot_files = boot::boot_files(Slot::A, &entry, &kernel_out, &initramfs_out);
-        let meta =
-            crate::install::initial_meta(&p.name, &p.version, &[signer.public_key()], "build")?;
+        let meta = bootstate::meta::initial(
+            &p.name,
+            &p.version,
+            &[sign::public_key_pem(&signer.public_key())?],
+            "build",
+        );
         let raw = out.join(names::RAW);
         boot::write_raw_image(
             &raw,

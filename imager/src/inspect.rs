@@ -1,29 +1,22 @@
-//! `imager inspect`: what is on an image, read back from the image itself.
+//! `imager inspect`: what is on an image, read back from the image itself
+//! through `bootstate` (the partition table, BOOT's entries, META and the
+//! slot state), with the disk locked shared so that no install, upgrade or
+//! rollback changes it meanwhile. It keeps no parser of its own: what it
+//! calls a bootable entry is what the installer and the runtime call one.
 
-use crate::{disk, sign};
-use anyhow::{Context, Result};
+use crate::sign;
+use anyhow::Result;
+use bootstate::disk::{Access, Disk};
+use bootstate::fat::BootFs;
+use bootstate::gpt::Copy;
+use bootstate::ops::{self, EntryFile};
 use contract::PartitionRole;
 use contract::Slot;
-use contract::boot::{Entry, EntryName, boot_order, slot_of_entry};
+use contract::boot::{EntryName, boot_order, slot_of_entry};
 use contract::meta::Meta;
 use contract::state::{BootState, best_entry};
 use serde::Serialize;
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-
-#[derive(clap::Args, Debug)]
-pub struct InspectArgs {
-    /// Raw disk image.
-    pub image: PathBuf,
-    /// Public key to check the manifest beside the image with (default: the
-    /// development key, out/keys/dev.pub, if it exists).
-    #[arg(long)]
-    pub key: Option<PathBuf>,
-    /// Print one JSON object on stdout.
-    #[arg(long)]
-    pub json: bool,
-}
 
 #[derive(Debug, Serialize)]
 pub struct PartitionInfo {
@@ -46,6 +39,12 @@ pub struct EntryInfo {
     pub options: String,
     /// Whether the kernel and initramfs the entry names exist on BOOT.
     pub files_present: bool,
+    /// Whether systemd-boot would boot it (the rule the installer and the
+    /// runtime apply).
+    pub bootable: bool,
+    /// Why it would not boot: empty (a creation cut short), unreadable, or
+    /// naming a file that is not on BOOT.
+    pub problem: Option<String>,
 }
 
 /// One slot as the slot model and the boot entries describe it.
@@ -92,10 +91,21 @@ pub struct MetaInfo {
 #[derive(Debug, Serialize)]
 pub struct ManifestInfo {
     pub path: String,
+    /// Whether a public key was found to check it with.
+    pub checked: bool,
     pub verified: bool,
     /// Whether the manifest lists this image with its current digest.
     pub lists_image: bool,
     pub detail: String,
+}
+
+/// Which copy of the partition table was read.
+#[derive(Debug, Serialize)]
+pub struct TableInfo {
+    /// `primary`, or `backup` when the primary is damaged.
+    pub copy: String,
+    /// What is wrong with the primary, when the backup was read.
+    pub primary_error: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -104,6 +114,10 @@ pub struct Report {
     pub size: u64,
     pub sector_size: u64,
     pub disk_guid: String,
+    pub partition_table: TableInfo,
+    /// Why BOOT could not be read, when it could not (its entries are then
+    /// unknown).
+    pub boot_error: Option<String>,
     pub partitions: Vec<PartitionInfo>,
     pub loader_default: Option<String>,
     pub entries: Vec<EntryInfo>,
@@ -114,15 +128,13 @@ pub struct Report {
 
 /// Reads everything `inspect` shows.
 pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
-    let table = disk::read_table(image).context("reading the partition table")?;
-    let mut f = File::open(image).with_context(|| format!("opening {}", image.display()))?;
-    let size = f.metadata()?.len();
+    let disk = Disk::open(image, Access::Read)?;
+    let table = &disk.table;
     let partitions = table
         .partitions
         .iter()
-        .enumerate()
-        .map(|(i, p)| PartitionInfo {
-            number: i as u32 + 1,
+        .map(|p| PartitionInfo {
+            number: p.index as u32 + 1,
             name: p.label.clone(),
             type_guid: p.type_guid.hyphenated().to_string(),
             unique_guid: p.unique_guid.hyphenated().to_string(),
@@ -131,86 +143,91 @@ pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
         })
         .collect();
 
-    let loader_default = {
-        let mut w = table.window(&mut f, PartitionRole::Efi.label())?;
-        disk::fat::read_file(&mut w, contract::paths::ESP_LOADER_CONF)
-            .ok()
-            .and_then(|b| {
-                String::from_utf8_lossy(&b)
-                    .lines()
-                    .find_map(|l| l.strip_prefix("default ").map(|d| d.trim().to_string()))
-            })
+    let loader_default = disk
+        .partition(PartitionRole::Efi)
+        .ok()
+        .and_then(|w| {
+            BootFs::new(w, 0)
+                .read(contract::paths::ESP_LOADER_CONF, 64 * 1024)
+                .ok()
+        })
+        .and_then(|b| {
+            String::from_utf8_lossy(&b)
+                .lines()
+                .find_map(|l| l.strip_prefix("default ").map(|d| d.trim().to_string()))
+        });
+
+    let (entries, boot_error) = match disk
+        .boot(0)
+        .and_then(|mut boot| ops::entry_files(&mut boot))
+    {
+        Ok(files) => (files.iter().filter_map(entry_info).collect(), None),
+        Err(e) => (Vec::new(), Some(format!("{e:#}"))),
     };
 
-    let mut entries = Vec::new();
-    {
-        let mut w = table.window(&mut f, PartitionRole::Boot.label())?;
-        let files = disk::fat::list_files(&mut w).context("listing BOOT")?;
-        let prefix = format!("{}/", contract::paths::BOOT_ENTRIES_DIR);
-        for file in files.iter().filter(|f| f.starts_with(&prefix)) {
-            let name = &file[prefix.len()..];
-            let Some(slot) = slot_of_entry(name) else {
-                continue;
-            };
-            let text = disk::fat::read_file(&mut w, file)?;
-            let e = Entry::parse(&String::from_utf8_lossy(&text))
-                .map_err(anyhow::Error::msg)
-                .with_context(|| format!("parsing {file}"))?;
-            let files_present = files.contains(&e.linux) && files.contains(&e.initrd);
-            entries.push(EntryInfo {
-                slot: slot.to_string(),
-                file: name.to_string(),
-                title: e.title,
-                version: e.version,
-                linux: e.linux,
-                initrd: e.initrd,
-                options: e.options,
-                files_present,
-            });
-        }
-    }
-
-    let (meta, decoded) = {
-        let mut w = table.window(&mut f, PartitionRole::Meta.label())?;
-        let mut area = vec![0u8; contract::meta::AREA_LEN];
-        w.read_exact(&mut area).context("reading META")?;
-        match Meta::decode(&area) {
-            Ok((m, copy)) => (
-                MetaInfo {
-                    valid_copy: Some(copy),
-                    error: None,
-                    keys: m
-                        .entries()
-                        .into_iter()
-                        .filter(|(k, _)| k != "history" && k != "trusted-keys")
-                        .collect(),
-                },
-                Some(m),
-            ),
-            Err(e) => (
-                MetaInfo {
-                    valid_copy: None,
-                    error: Some(e.to_string()),
-                    keys: Vec::new(),
-                },
-                None,
-            ),
-        }
+    let (meta, decoded) = match disk.meta().and_then(|mut w| bootstate::meta::read(&mut w)) {
+        Ok((m, copy)) => (
+            MetaInfo {
+                valid_copy: Some(copy),
+                error: None,
+                keys: m
+                    .entries()
+                    .into_iter()
+                    .filter(|(k, _)| k != "history" && k != "trusted-keys")
+                    .collect(),
+            },
+            Some(m),
+        ),
+        Err(e) => (
+            MetaInfo {
+                valid_copy: None,
+                error: Some(format!("{e:#}")),
+                keys: Vec::new(),
+            },
+            None,
+        ),
     };
     let slots = slots_info(decoded.as_ref(), &entries);
 
     let manifest = manifest_status(image, key);
     Ok(Report {
         image: image.display().to_string(),
-        size,
+        size: table.disk_size,
         sector_size: table.sector_size,
         disk_guid: table.disk_guid.hyphenated().to_string(),
+        partition_table: TableInfo {
+            copy: match table.source {
+                Copy::Primary => "primary",
+                Copy::Backup => "backup",
+            }
+            .to_string(),
+            primary_error: table.primary_error.clone(),
+        },
+        boot_error,
         partitions,
         loader_default,
         entries,
         slots,
         meta,
         manifest,
+    })
+}
+
+/// An entry file as inspect shows it.
+fn entry_info(f: &EntryFile) -> Option<EntryInfo> {
+    let slot = slot_of_entry(&f.file.to_lowercase())?;
+    let e = f.entry.clone().unwrap_or_default();
+    Some(EntryInfo {
+        slot: slot.to_string(),
+        file: f.file.clone(),
+        title: e.title,
+        version: e.version,
+        linux: e.linux,
+        initrd: e.initrd,
+        options: e.options,
+        files_present: f.entry.is_some() && f.bootable(),
+        bootable: f.bootable(),
+        problem: f.problem.clone(),
     })
 }
 
@@ -238,15 +255,15 @@ fn slots_info(meta: Option<&Meta>, entries: &[EntryInfo]) -> SlotsInfo {
     };
     let names: Vec<EntryName> = entries
         .iter()
-        .filter(|e| e.files_present)
-        .filter_map(|e| EntryName::parse(&e.file))
+        .filter(|e| e.bootable)
+        .filter_map(|e| EntryName::parse(&e.file.to_lowercase()))
         .collect();
     let next = boot_order(&names).first().map(|e| e.slot);
     info.default = Some(state.default.to_string());
     info.boots_next = next.map(|s| s.to_string());
     info.pending_upgrade = state.pending.as_ref().map(|p| p.render());
     info.history = state.history.clone();
-    info.trusted_keys = crate::install::parse_trusted_keys(
+    info.trusted_keys = sign::parse_trusted_keys(
         meta.get(contract::meta::Tag::TrustedKeys)
             .unwrap_or_default(),
     )
@@ -268,6 +285,23 @@ fn slots_info(meta: Option<&Meta>, entries: &[EntryInfo]) -> SlotsInfo {
     info
 }
 
+/// The development key of the build that made `image`: `out/keys/dev.pub`
+/// in the nearest parent of the image (a build writes `<project>/out/NAME/`
+/// and keeps its key in `<project>/out/keys/`), else in the nearest parent
+/// of the working directory.
+fn dev_key_for(image: &Path) -> Option<PathBuf> {
+    let rel = Path::new(sign::DEV_KEY_DIR).join(sign::DEV_PUB);
+    let image_dir = std::path::absolute(image)
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf));
+    let cwd = std::env::current_dir().ok();
+    image_dir
+        .iter()
+        .chain(cwd.iter())
+        .flat_map(|d| d.ancestors().map(|a| a.join(&rel)).collect::<Vec<_>>())
+        .find(|p| p.is_file())
+}
+
 fn manifest_status(image: &Path, key: Option<&Path>) -> Option<ManifestInfo> {
     let dir = image
         .parent()
@@ -277,21 +311,20 @@ fn manifest_status(image: &Path, key: Option<&Path>) -> Option<ManifestInfo> {
     if !path.is_file() {
         return None;
     }
-    let default_key = sign::default_dev_pub();
-    let key = key
-        .map(Path::to_path_buf)
-        .or_else(|| default_key.is_file().then_some(default_key));
+    let key = key.map(Path::to_path_buf).or_else(|| dev_key_for(image));
     let mut info = ManifestInfo {
         path: path.display().to_string(),
+        checked: false,
         verified: false,
         lists_image: false,
         detail: String::new(),
     };
     let image_name = image.file_name().map(|n| n.to_string_lossy().into_owned());
     let Some(key) = key else {
-        info.detail = "no public key: pass --key to check the manifest".into();
+        info.detail = "no public key is known for it: pass --key PUB to check it".into();
         return Some(info);
     };
+    info.checked = true;
     match sign::load_public_key(&key).and_then(|k| sign::verify(&path, &k)) {
         Ok(report) => {
             info.verified = report.ok;
@@ -310,17 +343,19 @@ fn manifest_status(image: &Path, key: Option<&Path>) -> Option<ManifestInfo> {
     Some(info)
 }
 
-/// Prints the report; returns the exit code: 0, or 1 when META is invalid or
-/// the manifest beside the image does not verify or does not list it.
-pub fn run(args: &InspectArgs) -> Result<i32> {
-    let r = inspect(&args.image, args.key.as_deref())?;
+/// Prints the report; returns the exit code: 0, or 1 when META or BOOT
+/// cannot be read, or the manifest beside the image was checked and does not
+/// verify or does not list it.
+pub fn run(image: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
+    let r = inspect(image, key)?;
     let code = i32::from(
         r.meta.valid_copy.is_none()
+            || r.boot_error.is_some()
             || r.manifest
                 .as_ref()
-                .is_some_and(|m| !(m.verified && m.lists_image)),
+                .is_some_and(|m| m.checked && !(m.verified && m.lists_image)),
     );
-    if args.json {
+    if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(code);
     }
@@ -339,11 +374,21 @@ pub fn run(args: &InspectArgs) -> Result<i32> {
             p.number, p.name, p.type_guid, p.first_lba, p.last_lba
         );
     }
+    if let Some(e) = &r.partition_table.primary_error {
+        println!("\nthe primary partition table is damaged ({e}): the backup was read");
+    }
     println!("\nboot entries (systemd-boot boots the first of its order):");
+    if let Some(e) = &r.boot_error {
+        println!("  BOOT UNREADABLE: {e}");
+    }
     for slot in contract::Slot::ALL {
         let mut any = false;
         for e in r.entries.iter().filter(|e| e.slot == slot.name()) {
             any = true;
+            if let Some(p) = e.problem.as_ref().filter(|_| e.title.is_empty()) {
+                println!("  slot {}: {} ({p})", e.slot, e.file);
+                continue;
+            }
             println!(
                 "  slot {}: {} version {} linux /{} initrd /{}{}",
                 e.slot,
@@ -351,10 +396,9 @@ pub fn run(args: &InspectArgs) -> Result<i32> {
                 e.version,
                 e.linux,
                 e.initrd,
-                if e.files_present {
-                    ""
-                } else {
-                    " (FILES MISSING)"
+                match &e.problem {
+                    Some(p) => format!(" (WILL NOT BOOT: {p})"),
+                    None => String::new(),
                 }
             );
             println!("          options {}", e.options);
@@ -411,7 +455,9 @@ pub fn run(args: &InspectArgs) -> Result<i32> {
         Some(m) => println!(
             "\nmanifest {}: {}{}",
             m.path,
-            if m.verified && m.lists_image {
+            if !m.checked {
+                "NOT CHECKED"
+            } else if m.verified && m.lists_image {
                 "verifies and lists this image"
             } else if m.verified {
                 "verifies but does not list this image as it is"

@@ -17,17 +17,15 @@ use crate::io::Window;
 use crate::sign::{self, Manifest, VerifyingKey};
 use crate::{boot, oci};
 use anyhow::{Context, Result, bail};
+use bootstate::disk::{Access, Disk};
 use bootstate::fat::BootFs;
 use bootstate::ops::{self, Payload, PayloadFile};
-use contract::meta::{Meta, SlotRecord, SlotStatus, Tag};
+use contract::meta::Tag;
 use contract::partition::PartitionRole;
-use contract::state::BootState;
 use contract::{Slot, paths};
-use ed25519_dalek::pkcs8::DecodePublicKey;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 /// Where the installer finds its own payload inside the container.
@@ -35,56 +33,39 @@ pub fn builtin_payload() -> PathBuf {
     Path::new("/").join(paths::INSTALLER_PAYLOAD_DIR)
 }
 
-#[derive(clap::Args, Debug)]
-pub struct UpgradeArgs {
-    /// Installer image (OCI archive) or payload directory; inside the
-    /// installer container it defaults to the image's own payload.
-    #[arg(long)]
-    pub installer: Option<PathBuf>,
+/// What `imager upgrade` is asked to do.
+#[derive(Debug, Clone)]
+pub struct UpgradeOptions {
+    /// Installer image (OCI archive) or payload directory.
+    pub installer: PathBuf,
     /// Disk image file or block device.
-    #[arg(long)]
     pub disk: PathBuf,
     /// Boots the new slot is tried before systemd-boot falls back (1 to 99).
-    #[arg(long, default_value_t = contract::boot::DEFAULT_TRIES,
-          value_parser = clap::value_parser!(u32).range(1..=i64::from(contract::boot::MAX_TRIES)))]
     pub tries: u32,
-    /// Print the result as JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
 }
 
-#[derive(clap::Args, Debug)]
-pub struct InstallArgs {
+/// What `imager install` is asked to do.
+#[derive(Debug, Clone)]
+pub struct InstallOptions {
     /// Installer image (OCI archive) or payload directory.
-    #[arg(long)]
-    pub installer: Option<PathBuf>,
+    pub installer: PathBuf,
     /// Disk image file (created if missing) or block device.
-    #[arg(long)]
     pub disk: PathBuf,
-    /// Size of a new disk image file, e.g. 2GiB (default: the existing
+    /// Size of a new disk image file, e.g. "2GiB" (default: the existing
     /// file's size, else 2 GiB).
-    #[arg(long)]
     pub size: Option<String>,
-    /// Public key the payload must be signed with; the installed disk then
-    /// trusts it for upgrades (default: the development key).
-    #[arg(long)]
+    /// Public key the payload must be signed with (default: the
+    /// development key).
     pub key: Option<PathBuf>,
-    /// Print the result as JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
 }
 
-#[derive(clap::Args, Debug)]
-pub struct RollbackArgs {
+/// What `imager rollback` is asked to do.
+#[derive(Debug, Clone)]
+pub struct RollbackOptions {
     /// Disk image file or block device.
-    #[arg(long)]
     pub disk: PathBuf,
     /// Roll back to a slot known to be bad (it gets boot counting).
-    #[arg(long)]
     pub force: bool,
-    /// Print the result as JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// The payload of an installer, extracted (if needed) and verified.
@@ -120,27 +101,6 @@ fn payload_dir(installer: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>)>
         )
     })?;
     Ok((dir, Some(work)))
-}
-
-/// Parses the concatenated PEM public keys of META's `trusted-keys`.
-pub fn parse_trusted_keys(text: &str) -> Result<Vec<VerifyingKey>> {
-    const BEGIN: &str = "-----BEGIN PUBLIC KEY-----";
-    const END: &str = "-----END PUBLIC KEY-----";
-    let mut keys = Vec::new();
-    let mut rest = text;
-    while let Some(b) = rest.find(BEGIN) {
-        let after = &rest[b..];
-        let e = after
-            .find(END)
-            .context("a trusted key in META has no END line")?;
-        let pem = &after[..e + END.len()];
-        keys.push(
-            VerifyingKey::from_public_key_pem(pem)
-                .map_err(|e| anyhow::anyhow!("a trusted key in META is not ed25519: {e}"))?,
-        );
-        rest = &after[e + END.len()..];
-    }
-    Ok(keys)
 }
 
 /// Loads the payload of `installer` and verifies it against `trusted`:
@@ -233,49 +193,24 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
     })
 }
 
-/// Size of a disk image file or block device.
-pub fn device_size(f: &mut File) -> Result<u64> {
-    let end = f
-        .seek(SeekFrom::End(0))
-        .context("finding the disk's size")?;
-    f.seek(SeekFrom::Start(0))?;
-    Ok(end)
+/// BOOT and META of a disk locked for one change ([`bootstate::disk`]):
+/// the lock is held while `disk` lives.
+#[derive(Debug)]
+pub struct Slots {
+    pub disk: Disk,
+    /// BOOT and META, each on its own `O_DSYNC` handle.
+    pub boot: Window<File>,
+    pub meta: Window<File>,
 }
 
-/// The BOOT and META partitions of a disk, each on its own handle, opened
-/// with O_DSYNC: every write is on the disk before the next one starts, so
-/// the order of writes that makes an upgrade crash-safe is the order in
-/// which they reach the disk (the page cache would otherwise write back in
-/// its own order).
-pub fn open_slots(disk_path: &Path) -> Result<(Window<File>, Window<File>)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let open = || {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_DSYNC)
-            .open(disk_path)
-            .with_context(|| {
-                format!(
-                    "opening {} for writing (the disk must exist and hold an installed \
-                     system: make one with `imager build` or `imager install`)",
-                    disk_path.display()
-                )
-            })
-    };
-    let mut f = open()?;
-    let size = disk::gpt::device_size(&mut f)?;
-    let table = disk::gpt::read_table_from(&mut f, size)
-        .with_context(|| format!("reading the partition table of {}", disk_path.display()))?;
-    let window = |role: PartitionRole| -> Result<Window<File>> {
-        table.window(open()?, role.label()).with_context(|| {
-            format!(
-                "{}: not a disk made by imager (use `imager install`)",
-                disk_path.display()
-            )
-        })
-    };
-    Ok((window(PartitionRole::Boot)?, window(PartitionRole::Meta)?))
+/// Opens and locks `disk_path` for a change and finds BOOT and META.
+pub fn open_slots(disk_path: &Path) -> Result<Slots> {
+    let disk = Disk::open(disk_path, Access::Write)?;
+    Ok(Slots {
+        boot: disk.partition(PartitionRole::Boot)?,
+        meta: disk.partition(PartitionRole::Meta)?,
+        disk,
+    })
 }
 
 /// What `imager upgrade` reports.
@@ -305,7 +240,7 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device>(
     tries: u32,
 ) -> Result<(ops::Upgraded, VerifiedPayload)> {
     let (meta, _) = bootstate::meta::read(meta_dev).context("reading META")?;
-    let keys = parse_trusted_keys(meta.get(Tag::TrustedKeys).unwrap_or_default())?;
+    let keys = sign::parse_trusted_keys(meta.get(Tag::TrustedKeys).unwrap_or_default())?;
     if keys.is_empty() {
         bail!(
             "META names no trusted key: this disk cannot be upgraded (it was made by an older \
@@ -327,12 +262,12 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device>(
     Ok((up, p))
 }
 
-pub fn run_upgrade(a: &UpgradeArgs, installer: &Path) -> Result<UpgradeReport> {
-    let (boot, meta) = open_slots(&a.disk)?;
+pub fn run_upgrade(a: &UpgradeOptions) -> Result<UpgradeReport> {
+    let slots = open_slots(&a.disk)?;
     // Counted, to report what an upgrade costs the disk.
-    let boot = bootstate::Faulty::counting(boot);
-    let mut meta = boot.share(meta);
-    let (up, p) = upgrade_on(boot, &mut meta, installer, a.tries)?;
+    let boot = bootstate::Faulty::counting(slots.boot);
+    let mut meta = boot.share(slots.meta);
+    let (up, p) = upgrade_on(boot, &mut meta, &a.installer, a.tries)?;
     Ok(UpgradeReport {
         disk: a.disk.display().to_string(),
         from_slot: up.from.to_string(),
@@ -359,9 +294,9 @@ pub struct RollbackReport {
     pub forced: bool,
 }
 
-pub fn run_rollback(a: &RollbackArgs) -> Result<RollbackReport> {
-    let (boot, mut meta) = open_slots(&a.disk)?;
-    let r = ops::rollback(&mut BootFs::new(boot, 0), &mut meta, a.force)?;
+pub fn run_rollback(a: &RollbackOptions) -> Result<RollbackReport> {
+    let mut slots = open_slots(&a.disk)?;
+    let r = ops::rollback(&mut BootFs::new(slots.boot, 0), &mut slots.meta, a.force)?;
     Ok(RollbackReport {
         disk: a.disk.display().to_string(),
         from_slot: r.from.to_string(),
@@ -382,42 +317,11 @@ pub struct InstallReport {
     pub key_id: String,
 }
 
-/// META of a newly installed or built disk: slot A good and default, slot B
-/// empty, the trusted keys, and the first history event.
-pub fn initial_meta(
-    image_name: &str,
-    version: &str,
-    trusted: &[VerifyingKey],
-    event: &str,
-) -> Result<Meta> {
-    let mut m = Meta::default();
-    m.set(Tag::ImageName, image_name);
-    let mut state = BootState {
-        default: Slot::A,
-        slots: [
-            Some(SlotRecord {
-                status: SlotStatus::Good,
-                version: version.to_string(),
-            }),
-            None,
-        ],
-        pending: None,
-        history: Vec::new(),
-    };
-    state.record(format!("{event} slot=A version={version}"));
-    state.write_to(&mut m);
-    let mut pems = String::new();
-    for k in trusted {
-        pems.push_str(&sign::public_key_pem(k)?);
-    }
-    m.set(Tag::TrustedKeys, pems);
-    Ok(m)
-}
-
 /// Lays out `disk` (an image file, replaced atomically; or a block device,
 /// written in place with the partition table last) and installs the
 /// payload into slot A.
-pub fn run_install(a: &InstallArgs, installer: &Path) -> Result<InstallReport> {
+pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
+    let installer = a.installer.as_path();
     let key = match &a.key {
         Some(k) => sign::load_public_key(k)?,
         None => sign::load_public_key(&sign::default_dev_pub()).context(
@@ -426,22 +330,33 @@ pub fn run_install(a: &InstallArgs, installer: &Path) -> Result<InstallReport> {
         )?,
     };
     let p = load_payload(installer, &[key])?;
+    let exists = std::fs::symlink_metadata(&a.disk).is_ok();
+    // An existing disk is locked for the install (and must be a file or a
+    // block device): no upgrade may run on it meanwhile.
+    let lock = if exists {
+        bootstate::disk::check_kind(&a.disk)?;
+        let f = File::open(&a.disk).with_context(|| format!("opening {}", a.disk.display()))?;
+        bootstate::disk::lock(&f, &a.disk, Access::Write)?;
+        Some(f)
+    } else {
+        None
+    };
     let is_block = std::fs::metadata(&a.disk)
         .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
         .unwrap_or(false);
-    let size = match (&a.size, std::fs::metadata(&a.disk)) {
+    let size = match (&a.size, &lock) {
         (Some(s), _) if !is_block => {
             crate::profile::Size::parse(s)
                 .map_err(anyhow::Error::msg)?
                 .0
         }
         (Some(_), _) => bail!("--size is for image files: a block device has its own size"),
-        (None, Ok(_)) => {
-            let mut f =
-                File::open(&a.disk).with_context(|| format!("opening {}", a.disk.display()))?;
-            disk::gpt::device_size(&mut f)?
+        (None, Some(f)) => {
+            let mut f = f;
+            disk::gpt::device_size(&mut f)
+                .with_context(|| format!("finding the size of {}", a.disk.display()))?
         }
-        (None, Err(_)) => contract::partition::DEFAULT_DISK_SIZE,
+        (None, None) => contract::partition::DEFAULT_DISK_SIZE,
     };
     let layout = Layout::new(size, 512, &BTreeMap::new())?;
     let esp = boot::esp_files(&systemd_boot_for(&p))?;
@@ -458,7 +373,12 @@ pub fn run_install(a: &InstallArgs, installer: &Path) -> Result<InstallReport> {
         &p.manifest.version,
         &[&p.payload.kernel.sha256, &p.payload.initramfs.sha256],
     );
-    let meta = initial_meta(&p.manifest.name, &p.payload.version, &[key], "install")?;
+    let meta = bootstate::meta::initial(
+        &p.manifest.name,
+        &p.payload.version,
+        &[sign::public_key_pem(&key)?],
+        "install",
+    );
     let guid = contract::guid::disk_guid(&identity);
     let epoch = p.manifest.source_date_epoch;
     let target = if is_block {
@@ -469,9 +389,10 @@ pub fn run_install(a: &InstallArgs, installer: &Path) -> Result<InstallReport> {
     boot::write_raw_image(
         &a.disk, target, &layout, guid, esp, boot_files, &meta, epoch,
     )?;
+    drop(lock);
     // Read back what was written against the signed digests.
-    let (mut b, _) = open_slots(&a.disk)?;
-    let mut fs = BootFs::new(&mut b, epoch);
+    let slots = open_slots(&a.disk)?;
+    let mut fs = BootFs::new(slots.boot, epoch);
     let e = p.payload.entry(Slot::A);
     for (path, f) in [
         (&e.linux, &p.payload.kernel),

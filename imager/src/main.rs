@@ -34,16 +34,81 @@ enum Command {
     /// Boot an image in QEMU under UEFI firmware and wait for the ready line.
     Boot(BootArgs),
     /// Show an image's partitions, boot entries, META and manifest status.
-    Inspect(imager::inspect::InspectArgs),
+    Inspect(InspectArgs),
     /// Make a squashfs (zstd) from a directory, as the image builder does.
     Squashfs(SquashfsArgs),
     /// Lay out a blank disk and install the installer's payload into slot A.
-    Install(imager::install::InstallArgs),
+    Install(InstallArgs),
     /// Install the installer's payload into the inactive slot and make it the
     /// one tried next (with boot counting; the current slot is the fallback).
-    Upgrade(imager::install::UpgradeArgs),
+    Upgrade(UpgradeArgs),
     /// Make the other slot the default again.
-    Rollback(imager::install::RollbackArgs),
+    Rollback(RollbackArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct InspectArgs {
+    /// Raw disk image (or block device).
+    image: PathBuf,
+    /// Public key to check the manifest beside the image with (default: the
+    /// development key of the build that made the image, out/keys/dev.pub).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct UpgradeArgs {
+    /// Installer image (OCI archive) or payload directory; inside the
+    /// installer container it defaults to the image's own payload.
+    #[arg(long)]
+    installer: Option<PathBuf>,
+    /// Disk image file or block device.
+    #[arg(long)]
+    disk: PathBuf,
+    /// Boots the new slot is tried before systemd-boot falls back (1 to 99).
+    #[arg(long, default_value_t = contract::boot::DEFAULT_TRIES,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(contract::boot::MAX_TRIES)))]
+    tries: u32,
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct InstallArgs {
+    /// Installer image (OCI archive) or payload directory.
+    #[arg(long)]
+    installer: Option<PathBuf>,
+    /// Disk image file (created if missing) or block device.
+    #[arg(long)]
+    disk: PathBuf,
+    /// Size of a new disk image file, e.g. 2GiB (default: the existing
+    /// file's size, else 2 GiB).
+    #[arg(long)]
+    size: Option<String>,
+    /// Public key the payload must be signed with; the installed disk then
+    /// trusts it for upgrades (default: the development key).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+struct RollbackArgs {
+    /// Disk image file or block device.
+    #[arg(long)]
+    disk: PathBuf,
+    /// Roll back to a slot known to be bad (it gets boot counting).
+    #[arg(long)]
+    force: bool,
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -152,7 +217,12 @@ fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Install(a) => {
-            let r = imager::install::run_install(&a, &installer_path(&a.installer)?)?;
+            let r = imager::install::run_install(&imager::install::InstallOptions {
+                installer: installer_path(&a.installer)?,
+                disk: a.disk.clone(),
+                size: a.size.clone(),
+                key: a.key.clone(),
+            })?;
             let line = format!(
                 "install: {} installed into slot {} of {} (signed by {})",
                 r.version, r.slot, r.disk, r.key_id
@@ -160,7 +230,11 @@ fn run() -> Result<ExitCode> {
             print_json_or(a.json, &r, line)
         }
         Command::Upgrade(a) => {
-            let r = imager::install::run_upgrade(&a, &installer_path(&a.installer)?)?;
+            let r = imager::install::run_upgrade(&imager::install::UpgradeOptions {
+                installer: installer_path(&a.installer)?,
+                disk: a.disk.clone(),
+                tries: a.tries,
+            })?;
             let line = format!(
                 "upgrade: slot {} now has {} and is tried next ({} tries, entry {}); \
                  slot {} ({}) is the fallback",
@@ -169,7 +243,10 @@ fn run() -> Result<ExitCode> {
             print_json_or(a.json, &r, line)
         }
         Command::Rollback(a) => {
-            let r = imager::install::run_rollback(&a)?;
+            let r = imager::install::run_rollback(&imager::install::RollbackOptions {
+                disk: a.disk.clone(),
+                force: a.force,
+            })?;
             let line = format!(
                 "rollback: slot {} ({}) is the default now (entry {}); slot {} stays installed",
                 r.to_slot, r.version, r.entry, r.from_slot
@@ -263,7 +340,11 @@ fn run() -> Result<ExitCode> {
                 ExitCode::SUCCESS
             })
         }
-        Command::Inspect(a) => Ok(exit(imager::inspect::run(&a)?)),
+        Command::Inspect(a) => Ok(exit(imager::inspect::run(
+            &a.image,
+            a.key.as_deref(),
+            a.json,
+        )?)),
         Command::Squashfs(a) => {
             let epoch = build::source_date_epoch(&a.source)?;
             let spec = imager::rootfs::RootfsSpec {

@@ -296,3 +296,24 @@ pub fn load_or_create_dev_key(dir: &Path) -> Result<(FileSigner, bool)> {
     }
     Ok((signer, created))
 }
+
+/// Parses the concatenated PEM public keys of META's `trusted-keys`.
+pub fn parse_trusted_keys(text: &str) -> Result<Vec<VerifyingKey>> {
+    const BEGIN: &str = "-----BEGIN PUBLIC KEY-----";
+    const END: &str = "-----END PUBLIC KEY-----";
+    let mut keys = Vec::new();
+    let mut rest = text;
+    while let Some(b) = rest.find(BEGIN) {
+        let after = &rest[b..];
+        let e = after
+            .find(END)
+            .context("a trusted key in META has no END line")?;
+        let pem = &after[..e + END.len()];
+        keys.push(
+            VerifyingKey::from_public_key_pem(pem)
+                .map_err(|e| anyhow::anyhow!("a trusted key in META is not ed25519: {e}"))?,
+        );
+        rest = &after[e + END.len()..];
+    }
+    Ok(keys)
+}

@@ -20,7 +20,7 @@ pub use cli::{
 pub use ed25519_dalek::{Signature, VerifyingKey};
 pub use keys::{
     DEV_KEY, DEV_PUB, FileSigner, Signer, key_id, keygen, load_or_create_dev_key, load_public_key,
-    public_key_pem,
+    parse_trusted_keys, public_key_pem,
 };
 pub use manifest::{
     Boot, FORMAT, MANIFEST_NAME, Manifest, SIGNATURE_NAME, check_digest, check_path, describe,
