@@ -11,6 +11,7 @@
 
 pub mod boot;
 pub mod cmdline;
+pub mod date;
 pub mod guid;
 pub mod meta;
 pub mod partition;

@@ -141,18 +141,8 @@ fn check_image_path(path: &str) -> Result<()> {
 
 /// `1970-01-01T00:00:00Z` from seconds since 1970 (RFC 3339, UTC).
 pub fn rfc3339(epoch: u64) -> String {
-    let days = (epoch / 86400) as i64;
+    let (year, month, day) = contract::date::civil_from_days(epoch / 86400);
     let secs = epoch % 86400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
     format!(
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
         secs / 3600,

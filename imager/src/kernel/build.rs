@@ -661,7 +661,7 @@ pub fn format_build_timestamp(epoch: u64) -> String {
     ];
     let days = epoch / 86_400;
     let secs = epoch % 86_400;
-    let (year, month, day) = civil_from_days(days as i64);
+    let (year, month, day) = contract::date::civil_from_days(days);
     format!(
         "{} {} {:>2} {:02}:{:02}:{:02} UTC {}",
         DAYS[(days % 7) as usize],
@@ -672,20 +672,6 @@ pub fn format_build_timestamp(epoch: u64) -> String {
         secs % 60,
         year
     )
-}
-
-/// Days since 1970-01-01 -> (year, month 1..=12, day 1..=31) (H. Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
 #[cfg(test)]
