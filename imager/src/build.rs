@@ -15,17 +15,7 @@ use contract::{Slot, paths};
 use std::path::{Path, PathBuf};
 
 /// File names in the output directory.
-pub mod names {
-    pub const KERNEL: &str = "vmlinuz";
-    pub const KERNEL_CONFIG: &str = "kernel.config";
-    pub const ROOTFS: &str = "rootfs.sqsh";
-    pub const INITRAMFS: &str = "initramfs.zst";
-    pub const RAW: &str = "disk.raw";
-    /// The installer container image, an OCI archive.
-    pub const INSTALLER: &str = "installer.tar";
-    pub const MANIFEST: &str = "manifest.json";
-    pub const SIGNATURE: &str = "manifest.json.sig";
-}
+pub use contract::paths::output as names;
 
 /// Options of one build beyond the profile.
 #[derive(Debug, Clone)]
