@@ -41,7 +41,8 @@ mod tests {
 
     #[test]
     fn every_day_follows_the_one_before() {
-        let leap = |y: u64| y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
+        let leap =
+            |y: u64| y.is_multiple_of(4) && (!y.is_multiple_of(100) || y.is_multiple_of(400));
         let mut prev = civil_from_days(0);
         for days in 1..=200_000 {
             let (y, m, d) = prev;
