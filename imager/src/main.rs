@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod cli;
+
 #[derive(Parser)]
 #[command(
     name = "imager",
@@ -25,12 +27,12 @@ enum Command {
     /// Kernel: build (cached) or audit a config against the KSPP rules.
     Kernel {
         #[command(subcommand)]
-        command: kernel::cli::KernelCommand,
+        command: cli::kernel::KernelCommand,
     },
     /// Write a new ed25519 signing key pair.
-    Keygen(sign::KeygenArgs),
+    Keygen(cli::sign::KeygenArgs),
     /// Check a manifest's signature and the digests of its artifacts.
-    Verify(sign::VerifyArgs),
+    Verify(cli::sign::VerifyArgs),
     /// Boot an image in QEMU under UEFI firmware and wait for the ready line.
     Boot(BootArgs),
     /// Show an image's partitions, boot entries, META and manifest status.
@@ -202,7 +204,7 @@ fn run() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Kernel {
-            command: kernel::cli::KernelCommand::Build(a),
+            command: cli::kernel::KernelCommand::Build(a),
         } if a.profile.is_some() => {
             let path = Profile::locate(a.profile.as_deref().unwrap_or_default())?;
             let p = Profile::load(&path)?;
@@ -215,12 +217,12 @@ fn run() -> Result<ExitCode> {
             println!("{}", built.bzimage.display());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Kernel { command } => kernel::cli::run(&command),
+        Command::Kernel { command } => cli::kernel::run(&command),
         Command::Keygen(a) => {
-            sign::run_keygen(&a)?;
+            sign::run_keygen(&a.options())?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Verify(a) => Ok(exit(sign::run_verify(&a)?)),
+        Command::Verify(a) => Ok(exit(sign::run_verify(&a.options())?)),
         Command::Boot(a) => {
             let mut o = qemu::BootOptions::new(&a.image);
             o.timeout = Duration::from_secs(a.timeout);
