@@ -223,47 +223,7 @@ fn run() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify(a) => Ok(exit(sign::run_verify(&a.options())?)),
-        Command::Boot(a) => {
-            let mut o = qemu::BootOptions::new(&a.image);
-            o.timeout = Duration::from_secs(a.timeout);
-            o.shutdown = a.shutdown;
-            o.write = a.write;
-            o.kvm = a.kvm;
-            o.memory_mib = a.memory;
-            o.sector_size = match a.sector_size {
-                Some(s) => s,
-                None => {
-                    let mut f = std::fs::File::open(&a.image)
-                        .with_context(|| format!("opening {}", a.image.display()))?;
-                    imager::disk::gpt::detect_sector_size(&mut f)
-                        .with_context(|| format!("reading {}", a.image.display()))?
-                }
-            };
-            o.echo = !a.quiet;
-            o.console_log = a.console_log;
-            o.reboots = a.reboots;
-            let r = qemu::boot(&o).with_context(|| format!("booting {}", a.image.display()))?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                eprintln!(
-                    "boot: ready version={} slot={} in {:.1} s{}",
-                    r.version,
-                    r.slot,
-                    r.seconds,
-                    if r.failed_boots > 0 {
-                        format!(" after {} failed boot(s)", r.failed_boots)
-                    } else {
-                        String::new()
-                    }
-                );
-            }
-            Ok(if r.clean_poweroff == Some(false) {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            })
-        }
+        Command::Boot(a) => boot(a),
         Command::Inspect(a) => Ok(exit(imager::inspect::run(&a)?)),
         Command::Squashfs(a) => {
             let epoch = build::source_date_epoch(&a.source)?;
@@ -279,6 +239,49 @@ fn run() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `imager boot`: boots the image and waits for the ready line.
+fn boot(a: BootArgs) -> Result<ExitCode> {
+    let mut o = qemu::BootOptions::new(&a.image);
+    o.timeout = Duration::from_secs(a.timeout);
+    o.shutdown = a.shutdown;
+    o.write = a.write;
+    o.kvm = a.kvm;
+    o.memory_mib = a.memory;
+    o.sector_size = match a.sector_size {
+        Some(s) => s,
+        None => {
+            let mut f = std::fs::File::open(&a.image)
+                .with_context(|| format!("opening {}", a.image.display()))?;
+            imager::disk::gpt::detect_sector_size(&mut f)
+                .with_context(|| format!("reading {}", a.image.display()))?
+        }
+    };
+    o.echo = !a.quiet;
+    o.console_log = a.console_log;
+    o.reboots = a.reboots;
+    let r = qemu::boot(&o).with_context(|| format!("booting {}", a.image.display()))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        eprintln!(
+            "boot: ready version={} slot={} in {:.1} s{}",
+            r.version,
+            r.slot,
+            r.seconds,
+            if r.failed_boots > 0 {
+                format!(" after {} failed boot(s)", r.failed_boots)
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(if r.clean_poweroff == Some(false) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn exit(code: i32) -> ExitCode {
