@@ -43,16 +43,7 @@ pub fn dos_date_time(epoch: u64) -> DateTime {
     let t = epoch.clamp(MIN, MAX);
     let days = t / 86_400;
     let secs = t % 86_400;
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
+    let (year, month, day) = contract::date::civil_from_days(days);
     DateTime {
         date: Date {
             year: year as u16,

@@ -11,7 +11,9 @@
 
 pub mod boot;
 pub mod cmdline;
+pub mod date;
 pub mod guid;
+pub mod le;
 pub mod meta;
 pub mod partition;
 pub mod paths;

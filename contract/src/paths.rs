@@ -85,16 +85,38 @@ pub const PAYLOAD_KERNEL: &str = "vmlinuz";
 /// The payload's initramfs.
 pub const PAYLOAD_INITRAMFS: &str = "initramfs.zst";
 /// The payload's signed manifest: lists exactly the kernel and the initramfs.
-pub const PAYLOAD_MANIFEST: &str = "manifest.json";
+/// Every signed manifest has this name, beside what it lists.
+pub const PAYLOAD_MANIFEST: &str = output::MANIFEST;
 /// The detached signature of [`PAYLOAD_MANIFEST`].
-pub const PAYLOAD_SIGNATURE: &str = "manifest.json.sig";
-/// Every file of the payload directory.
+pub const PAYLOAD_SIGNATURE: &str = output::SIGNATURE;
 /// The boot loader (systemd-boot) in the payload, for installs on blank disks;
 /// listed in the payload manifest, but not required by readers.
 pub const PAYLOAD_BOOT_LOADER: &str = "systemd-bootx64.efi";
+/// Every file a payload directory must have.
 pub const PAYLOAD_FILES: [&str; 4] = [
     PAYLOAD_KERNEL,
     PAYLOAD_INITRAMFS,
     PAYLOAD_MANIFEST,
     PAYLOAD_SIGNATURE,
 ];
+
+/// File names in the output directory of `imager build`.
+pub mod output {
+    /// The kernel (bzImage).
+    pub const KERNEL: &str = "vmlinuz";
+    /// The kernel's `.config`.
+    pub const KERNEL_CONFIG: &str = "kernel.config";
+    /// The squashfs root filesystem.
+    pub const ROOTFS: &str = "rootfs.sqsh";
+    /// The initramfs (cpio, zstd).
+    pub const INITRAMFS: &str = "initramfs.zst";
+    /// The raw GPT disk image.
+    pub const RAW: &str = "disk.raw";
+    /// The installer container image, an OCI archive.
+    pub const INSTALLER: &str = "installer.tar";
+    /// The signed manifest of the build: every other artifact's name, size
+    /// and SHA-256.
+    pub const MANIFEST: &str = "manifest.json";
+    /// The detached signature of [`MANIFEST`].
+    pub const SIGNATURE: &str = "manifest.json.sig";
+}

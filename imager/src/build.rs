@@ -5,27 +5,26 @@
 //! Each artifact is written atomically into the output directory; the
 //! manifest and its signature come last, so a directory with a manifest that
 //! verifies holds a complete build.
+//!
+//! `build/skeleton.rs` turns the skeleton manifest into the root
+//! filesystem's contents; `build/installer.rs` writes the installer image.
 
 use crate::artifact::{Artifact, Kind};
 use crate::io::sha256_file;
 use crate::profile::{Output, Profile};
-use crate::{boot, closure, disk, initramfs, kernel, oci, rootfs, runtime, sign};
+use crate::{boot, disk, initramfs, kernel, rootfs, runtime, sign};
 use anyhow::{Context, Result, bail};
 use contract::{Slot, paths};
 use std::path::{Path, PathBuf};
 
+mod installer;
+mod skeleton;
+
+pub use installer::{PayloadInput, relative_link, write_installer};
+pub use skeleton::rootfs_spec;
+
 /// File names in the output directory.
-pub mod names {
-    pub const KERNEL: &str = "vmlinuz";
-    pub const KERNEL_CONFIG: &str = "kernel.config";
-    pub const ROOTFS: &str = "rootfs.sqsh";
-    pub const INITRAMFS: &str = "initramfs.zst";
-    pub const RAW: &str = "disk.raw";
-    /// The installer container image, an OCI archive.
-    pub const INSTALLER: &str = "installer.tar";
-    pub const MANIFEST: &str = "manifest.json";
-    pub const SIGNATURE: &str = "manifest.json.sig";
-}
+pub use contract::paths::output as names;
 
 /// Options of one build beyond the profile.
 #[derive(Debug, Clone)]
@@ -47,6 +46,341 @@ pub struct BuildReport {
     pub key_id: String,
     pub kernel_cached: bool,
     pub artifacts: Vec<Artifact>,
+}
+
+/// Runs the whole build: each phase in order, the cheap checks and the
+/// signing key first, so that a profile that cannot work or a bad key fails
+/// before an hour of work; the manifest and its signature last.
+pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
+    let out = &opts.out_dir;
+    let epoch = prepare_output(p, out)?;
+    let (layout, esp) = preflight(p)?;
+    let signer = load_signer(p, opts)?;
+    let kernel = kernel_files(p, opts)?;
+    remove_old_manifest(out)?;
+    let kernel_out = place(&kernel.bzimage, out, names::KERNEL)?;
+    let config_out = place(&kernel.config, out, names::KERNEL_CONFIG)?;
+    let machined = runtime_binary(p)?;
+    let installer_bin = installer_binary(p)?;
+    let rootfs_out = write_rootfs(p, out, &machined, epoch)?;
+    let initramfs_out = write_initramfs(p, out, &machined, &rootfs_out, epoch)?;
+    let mut artifacts = vec![
+        (Kind::Kernel, kernel_out.clone()),
+        (Kind::KernelConfig, config_out),
+        (Kind::Rootfs, rootfs_out),
+        (Kind::Initramfs, initramfs_out.clone()),
+    ];
+    let boot_info = sign::Boot {
+        title: boot::image_title(&p.pretty_name, &p.version),
+        cmdline: p.cmdline(),
+    };
+    let payload = PayloadInput {
+        kernel: &kernel_out,
+        initramfs: &initramfs_out,
+        boot: &boot_info,
+        epoch,
+    };
+    if let Some(layout) = &layout {
+        let raw = write_disk(p, out, layout, esp, &payload, signer.as_ref())?;
+        artifacts.push((Kind::Raw, raw));
+    }
+    if let Some(bin) = &installer_bin {
+        step("installer: payload manifest and OCI archive");
+        let image = write_installer(p, out, bin, &payload, signer.as_ref())?;
+        artifacts.push((Kind::Installer, image));
+    }
+    let listed = sign_manifest(p, out, &artifacts, boot_info, signer.as_ref(), epoch)?;
+    Ok(BuildReport {
+        name: p.name.clone(),
+        version: p.version.clone(),
+        profile: profile_name(p),
+        source_date_epoch: epoch,
+        key_id: signer.key_id(),
+        kernel_cached: kernel.cached,
+        artifacts: listed,
+    })
+}
+
+/// Creates the output directory, sweeps what an interrupted build left
+/// there and returns the build's SOURCE_DATE_EPOCH.
+fn prepare_output(p: &Profile, out: &Path) -> Result<u64> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let swept = crate::io::remove_stale_partials(out)?;
+    if swept > 0 {
+        step(&format!(
+            "removed {swept} temporary file(s) of an interrupted build"
+        ));
+    }
+    let epoch = source_date_epoch(p.path.parent().unwrap_or(Path::new(".")))?;
+    step(&format!(
+        "profile {} ({} {}), SOURCE_DATE_EPOCH={epoch}, output {}",
+        p.path.display(),
+        p.name,
+        p.version,
+        out.display()
+    ));
+    Ok(epoch)
+}
+
+/// The cheap checks, before anything is built or written: the disk layout
+/// (if the profile makes a disk) and the ESP's files.
+fn preflight(p: &Profile) -> Result<(Option<disk::Layout>, Vec<disk::FatFile>)> {
+    let layout = if p.outputs.contains(&Output::Raw) {
+        Some(disk::Layout::new(
+            p.disk.size.0,
+            p.disk.sector_size,
+            &p.partition_sizes(),
+        )?)
+    } else {
+        None
+    };
+    let esp = boot::esp_files(&p.boot.systemd_boot)?;
+    if layout.is_some() && p.disk.sector_size == 4096 {
+        step(
+            "WARNING: systemd-boot (up to at least 255) does not read boot entries from \
+             XBOOTLDR on 4096-byte-sector disks (systemd/systemd#32535): this image will not \
+             boot under UEFI until that is fixed; see docs/design.md",
+        );
+    }
+    Ok((layout, esp))
+}
+
+/// The signing key: `--key`, the profile's, or the development key
+/// (created on first use).
+fn load_signer(p: &Profile, opts: &BuildOptions) -> Result<Box<dyn sign::Signer>> {
+    let key_path = opts.key.clone().or_else(|| p.signing.key.clone());
+    Ok(match &key_path {
+        Some(k) => Box::new(sign::FileSigner::load(k)?),
+        None => {
+            let dir = dev_key_dir(&p.path);
+            let (s, created) = sign::load_or_create_dev_key(&dir)?;
+            step(&format!(
+                "no signing key configured: using the development key {}{}",
+                dir.join("dev.key").display(),
+                if created { " (created)" } else { "" }
+            ));
+            Box::new(s)
+        }
+    })
+}
+
+/// The kernel of a build: where its bzImage and config are.
+struct KernelFiles {
+    bzimage: PathBuf,
+    config: PathBuf,
+    /// Prebuilt or from the cache (nothing compiled).
+    cached: bool,
+}
+
+/// The profile's prebuilt kernel (audited), else the kernel built from its
+/// source (or taken from the cache).
+fn kernel_files(p: &Profile, opts: &BuildOptions) -> Result<KernelFiles> {
+    if let (Some(k), Some(c)) = (&p.kernel.prebuilt, &p.kernel.prebuilt_config) {
+        step(&format!("kernel: prebuilt {}", k.display()));
+        for f in [k, c] {
+            if !f.is_file() {
+                bail!("prebuilt kernel file {} not found", f.display());
+            }
+        }
+        let rules = kernel::Rules::load(&p.kernel.rules)?;
+        let config = kernel::KernelConfig::load(c)?;
+        kernel::build::audit_or_fail(&rules, &config, &p.cmdline(), &waivers(p)?)
+            .with_context(|| format!("auditing the prebuilt kernel's {}", c.display()))?;
+        return Ok(KernelFiles {
+            bzimage: k.clone(),
+            config: c.clone(),
+            cached: true,
+        });
+    }
+    let req = kernel_request(p, &opts.cache_dir, opts.jobs)?;
+    let built = kernel::build(&req)?;
+    step(&format!(
+        "kernel: {} ({})",
+        built.bzimage.display(),
+        if built.cached { "cached" } else { "built" }
+    ));
+    Ok(KernelFiles {
+        bzimage: built.bzimage,
+        config: built.config,
+        cached: built.cached,
+    })
+}
+
+/// A rebuild replaces artifacts one by one: drop the old manifest (and its
+/// signature) before the first, so that a directory with a manifest always
+/// holds one complete build; not earlier, so that a build that fails its
+/// checks leaves the previous build whole.
+fn remove_old_manifest(out: &Path) -> Result<()> {
+    for old in [names::MANIFEST, names::SIGNATURE] {
+        let old = out.join(old);
+        if old.exists() {
+            std::fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// The runtime binary: built from its cargo package, or the prebuilt one
+/// (checked to be static).
+fn runtime_binary(p: &Profile) -> Result<PathBuf> {
+    match (&p.runtime.cargo_package, &p.runtime.binary) {
+        (Some(pkg), _) => {
+            step(&format!("runtime: building {}", pkg.display()));
+            runtime::build(pkg)
+        }
+        (None, Some(bin)) => {
+            runtime::check_static(bin)?;
+            Ok(bin.clone())
+        }
+        (None, None) => bail!("the profile names no runtime"),
+    }
+}
+
+/// The installer binary (the static imager), if the profile makes an
+/// installer image.
+fn installer_binary(p: &Profile) -> Result<Option<PathBuf>> {
+    let Some(i) = &p.installer else {
+        return Ok(None);
+    };
+    if !p.outputs.contains(&Output::Installer) {
+        return Ok(None);
+    }
+    Ok(Some(match (&i.cargo_package, &i.binary) {
+        (Some(pkg), _) => {
+            step(&format!("installer: building {} (static)", pkg.display()));
+            runtime::build_named(pkg, "installer", "installer.cargo_package")?
+        }
+        (None, Some(bin)) => {
+            runtime::check_static(bin)?;
+            bin.clone()
+        }
+        (None, None) => bail!("the profile names no installer binary"),
+    }))
+}
+
+/// Writes the squashfs root filesystem `out/rootfs.sqsh`.
+fn write_rootfs(p: &Profile, out: &Path, machined: &Path, epoch: u64) -> Result<PathBuf> {
+    step("rootfs: squashfs");
+    let rootfs_out = out.join(names::ROOTFS);
+    let spec = rootfs_spec(p, machined, epoch)?;
+    rootfs::build_rootfs(&rootfs_out, &spec)?;
+    Ok(rootfs_out)
+}
+
+/// Writes the initramfs `out/initramfs.zst`: the runtime and the root
+/// filesystem.
+fn write_initramfs(
+    p: &Profile,
+    out: &Path,
+    machined: &Path,
+    rootfs_out: &Path,
+    epoch: u64,
+) -> Result<PathBuf> {
+    step("initramfs: cpio + zstd");
+    let initramfs_out = out.join(names::INITRAMFS);
+    initramfs::build_initramfs(
+        &initramfs_out,
+        machined,
+        rootfs_out,
+        epoch,
+        p.compression.initramfs_zstd_level,
+    )?;
+    Ok(initramfs_out)
+}
+
+/// Writes the raw disk image `out/disk.raw`: the payload's kernel and
+/// initramfs in slot A, META trusting the signing key.
+fn write_disk(
+    p: &Profile,
+    out: &Path,
+    layout: &disk::Layout,
+    esp: Vec<disk::FatFile>,
+    payload: &PayloadInput,
+    signer: &dyn sign::Signer,
+) -> Result<PathBuf> {
+    let (kernel_out, initramfs_out) = (payload.kernel, payload.initramfs);
+    let (kernel_sha, _) = sha256_file(kernel_out)?;
+    let (initramfs_sha, _) = sha256_file(initramfs_out)?;
+    step("disk: raw GPT image");
+    let identity = paths::image_identity(&p.name, &p.version, &[&kernel_sha, &initramfs_sha]);
+    let disk_guid = contract::guid::disk_guid(&identity);
+    let entry = boot::entry(
+        Slot::A,
+        &kernel_sha,
+        &initramfs_sha,
+        &p.pretty_name,
+        &p.version,
+        &p.cmdline(),
+    );
+    let boot_files = boot::boot_files(Slot::A, &entry, kernel_out, initramfs_out);
+    let meta = bootstate::meta::initial(
+        &p.name,
+        &p.version,
+        &[sign::public_key_pem(&signer.public_key())?],
+        "build",
+    );
+    let raw = out.join(names::RAW);
+    boot::write_raw_image(
+        &raw,
+        boot::DiskTarget::NewImage,
+        layout,
+        disk_guid,
+        esp,
+        boot_files,
+        &meta,
+        payload.epoch,
+    )?;
+    Ok(raw)
+}
+
+/// Writes the signed manifest of `artifacts` (paths in `out`) and its
+/// signature, last. Returns every artifact, the manifest and signature
+/// included, with paths as the user named the output directory.
+fn sign_manifest(
+    p: &Profile,
+    out: &Path,
+    artifacts: &[(Kind, PathBuf)],
+    boot_info: sign::Boot,
+    signer: &dyn sign::Signer,
+    epoch: u64,
+) -> Result<Vec<Artifact>> {
+    let mut listed = Vec::new();
+    for (kind, path) in artifacts {
+        listed.push(artifact(*kind, path)?);
+    }
+    step("sign: manifest");
+    let manifest = sign::Manifest {
+        format: 1,
+        name: p.name.clone(),
+        version: p.version.clone(),
+        profile: profile_name(p),
+        source_date_epoch: epoch,
+        key_id: signer.key_id(),
+        boot: Some(boot_info),
+        artifacts: listed.clone(),
+    };
+    let (m, s) = sign::write_signed_manifest(out, &manifest, signer)?;
+    listed.push(artifact(Kind::Manifest, &m)?);
+    listed.push(artifact(Kind::Signature, &s)?);
+    for a in &mut listed {
+        a.path = out.join(&a.path).display().to_string();
+    }
+    Ok(listed)
+}
+
+/// The manifest's entry of the file `path`: its name, digest and size.
+fn artifact(kind: Kind, path: &Path) -> Result<Artifact> {
+    let (sha256, size) = sha256_file(path)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .context("artifact without a file name")?;
+    Ok(Artifact {
+        kind,
+        path: name,
+        sha256,
+        size,
+    })
 }
 
 /// SOURCE_DATE_EPOCH from the environment, else the last commit time of the
@@ -155,575 +489,7 @@ fn place(src: &Path, out: &Path, name: &str) -> Result<PathBuf> {
     f.commit()
 }
 
-fn os_release(p: &Profile) -> String {
-    format!(
-        "NAME=\"{}\"\nID={}\nVERSION_ID={}\nIMAGE_ID={}\nIMAGE_VERSION={}\nPRETTY_NAME=\"{} {}\"\n",
-        p.pretty_name, p.name, p.version, p.name, p.version, p.pretty_name, p.version
-    )
-}
-
-/// Runs the whole build.
-pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
-    let out = &opts.out_dir;
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let swept = crate::io::remove_stale_partials(out)?;
-    if swept > 0 {
-        step(&format!(
-            "removed {swept} temporary file(s) of an interrupted build"
-        ));
-    }
-    let epoch = source_date_epoch(p.path.parent().unwrap_or(Path::new(".")))?;
-    step(&format!(
-        "profile {} ({} {}), SOURCE_DATE_EPOCH={epoch}, output {}",
-        p.path.display(),
-        p.name,
-        p.version,
-        out.display()
-    ));
-
-    // Cheap checks first, so that a profile that cannot work fails before
-    // anything is built or written.
-    let layout = if p.outputs.contains(&Output::Raw) {
-        Some(disk::Layout::new(
-            p.disk.size.0,
-            p.disk.sector_size,
-            &p.partition_sizes(),
-        )?)
-    } else {
-        None
-    };
-    let esp = boot::esp_files(&p.boot.systemd_boot)?;
-    if layout.is_some() && p.disk.sector_size == 4096 {
-        step(
-            "WARNING: systemd-boot (up to at least 255) does not read boot entries from \
-             XBOOTLDR on 4096-byte-sector disks (systemd/systemd#32535): this image will not \
-             boot under UEFI until that is fixed; see docs/design.md",
-        );
-    }
-
-    // The signing key next: a bad key should fail before an hour of work.
-    let key_path = opts.key.clone().or_else(|| p.signing.key.clone());
-    let signer: Box<dyn sign::Signer> = match &key_path {
-        Some(k) => Box::new(sign::FileSigner::load(k)?),
-        None => {
-            let dir = dev_key_dir(&p.path);
-            let (s, created) = sign::load_or_create_dev_key(&dir)?;
-            step(&format!(
-                "no signing key configured: using the development key {}{}",
-                dir.join("dev.key").display(),
-                if created { " (created)" } else { "" }
-            ));
-            Box::new(s)
-        }
-    };
-
-    // Kernel.
-    let (bzimage, config, kernel_cached) = match (&p.kernel.prebuilt, &p.kernel.prebuilt_config) {
-        (Some(k), Some(c)) => {
-            step(&format!("kernel: prebuilt {}", k.display()));
-            for f in [k, c] {
-                if !f.is_file() {
-                    bail!("prebuilt kernel file {} not found", f.display());
-                }
-            }
-            let rules = kernel::Rules::load(&p.kernel.rules)?;
-            let config = kernel::KernelConfig::load(c)?;
-            kernel::build::audit_or_fail(&rules, &config, &p.cmdline(), &waivers(p)?)
-                .with_context(|| format!("auditing the prebuilt kernel's {}", c.display()))?;
-            (k.clone(), c.clone(), true)
-        }
-        _ => {
-            let req = kernel_request(p, &opts.cache_dir, opts.jobs)?;
-            let built = kernel::build(&req)?;
-            step(&format!(
-                "kernel: {} ({})",
-                built.bzimage.display(),
-                if built.cached { "cached" } else { "built" }
-            ));
-            (built.bzimage, built.config, built.cached)
-        }
-    };
-    // A rebuild replaces artifacts one by one: drop the old manifest (and
-    // its signature) before the first, so that a directory with a manifest
-    // always holds one complete build; not earlier, so that a build that
-    // fails its checks leaves the previous build whole.
-    for old in [names::MANIFEST, names::SIGNATURE] {
-        let old = out.join(old);
-        if old.exists() {
-            std::fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
-        }
-    }
-    let kernel_out = place(&bzimage, out, names::KERNEL)?;
-    let config_out = place(&config, out, names::KERNEL_CONFIG)?;
-
-    // Runtime.
-    let machined = match (&p.runtime.cargo_package, &p.runtime.binary) {
-        (Some(pkg), _) => {
-            step(&format!("runtime: building {}", pkg.display()));
-            runtime::build(pkg)?
-        }
-        (None, Some(bin)) => {
-            runtime::check_static(bin)?;
-            bin.clone()
-        }
-        (None, None) => bail!("the profile names no runtime"),
-    };
-
-    // Installer binary (the static imager).
-    let installer_bin = match &p.installer {
-        Some(i) if p.outputs.contains(&Output::Installer) => {
-            Some(match (&i.cargo_package, &i.binary) {
-                (Some(pkg), _) => {
-                    step(&format!("installer: building {} (static)", pkg.display()));
-                    runtime::build_named(pkg, "installer", "installer.cargo_package")?
-                }
-                (None, Some(bin)) => {
-                    runtime::check_static(bin)?;
-                    bin.clone()
-                }
-                (None, None) => bail!("the profile names no installer binary"),
-            })
-        }
-        _ => None,
-    };
-
-    // Root filesystem.
-    step("rootfs: squashfs");
-    let rootfs_out = out.join(names::ROOTFS);
-    let spec = rootfs_spec(p, &machined, epoch)?;
-    rootfs::build_rootfs(&rootfs_out, &spec)?;
-
-    // Initramfs.
-    step("initramfs: cpio + zstd");
-    let initramfs_out = out.join(names::INITRAMFS);
-    initramfs::build_initramfs(
-        &initramfs_out,
-        &machined,
-        &rootfs_out,
-        epoch,
-        p.compression.initramfs_zstd_level,
-    )?;
-
-    // Disk image.
-    let mut artifacts = Vec::new();
-    let (kernel_sha, _) = sha256_file(&kernel_out)?;
-    let (initramfs_sha, _) = sha256_file(&initramfs_out)?;
-    if let Some(layout) = &layout {
-        step("disk: raw GPT image");
-        let identity = paths::image_identity(&p.name, &p.version, &[&kernel_sha, &initramfs_sha]);
-        let disk_guid = contract::guid::disk_guid(&identity);
-        let entry = boot::entry(
-            Slot::A,
-            &kernel_sha,
-            &initramfs_sha,
-            &p.pretty_name,
-            &p.version,
-            &p.cmdline(),
-        );
-        let boot_files = boot::boot_files(Slot::A, &entry, &kernel_out, &initramfs_out);
-        let meta = bootstate::meta::initial(
-            &p.name,
-            &p.version,
-            &[sign::public_key_pem(&signer.public_key())?],
-            "build",
-        );
-        let raw = out.join(names::RAW);
-        boot::write_raw_image(
-            &raw,
-            boot::DiskTarget::NewImage,
-            layout,
-            disk_guid,
-            esp,
-            boot_files,
-            &meta,
-            epoch,
-        )?;
-        artifacts.push((Kind::Raw, raw));
-    }
-    let boot_info = sign::Boot {
-        title: boot::image_title(&p.pretty_name, &p.version),
-        cmdline: p.cmdline(),
-    };
-    if let Some(bin) = &installer_bin {
-        step("installer: payload manifest and OCI archive");
-        let payload = PayloadInput {
-            kernel: &kernel_out,
-            initramfs: &initramfs_out,
-            boot: &boot_info,
-            epoch,
-        };
-        let image = write_installer(p, out, bin, &payload, signer.as_ref())?;
-        artifacts.push((Kind::Installer, image));
-    }
-    artifacts.splice(
-        0..0,
-        [
-            (Kind::Kernel, kernel_out),
-            (Kind::KernelConfig, config_out),
-            (Kind::Rootfs, rootfs_out),
-            (Kind::Initramfs, initramfs_out),
-        ],
-    );
-    let mut listed = Vec::new();
-    for (kind, path) in &artifacts {
-        let (sha256, size) = sha256_file(path)?;
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .context("artifact without a file name")?;
-        listed.push(Artifact {
-            kind: *kind,
-            path: name,
-            sha256,
-            size,
-        });
-    }
-
-    // Manifest and signature, last.
-    step("sign: manifest");
-    let manifest = sign::Manifest {
-        format: 1,
-        name: p.name.clone(),
-        version: p.version.clone(),
-        profile: profile_name(p),
-        source_date_epoch: epoch,
-        key_id: signer.key_id(),
-        boot: Some(boot_info),
-        artifacts: listed.clone(),
-    };
-    let (m, s) = sign::write_signed_manifest(out, &manifest, signer.as_ref())?;
-    for (kind, path) in [(Kind::Manifest, m), (Kind::Signature, s)] {
-        let (sha256, size) = sha256_file(&path)?;
-        listed.push(Artifact {
-            kind,
-            path: path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            sha256,
-            size,
-        });
-    }
-    // Paths in the report are as the user named the output directory.
-    for a in &mut listed {
-        a.path = out.join(&a.path).display().to_string();
-    }
-    Ok(BuildReport {
-        name: p.name.clone(),
-        version: p.version.clone(),
-        profile: profile_name(p),
-        source_date_epoch: epoch,
-        key_id: signer.key_id(),
-        kernel_cached,
-        artifacts: listed,
-    })
-}
-
-/// What the installer image carries besides its binary.
-pub struct PayloadInput<'a> {
-    pub kernel: &'a Path,
-    pub initramfs: &'a Path,
-    pub boot: &'a sign::Boot,
-    pub epoch: u64,
-}
-
-/// Hard-links `src` to `dest`, or copies it where links cannot be made.
-fn link_or_copy(src: &Path, dest: &Path) -> Result<()> {
-    if std::fs::hard_link(src, dest).is_ok() {
-        return Ok(());
-    }
-    std::fs::copy(src, dest)
-        .map(|_| ())
-        .with_context(|| format!("copying {} to {}", src.display(), dest.display()))
-}
-
-/// Writes the installer image `out/installer.tar`: the payload (kernel,
-/// initramfs and a manifest listing exactly those two, signed by `signer`)
-/// under [`paths::INSTALLER_PAYLOAD_DIR`], the static installer `binary` as
-/// [`paths::INSTALLER_BINARY`] with [`paths::INSTALLER_LINK`] pointing to
-/// it, the link as entrypoint, the version as tag. The payload is staged in
-/// a temporary directory of `out` that a later build sweeps if this one is
-/// killed.
-pub fn write_installer(
-    p: &Profile,
-    out: &Path,
-    binary: &Path,
-    payload: &PayloadInput,
-    signer: &dyn sign::Signer,
-) -> Result<PathBuf> {
-    let stage = tempfile::Builder::new()
-        .prefix(".installer-payload.")
-        .suffix(".partial")
-        .tempdir_in(out)
-        .with_context(|| format!("creating a staging directory in {}", out.display()))?;
-    let dir = stage.path();
-    link_or_copy(payload.kernel, &dir.join(paths::PAYLOAD_KERNEL))?;
-    link_or_copy(payload.initramfs, &dir.join(paths::PAYLOAD_INITRAMFS))?;
-    link_or_copy(&p.boot.systemd_boot, &dir.join(paths::PAYLOAD_BOOT_LOADER))?;
-    let manifest = sign::Manifest {
-        boot: Some(payload.boot.clone()),
-        ..sign::Manifest::new(
-            &p.name,
-            &p.version,
-            profile_name(p),
-            payload.epoch,
-            vec![
-                sign::describe(dir, Kind::Kernel, paths::PAYLOAD_KERNEL)?,
-                sign::describe(dir, Kind::Initramfs, paths::PAYLOAD_INITRAMFS)?,
-                sign::describe(dir, Kind::BootLoader, paths::PAYLOAD_BOOT_LOADER)?,
-            ],
-        )
-    };
-    sign::write_signed_manifest(dir, &manifest, signer)
-        .context("signing the installer's payload manifest")?;
-    let mut entries = vec![
-        oci::Entry::File {
-            path: paths::INSTALLER_BINARY.to_string(),
-            source: binary.to_path_buf(),
-            mode: 0o755,
-        },
-        oci::Entry::Symlink {
-            path: paths::INSTALLER_LINK.to_string(),
-            target: relative_link(paths::INSTALLER_LINK, paths::INSTALLER_BINARY),
-        },
-    ];
-    for name in paths::PAYLOAD_FILES
-        .into_iter()
-        .chain([paths::PAYLOAD_BOOT_LOADER])
-    {
-        entries.push(oci::Entry::File {
-            path: format!("{}/{name}", paths::INSTALLER_PAYLOAD_DIR),
-            source: dir.join(name),
-            mode: 0o644,
-        });
-    }
-    let spec = oci::ImageSpec {
-        entries,
-        entrypoint: vec![format!("/{}", paths::INSTALLER_LINK)],
-        tag: p.version.clone(),
-        epoch: payload.epoch,
-    };
-    let dest = out.join(names::INSTALLER);
-    oci::write_image(&dest, &spec).with_context(|| format!("writing {}", dest.display()))?;
-    Ok(dest)
-}
-
-/// The target of a symbolic link at `link` to `target` (both relative to the
-/// same root): `imager` for `usr/bin/installer` → `usr/bin/imager`.
-pub fn relative_link(link: &str, target: &str) -> String {
-    fn parent(p: &str) -> &str {
-        p.rsplit_once('/').map_or("", |(d, _)| d)
-    }
-    if parent(link) == parent(target) {
-        return target.rsplit('/').next().unwrap_or(target).to_string();
-    }
-    let ups = parent(link).split('/').filter(|c| !c.is_empty()).count();
-    format!("{}{target}", "../".repeat(ups))
-}
-
-/// The root filesystem, exactly as the runtime's manifest lists it: its
-/// directories with their modes, its files from the skeleton, and the files
-/// the builder makes (the runtime and os-release).
-pub fn rootfs_spec(p: &Profile, machined: &Path, epoch: u64) -> Result<rootfs::RootfsSpec> {
-    use contract::skeleton::{Kind, parse};
-    let m = &p.runtime.manifest;
-    let text = std::fs::read_to_string(m)
-        .with_context(|| format!("reading the rootfs manifest {}", m.display()))?;
-    let entries = parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", m.display()))?;
-    let mut spec = rootfs::RootfsSpec {
-        skeleton: None,
-        dirs: Vec::new(),
-        files: Vec::new(),
-        epoch,
-        level: p.compression.rootfs_zstd_level,
-    };
-    // The closures of the `host` programs, first: the builder file that
-    // lists them may come before them in the manifest.
-    let listed: std::collections::BTreeSet<String> =
-        entries.iter().map(|e| format!("/{}", e.path)).collect();
-    let mut closure: std::collections::BTreeMap<String, closure::ClosureFile> =
-        std::collections::BTreeMap::new();
-    for e in entries.iter().filter(|e| e.kind == Kind::Host) {
-        let src = Path::new("/").join(e.path);
-        if !src.is_file() {
-            bail!(
-                "{} asks for the host program /{} but it is not on this host: install the package that provides it (scripts/setup.sh)",
-                m.display(),
-                e.path
-            );
-        }
-        let files = closure::resolve(&src, &closure::DEFAULT_SEARCH)
-            .with_context(|| format!("resolving the shared libraries of /{}", e.path))?;
-        for f in files {
-            if !listed.contains(&f.path) {
-                closure.entry(f.path.clone()).or_insert(f);
-            }
-        }
-    }
-    let mut closure_listed = false;
-    for e in entries {
-        let abs = format!("/{}", e.path);
-        match e.kind {
-            Kind::Dir => spec.dirs.push((abs, e.mode)),
-            Kind::File => {
-                let src = p.runtime.skeleton.join(e.path);
-                if !src.is_file() {
-                    bail!(
-                        "{} lists {} but {} does not exist: add it to the skeleton or remove the line",
-                        m.display(),
-                        e.path,
-                        src.display()
-                    );
-                }
-                spec.files.push(rootfs::RootfsFile {
-                    path: abs,
-                    source: rootfs::Source::File(src),
-                    mode: e.mode,
-                });
-            }
-            Kind::Host => spec.files.push(rootfs::RootfsFile {
-                path: abs.clone(),
-                source: rootfs::Source::File(Path::new("/").join(e.path)),
-                mode: e.mode,
-            }),
-            Kind::Builder => {
-                let source = if abs == paths::ROOTFS_INIT {
-                    rootfs::Source::File(machined.to_path_buf())
-                } else if abs == paths::ROOTFS_OS_RELEASE {
-                    rootfs::Source::Bytes(os_release(p).into_bytes())
-                } else if abs == paths::ROOTFS_HOST_CLOSURE {
-                    closure_listed = true;
-                    rootfs::Source::Bytes(closure_manifest(closure.values()).into_bytes())
-                } else {
-                    bail!(
-                        "{} asks the builder for {abs}, which it does not make (it makes {}, {} and {})",
-                        m.display(),
-                        paths::ROOTFS_INIT,
-                        paths::ROOTFS_OS_RELEASE,
-                        paths::ROOTFS_HOST_CLOSURE
-                    );
-                };
-                spec.files.push(rootfs::RootfsFile {
-                    path: abs,
-                    source,
-                    mode: e.mode,
-                });
-            }
-        }
-    }
-    if !closure.is_empty() && !closure_listed {
-        bail!(
-            "{} has host programs but no `builder 0644 {}` line: stage 1 could not check their libraries",
-            m.display(),
-            paths::ROOTFS_HOST_CLOSURE.trim_start_matches('/')
-        );
-    }
-    for f in closure.into_values() {
-        spec.files.push(rootfs::RootfsFile {
-            path: f.path,
-            source: rootfs::Source::File(f.source),
-            mode: f.mode,
-        });
-    }
-    Ok(spec)
-}
-
-/// The generated manifest of the host programs' closures (sorted), in the
-/// skeleton format, checked by stage 1.
-fn closure_manifest<'a>(files: impl Iterator<Item = &'a closure::ClosureFile>) -> String {
-    let mut s = String::from(
-        "# Generated by imager: the shared libraries and ELF interpreter of the\n\
-         # `host` programs of the skeleton manifest. Checked by stage 1.\n",
-    );
-    for f in files {
-        s.push_str(&format!(
-            "host {:04o} {}\n",
-            f.mode,
-            f.path.trim_start_matches('/')
-        ));
-    }
-    s
-}
-
 /// Writes the report's artifact list as JSON (for `--json`).
 pub fn report_json(r: &BuildReport) -> Result<String> {
     serde_json::to_string_pretty(r).context("serializing the build report")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn relative_links() {
-        assert_eq!(
-            relative_link("usr/bin/installer", "usr/bin/imager"),
-            "imager"
-        );
-        assert_eq!(
-            relative_link("sbin/installer", "usr/bin/imager"),
-            "../usr/bin/imager"
-        );
-        assert_eq!(
-            relative_link("installer", "usr/bin/imager"),
-            "usr/bin/imager"
-        );
-    }
-
-    fn profile_with_manifest(dir: &Path, manifest: &str) -> Profile {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let mut p = Profile::load(&root.join("profiles/metal.yaml")).unwrap();
-        let m = dir.join("skeleton.txt");
-        std::fs::write(&m, manifest).unwrap();
-        p.runtime.manifest = m;
-        p
-    }
-
-    #[test]
-    fn host_programs_bring_their_closure_and_its_manifest() {
-        let dir = tempfile::tempdir().unwrap();
-        let machined = dir.path().join("machined");
-        std::fs::write(&machined, "x").unwrap();
-        let p = profile_with_manifest(
-            dir.path(),
-            "builder 0644 usr/lib/machined/host-closure.txt\nhost 0755 usr/sbin/mkfs.xfs\n",
-        );
-        let spec = rootfs_spec(&p, &machined, 0).unwrap();
-        let paths: Vec<&str> = spec.files.iter().map(|f| f.path.as_str()).collect();
-        assert!(paths.contains(&"/usr/sbin/mkfs.xfs"), "{paths:?}");
-        assert!(paths.contains(&"/lib64/ld-linux-x86-64.so.2"), "{paths:?}");
-        assert!(
-            paths.contains(&"/usr/lib/x86_64-linux-gnu/libc.so.6"),
-            "{paths:?}"
-        );
-        let manifest = spec
-            .files
-            .iter()
-            .find(|f| f.path == paths::ROOTFS_HOST_CLOSURE)
-            .unwrap();
-        let rootfs::Source::Bytes(text) = &manifest.source else {
-            panic!("closure manifest is not generated")
-        };
-        let text = String::from_utf8(text.clone()).unwrap();
-        let entries = contract::skeleton::parse(&text).unwrap();
-        assert!(
-            entries
-                .iter()
-                .any(|e| e.path == "usr/lib/x86_64-linux-gnu/libc.so.6"),
-            "{text}"
-        );
-        assert!(!entries.iter().any(|e| e.path == "usr/sbin/mkfs.xfs"));
-        // Same inputs, same manifest.
-        let again = rootfs_spec(&p, &machined, 0).unwrap();
-        assert_eq!(again, spec);
-
-        // Without the closure manifest line, or with a program that is not
-        // on the host, the build stops with the reason.
-        let p = profile_with_manifest(dir.path(), "host 0755 usr/sbin/mkfs.xfs\n");
-        let e = format!("{:#}", rootfs_spec(&p, &machined, 0).unwrap_err());
-        assert!(e.contains("host-closure.txt"), "{e}");
-        let p = profile_with_manifest(dir.path(), "host 0755 usr/sbin/no-such-program\n");
-        let e = format!("{:#}", rootfs_spec(&p, &machined, 0).unwrap_err());
-        assert!(e.contains("not on this host"), "{e}");
-    }
 }

@@ -21,6 +21,7 @@
 //! and the dynamic section, so no ELF crate is needed.
 
 use anyhow::{Context, Result, bail, ensure};
+use contract::le::{read_u16, read_u32, read_u64};
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -43,16 +44,6 @@ pub struct ElfDeps {
     pub runpath: Vec<String>,
 }
 
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
-}
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
-}
-
 const PT_LOAD: u32 = 1;
 const PT_DYNAMIC: u32 = 2;
 const PT_INTERP: u32 = 3;
@@ -70,9 +61,9 @@ pub fn parse_elf(b: &[u8]) -> Option<ElfDeps> {
     if b.get(0..4)? != b"\x7fELF" || *b.get(4)? != 2 || *b.get(5)? != 1 {
         return None;
     }
-    let phoff = usize::try_from(u64_at(b, 0x20)?).ok()?;
-    let phentsize = usize::from(u16_at(b, 0x36)?);
-    let phnum = usize::from(u16_at(b, 0x38)?);
+    let phoff = usize::try_from(read_u64(b, 0x20)?).ok()?;
+    let phentsize = usize::from(read_u16(b, 0x36)?);
+    let phnum = usize::from(read_u16(b, 0x38)?);
     if phentsize < 56 {
         return None;
     }
@@ -80,11 +71,13 @@ pub fn parse_elf(b: &[u8]) -> Option<ElfDeps> {
     let mut phdrs = Vec::with_capacity(phnum);
     for i in 0..phnum {
         let at = phoff.checked_add(i.checked_mul(phentsize)?)?;
+        // Field offsets are small: `ph` keeps them from overflowing.
+        let ph = b.get(at..)?;
         phdrs.push((
-            u32_at(b, at)?,
-            u64_at(b, at + 8)?,
-            u64_at(b, at + 16)?,
-            u64_at(b, at + 32)?,
+            read_u32(ph, 0)?,
+            read_u64(ph, 8)?,
+            read_u64(ph, 16)?,
+            read_u64(ph, 32)?,
         ));
     }
     let mut deps = ElfDeps::default();
@@ -104,11 +97,11 @@ pub fn parse_elf(b: &[u8]) -> Option<ElfDeps> {
     let dynamic = slice(dyn_off, dyn_len)?;
     let mut entries = Vec::new();
     for e in dynamic.chunks_exact(16) {
-        let tag = u64_at(e, 0)?;
+        let tag = read_u64(e, 0)?;
         if tag == DT_NULL {
             break;
         }
-        entries.push((tag, u64_at(e, 8)?));
+        entries.push((tag, read_u64(e, 8)?));
     }
     let get = |t: u64| entries.iter().find(|e| e.0 == t).map(|e| e.1);
     let (strtab_vaddr, strsz) = (get(DT_STRTAB)?, get(DT_STRSZ)?);

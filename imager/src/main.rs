@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod cli;
+
 #[derive(Parser)]
 #[command(
     name = "imager",
@@ -25,12 +27,12 @@ enum Command {
     /// Kernel: build (cached) or audit a config against the KSPP rules.
     Kernel {
         #[command(subcommand)]
-        command: kernel::cli::KernelCommand,
+        command: cli::kernel::KernelCommand,
     },
     /// Write a new ed25519 signing key pair.
-    Keygen(sign::KeygenArgs),
+    Keygen(cli::sign::KeygenArgs),
     /// Check a manifest's signature and the digests of its artifacts.
-    Verify(sign::VerifyArgs),
+    Verify(cli::sign::VerifyArgs),
     /// Boot an image in QEMU under UEFI firmware and wait for the ready line.
     Boot(BootArgs),
     /// Show an image's partitions, boot entries, META and manifest status.
@@ -279,7 +281,7 @@ fn run() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Kernel {
-            command: kernel::cli::KernelCommand::Build(a),
+            command: cli::kernel::KernelCommand::Build(a),
         } if a.profile.is_some() => {
             let path = Profile::locate(a.profile.as_deref().unwrap_or_default())?;
             let p = Profile::load(&path)?;
@@ -292,54 +294,13 @@ fn run() -> Result<ExitCode> {
             println!("{}", built.bzimage.display());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Kernel { command } => kernel::cli::run(&command),
+        Command::Kernel { command } => cli::kernel::run(&command),
         Command::Keygen(a) => {
-            sign::run_keygen(&a)?;
+            sign::run_keygen(&a.options())?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Verify(a) => Ok(exit(sign::run_verify(&a)?)),
-        Command::Boot(a) => {
-            let mut o = qemu::BootOptions::new(&a.image);
-            o.timeout = Duration::from_secs(a.timeout);
-            o.shutdown = a.shutdown;
-            o.write = a.write;
-            o.kvm = a.kvm;
-            o.memory_mib = a.memory;
-            o.sector_size = match a.sector_size {
-                Some(s) => s,
-                None => {
-                    let mut f = std::fs::File::open(&a.image)
-                        .with_context(|| format!("opening {}", a.image.display()))?;
-                    imager::disk::gpt::read_table_from(&mut f)
-                        .with_context(|| format!("reading {}", a.image.display()))?
-                        .sector_size
-                }
-            };
-            o.echo = !a.quiet;
-            o.console_log = a.console_log;
-            o.reboots = a.reboots;
-            let r = qemu::boot(&o).with_context(|| format!("booting {}", a.image.display()))?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
-            } else {
-                eprintln!(
-                    "boot: ready version={} slot={} in {:.1} s{}",
-                    r.version,
-                    r.slot,
-                    r.seconds,
-                    if r.failed_boots > 0 {
-                        format!(" after {} failed boot(s)", r.failed_boots)
-                    } else {
-                        String::new()
-                    }
-                );
-            }
-            Ok(if r.clean_poweroff == Some(false) {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            })
-        }
+        Command::Verify(a) => Ok(exit(sign::run_verify(&a.options())?)),
+        Command::Boot(a) => boot(a),
         Command::Inspect(a) => Ok(exit(imager::inspect::run(
             &a.image,
             a.key.as_deref(),
@@ -359,6 +320,50 @@ fn run() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `imager boot`: boots the image and waits for the ready line.
+fn boot(a: BootArgs) -> Result<ExitCode> {
+    let mut o = qemu::BootOptions::new(&a.image);
+    o.timeout = Duration::from_secs(a.timeout);
+    o.shutdown = a.shutdown;
+    o.write = a.write;
+    o.kvm = a.kvm;
+    o.memory_mib = a.memory;
+    o.sector_size = match a.sector_size {
+        Some(s) => s,
+        None => {
+            let mut f = std::fs::File::open(&a.image)
+                .with_context(|| format!("opening {}", a.image.display()))?;
+            imager::disk::gpt::read_table_from(&mut f)
+                .with_context(|| format!("reading {}", a.image.display()))?
+                .sector_size
+        }
+    };
+    o.echo = !a.quiet;
+    o.console_log = a.console_log;
+    o.reboots = a.reboots;
+    let r = qemu::boot(&o).with_context(|| format!("booting {}", a.image.display()))?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        eprintln!(
+            "boot: ready version={} slot={} in {:.1} s{}",
+            r.version,
+            r.slot,
+            r.seconds,
+            if r.failed_boots > 0 {
+                format!(" after {} failed boot(s)", r.failed_boots)
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(if r.clean_poweroff == Some(false) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn exit(code: i32) -> ExitCode {

@@ -1,7 +1,8 @@
 //! The runtime binary (`machined`): built from its cargo package as a static
 //! executable, or taken prebuilt, and checked to be static either way.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
+use contract::le::{read_u16, read_u32, read_u64};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -97,18 +98,20 @@ pub fn check_static(path: &Path) -> Result<()> {
     if data.len() < 64 || &data[..4] != b"\x7fELF" {
         bail!("{what} is not an ELF executable");
     }
-    if data[4] != 2 || data[5] != 1 || u16::from_le_bytes([data[18], data[19]]) != 62 {
+    if data[4] != 2 || data[5] != 1 || read_u16(&data, 18) != Some(62) {
         bail!("{what} is not a little-endian x86-64 ELF");
     }
-    let u64_at = |o: usize| u64::from_le_bytes(data[o..o + 8].try_into().expect("8 bytes"));
-    let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]) as usize;
-    let (phoff, phentsize, phnum) = (u64_at(0x20) as usize, u16_at(0x36), u16_at(0x38));
+    let truncated = || anyhow!("{what}: truncated program headers");
+    let phoff = read_u64(&data, 0x20).and_then(|o| usize::try_from(o).ok());
+    let phoff = phoff.ok_or_else(truncated)?;
+    let phentsize = usize::from(read_u16(&data, 0x36).ok_or_else(truncated)?);
+    let phnum = usize::from(read_u16(&data, 0x38).ok_or_else(truncated)?);
     for i in 0..phnum {
-        let at = phoff + i * phentsize;
-        let ty = data
-            .get(at..at + 4)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .with_context(|| format!("{what}: truncated program headers"))?;
+        let ty = i
+            .checked_mul(phentsize)
+            .and_then(|o| phoff.checked_add(o))
+            .and_then(|at| read_u32(&data, at))
+            .ok_or_else(truncated)?;
         if ty == 3 {
             bail!(
                 "{what} is dynamically linked (it has an ELF interpreter) but images have no \

@@ -126,59 +126,12 @@ pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
     sweep_stale_work_dirs(&kernel_dir);
     let work = WorkDir::create(kernel_dir.join(format!("{key}.tmp-{}", std::process::id())))?;
     let started = Instant::now();
-    let src = work.path.join("src");
-    let log_path = work.path.join("build.log");
-    let mut log =
-        File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-    writeln!(
-        log,
-        "imager kernel build {key}\nsource {}",
-        req.source.display()
-    )?;
-
-    eprintln!("kernel: unpacking {}", req.source.display());
-    unpack_source(&req.source, &src)?;
-
-    let seed = match seed_file {
-        Some(s) => s,
-        None => randstruct_seed(&key),
-    };
-    let seed_script = work.path.join("gen-randstruct-seed.sh");
-    write_seed_script(&seed_script, &seed)?;
-    let make = Make {
-        tree: src.clone(),
-        log: log_path.clone(),
-        epoch: req.source_date_epoch,
-        jobs: req.jobs.max(1),
-        seed_script,
-        compiler_seed: compiler_random_seed(&key),
-        failed_log: kernel_dir.join(format!("{key}.failed.log")),
-    };
-
-    eprintln!(
-        "kernel: configuring (tinyconfig + {} fragment(s))",
-        req.fragments.len()
-    );
-    make.run(&["tinyconfig"], None)?;
-    let dot_config = src.join(".config");
-    let base = KernelConfig::load(&dot_config)?;
-    let merged = merge_onto(&base, &requested);
-    fs::write(&dot_config, merged.render())
-        .with_context(|| format!("writing {}", dot_config.display()))?;
-    make.run(&["olddefconfig"], None)?;
-    let final_config = KernelConfig::load(&dot_config)?;
-    let mismatches = compare(&requested, &final_config);
-    if !mismatches.is_empty() {
-        let names: Vec<&str> = mismatches.iter().map(|m| m.option.as_str()).collect();
-        let hints = kconfig_dependencies(&src, &names);
-        bail!("{}", describe_mismatches(&mismatches, &hints));
-    }
-    audit_or_fail(&rules, &final_config, &req.cmdline, &req.waivers)?;
-
+    let make = prepare_tree(req, &key, &kernel_dir, &work.path, seed_file)?;
+    configure(&make, req, &requested, &rules)?;
     eprintln!(
         "kernel: building bzImage with {} job(s); log: {}",
         make.jobs,
-        log_path.display()
+        make.log.display()
     );
     let jobs = format!("-j{}", make.jobs);
     make.run(&[jobs.as_str(), "bzImage"], Some(EXPECTED_OBJECTS))?;
@@ -186,29 +139,7 @@ pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
 
     // Stage the result next to the work tree, then rename it into place.
     let out = work.path.join("out");
-    fs::create_dir_all(&out)?;
-    let bzimage = src.join("arch/x86/boot/bzImage");
-    fs::copy(&bzimage, out.join("bzImage"))
-        .with_context(|| format!("copying {}", bzimage.display()))?;
-    fs::copy(&dot_config, out.join("config"))?;
-    fs::copy(&log_path, out.join("build.log"))?;
-    let info = serde_json::json!({
-        "cache_key": key,
-        "recipe": RECIPE_VERSION,
-        "source": req.source,
-        "fragments": req.fragments,
-        "gcc": gcc_version()?,
-        "source_date_epoch": req.source_date_epoch,
-        "randstruct_seed": if req.randstruct_seed.is_some() { "from file" } else { "derived from cache key" },
-        "jobs": make.jobs,
-        "build_seconds": elapsed.as_secs(),
-        "bzimage_sha256": sha256_file(&out.join("bzImage"))?.0,
-    });
-    fs::write(
-        out.join("build-info.json"),
-        serde_json::to_string_pretty(&info)?,
-    )?;
-    sync_dir(&out)?;
+    stage_result(req, &make, &key, elapsed, &out)?;
     if let Err(e) = fs::rename(&out, &final_dir) {
         // Another build of the same key may have finished first: use it.
         if !result.bzimage.is_file() {
@@ -228,6 +159,109 @@ pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
         cached: false,
         ..result
     })
+}
+
+/// Starts build.log in the work directory `work`, unpacks the source into
+/// `work/src` and writes the randstruct seed script: how to run make there.
+fn prepare_tree(
+    req: &KernelRequest,
+    key: &str,
+    kernel_dir: &Path,
+    work: &Path,
+    seed_file: Option<String>,
+) -> Result<Make> {
+    let src = work.join("src");
+    let log_path = work.join("build.log");
+    let mut log =
+        File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    writeln!(
+        log,
+        "imager kernel build {key}\nsource {}",
+        req.source.display()
+    )?;
+
+    eprintln!("kernel: unpacking {}", req.source.display());
+    unpack_source(&req.source, &src)?;
+
+    let seed = match seed_file {
+        Some(s) => s,
+        None => randstruct_seed(key),
+    };
+    let seed_script = work.join("gen-randstruct-seed.sh");
+    write_seed_script(&seed_script, &seed)?;
+    Ok(Make {
+        tree: src,
+        log: log_path,
+        epoch: req.source_date_epoch,
+        jobs: req.jobs.max(1),
+        seed_script,
+        compiler_seed: compiler_random_seed(key),
+        failed_log: kernel_dir.join(format!("{key}.failed.log")),
+    })
+}
+
+/// `make tinyconfig`, the requested fragments merged onto it, `make
+/// olddefconfig`; fails unless every requested option survived and the
+/// final config passes the audit.
+fn configure(
+    make: &Make,
+    req: &KernelRequest,
+    requested: &KernelConfig,
+    rules: &Rules,
+) -> Result<()> {
+    eprintln!(
+        "kernel: configuring (tinyconfig + {} fragment(s))",
+        req.fragments.len()
+    );
+    make.run(&["tinyconfig"], None)?;
+    let dot_config = make.tree.join(".config");
+    let base = KernelConfig::load(&dot_config)?;
+    let merged = merge_onto(&base, requested);
+    fs::write(&dot_config, merged.render())
+        .with_context(|| format!("writing {}", dot_config.display()))?;
+    make.run(&["olddefconfig"], None)?;
+    let final_config = KernelConfig::load(&dot_config)?;
+    let mismatches = compare(requested, &final_config);
+    if !mismatches.is_empty() {
+        let names: Vec<&str> = mismatches.iter().map(|m| m.option.as_str()).collect();
+        let hints = kconfig_dependencies(&make.tree, &names);
+        bail!("{}", describe_mismatches(&mismatches, &hints));
+    }
+    audit_or_fail(rules, &final_config, &req.cmdline, &req.waivers)
+}
+
+/// Copies the result of the tree built by `make` into `out` (bzImage,
+/// config, build.log, build-info.json) and syncs it.
+fn stage_result(
+    req: &KernelRequest,
+    make: &Make,
+    key: &str,
+    elapsed: Duration,
+    out: &Path,
+) -> Result<()> {
+    fs::create_dir_all(out)?;
+    let bzimage = make.tree.join("arch/x86/boot/bzImage");
+    fs::copy(&bzimage, out.join("bzImage"))
+        .with_context(|| format!("copying {}", bzimage.display()))?;
+    fs::copy(make.tree.join(".config"), out.join("config"))?;
+    fs::copy(&make.log, out.join("build.log"))?;
+    let info = serde_json::json!({
+        "cache_key": key,
+        "recipe": RECIPE_VERSION,
+        "source": req.source,
+        "fragments": req.fragments,
+        "gcc": gcc_version()?,
+        "source_date_epoch": req.source_date_epoch,
+        "randstruct_seed": if req.randstruct_seed.is_some() { "from file" } else { "derived from cache key" },
+        "jobs": make.jobs,
+        "build_seconds": elapsed.as_secs(),
+        "bzimage_sha256": sha256_file(&out.join("bzImage"))?.0,
+    });
+    fs::write(
+        out.join("build-info.json"),
+        serde_json::to_string_pretty(&info)?,
+    )?;
+    sync_dir(out)
 }
 
 /// Loads and merges the fragments (in order, later wins).
@@ -481,6 +515,45 @@ struct Make {
 }
 
 impl Make {
+    /// make with `args` in the tree, in the reproducibility environment.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("make");
+        cmd.current_dir(&self.tree)
+            .args(args)
+            .arg("LOCALVERSION=")
+            .arg(format!(
+                "gen-randstruct-seed={}",
+                self.seed_script.display()
+            ))
+            .arg(format!("KCFLAGS=-frandom-seed={}", self.compiler_seed));
+        for k in [
+            "ARCH",
+            "CROSS_COMPILE",
+            "CC",
+            "LLVM",
+            "O",
+            "KBUILD_OUTPUT",
+            "KCFLAGS",
+            "KCPPFLAGS",
+            "KAFLAGS",
+            "KCONFIG_CONFIG",
+            "MAKEFLAGS",
+            "MFLAGS",
+            "MAKELEVEL",
+            "LOCALVERSION",
+        ] {
+            cmd.env_remove(k);
+        }
+        cmd.env("LC_ALL", "C")
+            .env("TZ", "UTC")
+            .env("SOURCE_DATE_EPOCH", self.epoch.to_string())
+            .env("KBUILD_BUILD_TIMESTAMP", format_build_timestamp(self.epoch))
+            .env("KBUILD_BUILD_USER", "imager")
+            .env("KBUILD_BUILD_HOST", "imager")
+            .env("KBUILD_BUILD_VERSION", "1");
+        cmd
+    }
+
     /// Runs make in the tree with the reproducibility environment, appending
     /// all output to build.log. With `expected`, shows a progress bar
     /// counting compiled objects. On failure, the error carries the log tail.
@@ -492,43 +565,10 @@ impl Make {
         writeln!(log, "\n$ make {}", args.join(" "))?;
         let (reader, writer) = std::io::pipe().context("creating a pipe for make's output")?;
         let mut child = {
-            let mut cmd = Command::new("make");
-            cmd.current_dir(&self.tree)
-                .args(args)
-                .arg("LOCALVERSION=")
-                .arg(format!(
-                    "gen-randstruct-seed={}",
-                    self.seed_script.display()
-                ))
-                .arg(format!("KCFLAGS=-frandom-seed={}", self.compiler_seed))
-                .stdin(Stdio::null())
+            let mut cmd = self.command(args);
+            cmd.stdin(Stdio::null())
                 .stdout(writer.try_clone()?)
                 .stderr(writer);
-            for k in [
-                "ARCH",
-                "CROSS_COMPILE",
-                "CC",
-                "LLVM",
-                "O",
-                "KBUILD_OUTPUT",
-                "KCFLAGS",
-                "KCPPFLAGS",
-                "KAFLAGS",
-                "KCONFIG_CONFIG",
-                "MAKEFLAGS",
-                "MFLAGS",
-                "MAKELEVEL",
-                "LOCALVERSION",
-            ] {
-                cmd.env_remove(k);
-            }
-            cmd.env("LC_ALL", "C")
-                .env("TZ", "UTC")
-                .env("SOURCE_DATE_EPOCH", self.epoch.to_string())
-                .env("KBUILD_BUILD_TIMESTAMP", format_build_timestamp(self.epoch))
-                .env("KBUILD_BUILD_USER", "imager")
-                .env("KBUILD_BUILD_HOST", "imager")
-                .env("KBUILD_BUILD_VERSION", "1");
             cmd.spawn().context("running make (is it installed?)")?
             // `cmd` (holding the pipe's write ends) is dropped here, so the
             // reader sees EOF when make exits.
@@ -661,7 +701,7 @@ pub fn format_build_timestamp(epoch: u64) -> String {
     ];
     let days = epoch / 86_400;
     let secs = epoch % 86_400;
-    let (year, month, day) = civil_from_days(days as i64);
+    let (year, month, day) = contract::date::civil_from_days(days);
     format!(
         "{} {} {:>2} {:02}:{:02}:{:02} UTC {}",
         DAYS[(days % 7) as usize],
@@ -674,173 +714,5 @@ pub fn format_build_timestamp(epoch: u64) -> String {
     )
 }
 
-/// Days since 1970-01-01 -> (year, month 1..=12, day 1..=31) (H. Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn build_timestamp_matches_date() {
-        assert_eq!(format_build_timestamp(0), "Thu Jan  1 00:00:00 UTC 1970");
-        // date -u -d @1700000000 -> Tue Nov 14 22:13:20 UTC 2023
-        assert_eq!(
-            format_build_timestamp(1_700_000_000),
-            "Tue Nov 14 22:13:20 UTC 2023"
-        );
-        // leap day: date -u -d @1709164800 -> Thu Feb 29 00:00:00 UTC 2024
-        assert_eq!(
-            format_build_timestamp(1_709_164_800),
-            "Thu Feb 29 00:00:00 UTC 2024"
-        );
-    }
-
-    #[test]
-    fn seed_is_deterministic_hex() {
-        let a = randstruct_seed("abc");
-        assert_eq!(a, randstruct_seed("abc"));
-        assert_ne!(a, randstruct_seed("abd"));
-        assert_eq!(a.len(), 64);
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("seed");
-        std::fs::write(&p, format!("{}\n", a.to_uppercase())).unwrap();
-        assert_eq!(read_seed(&p).unwrap(), a);
-        std::fs::write(&p, "xyz").unwrap();
-        assert!(read_seed(&p).is_err());
-    }
-
-    #[test]
-    fn seed_script_writes_seed_and_hash() {
-        let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("gen.sh");
-        let seed = randstruct_seed("k");
-        write_seed_script(&script, &seed).unwrap();
-        let (s, h) = (
-            dir.path().join("randstruct.seed"),
-            dir.path().join("hash.h"),
-        );
-        let st = Command::new(&script).arg(&s).arg(&h).status().unwrap();
-        assert!(st.success());
-        assert_eq!(std::fs::read_to_string(&s).unwrap(), format!("{seed}\n"));
-        let expect = hex::encode(Sha256::digest(seed.as_bytes()));
-        assert_eq!(
-            std::fs::read_to_string(&h).unwrap(),
-            format!("#define RANDSTRUCT_HASHED_SEED \"{expect}\"\n")
-        );
-    }
-
-    #[test]
-    fn tree_hash_sees_content_and_names() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir(dir.path().join("a")).unwrap();
-        std::fs::write(dir.path().join("a/x"), "1").unwrap();
-        let h1 = hash_source(dir.path()).unwrap();
-        assert_eq!(h1, hash_source(dir.path()).unwrap());
-        std::fs::write(dir.path().join("a/x"), "2").unwrap();
-        let h2 = hash_source(dir.path()).unwrap();
-        assert_ne!(h1, h2);
-        std::fs::rename(dir.path().join("a/x"), dir.path().join("a/y")).unwrap();
-        assert_ne!(h2, hash_source(dir.path()).unwrap());
-        assert!(h1.starts_with("tree:"));
-    }
-
-    #[test]
-    fn tarball_hash_is_remembered_until_the_file_changes() {
-        let dir = tempfile::tempdir().unwrap();
-        let tarball = dir.path().join("src.tar.xz");
-        let stamps = dir.path().join("stamps.json");
-        std::fs::write(&tarball, "one").unwrap();
-        let h1 = hash_source_memo(&tarball, &stamps).unwrap();
-        assert_eq!(h1, hash_source(&tarball).unwrap());
-        assert!(std::fs::read_to_string(&stamps).unwrap().contains(&h1));
-        assert_eq!(hash_source_memo(&tarball, &stamps).unwrap(), h1);
-        std::fs::write(&tarball, "two, longer").unwrap();
-        let h2 = hash_source_memo(&tarball, &stamps).unwrap();
-        assert_ne!(h1, h2);
-        assert_eq!(h2, hash_source(&tarball).unwrap());
-        // the stale stamp was replaced, not accumulated
-        let map: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_str(&std::fs::read_to_string(&stamps).unwrap()).unwrap();
-        assert_eq!(map.len(), 1);
-    }
-
-    #[test]
-    fn missing_source_is_a_clear_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let req = KernelRequest {
-            source: dir.path().join("nope.tar.xz"),
-            fragments: vec![],
-            rules: dir.path().join("rules.yaml"),
-            waivers: vec![],
-            cmdline: String::new(),
-            cache_dir: dir.path().join("cache"),
-            source_date_epoch: 0,
-            jobs: 1,
-            randstruct_seed: None,
-        };
-        let err = build(&req).unwrap_err().to_string();
-        assert!(
-            err.contains("nope.tar.xz not found: install linux-source-6.1"),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn failing_make_reports_the_log_tail_and_keeps_the_log() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut makefile = String::from("all:\n");
-        for i in 0..50 {
-            makefile.push_str(&format!("\t@echo line{i}\n"));
-        }
-        makefile.push_str("\t@echo '  CC      x.o'\n\t@echo oops >&2; exit 3\nok:\n\t@echo fine\n");
-        std::fs::write(dir.path().join("Makefile"), makefile).unwrap();
-        let log = dir.path().join("build.log");
-        std::fs::write(&log, "").unwrap();
-        let make = Make {
-            tree: dir.path().to_path_buf(),
-            log: log.clone(),
-            epoch: 0,
-            jobs: 1,
-            seed_script: dir.path().join("unused.sh"),
-            compiler_seed: compiler_random_seed("k"),
-            failed_log: dir.path().join("key.failed.log"),
-        };
-        make.run(&["ok"], None).unwrap();
-        let err = make.run(&["all"], Some(10)).unwrap_err().to_string();
-        assert!(err.contains("make all failed"), "{err}");
-        assert!(err.contains("key.failed.log"), "{err}");
-        assert!(err.contains("oops"), "{err}");
-        assert!(err.contains("line49"), "{err}");
-        assert!(!err.contains("line5\n"), "only the tail: {err}");
-        let kept = std::fs::read_to_string(dir.path().join("key.failed.log")).unwrap();
-        assert!(kept.contains("$ make ok\nfine\n"), "{kept}");
-        assert!(kept.contains("line0\n"), "{kept}");
-    }
-
-    #[test]
-    fn stale_work_dirs_are_swept() {
-        let dir = tempfile::tempdir().unwrap();
-        let stale = dir.path().join("abc.tmp-999999999");
-        let live = dir.path().join(format!("abc.tmp-{}", std::process::id()));
-        let done = dir.path().join("abc");
-        for d in [&stale, &live, &done] {
-            std::fs::create_dir(d).unwrap();
-        }
-        sweep_stale_work_dirs(dir.path());
-        assert!(!stale.exists());
-        assert!(live.exists());
-        assert!(done.exists());
-    }
-}
+mod tests;

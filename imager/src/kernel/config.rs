@@ -428,6 +428,17 @@ pub fn kconfig_dependencies(tree: &Path, options: &[&str]) -> HashMap<String, Ve
             }
         }
     }
+    add_source_conditions(&mut out, defined_in, &sourced_under);
+    out
+}
+
+/// Adds to `out`, for each (option, defining file), the `if` blocks around
+/// the `source` lines that include that file, up the chain of includes.
+fn add_source_conditions(
+    out: &mut HashMap<String, Vec<String>>,
+    defined_in: Vec<(String, String)>,
+    sourced_under: &HashMap<String, (String, Vec<String>)>,
+) {
     for (opt, file) in defined_in {
         let mut file = file;
         for _ in 0..8 {
@@ -442,7 +453,6 @@ pub fn kconfig_dependencies(tree: &Path, options: &[&str]) -> HashMap<String, Ve
             file = parent.clone();
         }
     }
-    out
 }
 
 #[cfg(test)]

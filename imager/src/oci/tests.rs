@@ -1,8 +1,13 @@
 // Tests panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
 
+use super::writer::{assemble, digest_of, header};
 use super::*;
-use std::path::Path;
+use contract::paths::{INSTALLER_PAYLOAD_DIR, PAYLOAD_FILES};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
 
 const EPOCH: u64 = 1_700_000_000;
 

@@ -12,9 +12,9 @@ use crate::io::{sha256_file, write_atomic};
 /// The manifest format this code writes and the only one it verifies.
 pub const FORMAT: u32 = 1;
 /// The manifest's file name in the output directory.
-pub const MANIFEST_NAME: &str = "manifest.json";
+pub const MANIFEST_NAME: &str = contract::paths::output::MANIFEST;
 /// The detached signature's file name, next to the manifest.
-pub const SIGNATURE_NAME: &str = "manifest.json.sig";
+pub const SIGNATURE_NAME: &str = contract::paths::output::SIGNATURE;
 
 /// The list of artifacts of one build, signed as a whole.
 ///

@@ -6,7 +6,7 @@
 //! bytes of `manifest.json`. Keys are PEM files openssl reads and writes.
 //! `docs/signing.md` describes the formats and how to verify with openssl.
 
-mod cli;
+mod command;
 mod keys;
 mod manifest;
 mod verify;
@@ -14,8 +14,9 @@ mod verify;
 #[cfg(test)]
 mod tests;
 
-pub use cli::{
-    DEV_KEY_DIR, KeygenArgs, VerifyArgs, default_dev_pub, run_keygen, run_verify, run_verify_to,
+pub use command::{
+    DEV_KEY_DIR, KeygenOptions, VerifyOptions, default_dev_pub, run_keygen, run_verify,
+    run_verify_to,
 };
 pub use ed25519_dalek::{Signature, VerifyingKey};
 pub use keys::{

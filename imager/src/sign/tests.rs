@@ -91,7 +91,7 @@ impl Fixture {
 
     /// Runs the CLI runner with the fixture's key; (exit code, stdout).
     fn cli(&self, json: bool) -> (i32, String) {
-        let args = VerifyArgs {
+        let args = VerifyOptions {
             manifest: self.out.clone(),
             key: Some(self.keys.join("k.pub")),
             json,
@@ -799,42 +799,12 @@ fn the_boot_field_is_optional_canonical_and_one_line() {
 }
 
 // ---------------------------------------------------------------- CLI
-
-#[derive(clap::Parser)]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(clap::Subcommand)]
-enum Cmd {
-    Keygen(KeygenArgs),
-    Verify(VerifyArgs),
-}
+// (The argument parsing is tested with the binary, in cli/sign.rs.)
 
 #[test]
-fn cli_arguments_and_default_key() {
-    use clap::Parser;
-    let Cmd::Keygen(k) = Cli::try_parse_from(["imager", "keygen"]).unwrap().cmd else {
-        panic!()
-    };
-    assert_eq!(k.out_private, Path::new("out/keys/signing.key"));
-    assert_eq!(k.public_path(), Path::new("out/keys/signing.pub"));
-    assert!(!k.force);
-    let Cmd::Verify(v) =
-        Cli::try_parse_from(["imager", "verify", "out", "--key", "k.pub", "--json"])
-            .unwrap()
-            .cmd
-    else {
-        panic!()
-    };
-    assert_eq!(
-        (v.manifest.as_path(), v.key.as_deref(), v.json),
-        (Path::new("out"), Some(Path::new("k.pub")), true)
-    );
-
+fn verify_without_a_key_trusts_the_default_key_if_it_exists() {
     let f = Fixture::new();
-    let args = VerifyArgs {
+    let args = VerifyOptions {
         manifest: f.manifest.clone(),
         key: None,
         json: false,

@@ -146,25 +146,7 @@ pub fn verify(manifest_path: &Path, public_key: &VerifyingKey) -> Result<VerifyR
     };
     let bytes = read_manifest(manifest_path)?;
     let sig_path = signature_path(manifest_path);
-    let sig_bytes = match std::fs::read(&sig_path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
-            "signature {} is missing: {} is not signed",
-            sig_path.display(),
-            manifest_path.display()
-        ),
-        Err(e) => {
-            return Err(e).with_context(|| format!("reading signature {}", sig_path.display()));
-        }
-    };
-    let sig_raw: [u8; 64] = sig_bytes.as_slice().try_into().map_err(|_| {
-        anyhow::anyhow!(
-            "signature {} is {} bytes, expected a raw 64-byte ed25519 signature",
-            sig_path.display(),
-            sig_bytes.len()
-        )
-    })?;
-    let signature = Signature::from_bytes(&sig_raw);
+    let signature = read_signature(&sig_path, manifest_path)?;
     let trusted = key_id(public_key);
 
     if public_key.verify_strict(&bytes, &signature).is_err() {
@@ -241,6 +223,30 @@ pub fn verify(manifest_path: &Path, public_key: &VerifyingKey) -> Result<VerifyR
         artifacts,
         verified: manifest,
     })
+}
+
+/// The detached signature `sig_path` of `manifest_path`: a raw 64-byte
+/// ed25519 signature.
+fn read_signature(sig_path: &Path, manifest_path: &Path) -> Result<Signature> {
+    let sig_bytes = match std::fs::read(sig_path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "signature {} is missing: {} is not signed",
+            sig_path.display(),
+            manifest_path.display()
+        ),
+        Err(e) => {
+            return Err(e).with_context(|| format!("reading signature {}", sig_path.display()));
+        }
+    };
+    let sig_raw: [u8; 64] = sig_bytes.as_slice().try_into().map_err(|_| {
+        anyhow::anyhow!(
+            "signature {} is {} bytes, expected a raw 64-byte ed25519 signature",
+            sig_path.display(),
+            sig_bytes.len()
+        )
+    })?;
+    Ok(Signature::from_bytes(&sig_raw))
 }
 
 fn read_manifest(path: &Path) -> Result<Vec<u8>> {

@@ -1,4 +1,5 @@
-//! `imager keygen` and `imager verify`: argument structs and runners.
+//! `imager keygen` and `imager verify`: what they do, from plain options
+//! (the `imager` binary parses the command line).
 
 use anyhow::{Result, bail};
 use std::io::Write;
@@ -21,27 +22,19 @@ pub fn default_dev_pub() -> PathBuf {
         .unwrap_or(rel)
 }
 
-/// `imager keygen`: create a signing key pair.
-#[derive(Debug, Clone, clap::Args)]
-pub struct KeygenArgs {
-    /// Where to write the private key (PKCS#8 PEM, mode 0600).
-    #[arg(
-        long = "private",
-        alias = "out-private",
-        value_name = "PATH",
-        default_value = "out/keys/signing.key"
-    )]
+/// `imager keygen`: where to write a new signing key pair.
+#[derive(Debug, Clone)]
+pub struct KeygenOptions {
+    /// The private key (PKCS#8 PEM, mode 0600).
     pub out_private: PathBuf,
-    /// Where to write the public key (SPKI PEM) [default: the private key's
-    /// path with the extension .pub].
-    #[arg(long = "public", alias = "out-public", value_name = "PATH")]
+    /// The public key (SPKI PEM). `None`: the private key's path with the
+    /// extension .pub.
     pub out_public: Option<PathBuf>,
     /// Replace existing key files.
-    #[arg(long)]
     pub force: bool,
 }
 
-impl KeygenArgs {
+impl KeygenOptions {
     /// The public key path, explicit or derived from the private key's.
     pub fn public_path(&self) -> PathBuf {
         self.out_public
@@ -51,22 +44,19 @@ impl KeygenArgs {
 }
 
 /// `imager verify`: check a signed manifest and its artifacts.
-#[derive(Debug, Clone, clap::Args)]
-pub struct VerifyArgs {
+#[derive(Debug, Clone)]
+pub struct VerifyOptions {
     /// The manifest.json, or the directory containing it.
-    #[arg(value_name = "MANIFEST")]
     pub manifest: PathBuf,
-    /// The trusted public key (SPKI PEM, or 64 hex digits) [default:
-    /// out/keys/dev.pub, the development key, if it exists].
-    #[arg(long, value_name = "PUB")]
+    /// The trusted public key (SPKI PEM, or 64 hex digits). `None`: the
+    /// development key, if it exists.
     pub key: Option<PathBuf>,
     /// Print the report as JSON on stdout.
-    #[arg(long)]
     pub json: bool,
 }
 
 /// Runs `imager keygen`: prints the files written and the key id, never the key.
-pub fn run_keygen(args: &KeygenArgs) -> Result<()> {
+pub fn run_keygen(args: &KeygenOptions) -> Result<()> {
     let public = args.public_path();
     let id = keygen(&args.out_private, &public, args.force)?;
     println!(
@@ -80,7 +70,7 @@ pub fn run_keygen(args: &KeygenArgs) -> Result<()> {
 /// Runs `imager verify`. Returns the exit code: 0 verified, 1 verification
 /// failed (reported on stdout). Errors (no usable trusted key) are for the
 /// caller to print.
-pub fn run_verify(args: &VerifyArgs) -> Result<i32> {
+pub fn run_verify(args: &VerifyOptions) -> Result<i32> {
     let default_key = default_dev_pub();
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
@@ -89,7 +79,7 @@ pub fn run_verify(args: &VerifyArgs) -> Result<i32> {
 
 /// [`run_verify`] with the default key and the outputs given (for tests).
 pub fn run_verify_to(
-    args: &VerifyArgs,
+    args: &VerifyOptions,
     default_key: &Path,
     out: &mut dyn Write,
     err: &mut dyn Write,

@@ -1,7 +1,8 @@
-//! `imager kernel build|check`.
+//! `imager kernel build|check`: what they do, from plain options (the
+//! `imager` binary parses the command line).
 
 use super::audit::{Rules, Waiver, audit, load_waivers};
-use super::build::{KSPP_CMDLINE, KernelRequest, build, default_cache_dir};
+use super::build::{KernelRequest, build, default_cache_dir};
 use super::config::KernelConfig;
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
@@ -10,61 +11,41 @@ use std::process::ExitCode;
 /// The default kernel source (Debian's linux-source-6.1 package).
 pub const DEFAULT_SOURCE: &str = "/usr/src/linux-source-6.1.tar.xz";
 
-#[derive(Debug, Clone, clap::Subcommand)]
-pub enum KernelCommand {
-    /// Build the hardened kernel (or return it from the cache).
-    Build(BuildArgs),
-    /// Audit a kernel .config (and optionally a command line) against the KSPP rules.
-    Check(CheckArgs),
-}
-
-#[derive(Debug, Clone, clap::Args)]
-pub struct BuildArgs {
-    /// Take source, fragments, rules, waivers, command line and build epoch
-    /// from this profile (name or path) instead of the flags below.
-    #[arg(long, conflicts_with_all = ["source", "fragments", "rules", "waivers", "no_waivers", "cmdline", "source_date_epoch", "randstruct_seed"])]
-    pub profile: Option<String>,
+/// `imager kernel build` from its flags (not from a profile).
+#[derive(Debug, Clone)]
+pub struct BuildOptions {
     /// Kernel source: a .tar.xz/.tar.gz tarball or an unpacked tree.
-    #[arg(long, default_value = DEFAULT_SOURCE)]
     pub source: PathBuf,
-    /// Config fragment, merged in order onto tinyconfig (repeatable).
-    /// Default: kernel-config/base.config and kernel-config/kspp.config.
-    #[arg(long = "fragment")]
+    /// Config fragments, merged in order onto tinyconfig. Empty:
+    /// kernel-config/base.config and kernel-config/kspp.config.
     pub fragments: Vec<PathBuf>,
-    #[command(flatten)]
-    pub audit: AuditArgs,
+    pub audit: AuditOptions,
     /// Kernel command line to audit (the image's boot parameters).
-    #[arg(long, default_value = KSPP_CMDLINE)]
     pub cmdline: String,
-    /// Cache directory. Default: $IMAGER_CACHE_DIR, $XDG_CACHE_HOME/imager or ~/.cache/imager.
-    #[arg(long)]
+    /// Cache directory. `None`: [`default_cache_dir`].
     pub cache_dir: Option<PathBuf>,
-    /// Parallel make jobs. Default: the number of CPUs.
-    #[arg(long, short = 'j')]
+    /// Parallel make jobs. `None`: the number of CPUs.
     pub jobs: Option<usize>,
-    /// The kernel build timestamp (KBUILD_BUILD_TIMESTAMP), seconds since 1970. Default: 0, as a profile's kernel.build_epoch.
-    #[arg(long)]
+    /// The kernel build timestamp (KBUILD_BUILD_TIMESTAMP), seconds since
+    /// 1970. `None`: 0, as a profile's kernel.build_epoch.
     pub source_date_epoch: Option<u64>,
-    /// File with a 64-hex-digit randstruct seed. Default: derived from the cache key.
-    #[arg(long)]
+    /// File with a 64-hex-digit randstruct seed. `None`: derived from the
+    /// cache key.
     pub randstruct_seed: Option<PathBuf>,
 }
 
 /// Where the KSPP rules and waivers come from (shared by build and check).
-#[derive(Debug, Clone, clap::Args)]
-pub struct AuditArgs {
-    /// KSPP rule table. Default: kernel-config/kspp-rules.yaml.
-    #[arg(long)]
+#[derive(Debug, Clone, Default)]
+pub struct AuditOptions {
+    /// KSPP rule table. `None`: kernel-config/kspp-rules.yaml.
     pub rules: Option<PathBuf>,
-    /// Waiver file (repeatable). Default: kernel-config/kspp-waivers.yaml.
-    #[arg(long = "waivers")]
+    /// Waiver files. Empty: kernel-config/kspp-waivers.yaml.
     pub waivers: Vec<PathBuf>,
     /// Use no waivers at all (not even the default file).
-    #[arg(long, conflicts_with = "waivers")]
     pub no_waivers: bool,
 }
 
-impl AuditArgs {
+impl AuditOptions {
     /// The rule table: `--rules`, else kernel-config/kspp-rules.yaml.
     pub fn rules_path(&self) -> Result<PathBuf> {
         match &self.rules {
@@ -79,38 +60,31 @@ impl AuditArgs {
     }
 }
 
-#[derive(Debug, Clone, clap::Args)]
-pub struct CheckArgs {
+/// `imager kernel check`.
+#[derive(Debug, Clone)]
+pub struct CheckOptions {
     /// The kernel .config to audit.
     pub config: PathBuf,
     /// File holding the kernel command line to audit too.
-    #[arg(long)]
     pub cmdline: Option<PathBuf>,
-    #[command(flatten)]
-    pub audit: AuditArgs,
+    pub audit: AuditOptions,
     /// Print the report as JSON.
-    #[arg(long)]
     pub json: bool,
 }
 
-/// Runs a kernel subcommand; `check` exits 1 when a rule fails.
-pub fn run(cmd: &KernelCommand) -> Result<ExitCode> {
-    match cmd {
-        KernelCommand::Build(args) => {
-            let req = build_request(args)?;
-            let built = build(&req)?;
-            println!("{}", built.bzimage.display());
-            if built.cached {
-                eprintln!("kernel: cached ({})", built.cache_key);
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        KernelCommand::Check(args) => check(args),
+/// Runs `imager kernel build`: prints the bzImage's path.
+pub fn run_build(opts: &BuildOptions) -> Result<ExitCode> {
+    let req = build_request(opts)?;
+    let built = build(&req)?;
+    println!("{}", built.bzimage.display());
+    if built.cached {
+        eprintln!("kernel: cached ({})", built.cache_key);
     }
+    Ok(ExitCode::SUCCESS)
 }
 
-/// Turns `imager kernel build` arguments into a request, filling defaults.
-pub fn build_request(args: &BuildArgs) -> Result<KernelRequest> {
+/// Turns `imager kernel build` options into a request, filling defaults.
+pub fn build_request(args: &BuildOptions) -> Result<KernelRequest> {
     let fragments = if args.fragments.is_empty() {
         let dir = kernel_config_dir()?;
         vec![dir.join("base.config"), dir.join("kspp.config")]
@@ -141,7 +115,8 @@ pub fn build_request(args: &BuildArgs) -> Result<KernelRequest> {
     })
 }
 
-fn check(args: &CheckArgs) -> Result<ExitCode> {
+/// Runs `imager kernel check`: exits 1 when a rule fails.
+pub fn run_check(args: &CheckOptions) -> Result<ExitCode> {
     let rules = Rules::load(&args.audit.rules_path()?)?;
     let config = KernelConfig::load(&args.config)?;
     let cmdline = match &args.cmdline {
@@ -209,29 +184,6 @@ pub fn kernel_config_dir() -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        cmd: KernelCommand,
-    }
-
-    #[test]
-    fn parses_build_defaults() {
-        let cli = Cli::try_parse_from(["kernel", "build", "-j", "3"]).unwrap();
-        let KernelCommand::Build(args) = cli.cmd else {
-            panic!("not build")
-        };
-        let req = build_request(&args).unwrap();
-        assert_eq!(req.source, PathBuf::from(DEFAULT_SOURCE));
-        assert_eq!(req.jobs, 3);
-        assert!(req.fragments[0].ends_with("kernel-config/base.config"));
-        assert!(req.fragments[1].ends_with("kernel-config/kspp.config"));
-        assert!(req.rules.ends_with("kernel-config/kspp-rules.yaml"));
-        assert!(req.waivers.iter().any(|w| w.option == "CONFIG_CFI_CLANG"));
-        assert_eq!(req.cmdline, KSPP_CMDLINE);
-    }
 
     #[test]
     fn check_exit_code_follows_failures() {
@@ -254,17 +206,17 @@ mod tests {
             "# Linux/x86 6.1.1 Kernel Configuration\n# CONFIG_A is not set\n",
         )
         .unwrap();
-        let args = |c: &Path| CheckArgs {
+        let args = |c: &Path| CheckOptions {
             config: c.to_path_buf(),
             cmdline: None,
-            audit: AuditArgs {
+            audit: AuditOptions {
                 rules: Some(rules.clone()),
                 waivers: vec![],
                 no_waivers: true,
             },
             json: false,
         };
-        assert_eq!(check(&args(&good)).unwrap(), ExitCode::SUCCESS);
-        assert_eq!(check(&args(&bad)).unwrap(), ExitCode::FAILURE);
+        assert_eq!(run_check(&args(&good)).unwrap(), ExitCode::SUCCESS);
+        assert_eq!(run_check(&args(&bad)).unwrap(), ExitCode::FAILURE);
     }
 }

@@ -1,0 +1,135 @@
+//! The installer image of a build: its payload (kernel, initramfs, boot
+//! loader and their signed manifest) and the static installer, as an OCI
+//! archive.
+
+use super::{names, profile_name};
+use crate::artifact::Kind;
+use crate::profile::Profile;
+use crate::{oci, sign};
+use anyhow::{Context, Result};
+use contract::paths;
+use std::path::{Path, PathBuf};
+
+/// The boot payload of a build, what the disk image and the installer image
+/// carry: kernel, initramfs, how to boot them.
+pub struct PayloadInput<'a> {
+    pub kernel: &'a Path,
+    pub initramfs: &'a Path,
+    pub boot: &'a sign::Boot,
+    pub epoch: u64,
+}
+
+/// Hard-links `src` to `dest`, or copies it where links cannot be made.
+fn link_or_copy(src: &Path, dest: &Path) -> Result<()> {
+    if std::fs::hard_link(src, dest).is_ok() {
+        return Ok(());
+    }
+    std::fs::copy(src, dest)
+        .map(|_| ())
+        .with_context(|| format!("copying {} to {}", src.display(), dest.display()))
+}
+
+/// Writes the installer image `out/installer.tar`: the payload (kernel,
+/// initramfs and a manifest listing exactly those two, signed by `signer`)
+/// under [`paths::INSTALLER_PAYLOAD_DIR`], the static installer `binary` as
+/// [`paths::INSTALLER_BINARY`] with [`paths::INSTALLER_LINK`] pointing to
+/// it, the link as entrypoint, the version as tag. The payload is staged in
+/// a temporary directory of `out` that a later build sweeps if this one is
+/// killed.
+pub fn write_installer(
+    p: &Profile,
+    out: &Path,
+    binary: &Path,
+    payload: &PayloadInput,
+    signer: &dyn sign::Signer,
+) -> Result<PathBuf> {
+    let stage = tempfile::Builder::new()
+        .prefix(".installer-payload.")
+        .suffix(".partial")
+        .tempdir_in(out)
+        .with_context(|| format!("creating a staging directory in {}", out.display()))?;
+    let dir = stage.path();
+    link_or_copy(payload.kernel, &dir.join(paths::PAYLOAD_KERNEL))?;
+    link_or_copy(payload.initramfs, &dir.join(paths::PAYLOAD_INITRAMFS))?;
+    link_or_copy(&p.boot.systemd_boot, &dir.join(paths::PAYLOAD_BOOT_LOADER))?;
+    let manifest = sign::Manifest {
+        boot: Some(payload.boot.clone()),
+        ..sign::Manifest::new(
+            &p.name,
+            &p.version,
+            profile_name(p),
+            payload.epoch,
+            vec![
+                sign::describe(dir, Kind::Kernel, paths::PAYLOAD_KERNEL)?,
+                sign::describe(dir, Kind::Initramfs, paths::PAYLOAD_INITRAMFS)?,
+                sign::describe(dir, Kind::BootLoader, paths::PAYLOAD_BOOT_LOADER)?,
+            ],
+        )
+    };
+    sign::write_signed_manifest(dir, &manifest, signer)
+        .context("signing the installer's payload manifest")?;
+    let mut entries = vec![
+        oci::Entry::File {
+            path: paths::INSTALLER_BINARY.to_string(),
+            source: binary.to_path_buf(),
+            mode: 0o755,
+        },
+        oci::Entry::Symlink {
+            path: paths::INSTALLER_LINK.to_string(),
+            target: relative_link(paths::INSTALLER_LINK, paths::INSTALLER_BINARY),
+        },
+    ];
+    for name in paths::PAYLOAD_FILES
+        .into_iter()
+        .chain([paths::PAYLOAD_BOOT_LOADER])
+    {
+        entries.push(oci::Entry::File {
+            path: format!("{}/{name}", paths::INSTALLER_PAYLOAD_DIR),
+            source: dir.join(name),
+            mode: 0o644,
+        });
+    }
+    let spec = oci::ImageSpec {
+        entries,
+        entrypoint: vec![format!("/{}", paths::INSTALLER_LINK)],
+        tag: p.version.clone(),
+        epoch: payload.epoch,
+    };
+    let dest = out.join(names::INSTALLER);
+    oci::write_image(&dest, &spec).with_context(|| format!("writing {}", dest.display()))?;
+    Ok(dest)
+}
+
+/// The target of a symbolic link at `link` to `target` (both relative to the
+/// same root): `imager` for `usr/bin/installer` → `usr/bin/imager`.
+pub fn relative_link(link: &str, target: &str) -> String {
+    fn parent(p: &str) -> &str {
+        p.rsplit_once('/').map_or("", |(d, _)| d)
+    }
+    if parent(link) == parent(target) {
+        return target.rsplit('/').next().unwrap_or(target).to_string();
+    }
+    let ups = parent(link).split('/').filter(|c| !c.is_empty()).count();
+    format!("{}{target}", "../".repeat(ups))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_links() {
+        assert_eq!(
+            relative_link("usr/bin/installer", "usr/bin/imager"),
+            "imager"
+        );
+        assert_eq!(
+            relative_link("sbin/installer", "usr/bin/imager"),
+            "../usr/bin/imager"
+        );
+        assert_eq!(
+            relative_link("installer", "usr/bin/imager"),
+            "usr/bin/imager"
+        );
+    }
+}

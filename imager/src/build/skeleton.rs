@@ -1,0 +1,213 @@
+//! The root filesystem of a build, as the skeleton manifest lists it: the
+//! skeleton's files, the host programs with their shared-library closures,
+//! and the files the builder makes.
+
+use crate::profile::Profile;
+use crate::{closure, rootfs};
+use anyhow::{Context, Result, bail};
+use contract::paths;
+use std::path::Path;
+
+/// The root filesystem, exactly as the runtime's manifest lists it: its
+/// directories with their modes, its files from the skeleton, and the files
+/// the builder makes (the runtime and os-release).
+pub fn rootfs_spec(p: &Profile, machined: &Path, epoch: u64) -> Result<rootfs::RootfsSpec> {
+    use contract::skeleton::{Kind, parse};
+    let m = &p.runtime.manifest;
+    let text = std::fs::read_to_string(m)
+        .with_context(|| format!("reading the rootfs manifest {}", m.display()))?;
+    let entries = parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", m.display()))?;
+    let mut spec = rootfs::RootfsSpec {
+        skeleton: None,
+        dirs: Vec::new(),
+        files: Vec::new(),
+        epoch,
+        level: p.compression.rootfs_zstd_level,
+    };
+    // The closures of the `host` programs, first: the builder file that
+    // lists them may come before them in the manifest.
+    let closure = host_closures(&entries, m)?;
+    let mut closure_listed = false;
+    for e in entries {
+        let abs = format!("/{}", e.path);
+        match e.kind {
+            Kind::Dir => spec.dirs.push((abs, e.mode)),
+            Kind::File => {
+                let src = p.runtime.skeleton.join(e.path);
+                if !src.is_file() {
+                    bail!(
+                        "{} lists {} but {} does not exist: add it to the skeleton or remove the line",
+                        m.display(),
+                        e.path,
+                        src.display()
+                    );
+                }
+                spec.files.push(rootfs::RootfsFile {
+                    path: abs,
+                    source: rootfs::Source::File(src),
+                    mode: e.mode,
+                });
+            }
+            Kind::Host => spec.files.push(rootfs::RootfsFile {
+                path: abs.clone(),
+                source: rootfs::Source::File(Path::new("/").join(e.path)),
+                mode: e.mode,
+            }),
+            Kind::Builder => {
+                let source = if abs == paths::ROOTFS_INIT {
+                    rootfs::Source::File(machined.to_path_buf())
+                } else if abs == paths::ROOTFS_OS_RELEASE {
+                    rootfs::Source::Bytes(os_release(p).into_bytes())
+                } else if abs == paths::ROOTFS_HOST_CLOSURE {
+                    closure_listed = true;
+                    rootfs::Source::Bytes(closure_manifest(closure.values()).into_bytes())
+                } else {
+                    bail!(
+                        "{} asks the builder for {abs}, which it does not make (it makes {}, {} and {})",
+                        m.display(),
+                        paths::ROOTFS_INIT,
+                        paths::ROOTFS_OS_RELEASE,
+                        paths::ROOTFS_HOST_CLOSURE
+                    );
+                };
+                spec.files.push(rootfs::RootfsFile {
+                    path: abs,
+                    source,
+                    mode: e.mode,
+                });
+            }
+        }
+    }
+    if !closure.is_empty() && !closure_listed {
+        bail!(
+            "{} has host programs but no `builder 0644 {}` line: stage 1 could not check their libraries",
+            m.display(),
+            paths::ROOTFS_HOST_CLOSURE.trim_start_matches('/')
+        );
+    }
+    for f in closure.into_values() {
+        spec.files.push(rootfs::RootfsFile {
+            path: f.path,
+            source: rootfs::Source::File(f.source),
+            mode: f.mode,
+        });
+    }
+    Ok(spec)
+}
+
+/// The files of the closures of the skeleton manifest's `host` programs
+/// (`m` names the manifest in messages) that it does not list itself, by
+/// path in the image.
+fn host_closures(
+    entries: &[contract::skeleton::Entry],
+    m: &Path,
+) -> Result<std::collections::BTreeMap<String, closure::ClosureFile>> {
+    use contract::skeleton::Kind;
+    let listed: std::collections::BTreeSet<String> =
+        entries.iter().map(|e| format!("/{}", e.path)).collect();
+    let mut closure = std::collections::BTreeMap::new();
+    for e in entries.iter().filter(|e| e.kind == Kind::Host) {
+        let src = Path::new("/").join(e.path);
+        if !src.is_file() {
+            bail!(
+                "{} asks for the host program /{} but it is not on this host: install the package that provides it (scripts/setup.sh)",
+                m.display(),
+                e.path
+            );
+        }
+        let files = closure::resolve(&src, &closure::DEFAULT_SEARCH)
+            .with_context(|| format!("resolving the shared libraries of /{}", e.path))?;
+        for f in files {
+            if !listed.contains(&f.path) {
+                closure.entry(f.path.clone()).or_insert(f);
+            }
+        }
+    }
+    Ok(closure)
+}
+
+/// The generated manifest of the host programs' closures (sorted), in the
+/// skeleton format, checked by stage 1.
+fn closure_manifest<'a>(files: impl Iterator<Item = &'a closure::ClosureFile>) -> String {
+    let mut s = String::from(
+        "# Generated by imager: the shared libraries and ELF interpreter of the\n\
+         # `host` programs of the skeleton manifest. Checked by stage 1.\n",
+    );
+    for f in files {
+        s.push_str(&format!(
+            "host {:04o} {}\n",
+            f.mode,
+            f.path.trim_start_matches('/')
+        ));
+    }
+    s
+}
+
+fn os_release(p: &Profile) -> String {
+    format!(
+        "NAME=\"{}\"\nID={}\nVERSION_ID={}\nIMAGE_ID={}\nIMAGE_VERSION={}\nPRETTY_NAME=\"{} {}\"\n",
+        p.pretty_name, p.name, p.version, p.name, p.version, p.pretty_name, p.version
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile_with_manifest(dir: &Path, manifest: &str) -> Profile {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut p = Profile::load(&root.join("profiles/metal.yaml")).unwrap();
+        let m = dir.join("skeleton.txt");
+        std::fs::write(&m, manifest).unwrap();
+        p.runtime.manifest = m;
+        p
+    }
+
+    #[test]
+    fn host_programs_bring_their_closure_and_its_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let machined = dir.path().join("machined");
+        std::fs::write(&machined, "x").unwrap();
+        let p = profile_with_manifest(
+            dir.path(),
+            "builder 0644 usr/lib/machined/host-closure.txt\nhost 0755 usr/sbin/mkfs.xfs\n",
+        );
+        let spec = rootfs_spec(&p, &machined, 0).unwrap();
+        let paths: Vec<&str> = spec.files.iter().map(|f| f.path.as_str()).collect();
+        assert!(paths.contains(&"/usr/sbin/mkfs.xfs"), "{paths:?}");
+        assert!(paths.contains(&"/lib64/ld-linux-x86-64.so.2"), "{paths:?}");
+        assert!(
+            paths.contains(&"/usr/lib/x86_64-linux-gnu/libc.so.6"),
+            "{paths:?}"
+        );
+        let manifest = spec
+            .files
+            .iter()
+            .find(|f| f.path == paths::ROOTFS_HOST_CLOSURE)
+            .unwrap();
+        let rootfs::Source::Bytes(text) = &manifest.source else {
+            panic!("closure manifest is not generated")
+        };
+        let text = String::from_utf8(text.clone()).unwrap();
+        let entries = contract::skeleton::parse(&text).unwrap();
+        assert!(
+            entries
+                .iter()
+                .any(|e| e.path == "usr/lib/x86_64-linux-gnu/libc.so.6"),
+            "{text}"
+        );
+        assert!(!entries.iter().any(|e| e.path == "usr/sbin/mkfs.xfs"));
+        // Same inputs, same manifest.
+        let again = rootfs_spec(&p, &machined, 0).unwrap();
+        assert_eq!(again, spec);
+
+        // Without the closure manifest line, or with a program that is not
+        // on the host, the build stops with the reason.
+        let p = profile_with_manifest(dir.path(), "host 0755 usr/sbin/mkfs.xfs\n");
+        let e = format!("{:#}", rootfs_spec(&p, &machined, 0).unwrap_err());
+        assert!(e.contains("host-closure.txt"), "{e}");
+        let p = profile_with_manifest(dir.path(), "host 0755 usr/sbin/no-such-program\n");
+        let e = format!("{:#}", rootfs_spec(&p, &machined, 0).unwrap_err());
+        assert!(e.contains("not on this host"), "{e}");
+    }
+}

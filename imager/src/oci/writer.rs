@@ -1,0 +1,358 @@
+//! Writes the installer image: an OCI archive of one uncompressed layer,
+//! byte for byte the same for the same inputs: every timestamp is the
+//! build's `SOURCE_DATE_EPOCH`, entries are sorted, owners are 0:0 without
+//! names, modes are fixed and every JSON document is compact with sorted
+//! keys. The layer is streamed to a temporary file while it is hashed, then
+//! copied into the archive; nothing large is held in memory.
+
+use super::{LAYOUT_VERSION, MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX, MEDIA_TYPE_LAYER};
+use super::{MEDIA_TYPE_MANIFEST, REF_NAME};
+use crate::io::{AtomicFile, HashingReader, HashingWriter};
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// A file or link of the image's layer. Paths are relative to the image's
+/// root, `/`-separated; parent directories are added (mode 0755).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// A regular file with the bytes of `source`.
+    File {
+        path: String,
+        source: PathBuf,
+        mode: u32,
+    },
+    /// A symbolic link to `target`.
+    Symlink { path: String, target: String },
+}
+
+impl Entry {
+    pub fn path(&self) -> &str {
+        match self {
+            Entry::File { path, .. } | Entry::Symlink { path, .. } => path,
+        }
+    }
+}
+
+/// An image of one layer.
+#[derive(Debug, Clone)]
+pub struct ImageSpec {
+    pub entries: Vec<Entry>,
+    /// `config.Entrypoint`, e.g. `["/usr/bin/installer"]`.
+    pub entrypoint: Vec<String>,
+    /// The `org.opencontainers.image.ref.name` of the image in `index.json`.
+    pub tag: String,
+    /// Every timestamp: file mtimes and the config's `created`.
+    pub epoch: u64,
+}
+
+/// What [`write_image`] wrote; digests are `sha256:<hex>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageInfo {
+    pub path: PathBuf,
+    pub manifest_digest: String,
+    pub config_digest: String,
+    pub layer_digest: String,
+    pub layer_size: u64,
+}
+
+/// Writes the OCI archive `dest` of `spec`, atomically (a temporary name,
+/// renamed when complete).
+pub fn write_image(dest: &Path, spec: &ImageSpec) -> Result<ImageInfo> {
+    check_tag(&spec.tag).map_err(|e| anyhow!("image tag: {e}"))?;
+    let layer = temp_beside(dest, "layer")?;
+    let (layer_hex, layer_size) = write_layer(layer.as_file(), &spec.entries, spec.epoch)
+        .with_context(|| format!("writing the layer of {}", dest.display()))?;
+    assemble(dest, layer.as_file(), &layer_hex, layer_size, spec)
+}
+
+/// Writes the layer tar of `entries` (with their parent directories, sorted)
+/// into `file`, hashing it. Returns its hex SHA-256 and size.
+fn write_layer(file: &File, entries: &[Entry], epoch: u64) -> Result<(String, u64)> {
+    let mut dirs = BTreeSet::new();
+    let mut seen = BTreeSet::new();
+    for e in entries {
+        check_image_path(e.path())?;
+        if !seen.insert(e.path()) {
+            bail!("image path {} is given twice", e.path());
+        }
+        let mut parent = e.path();
+        while let Some((p, _)) = parent.rsplit_once('/') {
+            dirs.insert(p.to_string());
+            parent = p;
+        }
+    }
+    if let Some(d) = dirs.iter().find(|d| seen.contains(d.as_str())) {
+        bail!("image path {d} is both a directory and a file");
+    }
+    enum Item<'a> {
+        Dir,
+        Entry(&'a Entry),
+    }
+    let mut items: Vec<(&str, Item)> = dirs.iter().map(|d| (d.as_str(), Item::Dir)).collect();
+    items.extend(entries.iter().map(|e| (e.path(), Item::Entry(e))));
+    items.sort_by(|a, b| a.0.cmp(b.0));
+
+    let w = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));
+    let mut b = tar::Builder::new(w);
+    for (path, item) in items {
+        match item {
+            Item::Dir => {
+                let mut h = header(tar::EntryType::Directory, 0o755, 0, epoch);
+                b.append_data(&mut h, format!("{path}/"), io::empty())
+                    .with_context(|| format!("adding {path}/ to the layer"))?;
+            }
+            Item::Entry(Entry::File { source, mode, .. }) => {
+                let f =
+                    File::open(source).with_context(|| format!("opening {}", source.display()))?;
+                let size = f
+                    .metadata()
+                    .with_context(|| format!("reading {}", source.display()))?
+                    .len();
+                let mut h = header(tar::EntryType::Regular, *mode, size, epoch);
+                // Exactly `size` bytes: a file that grows meanwhile cannot
+                // break the archive (one that shrinks fails the copy).
+                b.append_data(&mut h, path, BufReader::new(f).take(size))
+                    .with_context(|| {
+                        format!("adding {} as {path} to the layer", source.display())
+                    })?;
+            }
+            Item::Entry(Entry::Symlink { target, .. }) => {
+                let mut h = header(tar::EntryType::Symlink, 0o777, 0, epoch);
+                b.append_link(&mut h, path, target)
+                    .with_context(|| format!("adding the link {path} to the layer"))?;
+            }
+        }
+    }
+    let w = b.into_inner().context("finishing the layer")?;
+    let (buf, hex, size) = w.finish();
+    buf.into_inner()
+        .map_err(|e| e.into_error())
+        .context("writing the layer")?;
+    Ok((hex, size))
+}
+
+/// Writes the archive `dest` around the layer in `layer` (hex SHA-256
+/// `layer_hex`, `layer_size` bytes): config, manifest, index, layout.
+pub(super) fn assemble(
+    dest: &Path,
+    layer: &File,
+    layer_hex: &str,
+    layer_size: u64,
+    spec: &ImageSpec,
+) -> Result<ImageInfo> {
+    let layer_digest = format!("sha256:{layer_hex}");
+    let docs = documents(spec, &layer_digest, layer_size)?;
+    enum Src<'a> {
+        Dir,
+        Bytes(&'a [u8]),
+        File(&'a File, u64),
+    }
+    let blob = |d: &str| format!("blobs/sha256/{}", d.trim_start_matches("sha256:"));
+    let mut items: BTreeMap<String, Src> = BTreeMap::new();
+    items.insert("blobs/".into(), Src::Dir);
+    items.insert("blobs/sha256/".into(), Src::Dir);
+    items.insert("oci-layout".into(), Src::Bytes(&docs.layout));
+    items.insert("index.json".into(), Src::Bytes(&docs.index));
+    items.insert(blob(&docs.manifest_digest), Src::Bytes(&docs.manifest));
+    items.insert(blob(&docs.config_digest), Src::Bytes(&docs.config));
+    items.insert(blob(&layer_digest), Src::File(layer, layer_size));
+
+    let mut out = AtomicFile::create(dest)?;
+    {
+        let mut b = tar::Builder::new(BufWriter::with_capacity(1 << 20, &mut out));
+        for (path, src) in items {
+            let what = || format!("adding {path} to {}", dest.display());
+            match src {
+                Src::Dir => {
+                    let mut h = header(tar::EntryType::Directory, 0o755, 0, spec.epoch);
+                    b.append_data(&mut h, &path, io::empty())
+                        .with_context(what)?;
+                }
+                Src::Bytes(bytes) => {
+                    let mut h = header(
+                        tar::EntryType::Regular,
+                        0o644,
+                        bytes.len() as u64,
+                        spec.epoch,
+                    );
+                    b.append_data(&mut h, &path, bytes).with_context(what)?;
+                }
+                Src::File(mut f, size) => {
+                    f.seek(SeekFrom::Start(0)).with_context(what)?;
+                    // The layer as hashed, re-checked on the way in.
+                    let mut r = HashingReader::new(BufReader::with_capacity(1 << 20, f).take(size));
+                    let mut h = header(tar::EntryType::Regular, 0o644, size, spec.epoch);
+                    b.append_data(&mut h, &path, &mut r).with_context(what)?;
+                    if r.finish() != (layer_hex.to_string(), size) {
+                        bail!(
+                            "the layer of {} changed while it was written",
+                            dest.display()
+                        );
+                    }
+                }
+            }
+        }
+        let w = b
+            .into_inner()
+            .with_context(|| format!("finishing {}", dest.display()))?;
+        w.into_inner()
+            .map_err(|e| e.into_error())
+            .with_context(|| format!("writing {}", dest.display()))?;
+    }
+    let path = out.commit()?;
+    Ok(ImageInfo {
+        path,
+        manifest_digest: docs.manifest_digest,
+        config_digest: docs.config_digest,
+        layer_digest,
+        layer_size,
+    })
+}
+
+/// The JSON documents of an image around its layer, serialized: config,
+/// manifest (with their digests), index and `oci-layout`.
+struct Documents {
+    config: Vec<u8>,
+    config_digest: String,
+    manifest: Vec<u8>,
+    manifest_digest: String,
+    index: Vec<u8>,
+    layout: Vec<u8>,
+}
+
+/// The documents of `spec`'s image of one layer, `layer_digest`
+/// (`sha256:<hex>`), `layer_size` bytes.
+fn documents(spec: &ImageSpec, layer_digest: &str, layer_size: u64) -> Result<Documents> {
+    let created = rfc3339(spec.epoch);
+
+    // Keys in sorted order, compact: the same document gives the same bytes
+    // whatever the map type of serde_json.
+    let config = json!({
+        "architecture": "amd64",
+        "config": { "Entrypoint": spec.entrypoint },
+        "created": created,
+        "history": [ { "created": created, "created_by": "imager build" } ],
+        "os": "linux",
+        "rootfs": { "diff_ids": [layer_digest], "type": "layers" },
+    });
+    let config = serde_json::to_vec(&config).context("serializing the image config")?;
+    let config_digest = digest_of(&config);
+    let manifest = json!({
+        "config": {
+            "digest": config_digest,
+            "mediaType": MEDIA_TYPE_CONFIG,
+            "size": config.len(),
+        },
+        "layers": [ {
+            "digest": layer_digest,
+            "mediaType": MEDIA_TYPE_LAYER,
+            "size": layer_size,
+        } ],
+        "mediaType": MEDIA_TYPE_MANIFEST,
+        "schemaVersion": 2,
+    });
+    let manifest = serde_json::to_vec(&manifest).context("serializing the image manifest")?;
+    let manifest_digest = digest_of(&manifest);
+    let index = json!({
+        "manifests": [ {
+            "annotations": { REF_NAME: spec.tag },
+            "digest": manifest_digest,
+            "mediaType": MEDIA_TYPE_MANIFEST,
+            "platform": { "architecture": "amd64", "os": "linux" },
+            "size": manifest.len(),
+        } ],
+        "mediaType": MEDIA_TYPE_INDEX,
+        "schemaVersion": 2,
+    });
+    let index = serde_json::to_vec(&index).context("serializing index.json")?;
+    let layout = serde_json::to_vec(&json!({ "imageLayoutVersion": LAYOUT_VERSION }))
+        .context("serializing oci-layout")?;
+    Ok(Documents {
+        config,
+        config_digest,
+        manifest,
+        manifest_digest,
+        index,
+        layout,
+    })
+}
+
+/// Checks that `tag` is a valid OCI tag (`[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`).
+pub fn check_tag(tag: &str) -> Result<(), String> {
+    let ok = !tag.is_empty()
+        && tag.len() <= 128
+        && !tag.starts_with(['.', '-'])
+        && tag
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{tag:?} cannot be an OCI image tag: use at most 128 letters, digits, '.', '_' and \
+             '-', not starting with '.' or '-'"
+        ))
+    }
+}
+
+/// Checks a path inside the image: relative, `/`-separated, no empty, `.`
+/// or `..` component, no NUL.
+fn check_image_path(path: &str) -> Result<()> {
+    if path.is_empty() || path.starts_with('/') || path.contains('\0') {
+        bail!("image path {path:?} must be relative to the image's root and not empty");
+    }
+    if path.split('/').any(|c| matches!(c, "" | "." | "..")) {
+        bail!("image path {path:?} has an empty, `.` or `..` component");
+    }
+    Ok(())
+}
+
+/// `1970-01-01T00:00:00Z` from seconds since 1970 (RFC 3339, UTC).
+pub fn rfc3339(epoch: u64) -> String {
+    let (year, month, day) = contract::date::civil_from_days(epoch / 86400);
+    let secs = epoch % 86400;
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+pub(super) fn header(kind: tar::EntryType, mode: u32, size: u64, epoch: u64) -> tar::Header {
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(epoch);
+    h.set_size(size);
+    h
+}
+
+/// A temporary file beside `dest`, named so that a later build sweeps it if
+/// this one is killed ([`crate::io::remove_stale_partials`]).
+fn temp_beside(dest: &Path, what: &str) -> Result<tempfile::NamedTempFile> {
+    let dir = dest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    tempfile::Builder::new()
+        .prefix(&format!(".{name}.{what}."))
+        .suffix(".partial")
+        .tempfile_in(dir)
+        .with_context(|| format!("creating a temporary {what} for {}", dest.display()))
+}
+
+pub(super) fn digest_of(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
