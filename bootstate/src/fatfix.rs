@@ -19,7 +19,8 @@
 use anyhow::{Result, bail};
 use std::io::{Read, Seek, SeekFrom, Write};
 
-use crate::fatscan::{DOT, DOTDOT, Geometry, Kind, geometry, le16};
+use crate::fatscan::{DOT, DOTDOT, Geometry, Kind, geometry};
+use contract::le::read_u16;
 
 const ENTRY: usize = 32;
 const ATTR_LFN: u8 = 0x0F;
@@ -59,7 +60,8 @@ fn subdirs(entries: &[u8]) -> Vec<u32> {
         if attr == ATTR_LFN || attr & ATTR_DIR == 0 || &e[..11] == DOT || &e[..11] == DOTDOT {
             continue;
         }
-        let c = (le16(e, 20) << 16 | le16(e, 26)) as u32;
+        let c = (u64::from(read_u16(e, 20).unwrap_or(0)) << 16
+            | u64::from(read_u16(e, 26).unwrap_or(0))) as u32;
         if c >= 2 {
             out.push(c);
         }
@@ -245,7 +247,9 @@ fn scan_dir<T: Read + Seek>(dev: &mut T, ranges: &[(u64, u64)]) -> Result<Vec<(S
             Found {
                 short: offset_of(i * ENTRY),
                 long: long.iter().map(|(o, _, _)| *o).collect(),
-                first_cluster: (le16(e, 20) << 16 | le16(e, 26)) as u32,
+                first_cluster: (u64::from(read_u16(e, 20).unwrap_or(0)) << 16
+                    | u64::from(read_u16(e, 26).unwrap_or(0)))
+                    as u32,
                 is_dir: e[11] & ATTR_DIR != 0,
             },
         ));

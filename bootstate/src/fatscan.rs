@@ -15,6 +15,7 @@
 //! entry points to them, a cut at any of its writes harms nothing.
 
 use anyhow::{Context, Result, bail};
+use contract::le::{read_u16, read_u32};
 use std::io::{Read, Seek, SeekFrom, Write};
 
 const ENTRY: usize = 32;
@@ -55,15 +56,12 @@ pub(crate) struct Geometry {
     pub clusters: u32,
 }
 
-pub(crate) fn le16(b: &[u8], at: usize) -> u64 {
-    b.get(at..at + 2)
-        .map_or(0, |s| u64::from(u16::from_le_bytes([s[0], s[1]])))
+fn le16(b: &[u8], at: usize) -> u64 {
+    read_u16(b, at).map_or(0, u64::from)
 }
 
-pub(crate) fn le32(b: &[u8], at: usize) -> u64 {
-    b.get(at..at + 4).map_or(0, |s| {
-        u64::from(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
-    })
+fn le32(b: &[u8], at: usize) -> u64 {
+    read_u32(b, at).map_or(0, u64::from)
 }
 
 /// Reads and checks the boot sector of the volume on `dev`.

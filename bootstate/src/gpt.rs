@@ -35,6 +35,7 @@
 use crate::device::{Device, Window};
 use anyhow::{Context, Result, anyhow, bail};
 use contract::Guid;
+use contract::le::{read_u32, read_u64};
 use contract::partition::{
     DiskEnd, GPT_ENTRIES, GPT_ENTRY_SIZE, SECTOR_SIZES, entry_array_sectors, first_usable_lba,
     gpt_array_sectors,
@@ -69,22 +70,6 @@ const E_FIRST: usize = 32;
 const E_LAST: usize = 40;
 const E_ATTRS: usize = 48;
 const E_NAME: usize = 56;
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut a = [0u8; 4];
-    if let Some(s) = b.get(at..at + 4) {
-        a.copy_from_slice(s);
-    }
-    u32::from_le_bytes(a)
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    if let Some(s) = b.get(at..at + 8) {
-        a.copy_from_slice(s);
-    }
-    u64::from_le_bytes(a)
-}
 
 fn put(b: &mut [u8], at: usize, v: &[u8]) {
     if let Some(s) = b.get_mut(at..at + v.len()) {
@@ -125,26 +110,26 @@ impl Header {
         if sector.get(..8) != Some(&SIGNATURE[..]) {
             bail!("no GPT signature");
         }
-        let size = u32_at(sector, H_SIZE) as usize;
+        let size = read_u32(sector, H_SIZE).unwrap_or(0) as usize;
         if !(HEADER_SIZE..=sector.len()).contains(&size) {
             bail!("header size {size} is not between {HEADER_SIZE} and the sector size");
         }
         let mut h = sector[..size].to_vec();
-        let want = u32_at(&h, H_CRC);
+        let want = read_u32(&h, H_CRC).unwrap_or(0);
         put(&mut h, H_CRC, &[0; 4]);
         if crc32(&h) != want {
             bail!("header CRC mismatch");
         }
         Ok(Header {
-            my_lba: u64_at(&h, H_MY_LBA),
-            alternate_lba: u64_at(&h, H_ALT_LBA),
-            first_usable_lba: u64_at(&h, H_FIRST_USABLE),
-            last_usable_lba: u64_at(&h, H_LAST_USABLE),
+            my_lba: read_u64(&h, H_MY_LBA).unwrap_or(0),
+            alternate_lba: read_u64(&h, H_ALT_LBA).unwrap_or(0),
+            first_usable_lba: read_u64(&h, H_FIRST_USABLE).unwrap_or(0),
+            last_usable_lba: read_u64(&h, H_LAST_USABLE).unwrap_or(0),
             disk_guid: guid_at(&h, H_DISK_GUID),
-            entries_lba: u64_at(&h, H_ENTRIES_LBA),
-            entry_count: u32_at(&h, H_COUNT),
-            entry_size: u32_at(&h, H_ENTRY_SIZE),
-            entries_crc: u32_at(&h, H_ENTRIES_CRC),
+            entries_lba: read_u64(&h, H_ENTRIES_LBA).unwrap_or(0),
+            entry_count: read_u32(&h, H_COUNT).unwrap_or(0),
+            entry_size: read_u32(&h, H_ENTRY_SIZE).unwrap_or(0),
+            entries_crc: read_u32(&h, H_ENTRIES_CRC).unwrap_or(0),
         })
     }
 
@@ -408,9 +393,9 @@ fn parse_entries(h: &Header, entries: &[u8]) -> Result<Vec<Partition>> {
             label: String::from_utf16_lossy(&units),
             type_guid,
             unique_guid: guid_at(e, E_UNIQUE),
-            first_lba: u64_at(e, E_FIRST),
-            last_lba: u64_at(e, E_LAST),
-            attributes: u64_at(e, E_ATTRS),
+            first_lba: read_u64(e, E_FIRST).unwrap_or(0),
+            last_lba: read_u64(e, E_LAST).unwrap_or(0),
+            attributes: read_u64(e, E_ATTRS).unwrap_or(0),
         };
         if p.first_lba > p.last_lba
             || p.first_lba < h.first_usable_lba
@@ -562,7 +547,7 @@ fn commit<D: Device>(
         }
         Mbr::Resize => {
             let mut m = read_exact_at(dev, 0, 512).context("reading the protective MBR")?;
-            if is_protective(&m) && u32_at(&m, 458) != size {
+            if is_protective(&m) && read_u32(&m, 458).unwrap_or(0) != size {
                 put(&mut m, 458, &size.to_le_bytes());
                 write_at(dev, 0, &m).context("writing the protective MBR")?;
             }
@@ -614,7 +599,7 @@ pub fn grow_last<D: Device>(
         );
     }
     let mbr = read_exact_at(dev, 0, 512).context("reading the protective MBR")?;
-    let mbr_stale = is_protective(&mbr) && u32_at(&mbr, 458) != mbr_size(total - 1);
+    let mbr_stale = is_protective(&mbr) && read_u32(&mbr, 458).unwrap_or(0) != mbr_size(total - 1);
     if t.source == Copy::Primary
         && t.header.alternate_lba == total - 1
         && new_last == old_last

@@ -325,7 +325,7 @@ fn contradictions_are_refused_without_panic() {
     let cases: [(&str, Change); 7] = [
         ("overlap", |_, e| {
             // STATE starts inside META.
-            let meta_first = u64_at(e, 3 * 128 + E_FIRST);
+            let meta_first = read_u64(e, 3 * 128 + E_FIRST).unwrap();
             put(e, 4 * 128 + E_FIRST, &meta_first.to_le_bytes());
         }),
         ("outside the usable", |_, e| {
