@@ -306,6 +306,7 @@ impl<D: Device> BootFs<D> {
 
     /// Removes `path` crash-safely and syncs; false if it was not there.
     pub fn remove(&mut self, path: &str) -> Result<bool> {
+        self.scan()?;
         let found = crate::fatfix::remove_file(&mut self.dev, path)
             .with_context(|| format!("removing {path} from BOOT"))?;
         if found {

@@ -163,13 +163,13 @@ pub(crate) fn write_fs_info<T: Read + Write + Seek>(dev: &mut T, g: &Geometry) -
 
 /// Where a directory entry (long-name entries and the short entry) lies.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Found {
+pub(crate) struct Found {
     /// Byte offset of the short (8.3) entry.
-    short: u64,
+    pub(crate) short: u64,
     /// Byte offsets of its long-name entries.
-    long: Vec<u64>,
-    first_cluster: u32,
-    is_dir: bool,
+    pub(crate) long: Vec<u64>,
+    pub(crate) first_cluster: u32,
+    pub(crate) is_dir: bool,
 }
 
 /// The name of a short entry as `name.ext`, lower case.
@@ -258,7 +258,7 @@ fn scan_dir<T: Read + Seek>(dev: &mut T, ranges: &[(u64, u64)]) -> Result<Vec<(S
 }
 
 /// Finds `path` (`/`-separated, compared without regard to case).
-fn find<T: Read + Seek>(dev: &mut T, g: &Geometry, path: &str) -> Result<Option<Found>> {
+pub(crate) fn find<T: Read + Seek>(dev: &mut T, g: &Geometry, path: &str) -> Result<Option<Found>> {
     let mut ranges = match g.kind {
         Kind::Fat16 => vec![g.root_region],
         Kind::Fat32 => g.chain(dev, g.root_cluster)?,

@@ -474,3 +474,6 @@ pub fn reclaim<T: Read + Write + Seek>(dev: &mut T, scan: &Scan) -> Result<usize
     dev.flush()?;
     Ok(scan.lost.len())
 }
+
+#[cfg(test)]
+mod tests;
