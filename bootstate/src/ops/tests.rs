@@ -1,0 +1,426 @@
+//! The slot operations on a BOOT and a META in memory, cut at their writes.
+
+use super::*;
+use crate::device::Faulty;
+use contract::meta::{AREA_LEN, SlotRecord, Tag};
+use sha2::{Digest, Sha256};
+use std::io::Cursor;
+
+type Dev = Cursor<Vec<u8>>;
+
+/// A BOOT filesystem with slot A installed (version 1) and its META.
+fn disk(boot_mib: usize) -> (Dev, Dev) {
+    let mut dev = Cursor::new(vec![0u8; boot_mib << 20]);
+    fatfs::format_volume(&mut dev, fatfs::FormatVolumeOptions::new()).unwrap();
+    let mut boot = BootFs::new(dev, 0);
+    for d in ["loader", "loader/entries", "A", "B"] {
+        boot.ensure_dir(d).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = payload(dir.path(), "1", 1000);
+    let e = p.entry(Slot::A);
+    for (path, f) in [(&e.linux, &p.kernel), (&e.initrd, &p.initramfs)] {
+        boot.create(path, &mut File::open(&f.path).unwrap(), f.len)
+            .unwrap();
+    }
+    let text = e.render();
+    boot.create(
+        &EntryName::good(1, Slot::A).path(),
+        &mut text.as_bytes(),
+        text.len() as u64,
+    )
+    .unwrap();
+    let mut meta = Meta::default();
+    meta.set(Tag::DefaultSlot, "A");
+    meta.set(
+        Tag::SlotA,
+        SlotRecord {
+            status: SlotStatus::Good,
+            version: "1".into(),
+        }
+        .render(),
+    );
+    let mut m = Cursor::new(vec![0u8; AREA_LEN]);
+    meta::write(&mut m, &meta).unwrap();
+    (boot.into_inner(), m)
+}
+
+fn payload(dir: &std::path::Path, version: &str, size: usize) -> Payload {
+    let file = |name: &str, seed: u8| {
+        let data: Vec<u8> = (0..size)
+            .map(|i| {
+                (i as u8)
+                    .wrapping_mul(seed)
+                    .wrapping_add(version.len() as u8)
+            })
+            .chain(version.bytes())
+            .collect();
+        let path = dir.join(format!("{name}-{version}"));
+        std::fs::write(&path, &data).unwrap();
+        PayloadFile {
+            path,
+            sha256: crate::fat::hex(&Sha256::digest(&data)),
+            len: data.len() as u64,
+        }
+    };
+    Payload {
+        version: version.into(),
+        title: "Test".into(),
+        cmdline: "console=ttyS0".into(),
+        kernel: file("kernel", 7),
+        initramfs: file("initramfs", 13),
+    }
+}
+
+/// What systemd-boot does: picks the first valid entry (its kernel
+/// exists) and, if it counts, renames it before starting it.
+fn firmware_tries(boot: &mut BootFs<&mut Dev>) -> Slot {
+    let entries = entries(boot);
+    let first = boot_order(&entries)[0];
+    if let Some(t) = first.tries
+        && t.left > 0
+    {
+        let mut next = first;
+        next.tries = Some(contract::boot::Tries {
+            left: t.left - 1,
+            done: t.done + 1,
+        });
+        let text = boot.read(&first.path(), 4096).unwrap();
+        boot.remove(&first.path()).unwrap();
+        boot.create(&next.path(), &mut &text[..], text.len() as u64)
+            .unwrap();
+    }
+    first.slot
+}
+
+fn entries(boot: &mut BootFs<&mut Dev>) -> Vec<EntryName> {
+    let (valid, _) = read_entries(boot).unwrap();
+    valid
+}
+
+#[test]
+fn upgrade_bless_fail_and_rollback() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut b, mut m) = disk(40);
+    let mut boot = BootFs::new(&mut b, 0);
+    let v2 = payload(dir.path(), "2", 300_000);
+    let up = upgrade(&mut boot, &mut m, &v2, 3).unwrap();
+    assert_eq!((up.from, up.to), (Slot::A, Slot::B));
+    assert_eq!(up.entry.file_name(), "g00000002-slot-b+3-0.conf");
+    let st = status(&mut boot, &mut m).unwrap();
+    assert_eq!(st.state.default, Slot::B);
+    assert_eq!(st.state.status(Slot::B), SlotStatus::Pending);
+    assert!(st.state.history[0].contains("upgrade-started from=A to=B"));
+    // The firmware tries B; the runtime blesses it.
+    assert_eq!(firmware_tries(&mut boot), Slot::B);
+    assert_eq!(
+        assess(&mut boot, &mut m, Slot::B).unwrap(),
+        BootOutcome::Trial
+    );
+    let blessed = bless(&mut boot, &mut m, Slot::B, "2").unwrap();
+    assert_eq!(blessed.from_version.as_deref(), Some("1"));
+    assert_eq!(
+        entries(&mut boot),
+        [EntryName::good(1, Slot::A), EntryName::good(2, Slot::B)]
+    );
+    assert_eq!(firmware_tries(&mut boot), Slot::B);
+    assert_eq!(
+        assess(&mut boot, &mut m, Slot::B).unwrap(),
+        BootOutcome::Steady
+    );
+
+    // v3 never reaches ready: three tries, then A... no: then B (v2).
+    let v3 = payload(dir.path(), "3", 200_000);
+    let up = upgrade(&mut boot, &mut m, &v3, 3).unwrap();
+    assert_eq!((up.from, up.to), (Slot::B, Slot::A));
+    // A's v1 files are gone, v3's are there.
+    let a_files: Vec<String> = boot
+        .list("A")
+        .unwrap()
+        .into_iter()
+        .map(|f| f.name)
+        .collect();
+    assert_eq!(a_files.len(), 2);
+    assert!(
+        a_files
+            .iter()
+            .all(|f| f.contains(&v3.kernel.sha256[..16]) || f.contains(&v3.initramfs.sha256[..16]))
+    );
+    for _ in 0..3 {
+        assert_eq!(firmware_tries(&mut boot), Slot::A);
+    }
+    assert_eq!(firmware_tries(&mut boot), Slot::B, "tries ran out");
+    let out = assess(&mut boot, &mut m, Slot::B).unwrap();
+    assert_eq!(
+        out,
+        BootOutcome::FellBack {
+            failed: Slot::A,
+            version: "3".into(),
+            reason: FallbackReason::TriesExhausted { tries: 3 }
+        }
+    );
+    let st = status(&mut boot, &mut m).unwrap();
+    assert_eq!(st.state.default, Slot::B);
+    assert_eq!(st.state.status(Slot::A), SlotStatus::Bad);
+    assert!(st.state.pending.is_none());
+    assert!(
+        st.state
+            .history
+            .last()
+            .unwrap()
+            .contains("upgrade-failed slot=A version=3")
+    );
+
+    // Rolling back to a bad slot needs force, and then it is on trial.
+    let e = format!("{:#}", rollback(&mut boot, &mut m, false).unwrap_err());
+    assert!(e.contains("marked bad") && e.contains("--force"), "{e}");
+    let r = rollback(&mut boot, &mut m, true).unwrap();
+    assert_eq!((r.from, r.to), (Slot::B, Slot::A));
+    assert_eq!(r.entry.file_name(), "g00000004-slot-a+3-0.conf");
+    assert_eq!(firmware_tries(&mut boot), Slot::A);
+
+    // v4 replaces the trial of A (target stays A, fallback B).
+    let v4 = payload(dir.path(), "4", 100_000);
+    let up = upgrade(&mut boot, &mut m, &v4, 2).unwrap();
+    assert_eq!((up.from, up.to), (Slot::B, Slot::A));
+    assert_eq!(firmware_tries(&mut boot), Slot::A);
+    bless(&mut boot, &mut m, Slot::A, "4").unwrap();
+    // A manual rollback to the good B: no counting.
+    let r = rollback(&mut boot, &mut m, false).unwrap();
+    assert_eq!(r.entry, EntryName::good(6, Slot::B));
+    assert_eq!(firmware_tries(&mut boot), Slot::B);
+    assert_eq!(
+        assess(&mut boot, &mut m, Slot::B).unwrap(),
+        BootOutcome::Steady
+    );
+    assert_eq!(
+        entries(&mut boot),
+        [EntryName::good(5, Slot::A), EntryName::good(6, Slot::B)]
+    );
+}
+
+#[test]
+fn no_room_is_refused_before_any_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, m) = disk(8);
+    let before = (b.get_ref().clone(), m.get_ref().clone());
+    let mut b = Faulty::counting(b);
+    let mut m = Faulty::counting(m);
+    let big = payload(dir.path(), "2", 6 << 20);
+    let e = format!(
+        "{:#}",
+        upgrade(&mut BootFs::new(&mut b, 0), &mut m, &big, 3).unwrap_err()
+    );
+    assert!(
+        e.contains("BOOT has no room") && e.contains("nothing was written"),
+        "{e}"
+    );
+    assert_eq!((b.writes(), m.writes()), (0, 0));
+    assert_eq!(b.into_inner().into_inner(), before.0);
+    assert_eq!(m.into_inner().into_inner(), before.1);
+}
+
+/// Cut the power before every write of an upgrade in turn: the disk
+/// boots A or B (whose files are whole), META reads, and the runtime's
+/// assessment leaves a consistent state; the upgrade can then be run
+/// again to the end.
+#[test]
+fn an_upgrade_cut_at_any_write_boots_one_of_the_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b0, m0) = disk(16);
+    let v2 = payload(dir.path(), "2", 20_000);
+    let run = |fail_at: Option<u64>| {
+        let mut b = match fail_at {
+            Some(n) => Faulty::failing_at(b0.clone(), n),
+            None => Faulty::counting(b0.clone()),
+        };
+        let mut m = b.share(m0.clone());
+        let r = upgrade(&mut BootFs::new(&mut b, 0), &mut m, &v2, 3);
+        (r.is_ok(), b.writes(), b.into_inner(), m.into_inner())
+    };
+    let (done, total, ..) = run(None);
+    assert!(done && total > 10, "{total} writes");
+    let mut saw = [false, false];
+    for n in 1..=total + 1 {
+        let (done, _, mut bd, mut md) = run(Some(n));
+        assert_eq!(done, n > total, "cut {n}");
+        let mut boot = BootFs::new(&mut bd, 0);
+        let slot = firmware_tries(&mut boot);
+        saw[(slot == Slot::B) as usize] = true;
+        let best = best_entry(&entries(&mut boot), slot).unwrap();
+        let e = entry_of(&mut boot, &best).unwrap();
+        let want = if slot == Slot::A { "1" } else { "2" };
+        assert_eq!(e.version, want, "cut {n}");
+        for f in [&e.linux, &e.initrd] {
+            assert!(boot.exists(f).unwrap(), "cut {n}: {f} missing");
+        }
+        if slot == Slot::B {
+            let (sha, _) = boot.hash(&e.linux).unwrap();
+            assert_eq!(sha, v2.kernel.sha256, "cut {n}");
+        }
+        let out = assess(&mut boot, &mut md, slot).unwrap();
+        if slot == Slot::B {
+            assert_eq!(out, BootOutcome::Trial, "cut {n}");
+            bless(&mut boot, &mut md, slot, want).unwrap();
+        }
+        let st = status(&mut boot, &mut md).unwrap();
+        assert_eq!(st.state.default, slot, "cut {n}");
+        assert!(st.state.pending.is_none(), "cut {n}");
+        // And the upgrade runs again to the end from there.
+        if slot == Slot::A {
+            let up = upgrade(&mut boot, &mut md, &v2, 3).unwrap();
+            assert_eq!(up.to, Slot::B, "cut {n}");
+            assert_eq!(firmware_tries(&mut boot), Slot::B, "cut {n}");
+        }
+    }
+    assert_eq!(saw, [true, true]);
+}
+
+/// A blessing or a rollback cut at any write: the disk still boots one of
+/// the two slots, and running the runtime's steps (or the rollback)
+/// again ends in a consistent state.
+#[test]
+fn bless_and_rollback_cut_at_any_write_recover() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut b0, mut m0) = disk(16);
+    let v2 = payload(dir.path(), "2", 20_000);
+    upgrade(&mut BootFs::new(&mut b0, 0), &mut m0, &v2, 3).unwrap();
+    assert_eq!(firmware_tries(&mut BootFs::new(&mut b0, 0)), Slot::B);
+    type Step = dyn Fn(&mut BootFs<&mut Faulty<Dev>>, &mut Faulty<Dev>) -> Result<()>;
+    fn count(b0: &Dev, m0: &Dev, f: &Step) -> u64 {
+        let mut b = Faulty::counting(b0.clone());
+        let mut m = b.share(m0.clone());
+        f(&mut BootFs::new(&mut b, 0), &mut m).unwrap();
+        b.writes()
+    }
+    let blessing = |boot: &mut BootFs<&mut Faulty<Dev>>, m: &mut Faulty<Dev>| {
+        assess(boot, m, Slot::B)?;
+        bless(boot, m, Slot::B, "2").map(|_| ())
+    };
+    let total = count(&b0, &m0, &blessing);
+    for n in 1..=total {
+        let mut b = Faulty::failing_at(b0.clone(), n);
+        let mut m = b.share(m0.clone());
+        assert!(blessing(&mut BootFs::new(&mut b, 0), &mut m).is_err());
+        let (mut bd, mut md) = (b.into_inner(), m.into_inner());
+        let mut boot = BootFs::new(&mut bd, 0);
+        // Tries may run low, but B still boots, and blessing completes.
+        let slot = firmware_tries(&mut boot);
+        assert_eq!(slot, Slot::B, "cut {n}");
+        assess(&mut boot, &mut md, slot).unwrap();
+        bless(&mut boot, &mut md, slot, "2").unwrap();
+        assert_eq!(
+            entries(&mut boot),
+            [EntryName::good(1, Slot::A), EntryName::good(2, Slot::B)],
+            "cut {n}"
+        );
+        let st = status(&mut boot, &mut md).unwrap();
+        assert_eq!(st.state.status(Slot::B), SlotStatus::Good, "cut {n}");
+        assert!(st.state.pending.is_none(), "cut {n}");
+    }
+
+    // From the blessed state, a rollback to A cut at any write.
+    bless(&mut BootFs::new(&mut b0, 0), &mut m0, Slot::B, "2").unwrap();
+    let roll = |boot: &mut BootFs<&mut Faulty<Dev>>, m: &mut Faulty<Dev>| {
+        rollback(boot, m, false).map(|_| ())
+    };
+    let total = count(&b0, &m0, &roll);
+    let mut saw = [false, false];
+    for n in 1..=total {
+        let mut b = Faulty::failing_at(b0.clone(), n);
+        let mut m = b.share(m0.clone());
+        assert!(roll(&mut BootFs::new(&mut b, 0), &mut m).is_err());
+        let (mut bd, mut md) = (b.into_inner(), m.into_inner());
+        let mut boot = BootFs::new(&mut bd, 0);
+        let slot = firmware_tries(&mut boot);
+        saw[(slot == Slot::A) as usize] = true;
+        let best = best_entry(&entries(&mut boot), slot).unwrap();
+        let e = entry_of(&mut boot, &best).unwrap();
+        assert_eq!(
+            e.version,
+            if slot == Slot::A { "1" } else { "2" },
+            "cut {n}"
+        );
+        assess(&mut boot, &mut md, slot).unwrap();
+        let st = status(&mut boot, &mut md).unwrap();
+        assert_eq!(st.state.default, slot, "cut {n}: META follows what boots");
+        // Running the rollback again lands on A whatever the cut.
+        if slot == Slot::B {
+            rollback(&mut boot, &mut md, false).unwrap();
+            assert_eq!(firmware_tries(&mut boot), Slot::A, "cut {n}");
+        }
+    }
+    assert_eq!(saw, [true, true]);
+}
+
+/// `fsck.fat -n` on a BOOT image: its output.
+fn fsck(boot: &[u8]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("boot");
+    std::fs::write(&p, boot).unwrap();
+    let tool = ["/usr/sbin/fsck.fat", "/sbin/fsck.fat"]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.is_file())
+        .expect("fsck.fat: install dosfstools (scripts/setup.sh)");
+    let out = std::process::Command::new(tool)
+        .arg("-n")
+        .arg(&p)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// Upgrades cut in the middle of writing the new files, over and over on
+/// one disk: each cut leaves clusters no file holds, and each next upgrade
+/// frees them before it writes, so BOOT never fills up (without the reclaim
+/// these cuts would leak more than BOOT holds); once an upgrade completes,
+/// fsck.fat finds no lost cluster.
+#[test]
+fn repeated_cut_upgrades_do_not_fill_boot() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut b, mut m) = disk(16);
+    let (free0, cluster) = BootFs::new(&mut b, 0).space().unwrap();
+    let rounds = 20;
+    let mut leaked = 0u64;
+    let mut v2 = payload(dir.path(), "2", 1 << 20);
+    for round in 0..rounds {
+        // A new version each time (nothing of the last cut is reused), cut
+        // somewhere in the middle of its kernel's or initramfs's data.
+        v2 = payload(dir.path(), &format!("2.{round}"), 2 << 20);
+        let total = {
+            let mut bc = Faulty::counting(b.clone());
+            let mut mc = bc.share(m.clone());
+            upgrade(&mut BootFs::new(&mut bc, 0), &mut mc, &v2, 3).unwrap();
+            bc.writes()
+        };
+        let cut = total * (30 + 2 * round) / 100;
+        let mut bf = Faulty::failing_at(b.clone(), cut);
+        let mut mf = bf.share(m.clone());
+        let r = upgrade(&mut BootFs::new(&mut bf, 0), &mut mf, &v2, 3);
+        assert!(r.is_err(), "round {round}: cut at {cut} of {total}");
+        b = bf.into_inner();
+        m = mf.into_inner();
+        let mut fs = BootFs::new(&mut b, 0);
+        let lost = fs.scan().unwrap().lost_bytes();
+        leaked += lost;
+        // Free space stays within what one cut upgrade takes.
+        let (free, _) = fs.space().unwrap();
+        assert!(
+            free + lost + 2 * (v2.kernel.len + v2.initramfs.len) + 8 * cluster >= free0,
+            "round {round}: {free} bytes free of {free0}, {lost} lost"
+        );
+    }
+    assert!(
+        leaked > 16 << 20,
+        "the cuts left {leaked} bytes behind in all, more than BOOT holds"
+    );
+    // A whole upgrade now: it reclaims, installs, and fsck agrees.
+    let up = upgrade(&mut BootFs::new(&mut b, 0), &mut m, &v2, 3).unwrap();
+    assert_eq!(up.to, Slot::B);
+    let mut fs = BootFs::new(&mut b, 0);
+    assert!(fs.scan().unwrap().lost.is_empty());
+    let text = fsck(b.get_ref());
+    assert!(!text.contains("unused cluster"), "{text}");
+    assert!(!text.contains("FATs differ"), "{text}");
+}
