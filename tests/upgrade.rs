@@ -644,3 +644,472 @@ fn install_and_upgrade_work_on_a_block_device() {
         "{console}"
     );
 }
+
+// Hostile disks: a disk handed to inspect, upgrade or rollback may be
+// damaged or crafted. Each case below is v1 upgraded to v2 (not booted: B on
+// trial, A good), then changed as an attacker would; the three commands run
+// under a time limit (`timeout`) and an address-space limit (`prlimit`), and
+// a refused change leaves the disk as it was.
+
+/// The GPT fields an attacker rewrites (offsets of the UEFI header).
+struct GptCopy {
+    header_at: u64,
+    header: Vec<u8>,
+    entries_at: u64,
+    entries: Vec<u8>,
+}
+
+fn read_at(f: &mut std::fs::File, at: u64, len: usize) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut b = vec![0u8; len];
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.read_exact(&mut b).unwrap();
+    b
+}
+
+fn write_at(f: &mut std::fs::File, at: u64, b: &[u8]) {
+    use std::io::{Seek, SeekFrom, Write};
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.write_all(b).unwrap();
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+/// Writes a changed copy back with its CRCs made right.
+fn seal(f: &mut std::fs::File, mut c: GptCopy) {
+    let crc = crc32fast::hash(&c.entries);
+    c.header[88..92].copy_from_slice(&crc.to_le_bytes());
+    c.header[16..20].fill(0);
+    let crc = crc32fast::hash(&c.header);
+    c.header[16..20].copy_from_slice(&crc.to_le_bytes());
+    write_at(f, c.entries_at, &c.entries);
+    write_at(f, c.header_at, &c.header);
+}
+
+/// Both copies of the table changed by `change`, found where bootstate
+/// reads them (the raw header sectors and arrays are what is changed).
+fn craft_gpt(disk: &Path, change: impl Fn(&mut GptCopy)) {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(disk)
+        .unwrap();
+    let size = bootstate::gpt::device_size(&mut f).unwrap();
+    let h = bootstate::gpt::read_at(&mut f, size, 512).unwrap().header;
+    let len = h.entry_count as usize * h.entry_size as usize;
+    let backup_entries = h.alternate_lba - (len as u64).div_ceil(512);
+    for (lba, entries) in [(1, h.entries_lba), (h.alternate_lba, backup_entries)] {
+        let mut c = GptCopy {
+            header_at: lba * 512,
+            header: read_at(&mut f, lba * 512, 92),
+            entries_at: entries * 512,
+            entries: read_at(&mut f, entries * 512, len),
+        };
+        change(&mut c);
+        seal(&mut f, c);
+    }
+}
+
+/// The array re-laid with entries of `size` bytes.
+fn entry_size(c: &mut GptCopy, size: u32) {
+    let old = u32_at(&c.header, 84) as usize;
+    let n = c.entries.len() / size as usize;
+    let mut out = vec![0u8; n * size as usize];
+    for i in 0..n.min(c.entries.len() / old) {
+        out[i * size as usize..i * size as usize + 128]
+            .copy_from_slice(&c.entries[i * old..i * old + 128]);
+    }
+    c.header[80..84].copy_from_slice(&(n as u32).to_le_bytes());
+    c.header[84..88].copy_from_slice(&size.to_le_bytes());
+    c.entries = out;
+}
+
+/// BOOT's FAT as an attacker reads it: where things are.
+struct Fat {
+    /// Byte offset of BOOT on the disk.
+    base: u64,
+    fat_at: u64,
+    fat_len: u64,
+    fats: u64,
+    width: u64,
+    data_at: u64,
+    cluster: u64,
+}
+
+fn boot_fat(disk: &Path) -> Fat {
+    let mut f = std::fs::File::open(disk).unwrap();
+    let size = bootstate::gpt::device_size(&mut f).unwrap();
+    let t = bootstate::gpt::read(&mut f, size).unwrap();
+    let base = t.find("BOOT").unwrap().first_lba * 512;
+    let bs = read_at(&mut f, base, 512);
+    let word = |at: usize| u64::from(u16::from_le_bytes([bs[at], bs[at + 1]]));
+    let (bps, spc, reserved, fats, roots) = (
+        word(11),
+        u64::from(bs[13]),
+        word(14),
+        u64::from(bs[16]),
+        word(17),
+    );
+    let total = if word(19) != 0 {
+        word(19)
+    } else {
+        u64::from(u32_at(&bs, 32))
+    };
+    let spf = if word(22) != 0 {
+        word(22)
+    } else {
+        u64::from(u32_at(&bs, 36))
+    };
+    let data = reserved + fats * spf + (roots * 32).div_ceil(bps);
+    let clusters = (total - data) / spc;
+    Fat {
+        base,
+        fat_at: base + reserved * bps,
+        fat_len: spf * bps,
+        fats,
+        width: if clusters < 65525 { 2 } else { 4 },
+        data_at: base + data * bps,
+        cluster: spc * bps,
+    }
+}
+
+impl Fat {
+    fn set(&self, disk: &Path, c: u32, v: u32) {
+        let mut f = std::fs::OpenOptions::new().write(true).open(disk).unwrap();
+        for copy in 0..self.fats {
+            let at = self.fat_at + copy * self.fat_len + u64::from(c) * self.width;
+            write_at(&mut f, at, &v.to_le_bytes()[..self.width as usize]);
+        }
+    }
+
+    fn cluster_at(&self, c: u32) -> u64 {
+        self.data_at + u64::from(c - 2) * self.cluster
+    }
+}
+
+/// The first cluster of `path` on BOOT, as mtools' mshowfat reads it.
+fn first_cluster(disk: &Path, fat: &Fat, path: &str) -> u32 {
+    let out = ok(tool("mshowfat")
+        .arg("-i")
+        .arg(format!("{}@@{}", disk.display(), fat.base))
+        .arg(format!("::/{path}")));
+    let inside = out.split('<').nth(1).unwrap_or_else(|| panic!("{out}"));
+    inside
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("{out}"))
+}
+
+/// Points the directory entry `name` (8.3, upper case) found in the first
+/// cluster of directory `dir` at cluster `to`.
+fn repoint(disk: &Path, fat: &Fat, dir: &str, name: &str, to: u32) {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(disk)
+        .unwrap();
+    let at = fat.cluster_at(first_cluster(disk, fat, dir));
+    let bytes = read_at(&mut f, at, fat.cluster as usize);
+    let mut short = name.as_bytes().to_vec();
+    short.resize(11, b' ');
+    let i = bytes
+        .chunks(32)
+        .position(|e| e[..11] == short[..] && e[11] != 0x0F)
+        .unwrap_or_else(|| panic!("no {name} in {dir}"));
+    let e = at + i as u64 * 32;
+    write_at(&mut f, e + 20, &((to >> 16) as u16).to_le_bytes());
+    write_at(&mut f, e + 26, &(to as u16).to_le_bytes());
+}
+
+/// What a bounded run of `imager ARGS` gave.
+struct Bounded {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs imager with 60 s and 2 GiB of address space at most.
+fn bounded(args: &[&str], disk: &Path) -> Bounded {
+    let out = run(Command::new("timeout")
+        .args(["60", "prlimit", "--as=2147483648", "--"])
+        .arg(env!("CARGO_BIN_EXE_imager"))
+        .args(args)
+        .arg(disk)
+        .current_dir(repo())
+        .env("SOURCE_DATE_EPOCH", EPOCH));
+    assert_ne!(
+        out.status.code(),
+        Some(124),
+        "imager {args:?} ran out of time"
+    );
+    assert!(
+        out.status.code().is_some(),
+        "imager {args:?} was killed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Bounded {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The upgraded disk, ready to be made hostile.
+fn hostile_base(name: &str) -> PathBuf {
+    let disk = disk_copy(name);
+    upgrade(&disk, &payload(&images().v2));
+    disk
+}
+
+/// What the three commands must do with a hostile disk.
+#[derive(Clone, Copy)]
+enum Expect {
+    /// inspect, upgrade and rollback work.
+    Works,
+    /// inspect reports the damage and exits 1; upgrade and rollback are
+    /// refused with it and leave the disk unchanged.
+    Refused(&'static str),
+}
+
+fn try_all(name: &str, disk: &Path, expect: Expect) -> Value {
+    let v2 = payload(&images().v2);
+    let before = sha256(disk);
+    let ins = bounded(&["inspect", "--json"], disk);
+    let report: Value =
+        serde_json::from_str(&ins.stdout).unwrap_or_else(|_| Value::String(ins.stderr.clone()));
+    let up_args = [
+        "upgrade",
+        "--json",
+        "--installer",
+        v2.to_str().unwrap(),
+        "--disk",
+    ];
+    match expect {
+        Expect::Works => {
+            assert!(ins.ok, "{name}: inspect: {}", ins.stderr);
+            let rb = bounded(&["rollback", "--json", "--disk"], disk);
+            assert!(rb.ok, "{name}: rollback: {}", rb.stderr);
+            let up = bounded(&up_args, disk);
+            assert!(up.ok, "{name}: upgrade: {}", up.stderr);
+        }
+        Expect::Refused(why) => {
+            let shown = format!("{report}");
+            assert!(!ins.ok && shown.contains(why), "{name}: inspect: {shown}");
+            for args in [&up_args[..], &["rollback", "--json", "--disk"][..]] {
+                let r = bounded(args, disk);
+                assert!(!r.ok, "{name}: {args:?} accepted a hostile disk");
+                assert!(r.stderr.contains(why), "{name}: {args:?}: {}", r.stderr);
+                assert!(!r.stderr.contains("panicked"), "{name}: {}", r.stderr);
+                assert_eq!(sha256(disk), before, "{name}: {args:?} changed the disk");
+            }
+        }
+    }
+    report
+}
+
+#[test]
+fn hostile_partition_tables() {
+    // Entries of 256 bytes: legal (UEFI allows 128 × 2^n), so handled.
+    let d = hostile_base("hostile-entry-256");
+    craft_gpt(&d, |c| entry_size(c, 256));
+    let r = try_all("entries of 256 bytes", &d, Expect::Works);
+    assert_eq!(r["partitions"].as_array().unwrap().len(), 6, "{r}");
+    // Entries of 0 or 100 bytes: refused, saying what is wrong.
+    for size in [0u32, 100] {
+        let d = hostile_base(&format!("hostile-entry-{size}"));
+        craft_gpt(&d, |c| {
+            c.header[84..88].copy_from_slice(&size.to_le_bytes())
+        });
+        let out = bounded(&["inspect"], &d);
+        assert!(
+            !out.ok && out.stderr.contains("128 × 2^n"),
+            "{size}: {}",
+            out.stderr
+        );
+        let v2 = payload(&images().v2);
+        let up = ["upgrade", "--installer", v2.to_str().unwrap(), "--disk"];
+        for args in [&["rollback", "--disk"][..], &up[..]] {
+            let before = sha256(&d);
+            let r = bounded(args, &d);
+            assert!(!r.ok && r.stderr.contains("128 × 2^n"), "{}", r.stderr);
+            assert_eq!(sha256(&d), before);
+        }
+    }
+    // A damaged primary array: the backup is read, as Linux reads it.
+    let d = hostile_base("hostile-primary");
+    {
+        let mut f = std::fs::OpenOptions::new().write(true).open(&d).unwrap();
+        write_at(&mut f, 2 * 512 + 300, &[0x42; 16]);
+    }
+    let r = try_all("a damaged primary array", &d, Expect::Works);
+    assert_eq!(r["partition_table"]["copy"], "backup", "{r}");
+}
+
+#[test]
+fn hostile_boot_filesystems() {
+    type Craft = fn(&Path, &Fat);
+    let cases: [(&str, Craft, &str); 4] = [
+        (
+            "a directory whose chain loops",
+            |d, fat| {
+                let c = first_cluster(d, fat, "loader/entries");
+                fat.set(d, c, c);
+            },
+            "cross-linked",
+        ),
+        (
+            "a subdirectory pointing back to its parent",
+            |d, fat| {
+                let parent = first_cluster(d, fat, "loader");
+                repoint(d, fat, "loader", "ENTRIES", parent);
+            },
+            "cross-linked",
+        ),
+        (
+            "a subdirectory at cluster 0",
+            |d, fat| repoint(d, fat, "loader", "ENTRIES", 0),
+            "outside the volume",
+        ),
+        (
+            "two files sharing clusters",
+            |d, fat| {
+                let names = ok(tool("mdir")
+                    .arg("-b")
+                    .arg("-i")
+                    .arg(format!("{}@@{}", d.display(), fat.base))
+                    .arg("::/A"));
+                let files: Vec<&str> = names.lines().map(|l| l.trim_start_matches("::/")).collect();
+                assert_eq!(files.len(), 2, "{names}");
+                let kernel = first_cluster(d, fat, files[0]);
+                // The initramfs's short entry now starts at the kernel's clusters.
+                let short = ok(tool("mdir")
+                    .arg("-i")
+                    .arg(format!("{}@@{}", d.display(), fat.base))
+                    .arg("::/A"));
+                let line = short
+                    .lines()
+                    .find(|l| l.contains("initra"))
+                    .unwrap_or_else(|| panic!("{short}"));
+                let mut parts = line.split_whitespace();
+                let (base, ext) = (parts.next().unwrap(), parts.next().unwrap());
+                repoint(d, fat, "A", &format!("{base:<8}{ext}"), kernel);
+            },
+            "cross-linked",
+        ),
+    ];
+    for (what, craft, why) in cases {
+        let d = hostile_base(&format!("hostile-fat-{}", what.replace(' ', "-")));
+        let fat = boot_fat(&d);
+        craft(&d, &fat);
+        let r = try_all(what, &d, Expect::Refused(why));
+        assert!(
+            r["boot_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("BOOT's FAT filesystem is damaged")),
+            "{what}: {r}"
+        );
+    }
+}
+
+#[test]
+fn what_a_cut_leaves_and_a_full_meta_and_a_busy_disk() {
+    // An empty entry, as a cut creation leaves it: shown as such, and
+    // removed by the next rollback (which works).
+    let d = hostile_base("hostile-empty-entry");
+    {
+        let slots = imager::install::open_slots(&d).unwrap();
+        let mut fs = BootFs::new(slots.boot, 0);
+        fs.create("loader/entries/g00000009-slot-a+3-0.conf", &mut &b""[..], 0)
+            .unwrap();
+    }
+    let r = inspect(&d);
+    let empty = r["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["file"] == "g00000009-slot-a+3-0.conf")
+        .unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(empty["bootable"], false, "{r}");
+    assert!(
+        empty["problem"].as_str().unwrap().contains("cut short"),
+        "{r}"
+    );
+    assert_eq!(r["slots"]["boots_next"], "B", "{r}");
+    let r = try_all("an empty entry", &d, Expect::Works);
+    assert!(
+        r["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["file"] == "g00000009-slot-a+3-0.conf")
+    );
+    let after = inspect(&d);
+    assert!(
+        after["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["bootable"] == true),
+        "removed by the rollback and the upgrade: {after}"
+    );
+
+    // A META too full for the new records: refused before the first write.
+    let d = hostile_base("hostile-full-meta");
+    {
+        let mut slots = imager::install::open_slots(&d).unwrap();
+        let (mut m, _) = bootstate::meta::read(&mut slots.meta).unwrap();
+        let keys = m.get(contract::meta::Tag::TrustedKeys).unwrap().to_string();
+        let room = contract::meta::BLOCK_LEN - m.encode_block().map(|_| 0).unwrap_or(0);
+        let mut padded = keys.clone();
+        // Fill the block up to a few bytes with junk after the PEM keys.
+        for n in (0..room).rev() {
+            padded.truncate(keys.len());
+            padded.push_str(&"#".repeat(n));
+            let mut t = m.clone();
+            t.set(contract::meta::Tag::TrustedKeys, padded.clone());
+            if t.encode_block().is_ok() {
+                m = t;
+                break;
+            }
+        }
+        bootstate::meta::write(&mut slots.meta, &m).unwrap();
+    }
+    let before = sha256(&d);
+    let v2 = payload(&images().v2);
+    let up = bounded(
+        &["upgrade", "--installer", v2.to_str().unwrap(), "--disk"],
+        &d,
+    );
+    assert!(
+        !up.ok
+            && up.stderr.contains("META has no room")
+            && up.stderr.contains("nothing was written"),
+        "{}",
+        up.stderr
+    );
+    assert_eq!(sha256(&d), before, "a refused upgrade changed the disk");
+
+    // A disk in use by another change: refused at once, unchanged.
+    let d = hostile_base("hostile-busy");
+    let before = sha256(&d);
+    let held = imager::install::open_slots(&d).unwrap();
+    for args in [
+        &["upgrade", "--installer", v2.to_str().unwrap(), "--disk"][..],
+        &["rollback", "--disk"][..],
+        &["inspect"][..],
+    ] {
+        let r = bounded(args, &d);
+        assert!(
+            !r.ok && r.stderr.contains("is in use"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    drop(held);
+    assert_eq!(sha256(&d), before);
+    assert!(bounded(&["inspect"], &d).ok);
+}

@@ -11,6 +11,7 @@ pub mod device;
 pub mod disk;
 pub mod fat;
 pub mod fatfix;
+pub mod fatformat;
 pub mod fatscan;
 pub mod gpt;
 pub mod meta;

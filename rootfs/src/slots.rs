@@ -16,10 +16,26 @@ use std::path::Path;
 pub struct Disk {
     boot: BootFs<File>,
     meta: File,
+    /// The whole disk's device node, locked for each change as the
+    /// installer locks it (`bootstate::disk`): an upgrade run from the
+    /// installer container on this machine and a blessing never interleave.
+    whole: Option<std::path::PathBuf>,
+}
+
+/// Waits for the lock of the whole disk (an installer holds it for the
+/// length of one upgrade or rollback) and holds it while the guard lives.
+fn lock_disk(whole: Option<&Path>) -> Result<Option<File>> {
+    let Some(path) = whole else {
+        return Ok(None);
+    };
+    let f = File::open(path).with_context(|| format!("open {}", path.display()))?;
+    f.lock()
+        .with_context(|| format!("lock {} for the slot state", path.display()))?;
+    Ok(Some(f))
 }
 
 /// Opens a partition with O_DSYNC, so that writes reach the disk in the
-/// order they are made (see `imager::install::open_slots`).
+/// order they are made (see `bootstate::disk`).
 fn open_rw(p: &Partition) -> Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     let dev = p.dev_path(Path::new("/dev"));
@@ -48,12 +64,14 @@ impl Disk {
         Ok(Disk {
             boot: BootFs::new(open_rw(boot)?, 0),
             meta: open_rw(meta)?,
+            whole: meta.disk.as_ref().map(|d| Path::new("/dev").join(d)),
         })
     }
 
     /// Records what this boot of `booted` means and says it; returns
     /// whether it is a trial to bless once ready.
     pub fn assess(&mut self, booted: Slot, version: &str) -> Result<bool> {
+        let _lock = lock_disk(self.whole.as_deref())?;
         let outcome =
             ops::assess(&mut self.boot, &mut self.meta, booted).context("assessing the boot")?;
         match &outcome {
@@ -79,6 +97,7 @@ impl Disk {
 
     /// Blesses the trial boot of `booted`.
     pub fn bless(&mut self, booted: Slot, version: &str) -> Result<()> {
+        let _lock = lock_disk(self.whole.as_deref())?;
         let b = ops::bless(&mut self.boot, &mut self.meta, booted, version)
             .context("blessing the boot")?;
         match b.from_version {

@@ -14,6 +14,7 @@ use crate::partitions::{self, Partition};
 use crate::sys::{self, check};
 use anyhow::{Context, Result, bail};
 use contract::Slot;
+use contract::le::{read_u32, read_u64};
 use contract::partition::PartitionRole;
 use contract::paths::{
     BOOT_LOG, EPHEMERAL_MOUNT, MKFS_XFS, OVERLAYS_DIR, PERSISTENT_ETC_DIRS, STATE_MOUNT,
@@ -195,6 +196,8 @@ fn grow_ephemeral(disk: &str, ephemeral: &Partition) -> Result<()> {
         .write(true)
         .open(&path)
         .with_context(|| format!("open {path}"))?;
+    // The installer's lock (bootstate::disk): no upgrade writes meanwhile.
+    f.lock().with_context(|| format!("lock {path}"))?;
     let grown =
         bootstate::gpt::grow_last(&mut f, disk_bytes, sector, PartitionRole::Ephemeral.label())?;
     let Some(g) = grown else {
@@ -327,13 +330,10 @@ fn grow_xfs(mount_point: &str, bytes: u64) -> Result<()> {
         unsafe { libc::ioctl(f.as_raw_fd(), XFS_IOC_FSGEOMETRY, geom.as_mut_ptr()) },
         || "XFS_IOC_FSGEOMETRY",
     )?;
-    let u32_at =
-        |at: usize| u32::from_le_bytes([geom[at], geom[at + 1], geom[at + 2], geom[at + 3]]);
-    let blocksize = u64::from(u32_at(0));
-    let imaxpct = u32_at(28);
-    let mut d = [0u8; 8];
-    d.copy_from_slice(&geom[32..40]);
-    let datablocks = u64::from_le_bytes(d);
+    let field = |v: Option<u64>| v.context("XFS geometry is shorter than expected");
+    let blocksize = field(read_u32(&geom, 0).map(u64::from))?;
+    let imaxpct = field(read_u32(&geom, 28).map(u64::from))? as u32;
+    let datablocks = field(read_u64(&geom, 32))?;
     if blocksize == 0 {
         bail!("XFS reports a block size of 0");
     }

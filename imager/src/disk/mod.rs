@@ -5,13 +5,12 @@
 //! the caller fill each partition through a [`Window`], and [`read_table`]
 //! reads a table back.
 
-pub mod fat;
 pub mod gpt;
 pub mod layout;
 
-pub use self::fat::{FatFile, FatParams, FatSource, format_fat, list_files, read_file};
 pub use self::gpt::{Table, TablePartition, read_table, write_table};
 pub use self::layout::{Layout, PlacedPartition};
+pub use bootstate::fatformat::{FatFile, FatParams, FatSource, format_fat};
 
 use crate::io::{AtomicFile, Window};
 use anyhow::{Context, Result};
@@ -77,6 +76,18 @@ where
     f.sync_all()
         .with_context(|| format!("syncing {}", dest.display()))?;
     Ok(())
+}
+
+/// The paths of all regular files on the FAT filesystem in `dev`, sorted
+/// (read by bootstate, which checks the volume first).
+pub fn list_files<T: std::io::Read + std::io::Seek>(dev: T) -> Result<Vec<String>> {
+    bootstate::fat::BootFs::new(dev, 0).list_all()
+}
+
+/// The contents of the file `path` on the FAT filesystem in `dev`, for
+/// small files (boot entries, loader.conf): at most 64 MiB.
+pub fn read_file<T: std::io::Read + std::io::Seek>(dev: T, path: &str) -> Result<Vec<u8>> {
+    bootstate::fat::BootFs::new(dev, 0).read(path, 64 << 20)
 }
 
 /// A read-only window on the partition `label` of the disk image `path`, as

@@ -1,5 +1,6 @@
-//! FAT filesystems inside a partition window, formatted and filled with
-//! `fatfs`, deterministically: the volume id comes from the caller (derived
+//! New FAT filesystems (the builder's ESP and BOOT, an installer's blank
+//! disk) inside a partition window, formatted and filled with `fatfs`, their
+//! directories repaired by [`crate::fatfix`], deterministically: the volume id comes from the caller (derived
 //! with [`contract::guid::volume_id`]), files are written in sorted order and
 //! every timestamp is SOURCE_DATE_EPOCH.
 
@@ -98,7 +99,7 @@ pub struct FatParams {
     pub epoch: u64,
 }
 
-pub use bootstate::fat::{dos_date_time, time_provider};
+use crate::fat::time_provider;
 
 fn volume_label(label: &str) -> Result<[u8; 11]> {
     if label.is_empty()
@@ -219,7 +220,7 @@ pub fn format_fat<T: Read + Write + Seek>(
     }
     fs.unmount()
         .with_context(|| format!("closing the {} FAT filesystem", params.label))?;
-    bootstate::fatfix::fix_dot_entries(dev).with_context(|| {
+    crate::fatfix::fix_dot_entries(dev).with_context(|| {
         format!(
             "repairing the directories of the {} filesystem",
             params.label
@@ -228,81 +229,10 @@ pub fn format_fat<T: Read + Write + Seek>(
     Ok(fat_type)
 }
 
-/// Refuses writes: lets fatfs read a filesystem from a read-only source.
-#[derive(Debug)]
-struct ReadOnly<T>(T);
-
-impl<T: Read> Read for ReadOnly<T> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.0.read(buf)
-    }
-}
-
-impl<T> Write for ReadOnly<T> {
-    fn write(&mut self, _: &[u8]) -> io::Result<usize> {
-        Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            "the filesystem is opened read-only",
-        ))
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<T: Seek> Seek for ReadOnly<T> {
-    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
-        self.0.seek(to)
-    }
-}
-
-fn open_ro<T: Read + Seek>(mut dev: T) -> Result<FileSystem<ReadOnly<T>>> {
-    dev.seek(SeekFrom::Start(0))?;
-    FileSystem::new(ReadOnly(dev), FsOptions::new()).context("reading the FAT filesystem")
-}
-
-/// The paths of all regular files on the FAT filesystem in `dev`, sorted.
-pub fn list_files<T: Read + Seek>(dev: T) -> Result<Vec<String>> {
-    let fs = open_ro(dev)?;
-    let mut out = Vec::new();
-    let mut todo = vec![(String::new(), fs.root_dir())];
-    while let Some((prefix, dir)) = todo.pop() {
-        for e in dir.iter() {
-            let e = e.context("reading a FAT directory")?;
-            let name = e.file_name();
-            if name == "." || name == ".." {
-                continue;
-            }
-            let path = format!("{prefix}{name}");
-            if e.is_dir() {
-                todo.push((format!("{path}/"), e.to_dir()));
-            } else if e.is_file() {
-                out.push(path);
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
-/// The contents of the file `path` on the FAT filesystem in `dev`. Meant for
-/// small files (boot entries, loader.conf): it is read into memory.
-pub fn read_file<T: Read + Seek>(dev: T, path: &str) -> Result<Vec<u8>> {
-    components(path)?;
-    let fs = open_ro(dev)?;
-    let mut f = fs
-        .root_dir()
-        .open_file(path)
-        .with_context(|| format!("opening {path} on the FAT filesystem"))?;
-    let mut out = Vec::new();
-    f.read_to_end(&mut out)
-        .with_context(|| format!("reading {path} on the FAT filesystem"))?;
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fat::{BootFs, dos_date_time};
 
     #[test]
     fn labels_and_paths() {
@@ -332,7 +262,7 @@ mod tests {
             };
             format_fat(&mut dev, &p, &files).unwrap();
             assert_eq!(
-                list_files(&mut dev).unwrap(),
+                BootFs::new(&mut dev, 0).list_all().unwrap(),
                 [
                     "A/vmlinuz-0123456789abcdef",
                     "EFI/BOOT/BOOTX64.EFI",
@@ -340,7 +270,9 @@ mod tests {
                 ]
             );
             assert_eq!(
-                read_file(&mut dev, "loader/loader.conf").unwrap(),
+                BootFs::new(&mut dev, 0)
+                    .read("loader/loader.conf", 1 << 20)
+                    .unwrap(),
                 b"timeout 0\n"
             );
             dev.seek(SeekFrom::Start(0)).unwrap();
