@@ -10,7 +10,7 @@ packages=(
   # boot: firmware, boot loader, emulator
   ovmf systemd-boot-efi qemu-system-x86
   # independent checkers used by the tests and the benchmark
-  fdisk dosfstools squashfs-tools openssl file time
+  fdisk dosfstools mtools squashfs-tools openssl file time util-linux coreutils
   # shipped in the root filesystem with their libraries (STATE and EPHEMERAL)
   xfsprogs
   # readers of the installer's OCI image, used by the tests
