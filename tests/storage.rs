@@ -310,3 +310,60 @@ fn the_root_filesystem_carries_mkfs_xfs_with_its_libraries_and_no_symlinks() {
         has(p);
     }
 }
+
+/// The runtime's grow of the partition table, cut before each of its
+/// writes (as a power cut during the first boot on a larger disk leaves
+/// it), then booted: the kernel finds its partitions every time (from the
+/// old table, or from the new backup when the primary was cut between its
+/// entries and its header), and the runtime finishes the grow.
+#[test]
+fn a_grow_cut_at_each_write_boots_and_is_finished() {
+    let base = disk_copy("grow-cut");
+    let (first, console) = boot(&base, "grow-cut-0");
+    assert_eq!(first["EPHEMERAL"], "made", "{console}");
+    ok(tool("truncate").args(["-s", "3G"]).arg(&base));
+    let open = |p: &Path| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(p)
+            .unwrap()
+    };
+    let size = 3u64 << 30;
+    let writes = {
+        let probe = scratch().join("storage-grow-cut-probe.raw");
+        ok(std::process::Command::new("cp")
+            .arg("--sparse=always")
+            .arg(&base)
+            .arg(&probe));
+        let mut f = bootstate::Faulty::counting(open(&probe));
+        bootstate::gpt::grow_last(&mut f, size, 512, "EPHEMERAL")
+            .unwrap()
+            .unwrap();
+        f.writes()
+    };
+    assert_eq!(writes, 5);
+    for n in 1..=writes {
+        let disk = scratch().join(format!("storage-grow-cut-{n}.raw"));
+        ok(std::process::Command::new("cp")
+            .arg("--sparse=always")
+            .arg(&base)
+            .arg(&disk));
+        let mut f = bootstate::Faulty::failing_at(open(&disk), n);
+        assert!(bootstate::gpt::grow_last(&mut f, size, 512, "EPHEMERAL").is_err());
+        drop(f);
+        let (after, console) = boot(&disk, &format!("grow-cut-{n}"));
+        assert_eq!(after["EPHEMERAL"], "kept", "cut {n}: {console}");
+        assert_eq!(after["boot"], "2", "cut {n}: {console}");
+        let verify = run(tool("sfdisk").arg("--verify").arg(&disk));
+        let text = String::from_utf8_lossy(&verify.stdout).to_string()
+            + &String::from_utf8_lossy(&verify.stderr);
+        assert!(verify.status.success(), "cut {n}: {text}");
+        let (_, bytes) = partition(&disk, "EPHEMERAL");
+        assert_eq!(after["ephemeral-bytes"], bytes.to_string(), "cut {n}");
+        assert!(bytes > (3u64 << 30) - (600 << 20), "cut {n}: {bytes}");
+        let t = bootstate::gpt::read_at(&mut open(&disk), size, 512).unwrap();
+        assert_eq!(t.source, bootstate::gpt::Copy::Primary, "cut {n}");
+        let _ = std::fs::remove_file(&disk);
+    }
+}

@@ -15,6 +15,7 @@
 
 use crate::device::Device;
 use crate::fat::BootFs;
+use crate::fatscan::Scan;
 use crate::meta;
 use anyhow::{Context, Result, bail};
 use contract::boot::{DEFAULT_TRIES, Entry, EntryName, boot_order};
@@ -229,16 +230,32 @@ fn clusters(len: u64, cluster: u64) -> u64 {
     len.div_ceil(cluster).max(1) * cluster
 }
 
-/// Installs `payload` into the slot that is not the fallback and makes it
-/// the one tried next, with `tries` boots before systemd-boot falls back.
-/// Checks everything it can (the fallback is bootable, BOOT has room) before
-/// its first write.
-pub fn upgrade<B: Device, M: Device>(
+/// An upgrade decided and checked before its first write.
+struct UpgradePlan {
+    st: Status,
+    target: Slot,
+    fallback: Slot,
+    entry: Entry,
+    entry_text: String,
+    /// The target slot directory's files before the upgrade.
+    old_files: Vec<crate::fat::FileInfo>,
+    /// Whether BOOT has clusters that no file holds, to free first.
+    reclaim: bool,
+    /// META as step 4 writes it (it fits).
+    new_meta: Meta,
+    generation: u32,
+    from_version: String,
+}
+
+/// Everything an upgrade checks and decides before it writes: the fallback
+/// boots, the tries are in range, BOOT holds together and has room, META has
+/// room for the new records, a generation is left.
+fn plan_upgrade<B: Device, M: Device>(
     boot: &mut BootFs<B>,
     meta_dev: &mut M,
     payload: &Payload,
     tries: u32,
-) -> Result<Upgraded> {
+) -> Result<UpgradePlan> {
     let st = status(boot, meta_dev)?;
     let target = st.state.upgrade_target();
     let fallback = target.other();
@@ -256,15 +273,51 @@ pub fn upgrade<B: Device, M: Device>(
     }
     let entry = payload.entry(target);
     let entry_text = entry.render();
-    let slot_dir = target.name();
-
-    // Space: what the slot's old files and entries free, and the clusters a
-    // cut upgrade left behind (reclaimed below), against what comes. The
-    // scan also refuses a FAT that contradicts itself (cross-linked files,
-    // loops) before anything is written.
+    // The scan refuses a FAT that contradicts itself (cross-linked files,
+    // loops) and counts the clusters a cut upgrade left behind.
     let scan = boot.scan()?.clone();
+    let old_files = boot.list(target.name())?;
+    check_room(&st, &scan, &old_files, target, &entry, &entry_text, payload)?;
+    let from_version = st.state.version(fallback).to_string();
+    let mut new = st.state.clone();
+    new.set(target, SlotStatus::Pending, payload.version.clone());
+    new.default = target;
+    new.pending = Some(Pending {
+        from: fallback,
+        to: target,
+        from_version: from_version.clone(),
+        to_version: payload.version.clone(),
+    });
+    new.record(format!(
+        "upgrade-started from={fallback} to={target} from-version={from_version} to-version={} tries={tries}",
+        payload.version
+    ));
+    Ok(UpgradePlan {
+        new_meta: meta_with(&st, &new)?,
+        generation: st.next_generation()?,
+        st,
+        target,
+        fallback,
+        entry,
+        entry_text,
+        old_files,
+        reclaim: !scan.lost.is_empty(),
+        from_version,
+    })
+}
+
+/// Space: what the slot's old files and entries free, and the clusters cut
+/// upgrades left behind (reclaimed first), against what comes.
+fn check_room(
+    st: &Status,
+    scan: &Scan,
+    old_files: &[crate::fat::FileInfo],
+    target: Slot,
+    entry: &Entry,
+    entry_text: &str,
+    payload: &Payload,
+) -> Result<()> {
     let (free, cluster) = (scan.room(), scan.cluster_size);
-    let old_files = boot.list(slot_dir)?;
     let mut freed: u64 = old_files
         .iter()
         .filter(|f| f.name != file_name(&entry.linux) && f.name != file_name(&entry.initrd))
@@ -295,31 +348,31 @@ pub fn upgrade<B: Device, M: Device>(
             (free + freed) / (1 << 20)
         );
     }
+    Ok(())
+}
 
-    // META as it will be written in step 4: refused now if it does not fit.
-    let from_version = st.state.version(fallback).to_string();
-    let mut new = st.state.clone();
-    new.set(target, SlotStatus::Pending, payload.version.clone());
-    new.default = target;
-    new.pending = Some(Pending {
-        from: fallback,
-        to: target,
-        from_version: from_version.clone(),
-        to_version: payload.version.clone(),
-    });
-    new.record(format!(
-        "upgrade-started from={fallback} to={target} from-version={from_version} to-version={} tries={tries}",
-        payload.version
-    ));
-    let new_meta = meta_with(&st, &new)?;
-    let generation = st.next_generation()?;
-
+/// Installs `payload` into the slot that is not the fallback and makes it
+/// the one tried next, with `tries` boots before systemd-boot falls back.
+/// Checks everything it can ([`plan_upgrade`]) before its first write.
+pub fn upgrade<B: Device, M: Device>(
+    boot: &mut BootFs<B>,
+    meta_dev: &mut M,
+    payload: &Payload,
+    tries: u32,
+) -> Result<Upgraded> {
+    let plan = plan_upgrade(boot, meta_dev, payload, tries)?;
+    let (target, fallback, entry) = (plan.target, plan.fallback, &plan.entry);
+    let files = [
+        (&entry.linux, &payload.kernel),
+        (&entry.initrd, &payload.initramfs),
+    ];
     // 0. Clusters that no file holds (left by cut upgrades) are freed.
-    if !scan.lost.is_empty() {
+    if plan.reclaim {
         boot.reclaim()?;
     }
     // 1. The target's entries: the slot stops being bootable. And entries
     //    the boot loader passes over anyway.
+    let st = &plan.st;
     for e in st
         .entries
         .iter()
@@ -328,18 +381,11 @@ pub fn upgrade<B: Device, M: Device>(
     {
         boot.remove(&e.path())?;
     }
-    boot.ensure_dir(slot_dir)?;
+    boot.ensure_dir(target.name())?;
     // 2. Its old files, and new-named files that are not what we expect.
-    let mut bytes_written = 0;
-    for f in &old_files {
-        let path = format!("{slot_dir}/{}", f.name);
-        let wanted = [
-            (&entry.linux, &payload.kernel),
-            (&entry.initrd, &payload.initramfs),
-        ]
-        .into_iter()
-        .find(|(p, _)| **p == path);
-        let keep = match wanted {
+    for f in &plan.old_files {
+        let path = format!("{}/{}", target.name(), f.name);
+        let keep = match files.iter().find(|(p, _)| **p == path) {
             Some((_, pf)) => f.size == pf.len && boot.hash(&path)?.0 == pf.sha256,
             None => false,
         };
@@ -348,10 +394,8 @@ pub fn upgrade<B: Device, M: Device>(
         }
     }
     // 3. The new files, then read back against the signed digests.
-    for (path, pf) in [
-        (&entry.linux, &payload.kernel),
-        (&entry.initrd, &payload.initramfs),
-    ] {
+    let mut bytes_written = 0;
+    for (path, pf) in files {
         if !boot.exists(path)? {
             let mut src =
                 File::open(&pf.path).with_context(|| format!("opening {}", pf.path.display()))?;
@@ -370,18 +414,15 @@ pub fn upgrade<B: Device, M: Device>(
         }
     }
     // 4. META: the intent, before the switch.
-    meta::write(meta_dev, &new_meta)?;
+    meta::write(meta_dev, &plan.new_meta)?;
     // 5. The switch: the new entry, generation above all.
-    let name = EntryName::trial(generation, target, tries);
-    boot.create(
-        &name.path(),
-        &mut entry_text.as_bytes(),
-        entry_text.len() as u64,
-    )?;
+    let name = EntryName::trial(plan.generation, target, tries);
+    let text = plan.entry_text.as_bytes();
+    boot.create(&name.path(), &mut &text[..], text.len() as u64)?;
     Ok(Upgraded {
         from: fallback,
         to: target,
-        from_version,
+        from_version: plan.from_version,
         entry: name,
         bytes_written,
     })

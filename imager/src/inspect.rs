@@ -359,54 +359,8 @@ pub fn run(image: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(code);
     }
-    println!(
-        "image {} ({} bytes, {}-byte sectors, disk GUID {})",
-        r.image, r.size, r.sector_size, r.disk_guid
-    );
-    println!("\npartitions:");
-    println!(
-        "  #  {:<10} {:<36} {:>10} {:>10}",
-        "name", "type GUID", "first LBA", "last LBA"
-    );
-    for p in &r.partitions {
-        println!(
-            "  {}  {:<10} {:<36} {:>10} {:>10}",
-            p.number, p.name, p.type_guid, p.first_lba, p.last_lba
-        );
-    }
-    if let Some(e) = &r.partition_table.primary_error {
-        println!("\nthe primary partition table is damaged ({e}): the backup was read");
-    }
-    println!("\nboot entries (systemd-boot boots the first of its order):");
-    if let Some(e) = &r.boot_error {
-        println!("  BOOT UNREADABLE: {e}");
-    }
-    for slot in contract::Slot::ALL {
-        let mut any = false;
-        for e in r.entries.iter().filter(|e| e.slot == slot.name()) {
-            any = true;
-            if let Some(p) = e.problem.as_ref().filter(|_| e.title.is_empty()) {
-                println!("  slot {}: {} ({p})", e.slot, e.file);
-                continue;
-            }
-            println!(
-                "  slot {}: {} version {} linux /{} initrd /{}{}",
-                e.slot,
-                e.file,
-                e.version,
-                e.linux,
-                e.initrd,
-                match &e.problem {
-                    Some(p) => format!(" (WILL NOT BOOT: {p})"),
-                    None => String::new(),
-                }
-            );
-            println!("          options {}", e.options);
-        }
-        if !any {
-            println!("  slot {}: empty", slot.name());
-        }
-    }
+    print_table(&r);
+    print_entries(&r);
     let sl = &r.slots;
     println!(
         "\nslots (default {}, boots next {}):",
@@ -472,4 +426,60 @@ pub fn run(image: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
         ),
     }
     Ok(code)
+}
+
+/// The disk and its partitions, for people.
+fn print_table(r: &Report) {
+    println!(
+        "image {} ({} bytes, {}-byte sectors, disk GUID {})",
+        r.image, r.size, r.sector_size, r.disk_guid
+    );
+    println!("\npartitions:");
+    println!(
+        "  #  {:<10} {:<36} {:>10} {:>10}",
+        "name", "type GUID", "first LBA", "last LBA"
+    );
+    for p in &r.partitions {
+        println!(
+            "  {}  {:<10} {:<36} {:>10} {:>10}",
+            p.number, p.name, p.type_guid, p.first_lba, p.last_lba
+        );
+    }
+    if let Some(e) = &r.partition_table.primary_error {
+        println!("\nthe primary partition table is damaged ({e}): the backup was read");
+    }
+}
+
+/// The boot entries of each slot, for people.
+fn print_entries(r: &Report) {
+    println!("\nboot entries (systemd-boot boots the first of its order):");
+    if let Some(e) = &r.boot_error {
+        println!("  BOOT UNREADABLE: {e}");
+    }
+    for slot in contract::Slot::ALL {
+        let mut any = false;
+        for e in r.entries.iter().filter(|e| e.slot == slot.name()) {
+            any = true;
+            if let Some(p) = e.problem.as_ref().filter(|_| e.title.is_empty()) {
+                println!("  slot {}: {} ({p})", e.slot, e.file);
+                continue;
+            }
+            println!(
+                "  slot {}: {} version {} linux /{} initrd /{}{}",
+                e.slot,
+                e.file,
+                e.version,
+                e.linux,
+                e.initrd,
+                match &e.problem {
+                    Some(p) => format!(" (WILL NOT BOOT: {p})"),
+                    None => String::new(),
+                }
+            );
+            println!("          options {}", e.options);
+        }
+        if !any {
+            println!("  slot {}: empty", slot.name());
+        }
+    }
 }

@@ -215,46 +215,52 @@ fn print_json_or(json: bool, value: &impl serde::Serialize, line: String) -> Res
     Ok(ExitCode::SUCCESS)
 }
 
+fn install(a: &InstallArgs) -> Result<ExitCode> {
+    let r = imager::install::run_install(&imager::install::InstallOptions {
+        installer: installer_path(&a.installer)?,
+        disk: a.disk.clone(),
+        size: a.size.clone(),
+        key: a.key.clone(),
+    })?;
+    let line = format!(
+        "install: {} installed into slot {} of {} (signed by {})",
+        r.version, r.slot, r.disk, r.key_id
+    );
+    print_json_or(a.json, &r, line)
+}
+
+fn upgrade(a: &UpgradeArgs) -> Result<ExitCode> {
+    let r = imager::install::run_upgrade(&imager::install::UpgradeOptions {
+        installer: installer_path(&a.installer)?,
+        disk: a.disk.clone(),
+        tries: a.tries,
+    })?;
+    let line = format!(
+        "upgrade: slot {} now has {} and is tried next ({} tries, entry {}); \
+             slot {} ({}) is the fallback",
+        r.to_slot, r.to_version, r.tries, r.entry, r.from_slot, r.from_version
+    );
+    print_json_or(a.json, &r, line)
+}
+
+fn rollback(a: &RollbackArgs) -> Result<ExitCode> {
+    let r = imager::install::run_rollback(&imager::install::RollbackOptions {
+        disk: a.disk.clone(),
+        force: a.force,
+    })?;
+    let line = format!(
+        "rollback: slot {} ({}) is the default now (entry {}); slot {} stays installed",
+        r.to_slot, r.version, r.entry, r.from_slot
+    );
+    print_json_or(a.json, &r, line)
+}
+
 fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Install(a) => {
-            let r = imager::install::run_install(&imager::install::InstallOptions {
-                installer: installer_path(&a.installer)?,
-                disk: a.disk.clone(),
-                size: a.size.clone(),
-                key: a.key.clone(),
-            })?;
-            let line = format!(
-                "install: {} installed into slot {} of {} (signed by {})",
-                r.version, r.slot, r.disk, r.key_id
-            );
-            print_json_or(a.json, &r, line)
-        }
-        Command::Upgrade(a) => {
-            let r = imager::install::run_upgrade(&imager::install::UpgradeOptions {
-                installer: installer_path(&a.installer)?,
-                disk: a.disk.clone(),
-                tries: a.tries,
-            })?;
-            let line = format!(
-                "upgrade: slot {} now has {} and is tried next ({} tries, entry {}); \
-                 slot {} ({}) is the fallback",
-                r.to_slot, r.to_version, r.tries, r.entry, r.from_slot, r.from_version
-            );
-            print_json_or(a.json, &r, line)
-        }
-        Command::Rollback(a) => {
-            let r = imager::install::run_rollback(&imager::install::RollbackOptions {
-                disk: a.disk.clone(),
-                force: a.force,
-            })?;
-            let line = format!(
-                "rollback: slot {} ({}) is the default now (entry {}); slot {} stays installed",
-                r.to_slot, r.version, r.entry, r.from_slot
-            );
-            print_json_or(a.json, &r, line)
-        }
+        Command::Install(a) => install(&a),
+        Command::Upgrade(a) => upgrade(&a),
+        Command::Rollback(a) => rollback(&a),
         Command::Build(a) => {
             let path = Profile::locate(&a.profile)?;
             let p = Profile::load(&path)?;

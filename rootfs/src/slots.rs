@@ -29,8 +29,7 @@ fn lock_disk(whole: Option<&Path>) -> Result<Option<File>> {
         return Ok(None);
     };
     let f = File::open(path).with_context(|| format!("open {}", path.display()))?;
-    f.lock()
-        .with_context(|| format!("lock {} for the slot state", path.display()))?;
+    crate::sys::lock(&f, path)?;
     Ok(Some(f))
 }
 

@@ -197,7 +197,7 @@ fn grow_ephemeral(disk: &str, ephemeral: &Partition) -> Result<()> {
         .open(&path)
         .with_context(|| format!("open {path}"))?;
     // The installer's lock (bootstate::disk): no upgrade writes meanwhile.
-    f.lock().with_context(|| format!("lock {path}"))?;
+    sys::lock(&f, Path::new(&path))?;
     let grown =
         bootstate::gpt::grow_last(&mut f, disk_bytes, sector, PartitionRole::Ephemeral.label())?;
     let Some(g) = grown else {

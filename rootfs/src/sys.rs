@@ -122,6 +122,25 @@ pub fn pause_forever() -> ! {
     }
 }
 
+/// Waits for an exclusive `flock` of the whole disk `f` (`path`), as the
+/// installer takes it for each change (`bootstate::disk`). A kernel without
+/// file locking (CONFIG_FILE_LOCKING, which our kernels have) cannot lock:
+/// that is said once and the work goes on unlocked.
+pub fn lock(f: &std::fs::File, path: &std::path::Path) -> Result<()> {
+    match f.lock() {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+            crate::console::say(format!(
+                "warning: the kernel cannot lock {} (no file locking): an installer may \
+                 change the disk meanwhile",
+                path.display()
+            ));
+            Ok(())
+        }
+        Err(e) => Err(e).with_context(|| format!("lock {}", path.display())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -74,6 +74,43 @@ fn mib(bytes: u64) -> String {
     }
 }
 
+/// Refuses sizes for unknown or fixed partitions, sizes off the alignment and
+/// sizes below a partition's minimum.
+fn check_overrides(overrides: &BTreeMap<String, u64>) -> Result<()> {
+    for (label, size) in overrides {
+        let Some(spec) = LAYOUT.iter().find(|p| p.label == label.as_str()) else {
+            let known: Vec<_> = LAYOUT.iter().map(|p| p.label).collect();
+            bail!("unknown partition {label:?} in the partition sizes: known are {known:?}");
+        };
+        if !spec.resizable {
+            let resizable: Vec<_> = LAYOUT
+                .iter()
+                .filter(|p| p.resizable)
+                .map(|p| p.label)
+                .collect();
+            bail!(
+                "partition {label} has a fixed size and cannot be resized: \
+                 only {resizable:?} can"
+            );
+        }
+        if !size.is_multiple_of(ALIGNMENT) {
+            bail!(
+                "size of partition {label} ({size} bytes) is not a multiple of {}: \
+                 give it in whole MiB",
+                mib(ALIGNMENT)
+            );
+        }
+        if *size < spec.min_size {
+            bail!(
+                "partition {label} of {} is too small: it needs at least {}",
+                mib(*size),
+                mib(spec.min_size)
+            );
+        }
+    }
+    Ok(())
+}
+
 impl Layout {
     /// Places the partitions on a disk of `disk_size` bytes with sectors of
     /// `sector_size` bytes. `overrides` maps partition labels to sizes in
@@ -92,37 +129,7 @@ impl Layout {
                  give disk.size in whole MiB in the profile"
             );
         }
-        for (label, size) in overrides {
-            let Some(spec) = LAYOUT.iter().find(|p| p.label == label.as_str()) else {
-                let known: Vec<_> = LAYOUT.iter().map(|p| p.label).collect();
-                bail!("unknown partition {label:?} in the partition sizes: known are {known:?}");
-            };
-            if !spec.resizable {
-                let resizable: Vec<_> = LAYOUT
-                    .iter()
-                    .filter(|p| p.resizable)
-                    .map(|p| p.label)
-                    .collect();
-                bail!(
-                    "partition {label} has a fixed size and cannot be resized: \
-                     only {resizable:?} can"
-                );
-            }
-            if !size.is_multiple_of(ALIGNMENT) {
-                bail!(
-                    "size of partition {label} ({size} bytes) is not a multiple of {}: \
-                     give it in whole MiB",
-                    mib(ALIGNMENT)
-                );
-            }
-            if *size < spec.min_size {
-                bail!(
-                    "partition {label} of {} is too small: it needs at least {}",
-                    mib(*size),
-                    mib(spec.min_size)
-                );
-            }
-        }
+        check_overrides(overrides)?;
 
         let ss = sector_size;
         let array = entry_array_sectors(ss);
