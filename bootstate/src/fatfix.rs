@@ -48,25 +48,15 @@ fn write_ranges<T: Write + Seek>(dev: &mut T, ranges: &[(u64, u64)], buf: &[u8])
 }
 
 /// Subdirectories (first cluster) listed in a directory's entries.
-fn subdirs(entries: &[u8]) -> Vec<u32> {
-    let mut out = Vec::new();
-    for e in entries.chunks_exact(ENTRY) {
-        match e[0] {
-            0x00 => break,
-            0xE5 => continue,
-            _ => {}
-        }
-        let attr = e[11];
-        if attr == ATTR_LFN || attr & ATTR_DIR == 0 || &e[..11] == DOT || &e[..11] == DOTDOT {
-            continue;
-        }
-        let c = (u64::from(read_u16(e, 20).unwrap_or(0)) << 16
-            | u64::from(read_u16(e, 26).unwrap_or(0))) as u32;
-        if c >= 2 {
-            out.push(c);
-        }
-    }
-    out
+fn subdirs(dir: &[u8]) -> Vec<u32> {
+    crate::fatscan::entries(dir)
+        .filter(|e| e[11] & ATTR_DIR != 0)
+        .map(|e| {
+            (u64::from(read_u16(e, 20).unwrap_or(0)) << 16
+                | u64::from(read_u16(e, 26).unwrap_or(0))) as u32
+        })
+        .filter(|c| *c >= 2)
+        .collect()
 }
 
 fn set_cluster(e: &mut [u8], c: u32) {

@@ -332,6 +332,16 @@ impl Walk<'_> {
     }
 }
 
+/// The short entries of a directory's bytes that name something: up to the
+/// end mark, without deleted, long-name, `.` and `..` entries.
+pub(crate) fn entries(dir: &[u8]) -> impl Iterator<Item = &[u8]> {
+    dir.chunks_exact(ENTRY)
+        .take_while(|e| e[0] != 0x00)
+        .filter(|e| {
+            e[0] != 0xE5 && e[11] & 0x3F != ATTR_LFN && &e[..11] != DOT && &e[..11] != DOTDOT
+        })
+}
+
 /// The short (8.3) name of an entry, for messages.
 fn short_name(e: &[u8]) -> String {
     let part = |r: std::ops::Range<usize>| {
@@ -377,16 +387,8 @@ pub fn scan<T: Read + Seek>(dev: &mut T) -> Result<Scan> {
     let (mut files, mut dirs) = (0u32, 0u32);
     let mut todo = vec![(String::new(), root)];
     while let Some((dir, bytes)) = todo.pop() {
-        for e in bytes.chunks_exact(ENTRY) {
-            match e[0] {
-                0x00 => break,
-                0xE5 => continue,
-                _ => {}
-            }
+        for e in entries(&bytes) {
             let attr = e[11];
-            if attr & 0x3F == ATTR_LFN || &e[..11] == DOT || &e[..11] == DOTDOT {
-                continue;
-            }
             if attr & ATTR_VOLUME != 0 && attr & ATTR_DIR == 0 {
                 continue;
             }

@@ -18,3 +18,6 @@ pub mod meta;
 pub mod ops;
 
 pub use device::{Device, Faulty, Window};
+
+#[cfg(test)]
+mod testutil;

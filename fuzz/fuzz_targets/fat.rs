@@ -11,11 +11,17 @@
 //! slot directories with their files, a lost cluster chain): every input
 //! starts from a volume that reaches fatfs, and small patches break it in
 //! the places that matter. Patch offsets are relative to a region of the
-//! base (boot sector, each FAT, root directory, data), so a mutated offset
-//! stays in metadata rather than in megabytes of unused clusters; any
-//! volume of the base's size can still be written.
+//! base (boot sector and reserved sectors, each FAT, root directory, data
+//! by bytes, data by 32-byte entries), so a mutated offset stays in
+//! metadata rather than in megabytes of unused clusters; one more region
+//! spans the whole volume (by sectors), so any volume of the base's size
+//! can still be written.
 //!
-//! Input: `base` `pick` then patches `region off_lo off_hi len bytes[len]`.
+//! Input: one byte choosing the base (`% 3`) and the files worked on
+//! (`/ 3`), then patches `where off len bytes[len]` (`len` is cut to what
+//! is left): `where`'s top 3 bits name the region, its low 5 bits and `off`
+//! the offset in it. libFuzzer grows inputs from a few bytes, so a patch
+//! costs four bytes: a five-byte input already corrupts the volume.
 #![no_main]
 use bootstate::fat::BootFs;
 use bootstate::ops;
@@ -169,16 +175,20 @@ const FILES: usize = 3;
 fuzz_target!(|data: &[u8]| {
     let bases = bases();
     let (base, pick, mut rest) = match data {
-        [b, p, rest @ ..] => (&bases[usize::from(*b) % bases.len()], usize::from(*p), rest),
-        _ => (&bases[0], 0, data),
+        [b, rest @ ..] => (&bases[usize::from(*b) % bases.len()], usize::from(*b) / bases.len(), rest),
+        [] => return,
     };
     let mut patches = Vec::new();
-    while let [region, lo, hi, n, tail @ ..] = rest {
+    while let [at, lo, n, tail @ ..] = rest {
         let n = usize::from(*n).min(tail.len());
-        let off = usize::from(u16::from_le_bytes([*lo, *hi]));
-        let at = match usize::from(*region) % 6 {
-            5 => off * 512 % base.len,
-            r => base.regions[r] + off,
+        let off = usize::from(*at & 0x1F) << 8 | usize::from(*lo);
+        let at = match usize::from(*at >> 5) {
+            r @ 0..5 => base.regions[r] + off,
+            // The data region by directory entries: the files' clusters
+            // on 4096-byte clusters too.
+            5 => base.regions[4] + off * 32,
+            // Anywhere: 8192 steps over the volume, sector-aligned.
+            _ => off * (base.len / 8192 & !511),
         };
         patches.push((at, &tail[..n]));
         rest = &tail[n..];

@@ -5,9 +5,8 @@
 use super::*;
 use crate::device::Faulty;
 use crate::fat::BootFs;
+use crate::testutil::fsck;
 use std::io::Cursor;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 type Dev = Cursor<Vec<u8>>;
@@ -63,20 +62,6 @@ fn set_first_cluster(v: &mut [u8], entry: u64, c: u32) {
     let e = entry as usize;
     v[e + 20..e + 22].copy_from_slice(&((c >> 16) as u16).to_le_bytes());
     v[e + 26..e + 28].copy_from_slice(&(c as u16).to_le_bytes());
-}
-
-/// `fsck.fat -n` on the volume: its output.
-fn fsck(v: &[u8]) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("vol");
-    std::fs::write(&p, v).unwrap();
-    let tool = ["/usr/sbin/fsck.fat", "/sbin/fsck.fat"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-        .expect("fsck.fat: install dosfstools (scripts/setup.sh)");
-    let out = Command::new(tool).arg("-n").arg(&p).output().unwrap();
-    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
 }
 
 #[test]

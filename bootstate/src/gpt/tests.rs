@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::device::Faulty;
+use crate::testutil::{output, tool};
 use contract::partition::{ALIGNMENT, LAYOUT, MIB};
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -69,30 +70,17 @@ fn table(path: &Path, sector: u64) -> Table {
     read_at(&mut f, size, sector).unwrap()
 }
 
-fn tool(name: &str) -> PathBuf {
-    ["/usr/sbin", "/sbin", "/usr/bin"]
-        .iter()
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{name} not found: install fdisk (scripts/setup.sh)"))
-}
-
 /// The table as libfdisk reads it: `(start, size, name)` per partition. At
 /// 512-byte sectors through `sfdisk --dump`, at 4096 through `fdisk -b`
 /// (sfdisk reads plain files at 512-byte sectors only). Panics when the tool
 /// refuses the disk.
 fn libfdisk(path: &Path, sector: u64) -> Vec<(u64, u64, String)> {
     if sector == 512 {
-        let out = Command::new(tool("sfdisk"))
-            .arg("--dump")
-            .arg(path)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "sfdisk refused the table: {}{text}",
-            String::from_utf8_lossy(&out.stderr)
+        let text = output(
+            Command::new(tool("sfdisk", "fdisk"))
+                .arg("--dump")
+                .arg(path),
+            "sfdisk refused the table",
         );
         text.lines()
             .filter(|l| l.contains(" : start="))
@@ -111,16 +99,11 @@ fn libfdisk(path: &Path, sector: u64) -> Vec<(u64, u64, String)> {
             })
             .collect()
     } else {
-        let out = Command::new(tool("fdisk"))
-            .args(["-b", &sector.to_string(), "-o", "Start,Sectors,Name", "-l"])
-            .arg(path)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "fdisk refused the table: {}{text}",
-            String::from_utf8_lossy(&out.stderr)
+        let text = output(
+            Command::new(tool("fdisk", "fdisk"))
+                .args(["-b", &sector.to_string(), "-o", "Start,Sectors,Name", "-l"])
+                .arg(path),
+            "fdisk refused the table",
         );
         let mut rows = Vec::new();
         let mut body = false;
@@ -180,7 +163,7 @@ fn tables_made_by_sfdisk_read_as_sfdisk_reads_them() {
     let path = dir.path().join("sfdisk.img");
     File::create(&path).unwrap().set_len(300 * MIB).unwrap();
     let script = "label: gpt\nfirst-lba: 2048\nsize=10MiB, name=\"one\"\nsize=20MiB, name=\"two\"\nname=\"rest\"\n";
-    let mut child = Command::new(tool("sfdisk"))
+    let mut child = Command::new(tool("sfdisk", "fdisk"))
         .arg("--quiet")
         .arg(&path)
         .stdin(std::process::Stdio::piped())

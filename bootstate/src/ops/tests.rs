@@ -353,24 +353,6 @@ fn bless_and_rollback_cut_at_any_write_recover() {
     assert_eq!(saw, [true, true]);
 }
 
-/// `fsck.fat -n` on a BOOT image: its output.
-fn fsck(boot: &[u8]) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("boot");
-    std::fs::write(&p, boot).unwrap();
-    let tool = ["/usr/sbin/fsck.fat", "/sbin/fsck.fat"]
-        .iter()
-        .map(std::path::PathBuf::from)
-        .find(|p| p.is_file())
-        .expect("fsck.fat: install dosfstools (scripts/setup.sh)");
-    let out = std::process::Command::new(tool)
-        .arg("-n")
-        .arg(&p)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
-}
-
 /// Upgrades cut in the middle of writing the new files, over and over on
 /// one disk: each cut leaves clusters no file holds, and each next upgrade
 /// frees them before it writes, so BOOT never fills up (without the reclaim
@@ -420,7 +402,7 @@ fn repeated_cut_upgrades_do_not_fill_boot() {
     assert_eq!(up.to, Slot::B);
     let mut fs = BootFs::new(&mut b, 0);
     assert!(fs.scan().unwrap().lost.is_empty());
-    let text = fsck(b.get_ref());
+    let text = crate::testutil::fsck(b.get_ref());
     assert!(!text.contains("unused cluster"), "{text}");
     assert!(!text.contains("FATs differ"), "{text}");
 }

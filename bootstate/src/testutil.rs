@@ -1,0 +1,38 @@
+//! Helpers for tests that check bootstate's output with the reference tools.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The path of a reference tool, or a failed test saying how to get it.
+pub fn tool(name: &str, package: &str) -> PathBuf {
+    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} not found: install {package} (scripts/setup.sh)"))
+}
+
+/// Runs `cmd`; its standard output, or a failed test with everything it said.
+pub fn output(cmd: &mut Command, what: &str) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}: {}{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// `fsck.fat -n` on a FAT volume: everything it says.
+pub fn fsck(volume: &[u8]) -> String {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let p = dir.path().join("volume");
+    std::fs::write(&p, volume).expect("writing the volume");
+    let out = Command::new(tool("fsck.fat", "dosfstools"))
+        .arg("-n")
+        .arg(&p)
+        .output()
+        .expect("running fsck.fat");
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+}
