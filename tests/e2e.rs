@@ -347,6 +347,41 @@ fn inspect_shows_partitions_entries_meta_and_manifest() {
     assert_eq!(r["manifest"]["lists_image"], true, "{r}");
 }
 
+/// Run from another directory, inspect and verify find the development key
+/// beside the image's own build; where no key is known, inspect says the
+/// manifest was not checked (and does not fail for it).
+#[test]
+fn inspect_and_verify_from_another_directory_use_the_build_key() {
+    let b = image();
+    let raw = std::path::absolute(b.artifact("raw")).unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = ok(imager()
+        .current_dir(elsewhere.path())
+        .args(["inspect", "--json"])
+        .arg(&raw));
+    let r: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["manifest"]["checked"], true, "{r}");
+    assert_eq!(r["manifest"]["verified"], true, "{r}");
+    assert_eq!(r["manifest"]["lists_image"], true, "{r}");
+    let out = ok(imager()
+        .current_dir(elsewhere.path())
+        .arg("verify")
+        .arg(std::path::absolute(&b.dir).unwrap()));
+    assert!(out.contains("verify: OK"), "{out}");
+    // A copy of the build outside the project: no key is known.
+    let copy = elsewhere.path().join("build");
+    ok(Command::new("cp")
+        .args(["-r", "--sparse=always"])
+        .arg(&b.dir)
+        .arg(&copy));
+    let out = ok(imager()
+        .current_dir(elsewhere.path())
+        .arg("inspect")
+        .arg(copy.join("disk.raw")));
+    assert!(out.contains("NOT CHECKED"), "{out}");
+    assert!(!out.contains("DOES NOT VERIFY"), "{out}");
+}
+
 /// Runs a build expected to fail; returns its stderr and checks that the
 /// output directory holds no file under a final name.
 fn failing_build(profile: &Path) -> String {

@@ -84,7 +84,11 @@ fn build(len: usize, opts: fatfs::FormatVolumeOptions) -> Base {
         ),
         (
             "loader/entries/g00000002-slot-b+3-0.conf",
-            entry("B/vmlinuz-fedcba9876543210", "B/initramfs-fedcba9876543210.zst").into_bytes(),
+            entry(
+                "B/vmlinuz-fedcba9876543210",
+                "B/initramfs-fedcba9876543210.zst",
+            )
+            .into_bytes(),
         ),
         ("loader/entries/g00000003-slot-a+0-3.conf", Vec::new()),
     ];
@@ -95,9 +99,8 @@ fn build(len: usize, opts: fatfs::FormatVolumeOptions) -> Base {
     let mut dev = fs.into_inner();
     let img = dev.get_mut();
     let le16 = |b: &[u8], at: usize| usize::from(u16::from_le_bytes([b[at], b[at + 1]]));
-    let le32 = |b: &[u8], at: usize| {
-        u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]) as usize
-    };
+    let le32 =
+        |b: &[u8], at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]) as usize;
     let bps = le16(img, 11);
     let spc = usize::from(img[13]);
     let reserved = le16(img, 14);
@@ -113,7 +116,11 @@ fn build(len: usize, opts: fatfs::FormatVolumeOptions) -> Base {
     let root_region = fat + fats * fat_len;
     let data = root_region + (root_entries * 32).div_ceil(bps) * bps;
     let cluster = |c: usize| data + (c - 2) * spc * bps;
-    let root = if fat32 { cluster(le32(img, 44)) } else { root_region };
+    let root = if fat32 {
+        cluster(le32(img, 44))
+    } else {
+        root_region
+    };
     // Lost clusters: a chain allocated in every FAT that no entry reaches
     // (what a file creation cut short leaves).
     for copy in 0..fats {
@@ -175,7 +182,11 @@ const FILES: usize = 3;
 fuzz_target!(|data: &[u8]| {
     let bases = bases();
     let (base, pick, mut rest) = match data {
-        [b, rest @ ..] => (&bases[usize::from(*b) % bases.len()], usize::from(*b) / bases.len(), rest),
+        [b, rest @ ..] => (
+            &bases[usize::from(*b) % bases.len()],
+            usize::from(*b) / bases.len(),
+            rest,
+        ),
         [] => return,
     };
     let mut patches = Vec::new();
@@ -220,7 +231,11 @@ fuzz_target!(|data: &[u8]| {
         .cloned()
         .expect("a volume scans after a reclaim");
     if reclaimed.is_ok() {
-        assert!(again.lost.is_empty(), "lost clusters after a reclaim: {:?}", again.lost);
+        assert!(
+            again.lost.is_empty(),
+            "lost clusters after a reclaim: {:?}",
+            again.lost
+        );
     }
 
     // A removal of a listed file: the volume then scans.
@@ -233,4 +248,3 @@ fuzz_target!(|data: &[u8]| {
             .expect("a volume scans after a removal");
     }
 });
-

@@ -16,7 +16,7 @@ use contract::boot::{EntryName, boot_order, slot_of_entry};
 use contract::meta::Meta;
 use contract::state::{BootState, best_entry};
 use serde::Serialize;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 #[derive(Debug, Serialize)]
 pub struct PartitionInfo {
@@ -285,33 +285,18 @@ fn slots_info(meta: Option<&Meta>, entries: &[EntryInfo]) -> SlotsInfo {
     info
 }
 
-/// The development key of the build that made `image`: `out/keys/dev.pub`
-/// in the nearest parent of the image (a build writes `<project>/out/NAME/`
-/// and keeps its key in `<project>/out/keys/`), else in the nearest parent
-/// of the working directory.
-fn dev_key_for(image: &Path) -> Option<PathBuf> {
-    let rel = Path::new(sign::DEV_KEY_DIR).join(sign::DEV_PUB);
-    let image_dir = std::path::absolute(image)
-        .ok()
-        .and_then(|p| p.parent().map(Path::to_path_buf));
-    let cwd = std::env::current_dir().ok();
-    image_dir
-        .iter()
-        .chain(cwd.iter())
-        .flat_map(|d| d.ancestors().map(|a| a.join(&rel)).collect::<Vec<_>>())
-        .find(|p| p.is_file())
-}
-
 fn manifest_status(image: &Path, key: Option<&Path>) -> Option<ManifestInfo> {
     let dir = image
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let path = dir.join(crate::build::names::MANIFEST);
+    let path = dir.join(contract::paths::output::MANIFEST);
     if !path.is_file() {
         return None;
     }
-    let key = key.map(Path::to_path_buf).or_else(|| dev_key_for(image));
+    let key = key
+        .map(Path::to_path_buf)
+        .or_else(|| sign::dev_key_for(image));
     let mut info = ManifestInfo {
         path: path.display().to_string(),
         checked: false,

@@ -22,6 +22,20 @@ pub fn default_dev_pub() -> PathBuf {
         .unwrap_or(rel)
 }
 
+/// The development public key of the build that made `output` (a build's
+/// output directory, or a file in it): `out/keys/dev.pub` in the nearest
+/// parent of `output` that has one (a build writes `<project>/out/NAME/`
+/// and keeps its key in `<project>/out/keys/`), else [`default_dev_pub`]
+/// when that exists. So `imager inspect` and `imager verify` find the key
+/// from whichever directory they run.
+pub fn dev_key_for(output: &Path) -> Option<PathBuf> {
+    let rel = Path::new(DEV_KEY_DIR).join(DEV_PUB);
+    std::path::absolute(output)
+        .ok()
+        .and_then(|p| p.ancestors().map(|d| d.join(&rel)).find(|p| p.is_file()))
+        .or_else(|| Some(default_dev_pub()).filter(|p| p.is_file()))
+}
+
 /// `imager keygen`: where to write a new signing key pair.
 #[derive(Debug, Clone)]
 pub struct KeygenOptions {
@@ -71,7 +85,7 @@ pub fn run_keygen(args: &KeygenOptions) -> Result<()> {
 /// failed (reported on stdout). Errors (no usable trusted key) are for the
 /// caller to print.
 pub fn run_verify(args: &VerifyOptions) -> Result<i32> {
-    let default_key = default_dev_pub();
+    let default_key = dev_key_for(&args.manifest).unwrap_or_else(default_dev_pub);
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     run_verify_to(args, &default_key, &mut stdout.lock(), &mut stderr.lock())

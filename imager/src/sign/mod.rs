@@ -15,8 +15,8 @@ mod verify;
 mod tests;
 
 pub use command::{
-    DEV_KEY_DIR, KeygenOptions, VerifyOptions, default_dev_pub, run_keygen, run_verify,
-    run_verify_to,
+    DEV_KEY_DIR, KeygenOptions, VerifyOptions, default_dev_pub, dev_key_for, run_keygen,
+    run_verify, run_verify_to,
 };
 pub use ed25519_dalek::{Signature, VerifyingKey};
 pub use keys::{
