@@ -296,7 +296,7 @@ fn manifest_status(image: &Path, key: Option<&Path>) -> Option<ManifestInfo> {
     }
     let key = key
         .map(Path::to_path_buf)
-        .or_else(|| sign::dev_key_for(image));
+        .or_else(|| sign::dev_key_for(image, &path));
     let mut info = ManifestInfo {
         path: path.display().to_string(),
         checked: false,

@@ -23,17 +23,41 @@ pub fn default_dev_pub() -> PathBuf {
 }
 
 /// The development public key of the build that made `output` (a build's
-/// output directory, or a file in it): `out/keys/dev.pub` in the nearest
-/// parent of `output` that has one (a build writes `<project>/out/NAME/`
-/// and keeps its key in `<project>/out/keys/`), else [`default_dev_pub`]
-/// when that exists. So `imager inspect` and `imager verify` find the key
-/// from whichever directory they run.
-pub fn dev_key_for(output: &Path) -> Option<PathBuf> {
+/// output directory, or a file in it), whose signed manifest is `manifest`:
+/// among the `out/keys/dev.pub` files above `output` (a build writes
+/// `<project>/out/NAME/` and keeps its key in `<project>/out/keys/`) and
+/// above the working directory, the nearest whose key id is the one the
+/// manifest names; else the nearest. So `imager inspect` and `imager verify`
+/// find the key from whichever directory they run. (The manifest's key id
+/// only chooses the key: the signature is still checked with it.)
+pub fn dev_key_for(output: &Path, manifest: &Path) -> Option<PathBuf> {
     let rel = Path::new(DEV_KEY_DIR).join(DEV_PUB);
-    std::path::absolute(output)
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    for start in [
+        std::path::absolute(output).ok(),
+        std::env::current_dir().ok(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        for d in start.ancestors() {
+            let p = d.join(&rel);
+            if p.is_file() && !candidates.contains(&p) {
+                candidates.push(p);
+            }
+        }
+    }
+    let claimed = std::fs::read(manifest)
         .ok()
-        .and_then(|p| p.ancestors().map(|d| d.join(&rel)).find(|p| p.is_file()))
-        .or_else(|| Some(default_dev_pub()).filter(|p| p.is_file()))
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v.get("key_id")?.as_str().map(str::to_string));
+    candidates
+        .iter()
+        .find(|p| {
+            super::keys::load_public_key(p).is_ok_and(|k| Some(super::keys::key_id(&k)) == claimed)
+        })
+        .or(candidates.first())
+        .cloned()
 }
 
 /// `imager keygen`: where to write a new signing key pair.
@@ -85,7 +109,12 @@ pub fn run_keygen(args: &KeygenOptions) -> Result<()> {
 /// failed (reported on stdout). Errors (no usable trusted key) are for the
 /// caller to print.
 pub fn run_verify(args: &VerifyOptions) -> Result<i32> {
-    let default_key = dev_key_for(&args.manifest).unwrap_or_else(default_dev_pub);
+    let manifest = if args.manifest.is_dir() {
+        args.manifest.join(super::manifest::MANIFEST_NAME)
+    } else {
+        args.manifest.clone()
+    };
+    let default_key = dev_key_for(&args.manifest, &manifest).unwrap_or_else(default_dev_pub);
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     run_verify_to(args, &default_key, &mut stdout.lock(), &mut stderr.lock())
