@@ -73,11 +73,9 @@ fn build(len: usize, opts: fatfs::FormatVolumeOptions) -> Base {
         )
     };
     let kernel: Vec<u8> = (0..3000u32).map(|i| (i * 7 % 251) as u8).collect();
+    // Small files first: their clusters lie within the first 8 KiB of the
+    // data region, which patches reach byte by byte.
     let files: Vec<(&str, Vec<u8>)> = vec![
-        ("EFI/BOOT/BOOTX64.EFI", vec![0x4d; 700]),
-        ("loader/loader.conf", b"timeout 3\n".to_vec()),
-        (KERNEL, kernel),
-        (INITRD, vec![0x28; 1500]),
         (
             "loader/entries/g00000001-slot-a.conf",
             entry(KERNEL, INITRD).into_bytes(),
@@ -91,6 +89,10 @@ fn build(len: usize, opts: fatfs::FormatVolumeOptions) -> Base {
             .into_bytes(),
         ),
         ("loader/entries/g00000003-slot-a+0-3.conf", Vec::new()),
+        ("loader/loader.conf", b"timeout 3\n".to_vec()),
+        ("EFI/BOOT/BOOTX64.EFI", vec![0x4d; 700]),
+        (KERNEL, kernel),
+        (INITRD, vec![0x28; 1500]),
     ];
     for (path, data) in &files {
         fs.create(path, &mut &data[..], data.len() as u64)
@@ -199,7 +201,7 @@ fuzz_target!(|data: &[u8]| {
             // on 4096-byte clusters too.
             5 => base.regions[4] + off * 32,
             // Anywhere: 8192 steps over the volume, sector-aligned.
-            _ => off * (base.len / 8192 & !511),
+            _ => off * ((base.len / 8192) & !511),
         };
         patches.push((at, &tail[..n]));
         rest = &tail[n..];
