@@ -59,6 +59,25 @@ pub fn dos_date_time(epoch: u64) -> DateTime {
     }
 }
 
+/// Whether `path` is a path BOOT's files may have: `/`-separated, relative,
+/// every component non-empty and neither `.` nor `..` (fatfs would follow
+/// those, and boot entries come from the disk).
+pub fn valid_path(path: &str) -> bool {
+    !path.is_empty()
+        && path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\\'))
+}
+
+fn check_path(path: &str) -> Result<()> {
+    if !valid_path(path) {
+        bail!(
+            "{path:?} is not a path on BOOT: use a relative `/`-separated path without empty, `.` or `..` components"
+        );
+    }
+    Ok(())
+}
+
 /// A file found on BOOT.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileInfo {
@@ -119,6 +138,9 @@ impl<D: Read + Seek> BootFs<D> {
     /// The regular files of directory `dir` ("" for the root), sorted by
     /// name; empty when the directory does not exist.
     pub fn list(&mut self, dir: &str) -> Result<Vec<FileInfo>> {
+        if !dir.is_empty() {
+            check_path(dir)?;
+        }
         let fs = self.open_ro()?;
         let root = fs.root_dir();
         let d = if dir.is_empty() {
@@ -152,10 +174,12 @@ impl<D: Read + Seek> BootFs<D> {
         while let Some((prefix, dir)) = todo.pop() {
             for e in dir.iter() {
                 let e = e.context("reading a directory on BOOT")?;
-                let name = e.file_name();
-                if name == "." || name == ".." {
+                // `.` and `..` by their short names: a long name on them
+                // (fatfs writes one) must not make this walk loop.
+                if matches!(e.short_file_name_as_bytes(), b"." | b"..") {
                     continue;
                 }
+                let name = e.file_name();
                 let path = format!("{prefix}{name}");
                 if e.is_dir() {
                     todo.push((format!("{path}/"), e.to_dir()));
@@ -170,6 +194,7 @@ impl<D: Read + Seek> BootFs<D> {
 
     /// Whether `path` exists (file or directory).
     pub fn exists(&mut self, path: &str) -> Result<bool> {
+        check_path(path)?;
         let fs = self.open_ro()?;
         let root = fs.root_dir();
         Ok(root.open_file(path).is_ok() || root.open_dir(path).is_ok())
@@ -177,6 +202,7 @@ impl<D: Read + Seek> BootFs<D> {
 
     /// A small file's contents (entries, at most `limit` bytes).
     pub fn read(&mut self, path: &str, limit: u64) -> Result<Vec<u8>> {
+        check_path(path)?;
         let fs = self.open_ro()?;
         let f = fs
             .root_dir()
@@ -194,6 +220,7 @@ impl<D: Read + Seek> BootFs<D> {
 
     /// SHA-256 (hex) and length of a file, streamed.
     pub fn hash(&mut self, path: &str) -> Result<(String, u64)> {
+        check_path(path)?;
         let fs = self.open_ro()?;
         let mut f = fs
             .root_dir()
@@ -251,6 +278,7 @@ impl<D: Device> BootFs<D> {
 
     /// Creates directory `dir` if missing (its parent must exist).
     pub fn ensure_dir(&mut self, dir: &str) -> Result<()> {
+        check_path(dir)?;
         {
             let fs = self.open()?;
             if fs.root_dir().open_dir(dir).is_ok() {
@@ -271,6 +299,7 @@ impl<D: Device> BootFs<D> {
     /// not exist. It is complete or absent, as far as readers go, at every
     /// write: its directory entry gets its length last.
     pub fn create(&mut self, path: &str, src: &mut dyn Read, len: u64) -> Result<()> {
+        check_path(path)?;
         {
             let fs = self.open()?;
             if fs.root_dir().open_file(path).is_ok() {
@@ -306,6 +335,7 @@ impl<D: Device> BootFs<D> {
 
     /// Removes `path` crash-safely and syncs; false if it was not there.
     pub fn remove(&mut self, path: &str) -> Result<bool> {
+        check_path(path)?;
         self.scan()?;
         let found = crate::fatfix::remove_file(&mut self.dev, path)
             .with_context(|| format!("removing {path} from BOOT"))?;

@@ -181,7 +181,11 @@ fn lfn_checksum(short: &[u8]) -> u8 {
 }
 
 /// The entries of a directory held in `ranges`: (name, entry).
-fn scan_dir<T: Read + Seek>(dev: &mut T, ranges: &[(u64, u64)]) -> Result<Vec<(String, Found)>> {
+fn scan_dir<T: Read + Seek>(
+    dev: &mut T,
+    g: &Geometry,
+    ranges: &[(u64, u64)],
+) -> Result<Vec<(String, Found)>> {
     let buf = read_ranges(dev, ranges)?;
     // Absolute offset of byte i of buf.
     let offset_of = |i: usize| {
@@ -237,9 +241,7 @@ fn scan_dir<T: Read + Seek>(dev: &mut T, ranges: &[(u64, u64)]) -> Result<Vec<(S
             Found {
                 short: offset_of(i * ENTRY),
                 long: long.iter().map(|(o, _, _)| *o).collect(),
-                first_cluster: (u64::from(read_u16(e, 20).unwrap_or(0)) << 16
-                    | u64::from(read_u16(e, 26).unwrap_or(0)))
-                    as u32,
+                first_cluster: g.first_cluster(e),
                 is_dir: e[11] & ATTR_DIR != 0,
             },
         ));
@@ -255,7 +257,7 @@ pub(crate) fn find<T: Read + Seek>(dev: &mut T, g: &Geometry, path: &str) -> Res
     };
     let parts: Vec<String> = path.split('/').map(str::to_lowercase).collect();
     for (i, part) in parts.iter().enumerate() {
-        let entries = scan_dir(dev, &ranges)?;
+        let entries = scan_dir(dev, g, &ranges)?;
         let Some((_, found)) = entries.into_iter().find(|(n, _)| n == part) else {
             return Ok(None);
         };

@@ -342,6 +342,41 @@ pub(crate) fn entries(dir: &[u8]) -> impl Iterator<Item = &[u8]> {
         })
 }
 
+/// A directory's `.` must name the directory and `..` its parent (cluster
+/// 0 for the root; on FAT32 fatfs writes the root's cluster, which
+/// `fatfix::fix_dot_entries` then makes 0, and a cut can leave between):
+/// fatfs follows them when a path goes through them, so one pointing
+/// anywhere else would lead it where the scan has not been. A long name on
+/// them (fatfs writes one, `fix_dot_entries` removes it) is harmless: they
+/// are told by their short names.
+fn check_dots(g: &Geometry, dir: &str, bytes: &[u8], own: u32, parent: u32) -> Result<()> {
+    for e in bytes.chunks_exact(ENTRY).take_while(|e| e[0] != 0x00) {
+        if e[0] == 0xE5 || e[11] & 0x3F == ATTR_LFN {
+            continue;
+        }
+        let c = g.first_cluster(e);
+        let ok = if &e[..11] == DOT {
+            c == own
+        } else if &e[..11] == DOTDOT {
+            c == parent || (parent == 0 && g.kind == Kind::Fat32 && c == g.root_cluster)
+        } else {
+            true
+        };
+        if !ok {
+            bail!(
+                "directory {dir}: its `{}` entry points to cluster {c}, not to the {}",
+                String::from_utf8_lossy(&e[..2]).trim_end(),
+                if &e[..11] == DOT {
+                    "directory itself"
+                } else {
+                    "parent directory"
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The short (8.3) name of an entry, for messages.
 fn short_name(e: &[u8]) -> String {
     let part = |r: std::ops::Range<usize>| {
@@ -385,8 +420,12 @@ pub fn scan<T: Read + Seek>(dev: &mut T) -> Result<Scan> {
         }
     };
     let (mut files, mut dirs) = (0u32, 0u32);
-    let mut todo = vec![(String::new(), root)];
-    while let Some((dir, bytes)) = todo.pop() {
+    // (path, entries, its first cluster, its parent's; 0 for the root)
+    let mut todo = vec![(String::new(), root, 0u32, 0u32)];
+    while let Some((dir, bytes, own, parent)) = todo.pop() {
+        if own != 0 {
+            check_dots(&g, &dir, &bytes, own, parent)?;
+        }
         for e in entries(&bytes) {
             let attr = e[11];
             if attr & ATTR_VOLUME != 0 && attr & ATTR_DIR == 0 {
@@ -397,7 +436,7 @@ pub fn scan<T: Read + Seek>(dev: &mut T) -> Result<Scan> {
             if attr & ATTR_DIR != 0 {
                 w.claim(&format!("directory {path}"), first, dir_limit)?;
                 dirs += 1;
-                todo.push((path, w.read_chain(dev, first)?));
+                todo.push((path, w.read_chain(dev, first)?, first, own));
             } else {
                 let size = le32(e, 28);
                 files += 1;

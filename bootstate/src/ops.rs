@@ -130,13 +130,23 @@ pub fn entry_files<B: Read + Seek>(boot: &mut BootFs<B>) -> Result<Vec<EntryFile
                 Err(e) => (None, Some(format!("unreadable: {e:#}"))),
                 Ok(e) => {
                     let mut missing = Vec::new();
+                    let mut bad = Vec::new();
                     for f in [&e.linux, &e.initrd] {
-                        if !f.is_empty() && !boot.exists(f)? {
+                        if f.is_empty() {
+                            continue;
+                        }
+                        if !crate::fat::valid_path(f) {
+                            bad.push(format!("{f:?}"));
+                        } else if !boot.exists(f)? {
                             missing.push(format!("/{f}"));
                         }
                     }
-                    let problem = (!missing.is_empty())
-                        .then(|| format!("names {}, not on BOOT", missing.join(" and ")));
+                    let problem = if !bad.is_empty() {
+                        Some(format!("names {}, not a path on BOOT", bad.join(" and ")))
+                    } else {
+                        (!missing.is_empty())
+                            .then(|| format!("names {}, not on BOOT", missing.join(" and ")))
+                    };
                     (Some(e), problem)
                 }
             }

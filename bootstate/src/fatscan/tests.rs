@@ -298,3 +298,126 @@ fn hostile_volumes_are_refused() {
         );
     }
 }
+
+/// A long-name entry (a single, last one) giving `name` to the short entry
+/// `short`.
+fn long_name(name: &str, short: &[u8; 11]) -> [u8; 32] {
+    let mut e = [0u8; 32];
+    e[0] = 0x41;
+    e[11] = ATTR_LFN;
+    e[13] = short
+        .iter()
+        .fold(0u8, |s, b| s.rotate_right(1).wrapping_add(*b));
+    let mut units: Vec<u16> = name.encode_utf16().collect();
+    units.push(0);
+    units.resize(13, 0xFFFF);
+    let slots = (1..11)
+        .step_by(2)
+        .chain((14..26).step_by(2))
+        .chain((28..32).step_by(2));
+    for (at, u) in slots.zip(units) {
+        e[at..at + 2].copy_from_slice(&u.to_le_bytes());
+    }
+    e
+}
+
+/// Offset of directory `dir`'s `..` entry (its second).
+fn dotdot_of(v: &[u8], dir: &str) -> usize {
+    let g = geom(v);
+    let at = g.cluster_offset(found(v, dir).first_cluster) as usize + ENTRY;
+    assert_eq!(&v[at..at + 11], DOTDOT);
+    at
+}
+
+/// `..` names the parent, and fatfs follows it when a path goes through
+/// it (an entry's `linux /A/../vmlinuz`): a `..` pointing to a chain the
+/// scan never walked (here a lost cluster that loops, full of names) is
+/// refused, or at least not followed for ever. (fuzz: the fat target.)
+#[test]
+fn dotdot_to_an_unscanned_chain_is_not_followed() {
+    for kind in [Kind::Fat16, Kind::Fat32] {
+        let mut fs = BootFs::new(Cursor::new(volume(kind)), 0);
+        let entry = b"title x\nlinux /A/../vmlinuz\n";
+        fs.create(
+            "loader/entries/g00000001-slot-a.conf",
+            &mut &entry[..],
+            entry.len() as u64,
+        )
+        .unwrap();
+        let mut v = fs.into_inner().into_inner();
+        let g = geom(&v);
+        let x = g.clusters + 1; // the last cluster: free
+        let at = g.cluster_offset(x) as usize;
+        for e in v[at..at + g.cluster_size as usize].chunks_mut(ENTRY) {
+            e[..11].copy_from_slice(b"JUNK       ");
+            e[11] = 0x20;
+        }
+        set_fat(&mut v, x, x);
+        let dotdot = dotdot_of(&v, "A");
+        set_first_cluster(&mut v, dotdot as u64, x);
+        let w = v.clone();
+        let r = bounded("entry_files through a looping `..`", move || {
+            crate::ops::entry_files(&mut BootFs::new(Cursor::new(w), 0))
+                .map(|_| ())
+                .map_err(|e| format!("{e:#}"))
+        });
+        let e = r.expect_err("a `..` elsewhere than the parent is refused");
+        assert!(e.contains("not to the parent directory"), "{e}");
+        bounded("exists through a looping `..`", move || {
+            let _ = BootFs::new(Cursor::new(v), 0).exists("A/../vmlinuz");
+        });
+    }
+}
+
+/// fatfs names an entry by its long name: a long name on `.` or `..`
+/// (which the scan skips by their short names) must not make list_all walk
+/// into the directory or its parent again, for ever. (fuzz: the fat target.)
+#[test]
+fn a_long_name_on_a_dot_entry_is_not_walked() {
+    for kind in [Kind::Fat16, Kind::Fat32] {
+        for (slot, short) in [(1usize, DOT), (0, DOTDOT)] {
+            let mut v = volume(kind);
+            // The entry before `short` becomes its long name; for `.`,
+            // that moves `.` one slot down over `..`.
+            let dotdot = dotdot_of(&v, "A");
+            let dot = dotdot - ENTRY;
+            if slot == 1 {
+                v.copy_within(dot..dot + ENTRY, dotdot);
+            }
+            v[dot..dot + ENTRY].copy_from_slice(&long_name("zz", short));
+            let paths = bounded("list_all with a long-named dot entry", move || {
+                BootFs::new(Cursor::new(v), 0)
+                    .list_all()
+                    .map_err(|e| e.to_string())
+            });
+            if let Ok(paths) = paths {
+                assert!(
+                    paths.iter().all(|p| !p.contains("zz/")),
+                    "{kind:?}: {paths:?}"
+                );
+            }
+        }
+    }
+}
+
+/// An entry naming a path through `..` does not boot (shown as such), on a
+/// volume that holds together, and BootFs refuses such paths.
+#[test]
+fn an_entry_through_dotdot_is_not_bootable() {
+    let mut fs = BootFs::new(Cursor::new(volume(Kind::Fat16)), 0);
+    let entry = b"title x\nlinux /A/../A/vmlinuz\n";
+    fs.create(
+        "loader/entries/g00000001-slot-a.conf",
+        &mut &entry[..],
+        entry.len() as u64,
+    )
+    .unwrap();
+    let files = crate::ops::entry_files(&mut fs).unwrap();
+    assert_eq!(files.len(), 1);
+    let p = files[0].problem.as_deref().unwrap();
+    assert!(p.contains("not a path on BOOT"), "{p}");
+    for path in ["A/../A/vmlinuz", "./A/vmlinuz", "A//vmlinuz", ""] {
+        let e = format!("{:#}", fs.exists(path).unwrap_err());
+        assert!(e.contains("not a path on BOOT"), "{path}: {e}");
+    }
+}
