@@ -20,7 +20,6 @@ use anyhow::{Result, bail};
 use std::io::{Read, Seek, SeekFrom, Write};
 
 use crate::fatscan::{DOT, DOTDOT, Geometry, Kind, geometry};
-use contract::le::read_u16;
 
 const ENTRY: usize = 32;
 const ATTR_LFN: u8 = 0x0F;
@@ -48,13 +47,10 @@ fn write_ranges<T: Write + Seek>(dev: &mut T, ranges: &[(u64, u64)], buf: &[u8])
 }
 
 /// Subdirectories (first cluster) listed in a directory's entries.
-fn subdirs(dir: &[u8]) -> Vec<u32> {
+fn subdirs(g: &Geometry, dir: &[u8]) -> Vec<u32> {
     crate::fatscan::entries(dir)
         .filter(|e| e[11] & ATTR_DIR != 0)
-        .map(|e| {
-            (u64::from(read_u16(e, 20).unwrap_or(0)) << 16
-                | u64::from(read_u16(e, 26).unwrap_or(0))) as u32
-        })
+        .map(|e| g.first_cluster(e))
         .filter(|c| *c >= 2)
         .collect()
 }
@@ -76,7 +72,7 @@ pub fn fix_dot_entries<T: Read + Write + Seek>(dev: &mut T) -> Result<()> {
         }
     };
     // (directory cluster, parent cluster as `..` must name it)
-    let mut todo: Vec<(u32, u32)> = subdirs(&root).into_iter().map(|c| (c, 0)).collect();
+    let mut todo: Vec<(u32, u32)> = subdirs(&g, &root).into_iter().map(|c| (c, 0)).collect();
     let mut seen = 0usize;
     while let Some((dir, parent)) = todo.pop() {
         seen += 1;
@@ -108,7 +104,7 @@ pub fn fix_dot_entries<T: Read + Write + Seek>(dev: &mut T) -> Result<()> {
         }
         set_cluster(&mut buf[ENTRY..2 * ENTRY], parent);
         write_ranges(dev, &chain, &buf)?;
-        todo.extend(subdirs(&buf[2 * ENTRY..]).into_iter().map(|c| (c, dir)));
+        todo.extend(subdirs(&g, &buf[2 * ENTRY..]).into_iter().map(|c| (c, dir)));
     }
     if g.kind == Kind::Fat32 {
         write_fs_info(dev, &g)?;

@@ -124,6 +124,16 @@ pub(crate) fn geometry<T: Read + Seek>(dev: &mut T) -> Result<Geometry> {
     }
     let root_cluster = le32(&bs, 44) as u32;
     let fs_info = le16(&bs, 48);
+    // FAT32 may switch mirroring off and name another FAT as the one in
+    // use (fatfs then reads that one); we read and write the first.
+    let ext_flags = le16(&bs, 40);
+    if kind == Kind::Fat32 && ext_flags & 0x80 != 0 && ext_flags & 0x0F != 0 {
+        bail!(
+            "the FAT32 volume uses FAT {} with mirroring off: only FAT 0 is supported \
+             (repair it with fsck.fat -a)",
+            ext_flags & 0x0F
+        );
+    }
     match kind {
         Kind::Fat16 if root_entries == 0 => bail!("the FAT16 volume has no root directory"),
         Kind::Fat32 if !(2..clusters.saturating_add(2)).contains(&root_cluster) => {
@@ -342,39 +352,78 @@ pub(crate) fn entries(dir: &[u8]) -> impl Iterator<Item = &[u8]> {
         })
 }
 
-/// A directory's `.` must name the directory and `..` its parent (cluster
-/// 0 for the root; on FAT32 fatfs writes the root's cluster, which
-/// `fatfix::fix_dot_entries` then makes 0, and a cut can leave between):
-/// fatfs follows them when a path goes through them, so one pointing
-/// anywhere else would lead it where the scan has not been. A long name on
-/// them (fatfs writes one, `fix_dot_entries` removes it) is harmless: they
-/// are told by their short names.
+/// The `.` and `..` entries of a directory (`own` its first cluster, 0 for
+/// the root): fatfs follows them when a path goes through them and names
+/// them by their long names, so they must not lead anywhere the walk has
+/// not been. In a subdirectory `.` must name the directory and `..` its
+/// parent (cluster 0 for the root; on FAT32 fatfs writes the root's cluster,
+/// which `fatfix::fix_dot_entries` then makes 0, and a cut can leave it so),
+/// and a long name on them may only be their own (fatfs writes one,
+/// `fix_dot_entries` removes it). The root has none.
 fn check_dots(g: &Geometry, dir: &str, bytes: &[u8], own: u32, parent: u32) -> Result<()> {
+    let shown = if dir.is_empty() { "/" } else { dir };
+    let mut long: Vec<&[u8]> = Vec::new();
     for e in bytes.chunks_exact(ENTRY).take_while(|e| e[0] != 0x00) {
-        if e[0] == 0xE5 || e[11] & 0x3F == ATTR_LFN {
+        if e[0] == 0xE5 {
+            long.clear();
             continue;
         }
-        let c = g.first_cluster(e);
-        let ok = if &e[..11] == DOT {
-            c == own
+        if e[11] & 0x3F == ATTR_LFN {
+            long.push(e);
+            continue;
+        }
+        let lfn = std::mem::take(&mut long);
+        let name = if &e[..11] == DOT {
+            "."
         } else if &e[..11] == DOTDOT {
-            c == parent || (parent == 0 && g.kind == Kind::Fat32 && c == g.root_cluster)
+            ".."
         } else {
-            true
+            continue;
+        };
+        if own == 0 {
+            bail!("the root directory has a `{name}` entry");
+        }
+        let c = g.first_cluster(e);
+        let ok = if name == "." {
+            c == own
+        } else {
+            c == parent || (parent == 0 && g.kind == Kind::Fat32 && c == g.root_cluster)
         };
         if !ok {
             bail!(
-                "directory {dir}: its `{}` entry points to cluster {c}, not to the {}",
-                String::from_utf8_lossy(&e[..2]).trim_end(),
-                if &e[..11] == DOT {
+                "directory {shown}: its `{name}` entry points to cluster {c}, not to the {}",
+                if name == "." {
                     "directory itself"
                 } else {
                     "parent directory"
                 }
             );
         }
+        if !lfn.is_empty() && long_name(&lfn) != name {
+            bail!(
+                "directory {shown}: its `{name}` entry carries the long name {:?}",
+                long_name(&lfn)
+            );
+        }
     }
     Ok(())
+}
+
+/// The name a run of long-name entries spells (they are stored last part
+/// first).
+fn long_name(run: &[&[u8]]) -> String {
+    let units: Vec<u16> = run
+        .iter()
+        .rev()
+        .flat_map(|e| {
+            [1..11, 14..26, 28..32].into_iter().flat_map(move |r| {
+                e[r].chunks_exact(2)
+                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
+            })
+        })
+        .take_while(|u| *u != 0)
+        .collect();
+    String::from_utf16_lossy(&units)
 }
 
 /// The short (8.3) name of an entry, for messages.
@@ -405,27 +454,27 @@ pub fn scan<T: Read + Seek>(dev: &mut T) -> Result<Scan> {
         fat,
     };
     let dir_limit = MAX_DIR_BYTES.div_ceil(g.cluster_size);
-    let root = match g.kind {
-        Kind::Fat16 => {
-            let (at, len) = g.root_region;
-            let mut b = vec![0u8; len as usize];
-            dev.seek(SeekFrom::Start(at))?;
-            dev.read_exact(&mut b)
-                .context("reading the root directory")?;
-            b
-        }
-        Kind::Fat32 => {
-            w.claim("the root directory", g.root_cluster, dir_limit)?;
-            w.read_chain(dev, g.root_cluster)?
-        }
-    };
+    if g.kind == Kind::Fat32 {
+        w.claim("the root directory", g.root_cluster, dir_limit)?;
+    }
     let (mut files, mut dirs) = (0u32, 0u32);
-    // (path, entries, its first cluster, its parent's; 0 for the root)
-    let mut todo = vec![(String::new(), root, 0u32, 0u32)];
-    while let Some((dir, bytes, own, parent)) = todo.pop() {
-        if own != 0 {
-            check_dots(&g, &dir, &bytes, own, parent)?;
-        }
+    // (path, first cluster, its parent's): 0 for the root. A directory's
+    // entries are read when it is walked, one directory at a time.
+    let mut todo = vec![(String::new(), 0u32, 0u32)];
+    while let Some((dir, own, parent)) = todo.pop() {
+        let bytes = match (own, g.kind) {
+            (0, Kind::Fat16) => {
+                let (at, len) = g.root_region;
+                let mut b = vec![0u8; len as usize];
+                dev.seek(SeekFrom::Start(at))?;
+                dev.read_exact(&mut b)
+                    .context("reading the root directory")?;
+                b
+            }
+            (0, Kind::Fat32) => w.read_chain(dev, g.root_cluster)?,
+            (c, _) => w.read_chain(dev, c)?,
+        };
+        check_dots(&g, &dir, &bytes, own, parent)?;
         for e in entries(&bytes) {
             let attr = e[11];
             if attr & ATTR_VOLUME != 0 && attr & ATTR_DIR == 0 {
@@ -436,7 +485,7 @@ pub fn scan<T: Read + Seek>(dev: &mut T) -> Result<Scan> {
             if attr & ATTR_DIR != 0 {
                 w.claim(&format!("directory {path}"), first, dir_limit)?;
                 dirs += 1;
-                todo.push((path, w.read_chain(dev, first)?, first, own));
+                todo.push((path, first, own));
             } else {
                 let size = le32(e, 28);
                 files += 1;
@@ -488,7 +537,10 @@ pub fn reclaim<T: Read + Write + Seek>(dev: &mut T, scan: &Scan) -> Result<usize
     if g.clusters != scan.clusters {
         bail!("internal: the scan is of another volume");
     }
-    let mut fat = vec![0u8; g.fat_len as usize];
+    // The part of the FAT that maps the volume's clusters (fat_len may be
+    // larger, up to the partition: never read more than the clusters need).
+    let used = ((u64::from(g.clusters) + 2) * g.width()).div_ceil(g.sector) * g.sector;
+    let mut fat = vec![0u8; used.min(g.fat_len) as usize];
     dev.seek(SeekFrom::Start(g.fat_offset))?;
     dev.read_exact(&mut fat).context("reading the FAT")?;
     for &c in &scan.lost {

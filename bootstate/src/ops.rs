@@ -29,6 +29,8 @@ use std::path::PathBuf;
 
 /// Largest entry file read.
 const ENTRY_LIMIT: u64 = 64 * 1024;
+/// Most entry files of ours read (each is read and its files looked up).
+const MAX_ENTRIES: usize = 64;
 
 /// A disk's slot state: META decoded and the entries found on BOOT.
 #[derive(Debug, Clone)]
@@ -114,6 +116,13 @@ pub fn entry_files<B: Read + Seek>(boot: &mut BootFs<B>) -> Result<Vec<EntryFile
         .filter_map(|f| EntryName::parse(&f.name.to_lowercase()).map(|n| (n, f.name, f.size)))
         .collect();
     files.sort();
+    if files.len() > MAX_ENTRIES {
+        bail!(
+            "BOOT has {} boot entries of ours in {BOOT_ENTRIES_DIR}, more than the {MAX_ENTRIES} \
+             two slots ever need: the disk was tampered with; reinstall it",
+            files.len()
+        );
+    }
     let mut out = Vec::new();
     for (name, file, size) in files {
         let (entry, problem) = if size == 0 {
@@ -191,6 +200,23 @@ fn meta_with(st: &Status, new: &BootState) -> Result<Meta> {
 
 fn write_state<M: Device>(meta_dev: &mut M, st: &Status, new: &BootState) -> Result<()> {
     meta::write(meta_dev, &meta_with(st, new)?)
+}
+
+/// Before a change that creates one entry file (rollback, blessing): BOOT
+/// holds together and has a cluster for it, counting what a reclaim frees;
+/// the reclaim is made (its writes are safe at any cut) when it is needed.
+fn room_for_an_entry<B: Device>(boot: &mut BootFs<B>) -> Result<()> {
+    let scan = boot.scan()?.clone();
+    if scan.room() < scan.cluster_size {
+        bail!(
+            "BOOT is full: there is no room for a boot entry; nothing was written. Remove \
+             files from BOOT or reinstall the disk"
+        );
+    }
+    if u64::from(scan.free) * scan.cluster_size < scan.cluster_size {
+        boot.reclaim()?;
+    }
+    Ok(())
 }
 
 /// A file of the payload: where it is, its SHA-256 (hex) and length.
@@ -333,8 +359,9 @@ fn check_room(
         .filter(|f| f.name != file_name(&entry.linux) && f.name != file_name(&entry.initrd))
         .map(|f| clusters(f.size, cluster))
         .sum();
-    freed +=
-        (st.entries.iter().filter(|e| e.slot == target).count() + st.broken.len()) as u64 * cluster;
+    // (Entries the boot loader passes over go too, but may be empty: not
+    // counted.)
+    freed += st.entries.iter().filter(|e| e.slot == target).count() as u64 * cluster;
     let reused = |name: &str, len: u64| {
         old_files
             .iter()
@@ -508,8 +535,10 @@ pub fn rollback<B: Device, M: Device>(
         st.state.version(to),
         if force { "yes" } else { "no" }
     ));
-    write_state(meta_dev, &st, &new)?;
+    let new_meta = meta_with(&st, &new)?;
     let generation = st.next_generation()?;
+    room_for_an_entry(boot)?;
+    meta::write(meta_dev, &new_meta)?;
     let name = if trial {
         EntryName::trial(generation, to, DEFAULT_TRIES)
     } else {
@@ -631,6 +660,7 @@ pub fn bless<B: Device, M: Device>(
         None => format!("blessed slot={booted} version={version}"),
     });
     let new_meta = meta_with(&st, &new)?;
+    room_for_an_entry(boot)?;
     let mut redone = None;
     if let Some(counting) = best_entry(&st.entries, booted).filter(|e| e.tries.is_some()) {
         let good = counting.blessed();

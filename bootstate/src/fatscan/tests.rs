@@ -256,6 +256,30 @@ fn hostile_volumes_are_refused() {
             "its partition has",
         ),
         (
+            "FAT32 using FAT 1 with mirroring off",
+            Kind::Fat32,
+            |v| v[40..42].copy_from_slice(&0x0081u16.to_le_bytes()),
+            "mirroring off",
+        ),
+        (
+            "a `..` entry in the root",
+            Kind::Fat16,
+            |v| {
+                let s = found(v, "loader").short as usize;
+                v[s..s + 11].copy_from_slice(DOTDOT);
+            },
+            "the root directory has a `..` entry",
+        ),
+        (
+            "a long name on `..`",
+            Kind::Fat32,
+            |v| {
+                let dotdot = dotdot_of(v, "A");
+                v[dotdot - ENTRY..dotdot].copy_from_slice(&long_name("loader", DOTDOT));
+            },
+            "carries the long name",
+        ),
+        (
             "zero bytes per sector",
             Kind::Fat16,
             |v| v[11..13].copy_from_slice(&0u16.to_le_bytes()),
@@ -419,5 +443,24 @@ fn an_entry_through_dotdot_is_not_bootable() {
     for path in ["A/../A/vmlinuz", "./A/vmlinuz", "A//vmlinuz", ""] {
         let e = format!("{:#}", fs.exists(path).unwrap_err());
         assert!(e.contains("not a path on BOOT"), "{path}: {e}");
+    }
+}
+
+/// A directory as fatfs's create_dir leaves it before `fix_dot_entries`
+/// (long names on `.` and `..`, `..` naming the FAT32 root's cluster), as a
+/// cut between the two leaves it, scans.
+#[test]
+fn a_directory_cut_before_its_repair_scans() {
+    for kind in [Kind::Fat16, Kind::Fat32] {
+        let mut dev = Cursor::new(volume(kind));
+        {
+            let fs = fatfs::FileSystem::new(&mut dev, fatfs::FsOptions::new()).unwrap();
+            fs.root_dir().create_dir("new").unwrap();
+            fs.root_dir().create_dir("new/deeper").unwrap();
+            fs.unmount().unwrap();
+        }
+        let v = dev.into_inner();
+        let s = scan_of(&v).unwrap_or_else(|e| panic!("{kind:?}: {e:#}"));
+        assert_eq!(s.dirs, 6, "{kind:?}");
     }
 }
