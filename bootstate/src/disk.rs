@@ -66,9 +66,27 @@ fn open(path: &Path, access: Access) -> std::io::Result<File> {
     o.open(path)
 }
 
-/// `O_DSYNC` on Linux (all architectures we build for).
+/// `O_DSYNC` (Linux's value on x86_64 and every architecture that uses
+/// the generic numbering; bootstate does not depend on libc).
+#[cfg(target_os = "linux")]
 const fn libc_o_dsync() -> i32 {
     0o10000
+}
+
+/// Waits for the lock of `access` on an open disk (the runtime: an
+/// installer holds it for the length of one operation). A kernel without
+/// file locking (ENOSYS) cannot lock: the work goes on unlocked.
+pub fn lock_waiting(file: &File, path: &Path, access: Access) -> Result<()> {
+    let r = match access {
+        Access::Read => file.lock_shared(),
+        Access::Write => file.lock(),
+    };
+    match r {
+        Err(e) if e.kind() != std::io::ErrorKind::Unsupported => {
+            Err(e).with_context(|| format!("locking {}", path.display()))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Takes the lock of `access` on an open disk, or says who holds it.
@@ -91,8 +109,18 @@ pub fn lock(file: &File, path: &Path, access: Access) -> Result<()> {
 }
 
 impl Disk {
-    /// Opens and locks the disk at `path` and reads its partition table.
+    /// Opens and locks the disk at `path` and reads its partition table;
+    /// refused at once when another operation holds the disk.
     pub fn open(path: &Path, access: Access) -> Result<Disk> {
+        Disk::open_with(path, access, false)
+    }
+
+    /// [`Disk::open`], waiting for the lock (the runtime).
+    pub fn open_waiting(path: &Path, access: Access) -> Result<Disk> {
+        Disk::open_with(path, access, true)
+    }
+
+    fn open_with(path: &Path, access: Access, wait: bool) -> Result<Disk> {
         check_kind(path)?;
         let mut f = open(path, access).with_context(|| {
             format!(
@@ -105,7 +133,11 @@ impl Disk {
                 }
             )
         })?;
-        lock(&f, path, access)?;
+        if wait {
+            lock_waiting(&f, path, access)?;
+        } else {
+            lock(&f, path, access)?;
+        }
         let size = gpt::device_size(&mut f)
             .with_context(|| format!("finding the size of {}", path.display()))?;
         let table = gpt::read(&mut f, size).with_context(|| {
@@ -128,8 +160,14 @@ impl Disk {
     }
 
     /// A window on the partition of `role`, on its own handle.
+    /// The handle is opened afresh on the locked file itself (through
+    /// `/proc/self/fd`), so that a path swapped meanwhile cannot make it
+    /// another file than the one locked; by path where /proc is missing.
     pub fn partition(&self, role: PartitionRole) -> Result<Window<File>> {
-        let f = open(&self.path, self.access)
+        use std::os::fd::AsRawFd;
+        let same = PathBuf::from(format!("/proc/self/fd/{}", self._lock.as_raw_fd()));
+        let f = open(&same, self.access)
+            .or_else(|_| open(&self.path, self.access))
             .with_context(|| format!("opening {}", self.path.display()))?;
         self.table.window(f, role.label()).with_context(|| {
             format!(

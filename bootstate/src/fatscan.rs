@@ -342,14 +342,19 @@ impl Walk<'_> {
     }
 }
 
-/// The short entries of a directory's bytes that name something: up to the
-/// end mark, without deleted, long-name, `.` and `..` entries.
+/// The short entries of a directory's bytes that name something: without
+/// free, deleted, long-name, `.` and `..` entries. Entries past the end
+/// mark (a free entry, first byte 0) are read too: fatfs writes a new entry
+/// into that slot without a new end mark after it, which makes whatever
+/// follows visible again, so it must hold together as well.
 pub(crate) fn entries(dir: &[u8]) -> impl Iterator<Item = &[u8]> {
-    dir.chunks_exact(ENTRY)
-        .take_while(|e| e[0] != 0x00)
-        .filter(|e| {
-            e[0] != 0xE5 && e[11] & 0x3F != ATTR_LFN && &e[..11] != DOT && &e[..11] != DOTDOT
-        })
+    dir.chunks_exact(ENTRY).filter(|e| {
+        e[0] != 0x00
+            && e[0] != 0xE5
+            && e[11] & 0x3F != ATTR_LFN
+            && &e[..11] != DOT
+            && &e[..11] != DOTDOT
+    })
 }
 
 /// The `.` and `..` entries of a directory (`own` its first cluster, 0 for
@@ -363,8 +368,8 @@ pub(crate) fn entries(dir: &[u8]) -> impl Iterator<Item = &[u8]> {
 fn check_dots(g: &Geometry, dir: &str, bytes: &[u8], own: u32, parent: u32) -> Result<()> {
     let shown = if dir.is_empty() { "/" } else { dir };
     let mut long: Vec<&[u8]> = Vec::new();
-    for e in bytes.chunks_exact(ENTRY).take_while(|e| e[0] != 0x00) {
-        if e[0] == 0xE5 {
+    for e in bytes.chunks_exact(ENTRY) {
+        if e[0] == 0xE5 || e[0] == 0x00 {
             long.clear();
             continue;
         }

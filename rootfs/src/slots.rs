@@ -5,74 +5,91 @@
 use crate::console::say;
 use crate::partitions::{self, Partition};
 use anyhow::{Context, Result};
+use bootstate::Window;
+use bootstate::disk::Access;
 use bootstate::fat::BootFs;
 use bootstate::ops::{self, BootOutcome};
 use contract::Slot;
 use contract::partition::PartitionRole;
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// The BOOT and META partitions of the disk the runtime booted from.
+/// Where BOOT and META of the disk the runtime booted from are.
 pub struct Disk {
-    boot: BootFs<File>,
-    meta: File,
-    /// The whole disk's device node, locked for each change as the
-    /// installer locks it (`bootstate::disk`): an upgrade run from the
-    /// installer container on this machine and a blessing never interleave.
-    whole: Option<std::path::PathBuf>,
+    src: Source,
 }
 
-/// Waits for the lock of the whole disk (an installer holds it for the
-/// length of one upgrade or rollback) and holds it while the guard lives.
-fn lock_disk(whole: Option<&Path>) -> Result<Option<File>> {
-    let Some(path) = whole else {
-        return Ok(None);
-    };
-    let f = File::open(path).with_context(|| format!("open {}", path.display()))?;
-    crate::sys::lock(&f, path)?;
-    Ok(Some(f))
+enum Source {
+    /// The whole disk (`/dev/vda`): opened, locked and windowed for each
+    /// change exactly as the installer does (`bootstate::disk`), so that an
+    /// upgrade run from the installer container on this machine and a
+    /// blessing never interleave, and both read and write through the same
+    /// device (a partition's device node has a page cache of its own).
+    Whole(PathBuf),
+    /// BOOT's and META's own device nodes, when sysfs names no disk for
+    /// META (unlocked).
+    Parts(PathBuf, PathBuf),
 }
 
-/// Opens a partition with O_DSYNC, so that writes reach the disk in the
-/// order they are made (see `bootstate::disk`).
-fn open_rw(p: &Partition) -> Result<File> {
+/// A partition's device node opened with O_DSYNC, as a window on itself.
+fn open_part(dev: &Path) -> Result<Window<File>> {
     use std::os::unix::fs::OpenOptionsExt;
-    let dev = p.dev_path(Path::new("/dev"));
-    std::fs::OpenOptions::new()
+    let mut f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(libc::O_DSYNC)
-        .open(&dev)
-        .with_context(|| format!("open {} for writing", dev.display()))
+        .open(dev)
+        .with_context(|| format!("open {} for writing", dev.display()))?;
+    let len = bootstate::gpt::device_size(&mut f)
+        .with_context(|| format!("size of {}", dev.display()))?;
+    Ok(Window::new(f, 0, len)?)
 }
 
 impl Disk {
-    /// Opens BOOT and META on META's disk.
+    /// Finds BOOT and META on META's disk.
     pub fn open(meta: &Partition, all: &[Partition]) -> Result<Disk> {
+        if let Some(d) = &meta.disk {
+            return Ok(Disk {
+                src: Source::Whole(Path::new("/dev").join(d)),
+            });
+        }
         let on_disk = partitions::on_disk_of(all, meta);
         let boot = on_disk
             .iter()
             .find(|p| p.label == PartitionRole::Boot.label())
-            .with_context(|| {
-                format!(
-                    "no BOOT partition on {}",
-                    meta.disk.as_deref().unwrap_or("META's disk")
-                )
-            })?;
-        // Files this writes on BOOT (entries) carry no clock time.
+            .context("no BOOT partition on META's disk")?;
         Ok(Disk {
-            boot: BootFs::new(open_rw(boot)?, 0),
-            meta: open_rw(meta)?,
-            whole: meta.disk.as_ref().map(|d| Path::new("/dev").join(d)),
+            src: Source::Parts(
+                boot.dev_path(Path::new("/dev")),
+                meta.dev_path(Path::new("/dev")),
+            ),
         })
+    }
+
+    /// Runs `f` on BOOT and META, the whole disk locked meanwhile. Files
+    /// this writes on BOOT (entries) carry no clock time.
+    fn with<R>(
+        &self,
+        f: impl FnOnce(&mut BootFs<Window<File>>, &mut Window<File>) -> Result<R>,
+    ) -> Result<R> {
+        match &self.src {
+            Source::Whole(path) => {
+                let disk = bootstate::disk::Disk::open_waiting(path, Access::Write)?;
+                let (mut boot, mut meta) = (disk.boot(0)?, disk.meta()?);
+                f(&mut boot, &mut meta)
+            }
+            Source::Parts(boot, meta) => {
+                f(&mut BootFs::new(open_part(boot)?, 0), &mut open_part(meta)?)
+            }
+        }
     }
 
     /// Records what this boot of `booted` means and says it; returns
     /// whether it is a trial to bless once ready.
     pub fn assess(&mut self, booted: Slot, version: &str) -> Result<bool> {
-        let _lock = lock_disk(self.whole.as_deref())?;
-        let outcome =
-            ops::assess(&mut self.boot, &mut self.meta, booted).context("assessing the boot")?;
+        let outcome = self
+            .with(|boot, meta| ops::assess(boot, meta, booted))
+            .context("assessing the boot")?;
         match &outcome {
             BootOutcome::Steady => {}
             BootOutcome::Trial => say(format!(
@@ -96,8 +113,8 @@ impl Disk {
 
     /// Blesses the trial boot of `booted`.
     pub fn bless(&mut self, booted: Slot, version: &str) -> Result<()> {
-        let _lock = lock_disk(self.whole.as_deref())?;
-        let b = ops::bless(&mut self.boot, &mut self.meta, booted, version)
+        let b = self
+            .with(|boot, meta| ops::bless(boot, meta, booted, version))
             .context("blessing the boot")?;
         match b.from_version {
             Some(from) => say(format!(

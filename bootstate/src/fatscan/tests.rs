@@ -280,6 +280,22 @@ fn hostile_volumes_are_refused() {
             "carries the long name",
         ),
         (
+            "cross-linked files behind an end mark (fatfs's next entry revives them)",
+            Kind::Fat32,
+            |v| {
+                let kernel = found(v, "A/vmlinuz").first_cluster;
+                // B becomes a one-byte file on the kernel's clusters.
+                let b = found(v, "B").short;
+                set_first_cluster(v, b, kernel);
+                v[b as usize + 11] = 0x20;
+                v[b as usize + 28..b as usize + 32].copy_from_slice(&1u32.to_le_bytes());
+                let loader = found(v, "loader");
+                let first = *loader.long.iter().min().unwrap_or(&loader.short);
+                v[first as usize] = 0x00;
+            },
+            "cross-linked",
+        ),
+        (
             "zero bytes per sector",
             Kind::Fat16,
             |v| v[11..13].copy_from_slice(&0u16.to_le_bytes()),
