@@ -1,4 +1,10 @@
-//! bootstate: reads and changes the slot state of a disk, crash-safely.
+//! bootstate: every read and write of a disk, by the builder, the
+//! installer, the runtime and `imager inspect`: the partition table
+//! ([`gpt`]), BOOT's FAT ([`fatscan`] vets a volume and finds lost clusters,
+//! [`fat`] reads and changes it, [`fatformat`] makes a new one, [`fatfix`]
+//! repairs fatfs's directories and removes files crash-safely), META
+//! ([`meta`]), a disk locked for one operation ([`disk`]) and the slot
+//! state, crash-safely ([`ops`]).
 //!
 //! The model is [`contract::state::BootState`] in META; its systemd-boot
 //! rendering is the entries in BOOT's `loader/entries`
