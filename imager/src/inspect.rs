@@ -318,7 +318,11 @@ fn manifest_status(image: &Path, key: Option<&Path>) -> Option<ManifestInfo> {
                 .iter()
                 .any(|a| Some(&a.path) == image_name.as_ref() && a.is_ok());
             info.detail = if report.ok {
-                format!("signed by {}, checked with {}", report.key_id, key.display())
+                format!(
+                    "signed by {}, checked with {}",
+                    report.key_id,
+                    key.display()
+                )
             } else {
                 format!("{} artifact problem(s); run imager verify", report.problems)
             };
