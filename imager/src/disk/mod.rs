@@ -1,9 +1,11 @@
-//! Disk: GPT layout, FAT filesystems, partition windows.
+//! Disk images: where the partitions go, and the image file around them.
 //!
 //! [`Layout::new`] places the partitions of [`contract::LAYOUT`] on a disk,
 //! [`write_disk`] creates the sparse image with its partition table and lets
 //! the caller fill each partition through a [`Window`], and [`read_table`]
-//! reads a table back.
+//! reads a table back. The table, the FAT filesystems and META themselves
+//! are written and read by `bootstate`, the one library for every disk
+//! read and write.
 
 pub mod gpt;
 pub mod layout;
