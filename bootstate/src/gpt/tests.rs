@@ -64,6 +64,17 @@ fn disk(dir: &Path, name: &str, sector: u64, bytes: u64) -> PathBuf {
     path
 }
 
+/// The disk image at `path`, made `bytes` long (a larger disk).
+fn enlarged(path: PathBuf, bytes: u64) -> PathBuf {
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(bytes)
+        .unwrap();
+    path
+}
+
 fn table(path: &Path, sector: u64) -> Table {
     let mut f = File::open(path).unwrap();
     let size = device_size(&mut f).unwrap();
@@ -352,16 +363,7 @@ fn grow_cut_at_every_write(sector: u64) {
     let dir = tempfile::tempdir().unwrap();
     let small = 1024 * MIB;
     let big = 3072 * MIB + 5 * sector;
-    let fresh = |name: &str| {
-        let p = disk(dir.path(), name, sector, small);
-        OpenOptions::new()
-            .write(true)
-            .open(&p)
-            .unwrap()
-            .set_len(big)
-            .unwrap();
-        p
-    };
+    let fresh = |name: &str| enlarged(disk(dir.path(), name, sector, small), big);
     let before = table(&fresh("before"), sector);
     let last_before = before.partitions[5].last_lba;
     // The whole grow, counted.
@@ -448,14 +450,8 @@ fn the_grow_cut_at_every_write_4096() {
 #[test]
 fn the_grow_refuses_what_it_cannot_do() {
     let dir = tempfile::tempdir().unwrap();
-    let p = disk(dir.path(), "refuse", 512, 1024 * MIB);
     let big = 2048 * MIB;
-    OpenOptions::new()
-        .write(true)
-        .open(&p)
-        .unwrap()
-        .set_len(big)
-        .unwrap();
+    let p = enlarged(disk(dir.path(), "refuse", 512, 1024 * MIB), big);
     let mut f = open_rw(&p);
     let e = grow_last(&mut f, big, 512, "STATE").unwrap_err();
     assert!(e.to_string().contains("not the last"), "{e}");
