@@ -240,36 +240,109 @@ fn write_public_key(path: &Path, key: &VerifyingKey) -> Result<()> {
     Ok(())
 }
 
+/// What `path` names once resolved: symbolic links and `.`/`..` followed
+/// as far as the path exists, so that `k` and `./k` (or a link to `k`) are
+/// seen to be one file.
+fn resolved(path: &Path) -> PathBuf {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    if let Ok(c) = abs.canonicalize() {
+        return c;
+    }
+    match (abs.parent(), abs.file_name()) {
+        (Some(d), Some(n)) => d.canonicalize().map(|d| d.join(n)).unwrap_or(abs),
+        _ => abs,
+    }
+}
+
 /// Generates a new ed25519 key pair: `private` (PKCS#8 PEM, mode 0600) and
-/// `public` (SPKI PEM, mode 0644). Refuses to replace either file unless
-/// `force`. Returns the key id; the private key is never printed.
+/// `public` (SPKI PEM, mode 0644). Refuses two paths that are one file, and
+/// anything in the way that is not a regular file; refuses to replace a key
+/// unless `force`. The pair is written all or nothing: the public key waits
+/// in a temporary file until the private key is in place, and a public key
+/// that cannot be put in place takes the new private key away again (an
+/// old one replaced with `force` comes back). Returns the key id; the
+/// private key is never printed.
 pub fn keygen(private: &Path, public: &Path, force: bool) -> Result<String> {
-    if private == public {
+    if resolved(private) == resolved(public) {
         bail!(
-            "the private and the public key must be different files ({})",
-            private.display()
+            "the private and the public key must be different files ({} and {} are one): \
+             give --public another path",
+            private.display(),
+            public.display()
         );
     }
-    if !force {
-        for (p, what) in [(private, "private"), (public, "public")] {
-            if p.symlink_metadata().is_ok() {
-                bail!(
-                    "{what} key {} already exists: refusing to overwrite it (pass --force to replace it)",
-                    p.display()
-                );
-            }
+    for (p, what) in [(private, "private"), (public, "public")] {
+        match p.symlink_metadata() {
+            Ok(m) if !m.file_type().is_file() => bail!(
+                "{what} key path {} is not a regular file (a directory, link, device or \
+                 pipe): refusing to replace it; choose another path",
+                p.display()
+            ),
+            Ok(_) if !force => bail!(
+                "{what} key {} already exists: refusing to overwrite it (pass --force to replace it)",
+                p.display()
+            ),
+            _ => {}
         }
     }
     let key = SigningKey::generate(&mut rand_core::OsRng);
+    create_key_dir(public)?;
+    let mut pending_public = crate::io::AtomicFile::create(public)?;
+    pending_public
+        .write_all(public_key_pem(&key.verifying_key())?.as_bytes())
+        .with_context(|| format!("writing {}", public.display()))?;
+    // An old private key replaced with --force is kept aside until the
+    // public key is in place too.
+    let kept = match (force, private.symlink_metadata()) {
+        (true, Ok(_)) => {
+            let aside = private.with_file_name(format!(
+                ".{}.replaced",
+                private
+                    .file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default()
+            ));
+            let _ = std::fs::remove_file(&aside);
+            std::fs::hard_link(private, &aside)
+                .with_context(|| format!("keeping {} aside", private.display()))?;
+            Some(aside)
+        }
+        _ => None,
+    };
+    let undo = |kept: &Option<PathBuf>| match kept {
+        Some(aside) => std::fs::rename(aside, private),
+        None => std::fs::remove_file(private),
+    };
     match write_private_key(private, &key, force) {
         Ok(()) => {}
-        Err(WriteKey::Exists) => bail!(
-            "private key {} already exists: refusing to overwrite it (pass --force to replace it)",
-            private.display()
-        ),
-        Err(WriteKey::Other(e)) => return Err(e),
+        Err(e) => {
+            if let Some(aside) = &kept {
+                let _ = std::fs::remove_file(aside);
+            }
+            return Err(match e {
+                WriteKey::Exists => anyhow::anyhow!(
+                    "private key {} already exists: refusing to overwrite it (pass --force to replace it)",
+                    private.display()
+                ),
+                WriteKey::Other(e) => e,
+            });
+        }
     }
-    write_public_key(public, &key.verifying_key())?;
+    if let Err(e) = pending_public.commit_with_mode(0o644) {
+        let restored = undo(&kept);
+        return Err(e.context(format!(
+            "writing the public key {}: {}",
+            public.display(),
+            match restored {
+                Ok(()) if kept.is_some() => "the old private key is back in place",
+                Ok(()) => "the new private key was removed: nothing was written",
+                Err(_) => "and the private key could not be put back: check it",
+            }
+        )));
+    }
+    if let Some(aside) = &kept {
+        let _ = std::fs::remove_file(aside);
+    }
     Ok(key_id(&key.verifying_key()))
 }
 

@@ -156,6 +156,69 @@ fn keygen_writes_a_0600_private_key_and_refuses_to_overwrite() {
     assert_eq!(names.len(), 2, "{names:?}");
 }
 
+/// Issue 8, keys and targets: one file named two ways is refused with
+/// nothing written; a pair is written all or nothing; nothing that is not a
+/// regular file is replaced, even with --force.
+#[test]
+fn keygen_refuses_one_file_twice_and_writes_the_pair_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // `k` and `./k`, and a link to k: one file.
+    let cwd = std::env::current_dir().unwrap();
+    let k = d.join("k");
+    let dot = d.join(".").join("k");
+    let e = format!("{:#}", keygen(&k, &dot, false).unwrap_err());
+    assert!(e.contains("must be different files"), "{e}");
+    assert!(!k.exists(), "nothing was written");
+    std::os::unix::fs::symlink(&k, d.join("link")).unwrap();
+    std::fs::write(&k, "old").unwrap();
+    let e = format!("{:#}", keygen(&k, &d.join("link"), true).unwrap_err());
+    assert!(e.contains("must be different files"), "{e}");
+    assert_eq!(std::fs::read_to_string(&k).unwrap(), "old");
+    assert_eq!(std::env::current_dir().unwrap(), cwd);
+
+    // A public key that cannot be written (its directory is a file): no
+    // private key is left behind; with --force, the old one comes back.
+    let blocker = d.join("blocker");
+    std::fs::write(&blocker, "a file").unwrap();
+    let private = d.join("new.key");
+    assert!(keygen(&private, &blocker.join("new.pub"), false).is_err());
+    assert!(!private.exists(), "half a pair was left");
+    let (old_private, old_public) = (d.join("old.key"), d.join("old.pub"));
+    keygen(&old_private, &old_public, false).unwrap();
+    let before = std::fs::read(&old_private).unwrap();
+    assert!(keygen(&old_private, &blocker.join("x.pub"), true).is_err());
+    assert_eq!(
+        std::fs::read(&old_private).unwrap(),
+        before,
+        "the old key came back"
+    );
+
+    // A FIFO or a directory in the way: refused, left as it is.
+    let fifo = d.join("fifo");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    for target in [&fifo, &d.to_path_buf()] {
+        let e = format!("{:#}", keygen(target, &d.join("p.pub"), true).unwrap_err());
+        assert!(e.contains("is not a regular file"), "{e}");
+        let e = format!("{:#}", keygen(&d.join("p.key"), target, true).unwrap_err());
+        assert!(e.contains("is not a regular file"), "{e}");
+    }
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+    assert!(!d.join("p.key").exists() && !d.join("p.pub").exists());
+}
+
 #[test]
 fn key_id_is_sha256_of_the_raw_public_key() {
     let tmp = tempfile::tempdir().unwrap();
