@@ -363,7 +363,7 @@ fn a_grow_cut_at_each_write_boots_and_is_finished() {
         assert_eq!(after["ephemeral-bytes"], bytes.to_string(), "cut {n}");
         assert!(bytes > (3u64 << 30) - (600 << 20), "cut {n}: {bytes}");
         let t = bootstate::gpt::read_at(&mut open(&disk), size, 512).unwrap();
-        assert_eq!(t.source, bootstate::gpt::Copy::Primary, "cut {n}");
+        assert_eq!(t.source, bootstate::gpt::TableCopy::Primary, "cut {n}");
         let _ = std::fs::remove_file(&disk);
     }
 }

@@ -61,17 +61,14 @@ fn open(path: &Path, access: Access) -> std::io::Result<File> {
     let mut o = OpenOptions::new();
     o.read(true);
     if access == Access::Write {
-        o.write(true).custom_flags(libc_o_dsync());
+        o.write(true).custom_flags(O_DSYNC);
     }
     o.open(path)
 }
 
 /// `O_DSYNC` (Linux's value on x86_64 and every architecture that uses
 /// the generic numbering; bootstate does not depend on libc).
-#[cfg(target_os = "linux")]
-const fn libc_o_dsync() -> i32 {
-    0o10000
-}
+const O_DSYNC: i32 = 0o10000;
 
 /// Waits for the lock of `access` on an open disk (the runtime: an
 /// installer holds it for the length of one operation). A kernel without

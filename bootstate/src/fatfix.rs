@@ -19,11 +19,7 @@
 use anyhow::{Result, bail};
 use std::io::{Read, Seek, SeekFrom, Write};
 
-use crate::fatscan::{DOT, DOTDOT, Geometry, Kind, geometry};
-
-const ENTRY: usize = 32;
-const ATTR_LFN: u8 = 0x0F;
-const ATTR_DIR: u8 = 0x10;
+use crate::fatscan::{ATTR_DIR, ATTR_LFN, DOT, DOTDOT, ENTRY, Geometry, Kind, geometry};
 
 fn read_ranges<T: Read + Seek>(dev: &mut T, ranges: &[(u64, u64)]) -> Result<Vec<u8>> {
     let mut buf = Vec::new();

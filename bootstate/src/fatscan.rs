@@ -18,9 +18,9 @@ use anyhow::{Context, Result, bail};
 use contract::le::{read_u16, read_u32};
 use std::io::{Read, Seek, SeekFrom, Write};
 
-const ENTRY: usize = 32;
-const ATTR_LFN: u8 = 0x0F;
-const ATTR_DIR: u8 = 0x10;
+pub(crate) const ENTRY: usize = 32;
+pub(crate) const ATTR_LFN: u8 = 0x0F;
+pub(crate) const ATTR_DIR: u8 = 0x10;
 const ATTR_VOLUME: u8 = 0x08;
 pub(crate) const DOT: &[u8; 11] = b".          ";
 pub(crate) const DOTDOT: &[u8; 11] = b"..         ";

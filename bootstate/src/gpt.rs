@@ -196,7 +196,7 @@ impl Partition {
 
 /// Which copy of the table a [`Table`] was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Copy {
+pub enum TableCopy {
     Primary,
     Backup,
 }
@@ -212,7 +212,7 @@ pub struct Table {
     pub header: Header,
     /// Used entries, in entry-array order.
     pub partitions: Vec<Partition>,
-    pub source: Copy,
+    pub source: TableCopy,
     /// Why the primary table was not used, when [`Self::source`] is the backup.
     pub primary_error: Option<String>,
     /// The raw entry array, rewritten by [`grow_last`].
@@ -303,7 +303,7 @@ pub fn read_at<D: Read + Seek>(dev: &mut D, disk_size: u64, sector: u64) -> Resu
     for lba in candidates {
         match read_copy(dev, sector, disk_size, lba) {
             Ok(mut t) => {
-                t.source = Copy::Backup;
+                t.source = TableCopy::Backup;
                 t.primary_error = Some(primary_error);
                 return Ok(t);
             }
@@ -368,7 +368,7 @@ fn read_copy<D: Read + Seek>(dev: &mut D, sector: u64, disk_size: u64, lba: u64)
         disk_guid: h.disk_guid,
         header: h,
         partitions,
-        source: Copy::Primary,
+        source: TableCopy::Primary,
         primary_error: None,
         entries,
     })
@@ -600,7 +600,7 @@ pub fn grow_last<D: Device>(
     }
     let mbr = read_exact_at(dev, 0, 512).context("reading the protective MBR")?;
     let mbr_stale = is_protective(&mbr) && read_u32(&mbr, 458).unwrap_or(0) != mbr_size(total - 1);
-    if t.source == Copy::Primary
+    if t.source == TableCopy::Primary
         && t.header.alternate_lba == total - 1
         && new_last == old_last
         && !mbr_stale
@@ -617,8 +617,8 @@ pub fn grow_last<D: Device>(
     // The primary array stays where it was (LBA 2 when only the backup
     // could be read), before the first usable sector.
     let primary_entries = match t.source {
-        Copy::Primary => t.header.entries_lba,
-        Copy::Backup => 2,
+        TableCopy::Primary => t.header.entries_lba,
+        TableCopy::Backup => 2,
     };
     if primary_entries + t.array_sectors() > t.header.first_usable_lba {
         bail!("the primary entry array would not fit before the first usable sector");

@@ -8,7 +8,7 @@ use crate::sign;
 use anyhow::Result;
 use bootstate::disk::{Access, Disk};
 use bootstate::fat::BootFs;
-use bootstate::gpt::Copy;
+use bootstate::gpt::TableCopy;
 use bootstate::ops::{self, EntryFile};
 use contract::PartitionRole;
 use contract::Slot;
@@ -197,8 +197,8 @@ pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
         disk_guid: table.disk_guid.hyphenated().to_string(),
         partition_table: TableInfo {
             copy: match table.source {
-                Copy::Primary => "primary",
-                Copy::Backup => "backup",
+                TableCopy::Primary => "primary",
+                TableCopy::Backup => "backup",
             }
             .to_string(),
             primary_error: table.primary_error.clone(),

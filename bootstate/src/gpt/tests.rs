@@ -146,7 +146,7 @@ fn new_tables_read_back_and_libfdisk_agrees() {
         let bytes = 1024 * MIB;
         let path = disk(dir.path(), &format!("new-{sector}"), sector, bytes);
         let t = table(&path, sector);
-        assert_eq!(t.source, Copy::Primary);
+        assert_eq!(t.source, TableCopy::Primary);
         assert_eq!(t.disk_guid, Guid::from_u128(0xD15C));
         assert_eq!(t.partitions.len(), LAYOUT.len());
         for (p, want) in t.partitions.iter().zip(layout(bytes, sector)) {
@@ -237,7 +237,7 @@ fn every_legal_entry_size_reads_and_the_rest_is_refused() {
             );
             craft(&p, sector, 1, |h, e| with_entry_size(h, e, size));
             let t = table(&p, sector);
-            assert_eq!(t.source, Copy::Primary, "entry size {size}");
+            assert_eq!(t.source, TableCopy::Primary, "entry size {size}");
             assert_eq!(t.header.entry_size, size);
             assert_eq!(
                 t.partitions
@@ -292,7 +292,7 @@ fn a_damaged_primary_falls_back_to_the_backup() {
             let b = read_exact_at(&mut f, at, 1).unwrap();
             write_at(&mut f, at, &[b[0] ^ 0x5a]).unwrap();
             let t = table(&p, sector);
-            assert_eq!(t.source, Copy::Backup);
+            assert_eq!(t.source, TableCopy::Backup);
             assert!(t.primary_error.as_deref().unwrap().contains("CRC"), "{t:?}");
             assert_eq!(t.partitions, want);
             // libfdisk does the same.
@@ -346,7 +346,7 @@ fn contradictions_are_refused_without_panic() {
     let p = disk(dir.path(), "case", sector, 1024 * MIB);
     craft(&p, sector, 1, |h, _| h.my_lba = 7);
     let t = table(&p, sector);
-    assert_eq!(t.source, Copy::Backup);
+    assert_eq!(t.source, TableCopy::Backup);
     assert!(t.primary_error.unwrap().contains("says it is at LBA 7"));
     // Not a GPT at all, and too small a disk.
     let mut zeros = std::io::Cursor::new(vec![0u8; 1 << 20]);
@@ -407,9 +407,9 @@ fn grow_cut_at_every_write(sector: u64) {
         // Until the primary header is written the old primary is whole;
         // with its new array but not its header the new backup is the table.
         let expect = match n {
-            1..=3 => (Copy::Primary, last_before),
-            4 => (Copy::Backup, g.new_last_lba),
-            _ => (Copy::Primary, g.new_last_lba),
+            1..=3 => (TableCopy::Primary, last_before),
+            4 => (TableCopy::Backup, g.new_last_lba),
+            _ => (TableCopy::Primary, g.new_last_lba),
         };
         assert_eq!((t.source, last), expect, "cut {n}");
         assert_eq!(libfdisk(&p, sector), ours(&t), "cut {n}");
@@ -423,7 +423,7 @@ fn grow_cut_at_every_write(sector: u64) {
         let t = table(&p, sector);
         assert_eq!(
             (t.source, t.header.alternate_lba),
-            (Copy::Primary, total - 1),
+            (TableCopy::Primary, total - 1),
             "cut {n}"
         );
         assert_eq!(t.partitions[5].last_lba, g.new_last_lba, "cut {n}");
@@ -463,4 +463,43 @@ fn the_grow_refuses_what_it_cannot_do() {
         grow_last(&mut f, 512 * MIB, 512, "EPHEMERAL").unwrap_err()
     );
     assert!(e.contains("usable sectors"), "{e}");
+}
+
+/// A new table written over a blank disk (an install in place writes it
+/// last), cut before each of its writes: the disk shows no table, or the
+/// whole new one (from the backup until the primary is in), never another.
+#[test]
+fn a_new_table_cut_at_every_write_is_absent_or_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    for sector in SECTOR_SIZES {
+        let bytes = 1024 * MIB;
+        let want = table(&disk(dir.path(), "whole", sector, bytes), sector).partitions;
+        let blank = |name: &str| {
+            let p = dir.path().join(name);
+            File::create(&p).unwrap().set_len(bytes).unwrap();
+            p
+        };
+        let mut count = Faulty::counting(open_rw(&blank("count")));
+        let parts = layout(bytes, sector);
+        write_new(&mut count, bytes, sector, Guid::from_u128(0xD15C), &parts).unwrap();
+        assert_eq!(count.writes(), 5);
+        for n in 1..=5 {
+            let p = blank(&format!("cut-{sector}-{n}"));
+            let mut f = Faulty::failing_at(open_rw(&p), n);
+            assert!(write_new(&mut f, bytes, sector, Guid::from_u128(0xD15C), &parts).is_err());
+            match read_at(&mut File::open(&p).unwrap(), bytes, sector) {
+                Err(_) => assert!(n <= 2, "{sector}: cut {n}: no table"),
+                Ok(t) => {
+                    assert!(n >= 3, "{sector}: cut {n}");
+                    assert_eq!(t.partitions, want, "{sector}: cut {n}");
+                    let from = if n <= 4 {
+                        TableCopy::Backup
+                    } else {
+                        TableCopy::Primary
+                    };
+                    assert_eq!(t.source, from, "{sector}: cut {n}");
+                }
+            }
+        }
+    }
 }
