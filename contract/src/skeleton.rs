@@ -35,22 +35,28 @@ pub fn parse(text: &str) -> Result<Vec<Entry<'_>>, String> {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let bad = || format!("skeleton manifest line {}: {line:?}", n + 1);
+        // The line is not quoted: the file may not be a manifest at all.
+        let bad = |what: &str| format!("skeleton manifest line {}: {what}", n + 1);
         let mut w = line.split_whitespace();
         let (Some(kind), Some(mode), Some(path), None) = (w.next(), w.next(), w.next(), w.next())
         else {
-            return Err(bad());
+            return Err(bad("not three words (`<kind> <octal mode> <path>`)"));
         };
         let kind = match kind {
             "dir" => Kind::Dir,
             "file" => Kind::File,
             "builder" => Kind::Builder,
             "host" => Kind::Host,
-            _ => return Err(bad()),
+            _ => return Err(bad("the kind is not one of dir, file, builder, host")),
         };
-        let mode = u32::from_str_radix(mode, 8).map_err(|_| bad())?;
+        let mode = u32::from_str_radix(mode, 8)
+            .ok()
+            .filter(|m| *m <= 0o7777)
+            .ok_or_else(|| bad("the mode is not an octal number up to 7777"))?;
         if path.starts_with('/') || path.split('/').any(|c| c.is_empty() || c == "..") {
-            return Err(bad());
+            return Err(bad(
+                "the path must be relative to /, without empty or `..` components",
+            ));
         }
         out.push(Entry { kind, mode, path });
     }
@@ -93,5 +99,14 @@ mod tests {
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
+        // A line that is not an entry is named, never quoted: the file
+        // may be a secret that was named by mistake.
+        let e = parse("# x\nroot:$y$j9T$c2VjcmV0aGFzaA:19000:0:99999:7:::\n").unwrap_err();
+        assert_eq!(
+            e,
+            "skeleton manifest line 2: not three words (`<kind> <octal mode> <path>`)"
+        );
+        let e = parse("dir 0755 secret/../x").unwrap_err();
+        assert!(e.contains("line 1") && !e.contains("secret"), "{e}");
     }
 }

@@ -29,10 +29,33 @@ pub fn esp_files(systemd_boot: &Path) -> Result<Vec<FatFile>> {
          or set boot.systemd_boot in the profile",
         systemd_boot.display()
     );
+    check_efi_binary(systemd_boot)?;
     Ok(vec![
         FatFile::file(ESP_BOOT_LOADER, systemd_boot),
         FatFile::bytes(ESP_LOADER_CONF, loader_conf()),
     ])
+}
+
+/// Refuses a boot loader that is not an x86-64 EFI application (a PE32+
+/// image for machine 0x8664): a path pointing at the wrong file must not put
+/// that file, perhaps a secret, on the ESP of a published image.
+pub fn check_efi_binary(path: &Path) -> Result<()> {
+    let head = crate::input::read_head(path, "boot loader", 4096)?;
+    let u16_at = |o: usize| head.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let pe = head
+        .get(0x3c..0x40)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+    let ok = head.starts_with(b"MZ")
+        && pe.is_some_and(|o| {
+            head.get(o..o + 4) == Some(b"PE\0\0") && u16_at(o + 4) == Some(0x8664)
+        });
+    ensure!(
+        ok,
+        "{} is not an x86-64 EFI application (PE32+ for x86-64): set boot.systemd_boot to \
+         systemd-bootx64.efi",
+        path.display()
+    );
+    Ok(())
 }
 
 /// The title of an image, slot aside: `<pretty name> <version>`. Every

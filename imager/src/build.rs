@@ -182,6 +182,7 @@ fn kernel_files(p: &Profile, opts: &BuildOptions) -> Result<KernelFiles> {
                 bail!("prebuilt kernel file {} not found", f.display());
             }
         }
+        kernel::check_bzimage(k)?;
         let rules = kernel::Rules::load(&p.kernel.rules)?;
         let config = kernel::KernelConfig::load(c)?;
         kernel::build::audit_or_fail(&rules, &config, &p.cmdline(), &waivers(p)?)

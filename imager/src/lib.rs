@@ -10,6 +10,7 @@ pub mod build;
 pub mod closure;
 pub mod disk;
 pub mod initramfs;
+pub mod input;
 pub mod inspect;
 pub mod install;
 pub mod io;

@@ -380,7 +380,11 @@ fn main() -> ExitCode {
     match run() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("imager: error: {e:#}");
+            // Messages never quote secrets; redact is the last guard.
+            eprintln!(
+                "imager: error: {}",
+                imager::input::redact(&format!("{e:#}"))
+            );
             ExitCode::FAILURE
         }
     }

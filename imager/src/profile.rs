@@ -483,7 +483,7 @@ impl Profile {
 
 /// serde_yaml's message with the location spelled out: "line L column C: key: msg".
 fn describe_yaml_error(e: &serde_yaml::Error) -> String {
-    let msg = e.to_string();
+    let msg = crate::input::serde_message(&e.to_string());
     match e.location() {
         Some(loc) => {
             // serde_yaml appends " at line L column C"; move it to the front.

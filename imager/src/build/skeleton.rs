@@ -14,8 +14,7 @@ use std::path::Path;
 pub fn rootfs_spec(p: &Profile, machined: &Path, epoch: u64) -> Result<rootfs::RootfsSpec> {
     use contract::skeleton::{Kind, parse};
     let m = &p.runtime.manifest;
-    let text = std::fs::read_to_string(m)
-        .with_context(|| format!("reading the rootfs manifest {}", m.display()))?;
+    let text = crate::input::read_text(m, "rootfs manifest", crate::input::MAX_TEXT)?;
     let entries = parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", m.display()))?;
     let mut spec = rootfs::RootfsSpec {
         skeleton: None,

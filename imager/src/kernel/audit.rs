@@ -56,7 +56,12 @@ pub struct Rules {
 
 impl Rules {
     pub fn parse(text: &str) -> Result<Rules> {
-        let rules: Rules = serde_yaml::from_str(text).context("parsing the KSPP rule table")?;
+        let rules: Rules = serde_yaml::from_str(text).map_err(|e| {
+            anyhow::anyhow!(
+                "parsing the KSPP rule table: {}",
+                crate::input::serde_message(&e.to_string())
+            )
+        })?;
         for r in &rules.rules {
             for v in [&r.since, &r.until].into_iter().flatten() {
                 parse_version(v)
@@ -70,8 +75,7 @@ impl Rules {
     }
 
     pub fn load(path: &Path) -> Result<Rules> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading KSPP rules {}", path.display()))?;
+        let text = crate::input::read_text(path, "KSPP rule table", crate::input::MAX_TEXT)?;
         Rules::parse(&text).with_context(|| format!("in {}", path.display()))
     }
 }
@@ -93,14 +97,18 @@ struct WaiverFile {
 
 /// Parses a waiver file: `waivers: [{option, reason}, ...]`.
 pub fn parse_waivers(text: &str) -> Result<Vec<Waiver>> {
-    let f: WaiverFile = serde_yaml::from_str(text).context("parsing the waiver list")?;
+    let f: WaiverFile = serde_yaml::from_str(text).map_err(|e| {
+        anyhow::anyhow!(
+            "parsing the waiver list: {}",
+            crate::input::serde_message(&e.to_string())
+        )
+    })?;
     validate_waivers(&f.waivers)?;
     Ok(f.waivers)
 }
 
 pub fn load_waivers(path: &Path) -> Result<Vec<Waiver>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading waivers {}", path.display()))?;
+    let text = crate::input::read_text(path, "waiver list", crate::input::MAX_TEXT)?;
     parse_waivers(&text).with_context(|| format!("in {}", path.display()))
 }
 

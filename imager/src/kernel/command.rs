@@ -4,7 +4,7 @@
 use super::audit::{Rules, Waiver, audit, load_waivers};
 use super::build::{KernelRequest, build, default_cache_dir};
 use super::config::KernelConfig;
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -120,10 +120,7 @@ pub fn run_check(args: &CheckOptions) -> Result<ExitCode> {
     let rules = Rules::load(&args.audit.rules_path()?)?;
     let config = KernelConfig::load(&args.config)?;
     let cmdline = match &args.cmdline {
-        Some(p) => Some(
-            std::fs::read_to_string(p)
-                .with_context(|| format!("reading the command line {}", p.display()))?,
-        ),
+        Some(p) => Some(crate::input::read_text(p, "kernel command line", 64 << 10)?),
         None => None,
     };
     let waivers = args.audit.waivers()?;

@@ -126,11 +126,19 @@ impl KernelConfig {
                 continue;
             }
             let Some((name, value)) = line.split_once('=') else {
-                bail!("line {}: not a Kconfig assignment: {raw:?}", n + 1);
+                bail!(
+                    "line {} is not a Kconfig line (CONFIG_NAME=value, `# CONFIG_NAME is not \
+                     set`, a comment or blank)",
+                    n + 1
+                );
             };
             let name = name.trim();
             if !is_option_name(name) {
-                bail!("line {}: {name:?} is not a CONFIG_ option name", n + 1);
+                bail!(
+                    "line {}: {} is not a CONFIG_ option name",
+                    n + 1,
+                    crate::input::excerpt(name)
+                );
             }
             cfg.set(name, Value::Set(value.trim().to_string()));
         }
@@ -138,8 +146,7 @@ impl KernelConfig {
     }
 
     pub fn load(path: &Path) -> Result<KernelConfig> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading kernel config {}", path.display()))?;
+        let text = crate::input::read_text(path, "kernel config", crate::input::MAX_TEXT)?;
         KernelConfig::parse(&text).with_context(|| format!("parsing {}", path.display()))
     }
 

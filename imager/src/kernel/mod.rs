@@ -13,3 +13,22 @@ pub mod config;
 pub use audit::{Report, Rules, Verdict, Waiver, audit};
 pub use build::{BuiltKernel, KernelRequest, build, default_cache_dir};
 pub use config::KernelConfig;
+
+use anyhow::{Result, ensure};
+use std::path::Path;
+
+/// Refuses a file that is not an x86 Linux boot image (the boot protocol's
+/// `0xAA55` boot flag and `HdrS` header signature): a prebuilt kernel is
+/// copied into the image and its manifest, so a path pointing at the wrong
+/// file, perhaps a secret, must stop the build.
+pub fn check_bzimage(path: &Path) -> Result<()> {
+    let head = crate::input::read_head(path, "kernel image", 0x210)?;
+    ensure!(
+        head.get(0x1fe..0x200) == Some(&[0x55, 0xaa][..])
+            && head.get(0x202..0x206) == Some(b"HdrS"),
+        "{} is not an x86 Linux kernel image (bzImage, no `HdrS` boot header): set \
+         kernel.prebuilt to a bzImage",
+        path.display()
+    );
+    Ok(())
+}

@@ -97,8 +97,12 @@ impl Manifest {
     /// Decodes a manifest of a supported format (not yet trusted: the caller
     /// checks its signature first). Never panics on malformed input.
     pub fn parse(bytes: &[u8]) -> Result<Manifest> {
-        let m: Manifest = serde_json::from_slice(bytes)
-            .with_context(|| format!("not a format-{FORMAT} manifest"))?;
+        let m: Manifest = serde_json::from_slice(bytes).map_err(|e| {
+            anyhow::anyhow!(
+                "not a format-{FORMAT} manifest: {}",
+                crate::input::serde_message(&e.to_string())
+            )
+        })?;
         if m.format != FORMAT {
             anyhow::bail!(
                 "manifest format {} is not supported (this imager reads format {FORMAT})",
