@@ -54,3 +54,9 @@ else
   echo "setup: all ${#packages[@]} packages present"
 fi
 
+
+# The fuzzer driver for scripts/fuzz (which scripts/test runs).
+if ! command -v cargo-fuzz >/dev/null; then
+  echo "setup: installing cargo-fuzz"
+  cargo install --locked cargo-fuzz --version 0.13.2
+fi
