@@ -112,6 +112,139 @@ pub fn remove_stale_partials(dir: &Path) -> Result<usize> {
     Ok(n)
 }
 
+/// An exclusive advisory lock (`flock`) on a directory itself, held for as
+/// long as the value lives. Nothing is created in the directory: a failed
+/// run leaves it as it was.
+#[derive(Debug)]
+pub struct DirLock {
+    _dir: File,
+    held: bool,
+}
+
+impl DirLock {
+    /// False when the filesystem cannot lock (flock unsupported): the work
+    /// goes on unlocked and must not assume that nobody else is in the
+    /// directory.
+    pub fn held(&self) -> bool {
+        self.held
+    }
+}
+
+/// Takes the exclusive lock on the directory `dir` without waiting;
+/// `Ok(None)` when another process holds it.
+pub fn try_lock_dir(dir: &Path) -> Result<Option<DirLock>> {
+    let f = File::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    if !f
+        .metadata()
+        .with_context(|| format!("reading {}", dir.display()))?
+        .is_dir()
+    {
+        anyhow::bail!("{} is not a directory", dir.display());
+    }
+    match f.try_lock() {
+        Ok(()) => Ok(Some(DirLock {
+            _dir: f,
+            held: true,
+        })),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) if e.kind() == io::ErrorKind::Unsupported => {
+            Ok(Some(DirLock {
+                _dir: f,
+                held: false,
+            }))
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", dir.display()))
+        }
+    }
+}
+
+/// Flushes a directory's entries (renames, removals) to stable storage.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("flushing the directory {}", dir.display()))
+}
+
+/// A set of outputs written under their final names into a hidden staging
+/// directory of their destination (`DEST/.NAME.XXXX.partial/`), then moved
+/// into `DEST` together and in a chosen order by [`Staging::commit`]: until
+/// then, `DEST` holds what it held before. Writers need no special mode:
+/// they write (atomically, as always) into [`Staging::path`].
+///
+/// Dropped, the staging directory is removed with what is left in it; left
+/// by a killed process, it is swept by [`remove_stale_partials`] (a
+/// `.partial` directory).
+#[derive(Debug)]
+pub struct Staging {
+    dir: tempfile::TempDir,
+    dest: PathBuf,
+}
+
+impl Staging {
+    /// A new staging directory in `dest`, named after `what`.
+    pub fn create(dest: &Path, what: &str) -> Result<Staging> {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!(".{what}."))
+            .suffix(".partial")
+            .tempdir_in(dest)
+            .with_context(|| format!("creating a staging directory in {}", dest.display()))?;
+        Ok(Staging {
+            dir,
+            dest: dest.to_path_buf(),
+        })
+    }
+
+    /// Where to write the outputs.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The staged file `name`.
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Refuses to go on when one of `names` is in the way in the
+    /// destination: anything there but a regular file (a directory, a
+    /// link, a device) is not ours to replace.
+    pub fn check_destinations(&self, names: &[&str]) -> Result<()> {
+        check_replaceable(&self.dest, names)
+    }
+
+    /// Moves the staged files `names` into the destination, in order (each
+    /// a rename on one filesystem: atomic), then flushes the destination
+    /// directory. Every name is checked first ([`Self::check_destinations`]).
+    pub fn commit(&self, names: &[&str]) -> Result<()> {
+        self.check_destinations(names)?;
+        for name in names {
+            let (from, to) = (self.join(name), self.dest.join(name));
+            std::fs::rename(&from, &to)
+                .with_context(|| format!("moving {} into place", to.display()))?;
+        }
+        sync_dir(&self.dest)
+    }
+}
+
+/// Refuses when one of `names` in `dir` exists and is not a regular file
+/// (see [`Staging::check_destinations`]).
+pub fn check_replaceable(dir: &Path, names: &[&str]) -> Result<()> {
+    for name in names {
+        let path = dir.join(name);
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if !m.file_type().is_file() => anyhow::bail!(
+                "{} is in the way: it is not a regular file, and the build replaces only \
+                 files; move it away or build into another directory",
+                path.display()
+            ),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("looking at {}", path.display())),
+        }
+    }
+    Ok(())
+}
+
 /// Writes `bytes` to `dest` atomically.
 pub fn write_atomic(dest: impl AsRef<Path>, bytes: &[u8], mode: u32) -> Result<PathBuf> {
     let mut f = AtomicFile::create(dest.as_ref())?;
