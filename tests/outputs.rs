@@ -140,8 +140,31 @@ impl Signer for FailingSigner {
     }
 }
 
+/// One test at a time: a build runs `git` (for SOURCE_DATE_EPOCH), and a
+/// child forked by one test holds a copy of every descriptor until it
+/// execs, another test's output lock included, which would make that
+/// test's next build in the same directory "another build".
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static M: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    M.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The output lock of `out`, once free: other tests' child processes may
+/// hold a copy of a dropped lock's descriptor between their fork and exec.
+fn lock_when_free(out: &Path) -> imager::io::DirLock {
+    let start = std::time::Instant::now();
+    loop {
+        match build::lock_output(out) {
+            Ok(l) => return l,
+            Err(e) if start.elapsed().as_secs() > 30 => panic!("{e:#}"),
+            Err(_) => std::thread::yield_now(),
+        }
+    }
+}
+
 #[test]
 fn a_build_into_a_locked_directory_is_refused_at_once_and_touches_nothing() {
+    let _serial = serial();
     let f = Fixture::new();
     let out = f.out("locked");
     // The first build, mid-way: it holds the lock and has a temporary and
@@ -172,7 +195,7 @@ fn a_build_into_a_locked_directory_is_refused_at_once_and_touches_nothing() {
 
     // Once the first build is gone, its temporaries are swept, nothing else.
     drop(first);
-    let lock = build::lock_output(&out).unwrap();
+    let lock = lock_when_free(&out);
     assert_eq!(
         snapshot(&out).into_keys().collect::<Vec<_>>(),
         [names::KERNEL]
@@ -182,6 +205,7 @@ fn a_build_into_a_locked_directory_is_refused_at_once_and_touches_nothing() {
 
 #[test]
 fn a_stale_temporary_of_a_dead_build_is_swept_by_the_next_build() {
+    let _serial = serial();
     let f = Fixture::new();
     let out = f.out("stale");
     std::fs::create_dir_all(out.join(".build.dead01.partial/.installer-payload.x.partial"))
@@ -211,6 +235,7 @@ fn a_stale_temporary_of_a_dead_build_is_swept_by_the_next_build() {
 
 #[test]
 fn a_build_that_fails_late_leaves_the_previous_build_whole() {
+    let _serial = serial();
     let f = Fixture::new();
     let out = f.out("whole");
     build::run(&f.profile("1.0.0", ""), &f.opts(&out)).unwrap();
@@ -243,6 +268,7 @@ fn a_build_that_fails_late_leaves_the_previous_build_whole() {
 
 #[test]
 fn something_in_the_way_of_an_artifact_is_refused_before_any_work() {
+    let _serial = serial();
     let f = Fixture::new();
     let out = f.out("inway");
     build::run(&f.profile("1.0.0", ""), &f.opts(&out)).unwrap();
@@ -265,6 +291,7 @@ fn something_in_the_way_of_an_artifact_is_refused_before_any_work() {
 
 #[test]
 fn partition_sizes_that_do_not_fit_name_their_profile_key() {
+    let _serial = serial();
     let f = Fixture::new();
     let out = f.out("huge");
     let cases = [
@@ -307,6 +334,7 @@ fn partition_sizes_that_do_not_fit_name_their_profile_key() {
 
 #[test]
 fn verify_refuses_a_signed_disk_whose_partitions_overlap() {
+    let _serial = serial();
     let f = Fixture::new();
     let out = f.out("overlap");
     build::run(&f.profile("1.0.0", ""), &f.opts(&out)).unwrap();

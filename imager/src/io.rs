@@ -3,6 +3,9 @@
 //! Outputs never appear half-written: [`AtomicFile`] writes to a hidden
 //! temporary file in the destination directory and renames it into place on
 //! [`AtomicFile::commit`]; dropping it uncommitted removes the temporary.
+//! A set of outputs that must replace another set together (a build) is
+//! written into a [`Staging`] directory and moved into place at the end;
+//! [`try_lock_dir`] keeps a second writer out of the directory meanwhile.
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
@@ -359,5 +362,87 @@ mod tests {
         std::fs::write(staged.join("sub/f"), b"x").unwrap();
         assert_eq!(remove_stale_partials(dir.path()).unwrap(), 1);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_directory_has_one_lock_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = try_lock_dir(dir.path()).unwrap().unwrap();
+        assert!(first.held());
+        // Another open file description: refused while the first lives.
+        assert!(try_lock_dir(dir.path()).unwrap().is_none());
+        drop(first);
+        // Other tests' child processes may hold a copy of the descriptor
+        // between their fork and exec: wait for the lock to be free.
+        let start = std::time::Instant::now();
+        let again = loop {
+            match try_lock_dir(dir.path()).unwrap() {
+                Some(l) => break l,
+                None if start.elapsed().as_secs() > 30 => panic!("the lock stayed taken"),
+                None => std::thread::yield_now(),
+            }
+        };
+        assert!(again.held());
+        // Nothing is left in the directory.
+        assert!(names(dir.path()).is_empty());
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let e = format!("{:#}", try_lock_dir(&file).unwrap_err());
+        assert!(e.contains("is not a directory"), "{e}");
+    }
+
+    #[test]
+    fn staged_files_replace_the_old_ones_only_on_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        std::fs::write(out.join("a"), b"old a").unwrap();
+        std::fs::write(out.join("b"), b"old b").unwrap();
+        {
+            let stage = Staging::create(out, "build").unwrap();
+            write_atomic(stage.join("a"), b"new a", 0o644).unwrap();
+            // Dropped uncommitted: the old files and nothing else.
+        }
+        assert_eq!(names(out), ["a", "b"]);
+        assert_eq!(std::fs::read(out.join("a")).unwrap(), b"old a");
+
+        let stage = Staging::create(out, "build").unwrap();
+        assert!(stage.path().starts_with(out));
+        let staged = stage.path().file_name().unwrap().to_string_lossy();
+        assert!(staged.starts_with(".build.") && staged.ends_with(".partial"));
+        write_atomic(stage.join("a"), b"new a", 0o644).unwrap();
+        write_atomic(stage.join("b"), b"new b", 0o600).unwrap();
+        write_atomic(stage.join("c"), b"new c", 0o644).unwrap();
+        stage.commit(&["a", "b"]).unwrap();
+        assert_eq!(std::fs::read(out.join("a")).unwrap(), b"new a");
+        assert_eq!(std::fs::read(out.join("b")).unwrap(), b"new b");
+        assert!(!out.join("c").exists());
+        stage.commit(&["c"]).unwrap();
+        assert_eq!(std::fs::read(out.join("c")).unwrap(), b"new c");
+        drop(stage);
+        assert_eq!(names(out), ["a", "b", "c"]);
+
+        // Something else than a file in the way: refused before any rename.
+        let stage = Staging::create(out, "build").unwrap();
+        write_atomic(stage.join("a"), b"newer a", 0o644).unwrap();
+        write_atomic(stage.join("d"), b"d", 0o644).unwrap();
+        std::fs::create_dir(out.join("d")).unwrap();
+        let e = format!("{:#}", stage.commit(&["a", "d"]).unwrap_err());
+        assert!(
+            e.contains(&format!("{} is in the way", out.join("d").display())),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(out.join("a")).unwrap(), b"new a");
+        std::os::unix::fs::symlink("a", out.join("e")).unwrap();
+        assert!(check_replaceable(out, &["e"]).is_err());
+        assert!(check_replaceable(out, &["a", "missing"]).is_ok());
     }
 }
