@@ -2,15 +2,26 @@
 //!
 //! kernel → runtime → root filesystem → initramfs → disk image, installer
 //! image → manifest.
-//! Each artifact is written atomically into the output directory; the
-//! manifest and its signature come last, so a directory with a manifest that
-//! verifies holds a complete build.
+//!
+//! One build at a time writes an output directory: the build holds an
+//! exclusive lock on the directory itself ([`lock_output`]) from start to
+//! end, and a second build into it is refused at once. Only the lock holder
+//! sweeps the temporaries a killed build left there.
+//!
+//! Every artifact is written into a staging directory inside the output
+//! directory ([`crate::io::Staging`]) and checked there; the disk image's
+//! partition table is read back and checked against its layout; the
+//! manifest is signed there. Only then is the build committed: the old
+//! manifest and signature are removed, the artifacts renamed into place,
+//! the signature and the manifest last. A build that fails before that
+//! leaves the previous build exactly as it was; a directory with a manifest
+//! that verifies holds a complete build.
 //!
 //! `build/skeleton.rs` turns the skeleton manifest into the root
 //! filesystem's contents; `build/installer.rs` writes the installer image.
 
 use crate::artifact::{Artifact, Kind};
-use crate::io::sha256_file;
+use crate::io::{DirLock, Staging, sha256_file};
 use crate::profile::{Output, Profile};
 use crate::{boot, disk, initramfs, kernel, rootfs, runtime, sign};
 use anyhow::{Context, Result, bail};
@@ -50,20 +61,64 @@ pub struct BuildReport {
 
 /// Runs the whole build: each phase in order, the cheap checks and the
 /// signing key first, so that a profile that cannot work or a bad key fails
-/// before an hour of work; the manifest and its signature last.
+/// before an hour of work; the commit into the output directory last.
 pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
+    build(p, opts, None)
+}
+
+/// [`run`], signing with `signer` rather than with the key of `--key`, the
+/// profile or the development key.
+pub fn run_with_signer(
+    p: &Profile,
+    opts: &BuildOptions,
+    signer: &dyn sign::Signer,
+) -> Result<BuildReport> {
+    build(p, opts, Some(signer))
+}
+
+fn build(
+    p: &Profile,
+    opts: &BuildOptions,
+    given: Option<&dyn sign::Signer>,
+) -> Result<BuildReport> {
     let out = &opts.out_dir;
-    let epoch = prepare_output(p, out)?;
+    let _lock = lock_output(out)?;
+    let epoch = describe_build(p, out)?;
     let (layout, esp) = preflight(p)?;
-    let signer = load_signer(p, opts)?;
+    let installer_wanted = p.installer.is_some() && p.outputs.contains(&Output::Installer);
+    let mut files = vec![
+        names::KERNEL,
+        names::KERNEL_CONFIG,
+        names::ROOTFS,
+        names::INITRAMFS,
+    ];
+    if layout.is_some() {
+        files.push(names::RAW);
+    }
+    if installer_wanted {
+        files.push(names::INSTALLER);
+    }
+    crate::io::check_replaceable(
+        out,
+        &[&files[..], &[names::SIGNATURE, names::MANIFEST]].concat(),
+    )?;
+    let loaded;
+    let signer = match given {
+        Some(s) => s,
+        None => {
+            loaded = load_signer(p, opts)?;
+            loaded.as_ref()
+        }
+    };
     let kernel = kernel_files(p, opts)?;
-    remove_old_manifest(out)?;
-    let kernel_out = place(&kernel.bzimage, out, names::KERNEL)?;
-    let config_out = place(&kernel.config, out, names::KERNEL_CONFIG)?;
+    let stage = Staging::create(out, "build")?;
+    let dir = stage.path();
+    let kernel_out = place(&kernel.bzimage, dir, names::KERNEL)?;
+    let config_out = place(&kernel.config, dir, names::KERNEL_CONFIG)?;
     let machined = runtime_binary(p)?;
     let installer_bin = installer_binary(p)?;
-    let rootfs_out = write_rootfs(p, out, &machined, epoch)?;
-    let initramfs_out = write_initramfs(p, out, &machined, &rootfs_out, epoch)?;
+    let rootfs_out = write_rootfs(p, dir, &machined, epoch)?;
+    let initramfs_out = write_initramfs(p, dir, &machined, &rootfs_out, epoch)?;
     let mut artifacts = vec![
         (Kind::Kernel, kernel_out.clone()),
         (Kind::KernelConfig, config_out),
@@ -81,15 +136,19 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
         epoch,
     };
     if let Some(layout) = &layout {
-        let raw = write_disk(p, out, layout, esp, &payload, signer.as_ref())?;
+        let raw = write_disk(p, dir, layout, esp, &payload, signer)?;
         artifacts.push((Kind::Raw, raw));
     }
     if let Some(bin) = &installer_bin {
         step("installer: payload manifest and OCI archive");
-        let image = write_installer(p, out, bin, &payload, signer.as_ref())?;
+        let image = write_installer(p, dir, bin, &payload, signer)?;
         artifacts.push((Kind::Installer, image));
     }
-    let listed = sign_manifest(p, out, &artifacts, boot_info, signer.as_ref(), epoch)?;
+    let mut listed = sign_manifest(p, dir, &artifacts, boot_info, signer, epoch)?;
+    commit(out, &stage, &files)?;
+    for a in &mut listed {
+        a.path = out.join(&a.path).display().to_string();
+    }
     Ok(BuildReport {
         name: p.name.clone(),
         version: p.version.clone(),
@@ -101,16 +160,38 @@ pub fn run(p: &Profile, opts: &BuildOptions) -> Result<BuildReport> {
     })
 }
 
-/// Creates the output directory, sweeps what an interrupted build left
-/// there and returns the build's SOURCE_DATE_EPOCH.
-fn prepare_output(p: &Profile, out: &Path) -> Result<u64> {
+/// Creates the output directory `out` and takes its lock, held for as long
+/// as the returned value lives; refused at once when another build holds
+/// it. Holding the lock proves that no build is writing `out`: the
+/// temporaries a killed build left there are swept.
+pub fn lock_output(out: &Path) -> Result<DirLock> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let Some(lock) = crate::io::try_lock_dir(out)? else {
+        bail!(
+            "{} is being written by another build (it holds the directory's lock): wait for \
+             it to finish, or build into another --out directory",
+            out.display()
+        );
+    };
+    if !lock.held() {
+        step(&format!(
+            "WARNING: {} cannot be locked (its filesystem has no flock): run one build at a \
+             time in it; temporaries of interrupted builds are left in place",
+            out.display()
+        ));
+        return Ok(lock);
+    }
     let swept = crate::io::remove_stale_partials(out)?;
     if swept > 0 {
         step(&format!(
             "removed {swept} temporary file(s) of an interrupted build"
         ));
     }
+    Ok(lock)
+}
+
+/// The build's SOURCE_DATE_EPOCH, and a line saying what is built where.
+fn describe_build(p: &Profile, out: &Path) -> Result<u64> {
     let epoch = source_date_epoch(p.path.parent().unwrap_or(Path::new(".")))?;
     step(&format!(
         "profile {} ({} {}), SOURCE_DATE_EPOCH={epoch}, output {}",
@@ -122,15 +203,25 @@ fn prepare_output(p: &Profile, out: &Path) -> Result<u64> {
     Ok(epoch)
 }
 
+/// Moves the staged build into `out`: the old manifest and signature out
+/// first (from then on the directory says "no complete build" until the new
+/// manifest is in), the artifacts `names`, the signature, the manifest
+/// last. Everything in the way is checked before the first change.
+fn commit(out: &Path, stage: &Staging, names: &[&str]) -> Result<()> {
+    let signed = [names::SIGNATURE, names::MANIFEST];
+    stage.check_destinations(&[names, &signed[..]].concat())?;
+    step(&format!("commit: moving the build into {}", out.display()));
+    remove_old_manifest(out)?;
+    stage.commit(names)?;
+    stage.commit(&signed[..1])?;
+    stage.commit(&signed[1..])
+}
+
 /// The cheap checks, before anything is built or written: the disk layout
 /// (if the profile makes a disk) and the ESP's files.
 fn preflight(p: &Profile) -> Result<(Option<disk::Layout>, Vec<disk::FatFile>)> {
     let layout = if p.outputs.contains(&Output::Raw) {
-        Some(disk::Layout::new(
-            p.disk.size.0,
-            p.disk.sector_size,
-            &p.partition_sizes(),
-        )?)
+        Some(layout(p)?)
     } else {
         None
     };
@@ -143,6 +234,45 @@ fn preflight(p: &Profile) -> Result<(Option<disk::Layout>, Vec<disk::FatFile>)> 
         );
     }
     Ok((layout, esp))
+}
+
+/// The disk layout of the profile; refused with the profile's file and
+/// key, and for a disk too small, what would fit.
+fn layout(p: &Profile) -> Result<disk::Layout> {
+    let (size, ss, sizes) = (p.disk.size.0, p.disk.sector_size, p.partition_sizes());
+    disk::Layout::new(size, ss, &sizes).map_err(|e| {
+        let hint = match &e {
+            disk::LayoutError::TooSmall { .. } => too_small_hint(size, ss, &sizes),
+            _ => String::new(),
+        };
+        anyhow::anyhow!("{}: {}: {e}{hint}", p.path.display(), e.profile_key())
+    })
+}
+
+/// What to change when the partitions do not fit: each partition size of
+/// the profile that is larger than what fits beside the others, else
+/// disk.size.
+fn too_small_hint(size: u64, ss: u64, sizes: &std::collections::BTreeMap<String, u64>) -> String {
+    use disk::layout::mib;
+    let mut hints = Vec::new();
+    for (label, asked) in sizes {
+        let fits = disk::Layout::largest(size, ss, sizes, label);
+        if fits.is_some_and(|max| max >= *asked) {
+            continue;
+        }
+        hints.push(format!(
+            "; disk.partitions.{label} asks for {} but {} on this disk: lower it, or raise \
+             disk.size",
+            mib(*asked),
+            fits.map_or("none fits beside the other partitions".to_string(), |max| {
+                format!("at most {} fits", mib(max))
+            })
+        ));
+    }
+    if hints.is_empty() {
+        hints.push("; raise disk.size in the profile".to_string());
+    }
+    hints.concat()
 }
 
 /// The signing key: `--key`, the profile's, or the development key
@@ -207,18 +337,18 @@ fn kernel_files(p: &Profile, opts: &BuildOptions) -> Result<KernelFiles> {
     })
 }
 
-/// A rebuild replaces artifacts one by one: drop the old manifest (and its
-/// signature) before the first, so that a directory with a manifest always
-/// holds one complete build; not earlier, so that a build that fails its
-/// checks leaves the previous build whole.
+/// Removes the old manifest and its signature (the manifest first: a
+/// signature without a manifest is no build) and flushes the directory.
 fn remove_old_manifest(out: &Path) -> Result<()> {
     for old in [names::MANIFEST, names::SIGNATURE] {
         let old = out.join(old);
-        if old.exists() {
-            std::fs::remove_file(&old).with_context(|| format!("removing {}", old.display()))?;
+        match std::fs::remove_file(&old) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("removing {}", old.display())),
         }
     }
-    Ok(())
+    crate::io::sync_dir(out)
 }
 
 /// The runtime binary: built from its cargo package, or the prebuilt one
@@ -335,8 +465,8 @@ fn write_disk(
 }
 
 /// Writes the signed manifest of `artifacts` (paths in `out`) and its
-/// signature, last. Returns every artifact, the manifest and signature
-/// included, with paths as the user named the output directory.
+/// signature into `out`. Returns every artifact, the manifest and signature
+/// included, with paths relative to `out`.
 fn sign_manifest(
     p: &Profile,
     out: &Path,
@@ -363,9 +493,6 @@ fn sign_manifest(
     let (m, s) = sign::write_signed_manifest(out, &manifest, signer)?;
     listed.push(artifact(Kind::Manifest, &m)?);
     listed.push(artifact(Kind::Signature, &s)?);
-    for a in &mut listed {
-        a.path = out.join(&a.path).display().to_string();
-    }
     Ok(listed)
 }
 
@@ -478,12 +605,9 @@ pub fn waivers(p: &Profile) -> Result<Vec<kernel::Waiver>> {
     Ok(all)
 }
 
-/// Copies `src` to `out/name` atomically unless an identical file is there.
+/// Copies `src` to `out/name` atomically.
 fn place(src: &Path, out: &Path, name: &str) -> Result<PathBuf> {
     let dest = out.join(name);
-    if dest.is_file() && sha256_file(&dest)? == sha256_file(src)? {
-        return Ok(dest);
-    }
     let mut f = crate::io::AtomicFile::create(&dest)?;
     let mut r = std::fs::File::open(src).with_context(|| format!("opening {}", src.display()))?;
     std::io::copy(&mut r, &mut f).with_context(|| format!("copying {}", src.display()))?;

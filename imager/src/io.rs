@@ -3,6 +3,9 @@
 //! Outputs never appear half-written: [`AtomicFile`] writes to a hidden
 //! temporary file in the destination directory and renames it into place on
 //! [`AtomicFile::commit`]; dropping it uncommitted removes the temporary.
+//! A set of outputs that must replace another set together (a build) is
+//! written into a [`Staging`] directory and moved into place at the end;
+//! [`try_lock_dir`] keeps a second writer out of the directory meanwhile.
 
 use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
@@ -110,6 +113,139 @@ pub fn remove_stale_partials(dir: &Path) -> Result<usize> {
         }
     }
     Ok(n)
+}
+
+/// An exclusive advisory lock (`flock`) on a directory itself, held for as
+/// long as the value lives. Nothing is created in the directory: a failed
+/// run leaves it as it was.
+#[derive(Debug)]
+pub struct DirLock {
+    _dir: File,
+    held: bool,
+}
+
+impl DirLock {
+    /// False when the filesystem cannot lock (flock unsupported): the work
+    /// goes on unlocked and must not assume that nobody else is in the
+    /// directory.
+    pub fn held(&self) -> bool {
+        self.held
+    }
+}
+
+/// Takes the exclusive lock on the directory `dir` without waiting;
+/// `Ok(None)` when another process holds it.
+pub fn try_lock_dir(dir: &Path) -> Result<Option<DirLock>> {
+    let f = File::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    if !f
+        .metadata()
+        .with_context(|| format!("reading {}", dir.display()))?
+        .is_dir()
+    {
+        anyhow::bail!("{} is not a directory", dir.display());
+    }
+    match f.try_lock() {
+        Ok(()) => Ok(Some(DirLock {
+            _dir: f,
+            held: true,
+        })),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) if e.kind() == io::ErrorKind::Unsupported => {
+            Ok(Some(DirLock {
+                _dir: f,
+                held: false,
+            }))
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("locking {}", dir.display()))
+        }
+    }
+}
+
+/// Flushes a directory's entries (renames, removals) to stable storage.
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("flushing the directory {}", dir.display()))
+}
+
+/// A set of outputs written under their final names into a hidden staging
+/// directory of their destination (`DEST/.NAME.XXXX.partial/`), then moved
+/// into `DEST` together and in a chosen order by [`Staging::commit`]: until
+/// then, `DEST` holds what it held before. Writers need no special mode:
+/// they write (atomically, as always) into [`Staging::path`].
+///
+/// Dropped, the staging directory is removed with what is left in it; left
+/// by a killed process, it is swept by [`remove_stale_partials`] (a
+/// `.partial` directory).
+#[derive(Debug)]
+pub struct Staging {
+    dir: tempfile::TempDir,
+    dest: PathBuf,
+}
+
+impl Staging {
+    /// A new staging directory in `dest`, named after `what`.
+    pub fn create(dest: &Path, what: &str) -> Result<Staging> {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!(".{what}."))
+            .suffix(".partial")
+            .tempdir_in(dest)
+            .with_context(|| format!("creating a staging directory in {}", dest.display()))?;
+        Ok(Staging {
+            dir,
+            dest: dest.to_path_buf(),
+        })
+    }
+
+    /// Where to write the outputs.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The staged file `name`.
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Refuses to go on when one of `names` is in the way in the
+    /// destination: anything there but a regular file (a directory, a
+    /// link, a device) is not ours to replace.
+    pub fn check_destinations(&self, names: &[&str]) -> Result<()> {
+        check_replaceable(&self.dest, names)
+    }
+
+    /// Moves the staged files `names` into the destination, in order (each
+    /// a rename on one filesystem: atomic), then flushes the destination
+    /// directory. Every name is checked first ([`Self::check_destinations`]).
+    pub fn commit(&self, names: &[&str]) -> Result<()> {
+        self.check_destinations(names)?;
+        for name in names {
+            let (from, to) = (self.join(name), self.dest.join(name));
+            std::fs::rename(&from, &to)
+                .with_context(|| format!("moving {} into place", to.display()))?;
+        }
+        sync_dir(&self.dest)
+    }
+}
+
+/// Refuses when one of `names` in `dir` exists and is not a regular file
+/// (see [`Staging::check_destinations`]).
+pub fn check_replaceable(dir: &Path, names: &[&str]) -> Result<()> {
+    for name in names {
+        let path = dir.join(name);
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if !m.file_type().is_file() => anyhow::bail!(
+                "{} is in the way: it is not a regular file, and the build replaces only \
+                 files; move it away or build into another directory",
+                path.display()
+            ),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("looking at {}", path.display())),
+        }
+    }
+    Ok(())
 }
 
 /// Writes `bytes` to `dest` atomically.
@@ -226,5 +362,87 @@ mod tests {
         std::fs::write(staged.join("sub/f"), b"x").unwrap();
         assert_eq!(remove_stale_partials(dir.path()).unwrap(), 1);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_directory_has_one_lock_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = try_lock_dir(dir.path()).unwrap().unwrap();
+        assert!(first.held());
+        // Another open file description: refused while the first lives.
+        assert!(try_lock_dir(dir.path()).unwrap().is_none());
+        drop(first);
+        // Other tests' child processes may hold a copy of the descriptor
+        // between their fork and exec: wait for the lock to be free.
+        let start = std::time::Instant::now();
+        let again = loop {
+            match try_lock_dir(dir.path()).unwrap() {
+                Some(l) => break l,
+                None if start.elapsed().as_secs() > 30 => panic!("the lock stayed taken"),
+                None => std::thread::yield_now(),
+            }
+        };
+        assert!(again.held());
+        // Nothing is left in the directory.
+        assert!(names(dir.path()).is_empty());
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let e = format!("{:#}", try_lock_dir(&file).unwrap_err());
+        assert!(e.contains("is not a directory"), "{e}");
+    }
+
+    #[test]
+    fn staged_files_replace_the_old_ones_only_on_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        std::fs::write(out.join("a"), b"old a").unwrap();
+        std::fs::write(out.join("b"), b"old b").unwrap();
+        {
+            let stage = Staging::create(out, "build").unwrap();
+            write_atomic(stage.join("a"), b"new a", 0o644).unwrap();
+            // Dropped uncommitted: the old files and nothing else.
+        }
+        assert_eq!(names(out), ["a", "b"]);
+        assert_eq!(std::fs::read(out.join("a")).unwrap(), b"old a");
+
+        let stage = Staging::create(out, "build").unwrap();
+        assert!(stage.path().starts_with(out));
+        let staged = stage.path().file_name().unwrap().to_string_lossy();
+        assert!(staged.starts_with(".build.") && staged.ends_with(".partial"));
+        write_atomic(stage.join("a"), b"new a", 0o644).unwrap();
+        write_atomic(stage.join("b"), b"new b", 0o600).unwrap();
+        write_atomic(stage.join("c"), b"new c", 0o644).unwrap();
+        stage.commit(&["a", "b"]).unwrap();
+        assert_eq!(std::fs::read(out.join("a")).unwrap(), b"new a");
+        assert_eq!(std::fs::read(out.join("b")).unwrap(), b"new b");
+        assert!(!out.join("c").exists());
+        stage.commit(&["c"]).unwrap();
+        assert_eq!(std::fs::read(out.join("c")).unwrap(), b"new c");
+        drop(stage);
+        assert_eq!(names(out), ["a", "b", "c"]);
+
+        // Something else than a file in the way: refused before any rename.
+        let stage = Staging::create(out, "build").unwrap();
+        write_atomic(stage.join("a"), b"newer a", 0o644).unwrap();
+        write_atomic(stage.join("d"), b"d", 0o644).unwrap();
+        std::fs::create_dir(out.join("d")).unwrap();
+        let e = format!("{:#}", stage.commit(&["a", "d"]).unwrap_err());
+        assert!(
+            e.contains(&format!("{} is in the way", out.join("d").display())),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(out.join("a")).unwrap(), b"new a");
+        std::os::unix::fs::symlink("a", out.join("e")).unwrap();
+        assert!(check_replaceable(out, &["e"]).is_err());
+        assert!(check_replaceable(out, &["a", "missing"]).is_ok());
     }
 }

@@ -3,15 +3,20 @@
 //! [`Layout::new`] places the partitions of [`contract::LAYOUT`] on a disk,
 //! [`write_disk`] creates the sparse image with its partition table and lets
 //! the caller fill each partition through a [`Window`], and [`read_table`]
-//! reads a table back. The table, the FAT filesystems and META themselves
+//! reads a table back. Every table written is read back and checked
+//! ([`check::check_written`]) before the disk is used or renamed into place;
+//! `imager verify` runs the same check ([`check::check_table`]) on the raw
+//! disks a manifest lists. The table, the FAT filesystems and META themselves
 //! are written and read by `bootstate`, the one library for every disk
 //! read and write.
 
+pub mod check;
 pub mod gpt;
 pub mod layout;
 
-pub use self::gpt::{Table, TablePartition, read_table, write_table};
-pub use self::layout::{Layout, PlacedPartition};
+pub use self::check::{check_image, check_table, check_written};
+pub use self::gpt::{Table, TablePartition, read_table, read_table_from, write_table};
+pub use self::layout::{Layout, LayoutError, PlacedPartition};
 pub use bootstate::fatformat::{FatFile, FatParams, FatSource, format_fat};
 
 use crate::io::{AtomicFile, Window};
@@ -35,6 +40,7 @@ where
         .with_context(|| format!("sizing {} to {} bytes", dest.display(), layout.disk_size))?;
     write_table(out.file(), layout, disk_guid).context("writing partition table")?;
     fill_partitions(out.file(), layout, &mut fill)?;
+    read_back(out.file(), layout, disk_guid)?;
     out.commit()
         .with_context(|| format!("writing {}", dest.display()))?;
     Ok(())
@@ -77,7 +83,16 @@ where
     write_table(&mut f, layout, disk_guid).context("writing partition table")?;
     f.sync_all()
         .with_context(|| format!("syncing {}", dest.display()))?;
-    Ok(())
+    read_back(&mut f, layout, disk_guid)
+}
+
+/// Reads the table just written back from the disk and checks it against
+/// the layout: a table that is not what was laid out (overlapping, out of
+/// order, off the disk) is never renamed into place or signed.
+fn read_back(f: &mut File, layout: &Layout, disk_guid: Guid) -> Result<()> {
+    let table = read_table_from(f).context("reading back the partition table just written")?;
+    check_written(&table, layout, disk_guid)
+        .context("the partition table read back is not the one laid out")
 }
 
 /// The paths of all regular files on the FAT filesystem in `dev`, sorted

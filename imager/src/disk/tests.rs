@@ -1,7 +1,7 @@
 //! Disk images checked with the reference tools: sfdisk/fdisk for the table,
 //! fsck.fat for the filesystems.
 
-use super::testutil::{extract, run, tool};
+use super::testutil::{extract, patch_gpt_entry, run, tool};
 use super::*;
 use contract::guid::{disk_guid, partition_guid, volume_id};
 use contract::meta::Meta;
@@ -255,4 +255,161 @@ fn not_a_gpt_disk() {
     std::fs::write(&p, vec![0u8; 1 << 20]).unwrap();
     let e = format!("{:#}", read_table(&p).unwrap_err());
     assert!(e.contains("not a GPT disk image"), "{e}");
+}
+
+/// A disk image of `DISK` bytes at 512-byte sectors whose table has the
+/// entries `parts` (label, type, first and last LBA), as `write_new` writes
+/// any table the reader accepts.
+fn crafted(dir: &Path, name: &str, parts: &[(&str, Guid, u64, u64)]) -> PathBuf {
+    let path = dir.join(name);
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    f.set_len(DISK).unwrap();
+    let new: Vec<_> = parts
+        .iter()
+        .map(
+            |(label, type_guid, first, last)| bootstate::gpt::NewPartition {
+                label,
+                type_guid: *type_guid,
+                unique_guid: partition_guid(guid(), label),
+                first_lba: *first,
+                last_lba: *last,
+            },
+        )
+        .collect();
+    bootstate::gpt::write_new(&mut f, DISK, 512, guid(), &new).unwrap();
+    path
+}
+
+/// The entries of `layout` as (label, type, first, last).
+fn entries(layout: &Layout) -> Vec<(&'static str, Guid, u64, u64)> {
+    layout
+        .partitions
+        .iter()
+        .map(|p| (p.label(), p.spec.type_guid, p.first_lba, p.last_lba))
+        .collect()
+}
+
+fn check_error(path: &Path) -> String {
+    format!("{:#}", check_image(path).unwrap_err())
+}
+
+#[test]
+fn written_tables_pass_the_check_and_match_their_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    for ss in SECTOR_SIZES {
+        let (img, layout) = image(dir.path(), &format!("disk-{ss}.raw"), ss);
+        check_image(&img).unwrap();
+        let table = read_table(&img).unwrap();
+        check_written(&table, &layout, guid()).unwrap();
+        // Another layout of the same disk is not what was written.
+        let other = Layout::new(
+            DISK,
+            ss,
+            &BTreeMap::from([("STATE".to_string(), 200 * MIB)]),
+        )
+        .unwrap();
+        let e = format!("{:#}", check_written(&table, &other, guid()).unwrap_err());
+        assert!(e.contains("partition STATE reads as LBA"), "{e}");
+        let e = format!(
+            "{:#}",
+            check_written(&table, &layout, disk_guid("other")).unwrap_err()
+        );
+        assert!(e.contains("with GUID"), "{e}");
+    }
+}
+
+#[test]
+fn tables_that_are_not_our_layout_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let layout = Layout::new(DISK, 512, &BTreeMap::new()).unwrap();
+    let good = entries(&layout);
+    // The layout's own entries pass.
+    check_image(&crafted(dir.path(), "good.raw", &good)).unwrap();
+
+    let mut missing = good.clone();
+    missing.pop();
+    let e = check_error(&crafted(dir.path(), "missing.raw", &missing));
+    assert!(
+        e.contains("the partitions are [\"EFI\", \"BIOS\", \"BOOT\", \"META\", \"STATE\"]"),
+        "{e}"
+    );
+
+    let mut swapped = good.clone();
+    swapped.swap(1, 2);
+    let e = check_error(&crafted(dir.path(), "swapped.raw", &swapped));
+    assert!(e.contains("a disk made by imager has"), "{e}");
+
+    // In entry order, but BIOS placed after BOOT on the disk.
+    let mut moved = good.clone();
+    let (bios, boot) = (moved[1], moved[2]);
+    let boot_len = boot.3 - boot.2;
+    moved[2].2 = bios.2;
+    moved[2].3 = bios.2 + boot_len;
+    moved[1].2 = moved[2].3 + 1;
+    moved[1].3 = moved[1].2 + (bios.3 - bios.2);
+    let e = check_error(&crafted(dir.path(), "moved.raw", &moved));
+    assert!(
+        e.contains("partition BOOT starts at LBA") && e.contains("not after the partition before"),
+        "{e}"
+    );
+
+    let mut unaligned = good.clone();
+    unaligned[4].2 += 1;
+    let e = check_error(&crafted(dir.path(), "unaligned.raw", &unaligned));
+    assert!(
+        e.contains("partition STATE (offset") && e.contains("not on whole 1 MiB"),
+        "{e}"
+    );
+
+    let mut typed = good.clone();
+    typed[0].1 = contract::guid::LINUX_DATA;
+    let e = check_error(&crafted(dir.path(), "typed.raw", &typed));
+    assert!(e.contains("partition EFI has type"), "{e}");
+
+    let mut small = good.clone();
+    small[5].3 = small[5].2 + 100 * MIB / 512 - 1;
+    let e = check_error(&crafted(dir.path(), "small.raw", &small));
+    assert!(
+        e.contains("partition EPHEMERAL of 100 MiB is smaller than its minimum 300 MiB"),
+        "{e}"
+    );
+}
+
+#[test]
+fn overlapping_partitions_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, _) = image(dir.path(), "overlap.raw", 512);
+    let t = read_table(&img).unwrap();
+    let ephemeral_first = t.find("EPHEMERAL").unwrap().first_lba;
+    // STATE (entry 5) now ends inside EPHEMERAL, CRCs made right.
+    patch_gpt_entry(&img, 4, |e| {
+        e[40..48].copy_from_slice(&(ephemeral_first + 2047).to_le_bytes())
+    });
+    let e = check_error(&img);
+    assert!(
+        e.contains("partitions 5 (\"STATE\") and 6 (\"EPHEMERAL\") overlap"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_damaged_primary_table_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (img, _) = image(dir.path(), "damaged.raw", 512);
+    let mut f = std::fs::OpenOptions::new().write(true).open(&img).unwrap();
+    use std::io::{Seek, SeekFrom};
+    f.seek(SeekFrom::Start(512 + 16)).unwrap();
+    f.write_all(&[0xff; 4]).unwrap();
+    drop(f);
+    let e = check_error(&img);
+    assert!(
+        e.contains("the primary partition table is damaged (header CRC mismatch)"),
+        "{e}"
+    );
 }

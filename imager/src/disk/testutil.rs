@@ -61,3 +61,36 @@ pub fn extract(src: &Path, offset: u64, len: u64, dest: &Path) {
     }
     assert_eq!(at, len);
 }
+
+/// Changes the entry `index` of both copies of the GPT of the 512-byte-sector
+/// disk image `disk` with `change` (on its 128 raw bytes), then makes both
+/// copies' CRCs right again, as an attacker would.
+pub fn patch_gpt_entry(disk: &Path, index: usize, change: impl Fn(&mut [u8])) {
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(disk)
+        .unwrap();
+    let size = bootstate::gpt::device_size(&mut f).unwrap();
+    let h = bootstate::gpt::read_at(&mut f, size, 512).unwrap().header;
+    let len = h.entry_count as usize * h.entry_size as usize;
+    let backup_entries = h.alternate_lba - (len as u64).div_ceil(512);
+    for (lba, entries_lba) in [(1, h.entries_lba), (h.alternate_lba, backup_entries)] {
+        let mut entries = vec![0u8; len];
+        f.seek(SeekFrom::Start(entries_lba * 512)).unwrap();
+        f.read_exact(&mut entries).unwrap();
+        let es = h.entry_size as usize;
+        change(&mut entries[index * es..(index + 1) * es]);
+        let mut header = vec![0u8; 92];
+        f.seek(SeekFrom::Start(lba * 512)).unwrap();
+        f.read_exact(&mut header).unwrap();
+        header[88..92].copy_from_slice(&crc32fast::hash(&entries).to_le_bytes());
+        header[16..20].fill(0);
+        let crc = crc32fast::hash(&header);
+        header[16..20].copy_from_slice(&crc.to_le_bytes());
+        f.seek(SeekFrom::Start(entries_lba * 512)).unwrap();
+        f.write_all(&entries).unwrap();
+        f.seek(SeekFrom::Start(lba * 512)).unwrap();
+        f.write_all(&header).unwrap();
+    }
+}

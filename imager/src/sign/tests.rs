@@ -38,11 +38,13 @@ fn flip(path: &Path, at: usize) {
     std::fs::write(path, b).unwrap();
 }
 
-/// The artifacts of the fixture: (kind, path, size).
+/// The artifacts of the fixture: (kind, path, size). No raw disk: verify
+/// checks a raw disk's partition table too, and the smallest disk of the
+/// layout is 804 MiB (tests/outputs.rs verifies built disks).
 const FILES: &[(Kind, &str, usize)] = &[
     (Kind::Kernel, "vmlinuz", 3000),
     (Kind::Initramfs, "initramfs.cpio.zst", 1500),
-    (Kind::Raw, "disk.raw", 200 * 1024),
+    (Kind::Rootfs, "rootfs.sqsh", 200 * 1024),
     (Kind::Iso, "iso/image.iso", 4096),
 ];
 
@@ -402,7 +404,7 @@ fn verify_accepts_a_good_set() {
 
     let (code, out) = f.cli(false);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("ok  raw disk.raw\n"), "{out}");
+    assert!(out.contains("ok  rootfs rootfs.sqsh\n"), "{out}");
     assert!(out.contains("ok  iso iso/image.iso\n"), "{out}");
     assert!(
         out.ends_with(&format!(
@@ -464,7 +466,7 @@ fn a_flipped_byte_in_each_artifact_is_named() {
 fn all_artifact_problems_are_reported_at_once() {
     let f = Fixture::new();
     std::fs::remove_file(f.out.join("vmlinuz")).unwrap();
-    let raw = f.out.join("disk.raw");
+    let raw = f.out.join("rootfs.sqsh");
     let len = std::fs::metadata(&raw).unwrap().len();
     std::fs::OpenOptions::new()
         .write(true)
@@ -488,7 +490,7 @@ fn all_artifact_problems_are_reported_at_once() {
     };
     assert_eq!(status("vmlinuz"), Status::Missing);
     assert_eq!(
-        status("disk.raw"),
+        status("rootfs.sqsh"),
         Status::SizeDiffers {
             manifest: len,
             file: len - 1
@@ -505,7 +507,7 @@ fn all_artifact_problems_are_reported_at_once() {
     assert!(out.contains("BAD kernel vmlinuz: missing\n"), "{out}");
     assert!(
         out.contains(&format!(
-            "BAD raw disk.raw: size differs (manifest {len} bytes, file {} bytes)\n",
+            "BAD rootfs rootfs.sqsh: size differs (manifest {len} bytes, file {} bytes)\n",
             len - 1
         )),
         "{out}"
@@ -526,7 +528,7 @@ fn all_artifact_problems_are_reported_at_once() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|a| a["path"] == "disk.raw")
+        .find(|a| a["path"] == "rootfs.sqsh")
         .unwrap();
     assert_eq!(raw_entry["status"], "size-differs");
     assert_eq!(raw_entry["file"], len - 1);
@@ -686,13 +688,16 @@ fn signing_refuses_a_manifest_that_does_not_match_the_directory() {
     let f = Fixture::new();
     let m: Manifest = serde_json::from_slice(&std::fs::read(&f.manifest).unwrap()).unwrap();
     std::fs::write(f.out.join("vmlinuz"), b"short").unwrap();
-    std::fs::remove_file(f.out.join("disk.raw")).unwrap();
+    std::fs::remove_file(f.out.join("rootfs.sqsh")).unwrap();
     let before = std::fs::read(&f.manifest).unwrap();
     let err = format!(
         "{:#}",
         write_signed_manifest(&f.out, &m, &f.signer).unwrap_err()
     );
-    assert!(err.contains("vmlinuz") && err.contains("disk.raw"), "{err}");
+    assert!(
+        err.contains("vmlinuz") && err.contains("rootfs.sqsh"),
+        "{err}"
+    );
     // The old signed pair is untouched.
     assert_eq!(std::fs::read(&f.manifest).unwrap(), before);
 }
@@ -804,11 +809,11 @@ fn manifest_bytes_are_canonical_and_deterministic() {
     assert_eq!(
         names,
         [
-            "disk.raw",
             "initramfs.cpio.zst",
             "iso",
             "manifest.json",
             "manifest.json.sig",
+            "rootfs.sqsh",
             "vmlinuz"
         ]
     );

@@ -37,6 +37,13 @@ pub enum Status {
     Unreadable {
         error: String,
     },
+    /// The file is the one signed, but not sound: a raw disk whose partition
+    /// table is not one imager makes (overlapping, out of order, off the
+    /// disk; see [`crate::disk::check_table`]). A build never signs one;
+    /// an older or foreign tool might have.
+    BadContent {
+        reason: String,
+    },
 }
 
 /// One artifact of the manifest and what verification found.
@@ -70,6 +77,7 @@ impl ArtifactCheck {
                 abbrev(file)
             ),
             Status::Unreadable { error } => format!("unreadable: {error}"),
+            Status::BadContent { reason } => reason.clone(),
         };
         format!("BAD {kind} {path}: {why}")
     }
@@ -201,7 +209,7 @@ pub fn verify(manifest_path: &Path, public_key: &VerifyingKey) -> Result<VerifyR
             } else if let Err(reason) = check_digest(&a.sha256) {
                 Status::Invalid { reason }
             } else {
-                check_file(&dir.join(&a.path), a.size, &a.sha256)
+                check_file(&dir.join(&a.path), a.size, &a.sha256, a.kind)
             };
             ArtifactCheck {
                 path: a.path.clone(),
@@ -265,7 +273,22 @@ fn read_manifest(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("reading manifest {}", path.display()))
 }
 
-fn check_file(path: &Path, size: u64, sha256: &str) -> Status {
+/// Checks the file of one artifact: its size, its digest, and for a raw
+/// disk its partition table.
+fn check_file(path: &Path, size: u64, sha256: &str, kind: Kind) -> Status {
+    match check_bytes(path, size, sha256) {
+        Status::Ok if kind == Kind::Raw => match crate::disk::check_image(path) {
+            Ok(()) => Status::Ok,
+            Err(e) => Status::BadContent {
+                reason: format!("partition table: {e:#}"),
+            },
+        },
+        status => status,
+    }
+}
+
+/// Checks the size and digest of the file `path`.
+fn check_bytes(path: &Path, size: u64, sha256: &str) -> Status {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Status::Missing,

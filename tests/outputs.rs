@@ -1,0 +1,408 @@
+//! The output directory of `imager build`, through the library: one build
+//! at a time, stale temporaries swept only by the lock holder, a failed
+//! build leaving the previous one whole, partition sizes that do not fit
+//! refused with their profile key, and `verify` refusing a signed disk
+//! whose partition table is not sound.
+//!
+//! No kernel is built: the profile's kernel is a prebuilt stand-in (a few
+//! bytes and a one-line config audited against a one-rule table), the
+//! runtime a minimal static ELF, so a whole build takes a few seconds.
+
+// Test helpers panic on unexpected failures: that is how a test fails.
+#![allow(clippy::unwrap_used)]
+
+use anyhow::Result;
+use imager::build::{self, BuildOptions, names};
+use imager::profile::Profile;
+use imager::sign::{self, Signature, Signer, VerifyingKey};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// A project with everything a build needs and no kernel to compile.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    public: VerifyingKey,
+}
+
+/// The smallest x86-64 ELF executable header `runtime::check_static`
+/// accepts: no program headers, so no interpreter.
+fn static_elf() -> Vec<u8> {
+    let mut b = vec![0u8; 64];
+    b[..4].copy_from_slice(b"\x7fELF");
+    b[4] = 2; // 64-bit
+    b[5] = 1; // little-endian
+    b[6] = 1;
+    b[16] = 2; // ET_EXEC
+    b[18] = 62; // x86-64
+    b
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let w = |name: &str, bytes: &[u8]| std::fs::write(root.join(name), bytes).unwrap();
+        w("bzImage", &vec![0x5a; 200_000]);
+        w(
+            "config",
+            b"# Linux/x86 6.1.0 Kernel Configuration\nCONFIG_BUG=y\n",
+        );
+        w(
+            "rules.yaml",
+            b"rules:\n  - {option: CONFIG_BUG, wanted: y, why: \"test\"}\n",
+        );
+        w("machined", &static_elf());
+        w("systemd-bootx64.efi", &vec![0x4d; 100_000]);
+        std::fs::create_dir(root.join("skel")).unwrap();
+        w(
+            "skeleton.txt",
+            b"dir 0755 usr\ndir 0755 usr/bin\ndir 0755 usr/lib\n\
+              builder 0755 usr/bin/machined\nbuilder 0644 usr/lib/os-release\n",
+        );
+        sign::keygen(&root.join("test.key"), &root.join("test.pub"), false).unwrap();
+        let public = sign::load_public_key(&root.join("test.pub")).unwrap();
+        Fixture {
+            _dir: dir,
+            root,
+            public,
+        }
+    }
+
+    /// A profile of `version` with `extra` lines at the end of its `disk`
+    /// section.
+    fn profile(&self, version: &str, disk_extra: &str) -> Profile {
+        let text = format!(
+            "name: outputs\nversion: {version}\n\
+             kernel:\n  prebuilt: bzImage\n  prebuilt_config: config\n  rules: rules.yaml\n  \
+             cmdline: [console=ttyS0]\n\
+             runtime:\n  binary: machined\n  skeleton: skel\n  manifest: skeleton.txt\n\
+             boot:\n  systemd_boot: systemd-bootx64.efi\n\
+             disk:\n  size: 1GiB\n{disk_extra}\
+             signing:\n  key: test.key\n\
+             compression:\n  rootfs_zstd_level: 1\n  initramfs_zstd_level: 1\n\
+             outputs: [raw]\n"
+        );
+        let path = self.root.join(format!("outputs-{version}.yaml"));
+        std::fs::write(&path, text).unwrap();
+        Profile::load(&path).unwrap()
+    }
+
+    fn opts(&self, out: &Path) -> BuildOptions {
+        BuildOptions {
+            out_dir: out.to_path_buf(),
+            key: None,
+            cache_dir: self.root.join("cache"),
+            jobs: 1,
+        }
+    }
+
+    fn out(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+}
+
+/// Every entry of `dir` (hidden ones included) with its bytes; a
+/// directory's entries under `name/`.
+fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut m = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if e.file_type().unwrap().is_dir() {
+            for (k, v) in snapshot(&e.path()) {
+                m.insert(format!("{name}/{k}"), v);
+            }
+            m.insert(format!("{name}/"), Vec::new());
+        } else {
+            m.insert(name, std::fs::read(e.path()).unwrap());
+        }
+    }
+    m
+}
+
+/// Verifies the build in `out`; returns its version.
+fn verify_ok(f: &Fixture, out: &Path) -> String {
+    let r = sign::verify(out, &f.public).unwrap();
+    r.ensure_ok().unwrap();
+    r.version
+}
+
+/// A signer that fails: the last step of a build.
+struct FailingSigner(VerifyingKey);
+
+impl Signer for FailingSigner {
+    fn public_key(&self) -> VerifyingKey {
+        self.0
+    }
+    fn sign(&self, _: &[u8]) -> Result<Signature> {
+        anyhow::bail!("the signing token was unplugged")
+    }
+}
+
+/// One test at a time: a build runs `git` (for SOURCE_DATE_EPOCH), and a
+/// child forked by one test holds a copy of every descriptor until it
+/// execs, another test's output lock included, which would make that
+/// test's next build in the same directory "another build".
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static M: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    M.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The output lock of `out`, once free: other tests' child processes may
+/// hold a copy of a dropped lock's descriptor between their fork and exec.
+fn lock_when_free(out: &Path) -> imager::io::DirLock {
+    let start = std::time::Instant::now();
+    loop {
+        match build::lock_output(out) {
+            Ok(l) => return l,
+            Err(e) if start.elapsed().as_secs() > 30 => panic!("{e:#}"),
+            Err(_) => std::thread::yield_now(),
+        }
+    }
+}
+
+#[test]
+fn a_build_into_a_locked_directory_is_refused_at_once_and_touches_nothing() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let out = f.out("locked");
+    // The first build, mid-way: it holds the lock and has a temporary and
+    // an artifact in the directory.
+    let first = build::lock_output(&out).unwrap();
+    std::fs::write(out.join(".rootfs.sqsh.abc123.partial"), b"half a rootfs").unwrap();
+    std::fs::create_dir(out.join(".build.xyz.partial")).unwrap();
+    std::fs::write(out.join(".build.xyz.partial/vmlinuz"), b"kernel").unwrap();
+    std::fs::write(out.join(names::KERNEL), b"the first build's kernel").unwrap();
+    let before = snapshot(&out);
+
+    let started = std::time::Instant::now();
+    let e = build::run(&f.profile("1.0.0", ""), &f.opts(&out)).unwrap_err();
+    let e = format!("{e:#}");
+    assert!(
+        e.contains(&format!(
+            "{} is being written by another build",
+            out.display()
+        )) && e.contains("another --out directory"),
+        "{e}"
+    );
+    // Refused, not waited for.
+    assert!(started.elapsed().as_secs() < 30);
+    assert_eq!(snapshot(&out), before, "the first build's files changed");
+    let e = format!("{:#}", build::lock_output(&out).unwrap_err());
+    assert!(e.contains("being written by another build"), "{e}");
+    assert_eq!(snapshot(&out), before);
+
+    // Once the first build is gone, its temporaries are swept, nothing else.
+    drop(first);
+    let lock = lock_when_free(&out);
+    assert_eq!(
+        snapshot(&out).into_keys().collect::<Vec<_>>(),
+        [names::KERNEL]
+    );
+    drop(lock);
+}
+
+#[test]
+fn a_stale_temporary_of_a_dead_build_is_swept_by_the_next_build() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let out = f.out("stale");
+    std::fs::create_dir_all(out.join(".build.dead01.partial/.installer-payload.x.partial"))
+        .unwrap();
+    std::fs::write(out.join(".disk.raw.dead02.partial"), b"half a disk").unwrap();
+    // Something of the user's, not ours: never swept.
+    std::fs::write(out.join("notes.txt"), b"mine").unwrap();
+    let report = build::run(&f.profile("1.0.0", ""), &f.opts(&out)).unwrap();
+    let mut left: Vec<String> = snapshot(&out).into_keys().collect();
+    left.sort();
+    let mut want: Vec<String> = report
+        .artifacts
+        .iter()
+        .map(|a| {
+            Path::new(&a.path)
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .chain(["notes.txt".to_string()])
+        .collect();
+    want.sort();
+    assert_eq!(left, want);
+    assert_eq!(verify_ok(&f, &out), "1.0.0");
+}
+
+#[test]
+fn a_build_that_fails_late_leaves_the_previous_build_whole() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let out = f.out("whole");
+    build::run(&f.profile("1.0.0", ""), &f.opts(&out)).unwrap();
+    assert_eq!(verify_ok(&f, &out), "1.0.0");
+    let before = snapshot(&out);
+
+    // Version 2 differs in every artifact but the kernel's; its signer fails
+    // after everything is built, the disk included.
+    let e = build::run_with_signer(
+        &f.profile("2.0.0", ""),
+        &f.opts(&out),
+        &FailingSigner(f.public),
+    )
+    .unwrap_err();
+    let e = format!("{e:#}");
+    assert!(e.contains("the signing token was unplugged"), "{e}");
+    assert!(snapshot(&out) == before, "the previous build changed");
+    assert_eq!(verify_ok(&f, &out), "1.0.0");
+
+    // A build that succeeds replaces it whole.
+    build::run(&f.profile("2.0.0", ""), &f.opts(&out)).unwrap();
+    assert_eq!(verify_ok(&f, &out), "2.0.0");
+    let after = snapshot(&out);
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>()
+    );
+    assert_ne!(after[names::ROOTFS], before[names::ROOTFS]);
+}
+
+#[test]
+fn something_in_the_way_of_an_artifact_is_refused_before_any_work() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let out = f.out("inway");
+    build::run(&f.profile("1.0.0", ""), &f.opts(&out)).unwrap();
+    std::fs::remove_file(out.join(names::ROOTFS)).unwrap();
+    std::fs::create_dir(out.join(names::ROOTFS)).unwrap();
+    let before = snapshot(&out);
+    let e = format!(
+        "{:#}",
+        build::run(&f.profile("2.0.0", ""), &f.opts(&out)).unwrap_err()
+    );
+    assert!(
+        e.contains(&format!(
+            "{} is in the way: it is not a regular file",
+            out.join(names::ROOTFS).display()
+        )),
+        "{e}"
+    );
+    assert!(snapshot(&out) == before);
+}
+
+#[test]
+fn partition_sizes_that_do_not_fit_name_their_profile_key() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let out = f.out("huge");
+    let cases = [
+        // Plainly too big for 1 GiB: 1023 - 1 - 100 - 1 - 300 - 1 - 300 MiB fits.
+        (
+            "  partitions:\n    STATE: 16000000TiB\n",
+            vec![
+                "disk.size: a disk of 1024 MiB is too small for the partitions",
+                "disk.partitions.STATE asks for 16777216000000 MiB but at most 320 MiB fits",
+            ],
+        ),
+        // Sizes whose sum passes 2^64 bytes: refused, never wrapped.
+        (
+            "  partitions:\n    STATE: 17592186044415MiB\n",
+            vec![
+                "the partitions add up to more than 16 EiB",
+                "disk.partitions.STATE asks for 17592186044415 MiB but at most 320 MiB fits",
+            ],
+        ),
+        (
+            "  partitions:\n    BOOT: 8388608TiB\n    STATE: 8388608TiB\n",
+            vec![
+                "the partitions add up to more than 16 EiB",
+                "disk.partitions.BOOT asks for 8796093022208 MiB but none fits beside the other \
+                 partitions",
+                "disk.partitions.STATE asks for 8796093022208 MiB but none fits",
+            ],
+        ),
+    ];
+    for (extra, wants) in cases {
+        let p = f.profile("1.0.0", extra);
+        let e = format!("{:#}", build::run(&p, &f.opts(&out)).unwrap_err());
+        assert!(e.starts_with(&p.path.display().to_string()), "{e}");
+        for want in wants {
+            assert!(e.contains(want), "{want:?} not in {e}");
+        }
+        assert!(std::fs::read_dir(&out).unwrap().next().is_none());
+    }
+}
+
+#[test]
+fn verify_refuses_a_signed_disk_whose_partitions_overlap() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let out = f.out("overlap");
+    build::run(&f.profile("1.0.0", ""), &f.opts(&out)).unwrap();
+    let raw = out.join(names::RAW);
+    let t = imager::disk::read_table(&raw).unwrap();
+    let ephemeral = t.find("EPHEMERAL").unwrap().first_lba;
+    // STATE ends inside EPHEMERAL, both tables' CRCs made right, and the
+    // manifest re-signed with the build's key: what a builder without the
+    // read-back check could have produced and signed.
+    patch_entry_last_lba(&raw, 4, ephemeral + 2047);
+    let r = sign::verify(&out, &f.public).unwrap();
+    let mut m = r.verified.clone();
+    for a in &mut m.artifacts {
+        if a.path == names::RAW {
+            let (sha, size) = imager::io::sha256_file(&raw).unwrap();
+            (a.sha256, a.size) = (sha, size);
+        }
+    }
+    let signer = sign::FileSigner::load(&f.root.join("test.key")).unwrap();
+    sign::write_signed_manifest(&out, &m, &signer).unwrap();
+
+    let r = sign::verify(&out, &f.public).unwrap();
+    assert!(!r.ok);
+    let bad: Vec<String> = r
+        .artifacts
+        .iter()
+        .filter(|a| !a.is_ok())
+        .map(|a| a.line())
+        .collect();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(
+        bad[0].starts_with("BAD raw disk.raw: partition table: ")
+            && bad[0].contains("partitions 5 (\"STATE\") and 6 (\"EPHEMERAL\") overlap"),
+        "{bad:?}"
+    );
+    let e = format!("{:#}", r.ensure_ok().unwrap_err());
+    assert!(e.contains("overlap"), "{e}");
+}
+
+/// Sets the last LBA of entry `index` in both GPT copies of a 512-byte-sector
+/// image and makes their CRCs right.
+fn patch_entry_last_lba(disk: &Path, index: usize, last: u64) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(disk)
+        .unwrap();
+    let size = bootstate::gpt::device_size(&mut f).unwrap();
+    let h = bootstate::gpt::read_at(&mut f, size, 512).unwrap().header;
+    let len = h.entry_count as usize * h.entry_size as usize;
+    let backup_entries = h.alternate_lba - (len as u64).div_ceil(512);
+    for (lba, entries_lba) in [(1, h.entries_lba), (h.alternate_lba, backup_entries)] {
+        let mut entries = vec![0u8; len];
+        f.seek(SeekFrom::Start(entries_lba * 512)).unwrap();
+        f.read_exact(&mut entries).unwrap();
+        let at = index * h.entry_size as usize + 40;
+        entries[at..at + 8].copy_from_slice(&last.to_le_bytes());
+        let mut header = vec![0u8; 92];
+        f.seek(SeekFrom::Start(lba * 512)).unwrap();
+        f.read_exact(&mut header).unwrap();
+        header[88..92].copy_from_slice(&crc32fast::hash(&entries).to_le_bytes());
+        header[16..20].fill(0);
+        let crc = crc32fast::hash(&header);
+        header[16..20].copy_from_slice(&crc.to_le_bytes());
+        f.seek(SeekFrom::Start(entries_lba * 512)).unwrap();
+        f.write_all(&entries).unwrap();
+        f.seek(SeekFrom::Start(lba * 512)).unwrap();
+        f.write_all(&header).unwrap();
+    }
+}
