@@ -565,6 +565,56 @@ fn install_lays_out_a_blank_disk_that_boots_the_payload() {
     assert!(!refused.exists());
 }
 
+/// A target smaller than the image: an image file is told to grow (or
+/// `--size`), a device to be a larger disk; neither message sends the user
+/// to a profile they never wrote, and nothing is written.
+#[test]
+fn install_on_a_target_smaller_than_the_image_says_what_to_do() {
+    let i = images();
+    let backing = scratch().join("upgrade-install-small.raw");
+    let _ = std::fs::remove_file(&backing);
+    ok(Command::new("truncate").args(["-s", "100M"]).arg(&backing));
+    let install = |disk: &str| {
+        let out = run(imager()
+            .args(["install", "--installer"])
+            .arg(payload(&i.v2))
+            .args(["--disk", disk, "--key"])
+            .arg(repo().join("out/keys/dev.pub")));
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = install(backing.to_str().unwrap());
+    assert!(
+        err.contains("at least 804 MiB")
+            && err.contains("--size 804MiB")
+            && !err.contains("profile"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was written"), "{err}");
+    let dev = ok(tool("losetup").args(["-f", "--show"]).arg(&backing))
+        .trim()
+        .to_string();
+    let _lo = Loop(dev.clone());
+    let err = install(&dev);
+    assert!(
+        err.contains("install onto a disk of at least 804 MiB") && !err.contains("profile"),
+        "{err}"
+    );
+    // Nothing was written: the file is still all zeros.
+    let mut f = std::fs::File::open(&backing).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    use std::io::Read;
+    while let Ok(n) = f.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        assert!(
+            buf[..n].iter().all(|b| *b == 0),
+            "the small disk was written"
+        );
+    }
+}
+
 /// `b`'s installer image unpacked by umoci; returns its root filesystem.
 fn unpack_installer(b: &Build, name: &str) -> PathBuf {
     let layout = scratch().join(format!("{name}-layout"));

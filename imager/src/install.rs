@@ -358,7 +358,8 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         }
         (None, None) => contract::partition::DEFAULT_DISK_SIZE,
     };
-    let layout = Layout::new(size, 512, &BTreeMap::new())?;
+    let layout = Layout::new(size, 512, &BTreeMap::new())
+        .map_err(|e| install_layout_error(e, &a.disk, is_block, a.size.is_some()))?;
     let esp = boot::esp_files(&systemd_boot_for(&p))?;
     // The entry as an upgrade writes it (title from the manifest's boot.title).
     let entry = p.payload.entry(Slot::A);
@@ -410,6 +411,37 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         slot: Slot::A.to_string(),
         key_id: sign::key_id(&key),
     })
+}
+
+/// Why the image does not fit on the install target, and what to do about
+/// it: a device cannot grow, an image file can (`--size`). The layout's own
+/// message says how much is needed.
+fn install_layout_error(
+    e: crate::disk::LayoutError,
+    disk: &Path,
+    is_block: bool,
+    size_given: bool,
+) -> anyhow::Error {
+    let shown = disk.display();
+    match &e {
+        crate::disk::LayoutError::TooSmall {
+            need_bytes: Some(need),
+            ..
+        } => {
+            let need_mib = need.div_ceil(1 << 20);
+            let todo = if is_block {
+                format!("install onto a disk of at least {need_mib} MiB")
+            } else if size_given {
+                format!("give --size {need_mib}MiB or more")
+            } else {
+                format!(
+                    "grow the image file to at least {need_mib} MiB, or give --size {need_mib}MiB"
+                )
+            };
+            anyhow::anyhow!("{shown}: {e}: {todo}; nothing was written")
+        }
+        _ => anyhow::anyhow!("{shown}: {e}; nothing was written"),
+    }
 }
 
 /// The boot loader to install: the one the payload's signed manifest lists,
