@@ -43,6 +43,16 @@ fn dev_pub() -> PathBuf {
     repo().join("out/keys/dev.pub")
 }
 
+/// Extracts the payload of `archive`, trusting the development key (what
+/// the installer does with the keys a disk trusts).
+fn extract(archive: &Path, dest: &Path) -> PathBuf {
+    let key = imager::sign::load_public_key(&dev_pub()).unwrap();
+    let verify = |m: &[u8], s: &[u8]| {
+        imager::sign::verify_manifest_bytes(m, s, &key, "manifest.json", "manifest.json.sig")
+    };
+    imager::oci::extract_payload(archive, dest, &verify).unwrap()
+}
+
 /// The archive unpacked into an OCI layout directory (umoci reads those).
 fn layout() -> &'static Path {
     static L: OnceLock<PathBuf> = OnceLock::new();
@@ -106,7 +116,8 @@ fn skopeo_reads_the_archive_its_platform_and_entrypoint() {
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["Architecture"], "amd64", "{v}");
         assert_eq!(v["Os"], "linux", "{v}");
-        assert_eq!(v["Layers"].as_array().unwrap().len(), 1, "{v}");
+        // The signed manifest, the payload, the installer (docs/design.md).
+        assert_eq!(v["Layers"].as_array().unwrap().len(), 3, "{v}");
         assert_eq!(v["Created"], "2023-11-14T22:13:20Z", "{v}");
         let out = ok(tool("skopeo").args(["inspect", "--config", &reference]));
         let c: Value = serde_json::from_str(&out).unwrap();
@@ -183,7 +194,7 @@ fn umoci_unpacks_a_static_installer_that_runs_and_a_payload_that_verifies() {
 fn extract_payload_gives_the_payload_bytes() {
     let dest = scratch().join("installer-extracted");
     let _ = std::fs::remove_dir_all(&dest);
-    let dir = imager::oci::extract_payload(&archive(), &dest).unwrap();
+    let dir = extract(&archive(), &dest);
     for name in ["vmlinuz", "initramfs.zst"] {
         assert_eq!(
             std::fs::read(dir.join(name)).unwrap(),
@@ -215,7 +226,7 @@ fn extract_payload_gives_the_payload_bytes() {
         .arg(format!("oci:{}:{TAG}", zstd.display())));
     for (i, copy) in [gzip, zstd].iter().enumerate() {
         let d = copies.join(format!("payload-{i}"));
-        let got = imager::oci::extract_payload(copy, &d).unwrap();
+        let got = extract(copy, &d);
         for name in [
             "vmlinuz",
             "initramfs.zst",
@@ -233,7 +244,7 @@ fn extract_payload_gives_the_payload_bytes() {
     // From the layout directory too, with the same bytes.
     let dest2 = scratch().join("installer-extracted-layout");
     let _ = std::fs::remove_dir_all(&dest2);
-    let dir2 = imager::oci::extract_payload(layout(), &dest2).unwrap();
+    let dir2 = extract(layout(), &dest2);
     for name in [
         "vmlinuz",
         "initramfs.zst",

@@ -79,9 +79,14 @@ pub struct VerifiedPayload {
     _work: Option<tempfile::TempDir>,
 }
 
-/// Finds the payload directory of `installer`: the directory itself, or an
-/// OCI archive extracted into a temporary directory.
-fn payload_dir(installer: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+/// Finds the payload directory of `installer`: the directory itself, or
+/// the payload of an OCI archive extracted into a temporary directory. An
+/// archive's signed manifest is verified against `trusted` before anything
+/// else is read from it (see [`oci::extract_payload`]).
+fn payload_dir(
+    installer: &Path,
+    trusted: &[VerifyingKey],
+) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
     if installer.is_dir() {
         return Ok((installer.to_path_buf(), None));
     }
@@ -93,7 +98,8 @@ fn payload_dir(installer: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>)>
         );
     }
     let work = tempfile::tempdir().context("creating a temporary directory")?;
-    let dir = oci::extract_payload(installer, work.path()).with_context(|| {
+    let verify = |manifest: &[u8], signature: &[u8]| verify_signed(manifest, signature, trusted);
+    let dir = oci::extract_payload(installer, work.path(), &verify).with_context(|| {
         format!(
             "reading {} as an installer image (an OCI archive such as installer.tar; or pass \
              a payload directory)",
@@ -103,13 +109,64 @@ fn payload_dir(installer: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>)>
     Ok((dir, Some(work)))
 }
 
+/// The payload manifest `bytes` with its `signature`, verified against the
+/// `trusted` keys: the manifest decoded from those bytes, or why none of the
+/// keys signed it.
+fn verify_signed(bytes: &[u8], signature: &[u8], trusted: &[VerifyingKey]) -> Result<Manifest> {
+    let name = format!(
+        "{}/{}",
+        paths::INSTALLER_PAYLOAD_DIR,
+        paths::PAYLOAD_MANIFEST
+    );
+    let sig_name = format!(
+        "{}/{}",
+        paths::INSTALLER_PAYLOAD_DIR,
+        paths::PAYLOAD_SIGNATURE
+    );
+    let mut errors = Vec::new();
+    for key in trusted {
+        match sign::verify_manifest_bytes(bytes, signature, key, &name, &sig_name) {
+            Ok(m) => return Ok(m),
+            Err(e) => errors.push(format!("{e:#}")),
+        }
+    }
+    Err(not_trusted(trusted, sign::claimed_key_id(bytes), &errors))
+}
+
+/// Why a payload manifest (which says it was signed by `claimed`) is not
+/// trusted: none of `trusted` verified it, for these `errors`.
+fn not_trusted(
+    trusted: &[VerifyingKey],
+    claimed: Option<String>,
+    errors: &[String],
+) -> anyhow::Error {
+    let ids: Vec<String> = trusted.iter().map(sign::key_id).collect();
+    let why = match claimed {
+        Some(k) if !ids.contains(&k) => format!(
+            "it says it is signed by {k}; build the installer with the key the disk \
+             trusts (imager build --key), or install the disk afresh with \
+             `imager install --key` for the new key"
+        ),
+        _ => format!(
+            "its signature does not verify: the payload was modified or damaged ({})",
+            errors.join("; ")
+        ),
+    };
+    anyhow::anyhow!(
+        "the installer's payload is not signed by a key this disk trusts ({}): {why}; \
+         nothing was written",
+        ids.join(", ")
+    )
+}
+
 /// Loads the payload of `installer` and verifies it against `trusted`:
-/// the manifest's signature, then every file's size and digest.
+/// the manifest's signature, then every file's size and digest. From an
+/// archive, the signature is checked before the payload is unpacked.
 pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<VerifiedPayload> {
-    let (dir, work) = payload_dir(installer)?;
     if trusted.is_empty() {
         bail!("no trusted key to verify the installer's payload against");
     }
+    let (dir, work) = payload_dir(installer, trusted)?;
     let mut errors = Vec::new();
     let mut verified = None;
     for key in trusted {
@@ -125,28 +182,16 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
         }
     }
     let Some((key, manifest)) = verified else {
-        let ids: Vec<String> = trusted.iter().map(sign::key_id).collect();
         // Only to explain: the manifest is not trusted here.
-        let claimed = std::fs::read(dir.join(sign::MANIFEST_NAME))
+        let claimed = File::open(dir.join(sign::MANIFEST_NAME))
+            .and_then(|f| {
+                let mut b = Vec::new();
+                std::io::Read::read_to_end(&mut std::io::Read::take(f, oci::MAX_SMALL), &mut b)
+                    .map(|_| b)
+            })
             .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .and_then(|v| v.get("key_id")?.as_str().map(str::to_string));
-        let why = match claimed {
-            Some(k) if !ids.contains(&k) => format!(
-                "it says it is signed by {k}; build the installer with the key the disk \
-                 trusts (imager build --key), or install the disk afresh with \
-                 `imager install --key` for the new key"
-            ),
-            _ => format!(
-                "its signature does not verify: the payload was modified or damaged ({})",
-                errors.join("; ")
-            ),
-        };
-        bail!(
-            "the installer's payload is not signed by a key this disk trusts ({}): {why}; \
-             nothing was written",
-            ids.join(", ")
-        );
+            .and_then(|b| sign::claimed_key_id(&b));
+        return Err(not_trusted(trusted, claimed, &errors));
     };
     // The version goes into a boot entry line and META's records.
     if manifest.version.is_empty()

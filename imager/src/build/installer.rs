@@ -30,10 +30,12 @@ fn link_or_copy(src: &Path, dest: &Path) -> Result<()> {
 }
 
 /// Writes the installer image `out/installer.tar`: the payload (kernel,
-/// initramfs and a manifest listing exactly those two, signed by `signer`)
+/// initramfs, boot loader and a manifest listing them, signed by `signer`)
 /// under [`paths::INSTALLER_PAYLOAD_DIR`], the static installer `binary` as
 /// [`paths::INSTALLER_BINARY`] with [`paths::INSTALLER_LINK`] pointing to
-/// it, the link as entrypoint, the version as tag. The payload is staged in
+/// it, the link as entrypoint, the version as tag. Three layers: the signed
+/// manifest and its signature ([`oci::MANIFEST_LAYER`]), the files it lists
+/// ([`oci::PAYLOAD_LAYER`]), the installer. The payload is staged in
 /// a temporary directory of `out` that a later build sweeps if this one is
 /// killed.
 pub fn write_installer(
@@ -68,7 +70,24 @@ pub fn write_installer(
     };
     sign::write_signed_manifest(dir, &manifest, signer)
         .context("signing the installer's payload manifest")?;
-    let mut entries = vec![
+    // The layers, in the order the reader expects (docs/design.md, "The
+    // installer image"): the signed manifest alone, then the payload it
+    // lists, then the installer.
+    let in_payload = |name: &str| oci::Entry::File {
+        path: format!("{}/{name}", paths::INSTALLER_PAYLOAD_DIR),
+        source: dir.join(name),
+        mode: 0o644,
+    };
+    let signed = vec![
+        in_payload(paths::PAYLOAD_MANIFEST),
+        in_payload(paths::PAYLOAD_SIGNATURE),
+    ];
+    let listed = manifest
+        .artifacts
+        .iter()
+        .map(|a| in_payload(&a.path))
+        .collect();
+    let installer = vec![
         oci::Entry::File {
             path: paths::INSTALLER_BINARY.to_string(),
             source: binary.to_path_buf(),
@@ -79,18 +98,12 @@ pub fn write_installer(
             target: relative_link(paths::INSTALLER_LINK, paths::INSTALLER_BINARY),
         },
     ];
-    for name in paths::PAYLOAD_FILES
-        .into_iter()
-        .chain([paths::PAYLOAD_BOOT_LOADER])
-    {
-        entries.push(oci::Entry::File {
-            path: format!("{}/{name}", paths::INSTALLER_PAYLOAD_DIR),
-            source: dir.join(name),
-            mode: 0o644,
-        });
-    }
+    let mut layers = vec![Vec::new(); 3];
+    layers[oci::MANIFEST_LAYER] = signed;
+    layers[oci::PAYLOAD_LAYER] = listed;
+    layers[2] = installer;
     let spec = oci::ImageSpec {
-        entries,
+        layers,
         entrypoint: vec![format!("/{}", paths::INSTALLER_LINK)],
         tag: p.version.clone(),
         epoch: payload.epoch,
