@@ -124,8 +124,12 @@ fn extract_from(
     verify: Verifier,
     work: &Work,
 ) -> Result<PathBuf> {
-    let index: Index =
-        serde_json::from_slice(index).context("index.json is not a valid OCI image index")?;
+    let index: Index = serde_json::from_slice(index).map_err(|e| {
+        anyhow!(
+            "index.json is not a valid OCI image index: {}",
+            json_error(&e)
+        )
+    })?;
     if index.schema_version != 2 {
         bail!(
             "index.json has schemaVersion {}: only 2 is supported",
@@ -159,6 +163,8 @@ fn extract_from(
             }
         }
     };
+    // Digests are printed in messages: only once they are known to be digests.
+    digest_hex(&image.digest)?;
     let manifest: ImageManifest = store.read_json(image, "image manifest")?;
     if manifest.schema_version != 2 {
         bail!(
@@ -182,6 +188,9 @@ fn extract_from(
              installer image, or one made by an older imager (rebuild it with `imager build \
              --profile installer`)"
         );
+    }
+    for d in manifest.layers.iter().chain([&manifest.config]) {
+        digest_hex(&d.digest)?;
     }
     let config: ImageConfig = store.read_json(&manifest.config, "image config")?;
     if config.rootfs.diff_ids.len() != n {
@@ -254,9 +263,10 @@ fn read_signed(store: &Store, layer: &Descriptor, diff_id: &str, work: &Work) ->
     let mut signature = None;
     with_layer(store, layer, diff_id, MAX_SMALL, &over, work, |r| {
         let mut ar = tar::Archive::new(r);
-        for e in ar.entries().context("reading the layer as a tar archive")? {
-            let mut e = e.context("reading the layer as a tar archive")?;
-            let Some((path, name)) = payload_entry(&e)? else {
+        let entries = ar.entries().map_err(|e| tar_error(e, "the layer"))?;
+        for (i, e) in entries.enumerate() {
+            let mut e = e.map_err(|e| tar_error(e, "the layer"))?;
+            let Some((path, name)) = payload_entry(&e, i)? else {
                 continue;
             };
             let slot = match name.as_str() {
@@ -271,7 +281,7 @@ fn read_signed(store: &Store, layer: &Descriptor, diff_id: &str, work: &Work) ->
             let mut bytes = Vec::new();
             // Bounded by the layer's cap.
             e.read_to_end(&mut bytes)
-                .with_context(|| format!("reading {path}"))?;
+                .map_err(|e| tar_error(e, "the layer"))?;
             *slot = Some(bytes);
         }
         Ok(())
@@ -367,9 +377,10 @@ fn extract_listed(
     let mut found = BTreeMap::new();
     with_layer(store, layer, diff_id, cap, &over, work, |r| {
         let mut ar = tar::Archive::new(r);
-        for e in ar.entries().context("reading the layer as a tar archive")? {
-            let mut e = e.context("reading the layer as a tar archive")?;
-            let Some((path, name)) = payload_entry(&e)? else {
+        let entries = ar.entries().map_err(|e| tar_error(e, "the layer"))?;
+        for (i, e) in entries.enumerate() {
+            let mut e = e.map_err(|e| tar_error(e, "the layer"))?;
+            let Some((path, name)) = payload_entry(&e, i)? else {
                 continue;
             };
             // Only the files the manifest lists; anything else is skipped.
@@ -391,7 +402,9 @@ fn extract_listed(
             let to = staging.join(&name);
             let mut f = File::create(&to).with_context(|| format!("creating {}", to.display()))?;
             let mut r = HashingReader::new((&mut e).take(want.size));
-            io::copy(&mut r, &mut f).with_context(|| format!("extracting {path}"))?;
+            io::copy(&mut r, &mut f)
+                .map_err(|e| tar_error(e, "the layer"))
+                .with_context(|| format!("extracting {path}"))?;
             let (hex, read) = r.finish();
             if read != want.size || hex != want.sha256 {
                 bail!(
@@ -425,13 +438,13 @@ fn extract_listed(
 /// The path of a layer entry and, when it is directly in the payload
 /// directory, its name there. Refuses absolute paths, `..` and links on the
 /// way to the payload directory.
-fn payload_entry<R: Read>(e: &tar::Entry<R>) -> Result<Option<(String, String)>> {
+fn payload_entry<R: Read>(e: &tar::Entry<R>, i: usize) -> Result<Option<(String, String)>> {
     let raw = e.path_bytes();
     let Ok(raw) = std::str::from_utf8(&raw) else {
         return Ok(None);
     };
     let path = normalize(raw)
-        .map_err(|why| anyhow!("layer entry {why}: refusing the image"))?
+        .map_err(|why| anyhow!("entry {i} of the layer {why}: refusing the image"))?
         .to_string();
     let is_link = matches!(
         e.header().entry_type(),
@@ -582,7 +595,7 @@ impl Store {
         let mut layout = None;
         let entries = ar
             .entries_with_seek()
-            .with_context(|| format!("reading {what} as a tar archive"))?;
+            .map_err(|e| tar_error(e, &what.to_string()))?;
         for (i, e) in entries.enumerate() {
             if i >= MAX_ARCHIVE_ENTRIES {
                 bail!(
@@ -590,15 +603,15 @@ impl Store {
                      (one made by `imager build` has a dozen)"
                 );
             }
-            let mut e = e.with_context(|| {
-                format!("reading {what} as a tar archive: is it an OCI archive (oci-archive)?")
-            })?;
+            let mut e = e
+                .map_err(|e| tar_error(e, &what.to_string()))
+                .context("is it an OCI archive (oci-archive) such as installer.tar?")?;
             let raw = e.path_bytes().into_owned();
             let Ok(name) = std::str::from_utf8(&raw) else {
                 continue;
             };
             let name = normalize(name)
-                .map_err(|e| anyhow!("{what}: archive entry {e}: refusing the archive"))?
+                .map_err(|why| anyhow!("{what}: entry {i} of the archive {why}: refusing it"))?
                 .to_string();
             let regular = matches!(
                 e.header().entry_type(),
@@ -612,7 +625,8 @@ impl Store {
                 "oci-layout" => layout = Some(read_limited(&mut e, "oci-layout")?),
                 _ => {
                     if let Some(hex) = name.strip_prefix("blobs/sha256/") {
-                        if hex.is_empty() {
+                        // What no digest names is never read.
+                        if digest_hex(&format!("sha256:{hex}")).is_err() {
                             continue;
                         }
                         if !regular {
@@ -700,8 +714,13 @@ impl Store {
         let mut r = HashingReader::new(self.open(d)?);
         let bytes = read_limited(&mut r, what)?;
         check_digest(d, r.finish())?;
-        serde_json::from_slice(&bytes)
-            .with_context(|| format!("the {what} {} is not a valid OCI {what}", d.digest))
+        serde_json::from_slice(&bytes).map_err(|e| {
+            anyhow!(
+                "the {what} {} is not a valid OCI {what}: {}",
+                d.digest,
+                json_error(&e)
+            )
+        })
     }
 }
 
@@ -709,13 +728,19 @@ fn check_layout(layout: Option<&[u8]>, at: &Path) -> Result<()> {
     let Some(bytes) = layout else {
         bail!("not an OCI image layout: no oci-layout in {}", at.display());
     };
-    let v: serde_json::Value = serde_json::from_slice(bytes)
-        .with_context(|| format!("oci-layout in {} is not JSON", at.display()))?;
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        anyhow!(
+            "oci-layout in {} is not JSON: {}",
+            at.display(),
+            json_error(&e)
+        )
+    })?;
     match v["imageLayoutVersion"].as_str() {
         Some(s) if s.starts_with("1.") => Ok(()),
         other => bail!(
-            "oci-layout in {}: imageLayoutVersion {other:?} is not supported (1.x)",
-            at.display()
+            "oci-layout in {}: imageLayoutVersion {:?} is not supported (1.x)",
+            at.display(),
+            other.map(|o| sanitize(o.as_bytes()))
         ),
     }
 }
@@ -742,26 +767,34 @@ fn check_digest(d: &Descriptor, (hex, size): (String, u64)) -> Result<()> {
 /// file, so a digest can never be a path of its own).
 fn digest_hex(digest: &str) -> Result<&str> {
     let hex = digest.strip_prefix("sha256:").with_context(|| {
-        format!("digest {digest:?} is not a sha256 digest (the only algorithm supported)")
+        format!(
+            "digest {:?} is not a sha256 digest (the only algorithm supported)",
+            sanitize(digest.as_bytes())
+        )
     })?;
     if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-        bail!("digest {digest:?} is not sha256: and 64 lowercase hex digits");
+        bail!(
+            "digest {:?} is not sha256: and 64 lowercase hex digits",
+            sanitize(digest.as_bytes())
+        );
     }
     Ok(hex)
 }
 
-/// `./a/b/` → `a/b`; refuses absolute paths and `..`.
+/// `./a/b/` → `a/b`; refuses absolute paths and `..` (and says which
+/// without quoting the path).
 fn normalize(path: &str) -> Result<&str, String> {
     let mut p = path;
     while let Some(rest) = p.strip_prefix("./") {
         p = rest;
     }
     let p = p.trim_end_matches('/');
+    // The path itself is not told: it is bytes of the input.
     if p.starts_with('/') {
-        return Err(format!("{path:?} is an absolute path"));
+        return Err("is an absolute path".into());
     }
     if p.split('/').any(|c| c == "..") {
-        return Err(format!("{path:?} contains `..`"));
+        return Err("has a path that contains `..`".into());
     }
     Ok(p)
 }
@@ -839,7 +872,87 @@ impl<R: Read> Read for Capped<'_, R> {
         self.left = self
             .left
             .checked_sub(n as u64)
-            .ok_or_else(|| io::Error::other((self.over)()))?;
+            .ok_or_else(|| io::Error::other(CapExceeded((self.over)())))?;
         Ok(n)
     }
+}
+
+/// The error of a [`Capped`] reader, told apart from the tar crate's.
+#[derive(Debug)]
+struct CapExceeded(String);
+
+impl std::fmt::Display for CapExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CapExceeded {}
+
+/// The [`CapExceeded`] message in `e` or its sources.
+fn find_cap(e: &io::Error) -> Option<String> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = match e.get_ref() {
+        Some(inner) => Some(inner),
+        None => None,
+    };
+    while let Some(err) = cur {
+        if let Some(cap) = err.downcast_ref::<CapExceeded>() {
+            return Some(cap.0.clone());
+        }
+        if let Some(found) = err.downcast_ref::<io::Error>().and_then(find_cap) {
+            return Some(found);
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// An error reading `what` as a tar archive, told without the tar crate's
+/// own message, which quotes header fields: given a file that is not a tar
+/// at all (a private key, say), it would print its first hundred bytes.
+/// Our caps and the system's errors are told as they are.
+fn tar_error(e: io::Error, what: &str) -> anyhow::Error {
+    if let Some(cap) = find_cap(&e) {
+        return anyhow!("{cap}");
+    }
+    if e.raw_os_error().is_some() {
+        return anyhow::Error::new(e).context(format!("reading {what}"));
+    }
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof => {
+            anyhow!("{what} ends in the middle of an entry: it is truncated")
+        }
+        _ => anyhow!(
+            "{what} is not a tar archive, or a damaged one (a header does not parse, or the \
+             compression is damaged)"
+        ),
+    }
+}
+
+/// A JSON error without the input's bytes: serde quotes the strings it did
+/// not expect (in double quotes; backticks quote the schema's field names);
+/// those are elided.
+fn json_error(e: &serde_json::Error) -> String {
+    let mut out = String::new();
+    let mut quoted = None;
+    for c in e.to_string().chars() {
+        match quoted {
+            Some(q) if c == q => {
+                out.push('…');
+                out.push(c);
+                quoted = None;
+            }
+            Some(_) => {}
+            None => {
+                out.push(c);
+                if c == '"' {
+                    quoted = Some(c);
+                }
+            }
+        }
+    }
+    if quoted.is_some() {
+        out.push('…');
+    }
+    out
 }

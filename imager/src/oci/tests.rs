@@ -472,6 +472,62 @@ fn missing_and_foreign_inputs_are_named() {
     assert_empty(&dest, "no kernel");
 }
 
+#[test]
+fn a_private_key_given_as_the_archive_is_never_quoted() {
+    use ed25519_dalek::pkcs8::EncodePrivateKey;
+    use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
+    let t = tempfile::tempdir().unwrap();
+    let dest = t.path().join("dest");
+    let pem = key(9).0.to_pkcs8_pem(LineEnding::LF).unwrap();
+    let body: Vec<&str> = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    assert!(!body.is_empty());
+    let leaks = |e: &str| e.contains("PRIVATE") || body.iter().any(|l| e.contains(&l[..16]));
+
+    // The key file itself (the tar crate would quote its first 100 bytes).
+    let k = t.path().join("key.pem");
+    std::fs::write(&k, pem.as_bytes()).unwrap();
+    let e = format!("{:#}", extract(&k, &dest).unwrap_err());
+    assert!(!leaks(&e), "{e}");
+    assert!(e.contains("is not a tar archive, or a damaged one"), "{e}");
+
+    // The key as a JSON string where a number belongs (serde quotes it).
+    let img = t.path().join("key-in-index.tar");
+    {
+        let index = serde_json::to_vec(&json!({ "schemaVersion": pem.as_str() })).unwrap();
+        let mut b = tar::Builder::new(File::create(&img).unwrap());
+        for (path, bytes) in [
+            ("index.json", index.as_slice()),
+            (
+                "oci-layout",
+                br#"{"imageLayoutVersion":"1.0.0"}"#.as_slice(),
+            ),
+        ] {
+            let mut h = header(tar::EntryType::Regular, 0o644, bytes.len() as u64, EPOCH);
+            b.append_data(&mut h, path, bytes).unwrap();
+        }
+        b.finish().unwrap();
+    }
+    let e = format!("{:#}", extract(&img, &dest).unwrap_err());
+    assert!(!leaks(&e), "{e}");
+    assert!(
+        e.contains("index.json is not a valid OCI image index: invalid type: string \"…\""),
+        "{e}"
+    );
+
+    // The key as a layer entry's name, with `..` in it.
+    let t2 = tempfile::tempdir().unwrap();
+    let name = format!("../{}", &body[0][..60]);
+    let img = image_with_payload_layer(t2.path(), |b| {
+        raw_entry(b, tar::EntryType::Regular, &name, "", b"x");
+    });
+    let e = format!("{:#}", extract(&img, &dest).unwrap_err());
+    assert!(
+        e.contains("entry 0 of the layer has a path that contains `..`"),
+        "{e}"
+    );
+    assert!(!e.contains(&body[0][..60]), "{e}");
+}
+
 /// A layer blob: media type, bytes (as stored) and diff_id.
 #[derive(Clone)]
 struct Blob {
@@ -725,7 +781,7 @@ fn unsafe_layer_entries_are_refused() {
                 payload_files(d, &LISTED)(b);
                 raw_entry(b, tar::EntryType::Regular, "usr/../../evil", "", b"x");
             }),
-            "contains `..`",
+            "has a path that contains `..`",
         ),
         (
             "absolute",
