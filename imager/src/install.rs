@@ -470,3 +470,100 @@ fn systemd_boot_for(p: &VerifiedPayload) -> PathBuf {
         None => PathBuf::from(boot::DEFAULT_SYSTEMD_BOOT),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    // Tests panic on unexpected failures: that is how a test fails.
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    struct TestKey(ed25519_dalek::SigningKey);
+
+    impl sign::Signer for TestKey {
+        fn public_key(&self) -> VerifyingKey {
+            self.0.verifying_key()
+        }
+        fn sign(&self, message: &[u8]) -> Result<sign::Signature> {
+            Ok(ed25519_dalek::Signer::sign(&self.0, message))
+        }
+    }
+
+    /// An installer image, laid out as a build lays it out, of a small
+    /// payload signed by `signer`, in `dir`.
+    fn installer_in(dir: &Path, signer: &TestKey) -> PathBuf {
+        let payload = dir.join("payload");
+        std::fs::create_dir_all(&payload).unwrap();
+        let mut artifacts = Vec::new();
+        for (name, kind) in [
+            (paths::PAYLOAD_KERNEL, Kind::Kernel),
+            (paths::PAYLOAD_INITRAMFS, Kind::Initramfs),
+        ] {
+            std::fs::write(payload.join(name), format!("the {name}")).unwrap();
+            artifacts.push(sign::describe(&payload, kind, name).unwrap());
+        }
+        let m = Manifest {
+            boot: Some(sign::Boot {
+                title: "Imager 0.1.0".into(),
+                cmdline: "console=ttyS0".into(),
+            }),
+            ..Manifest::new("metal", "0.1.0", "p", 1_700_000_000, artifacts)
+        };
+        sign::write_signed_manifest(&payload, &m, signer).unwrap();
+        std::fs::write(dir.join("imager"), b"\x7fELF not really").unwrap();
+        let spec = crate::build::installer_spec(
+            &payload,
+            &[paths::PAYLOAD_KERNEL, paths::PAYLOAD_INITRAMFS],
+            &dir.join("imager"),
+            "0.1.0",
+            1_700_000_000,
+        );
+        let tar = dir.join("installer.tar");
+        oci::write_image(&tar, &spec).unwrap();
+        tar
+    }
+
+    #[test]
+    fn an_installer_image_is_verified_before_it_is_unpacked() {
+        let t = tempfile::tempdir().unwrap();
+        let (signer, other) = (
+            TestKey(ed25519_dalek::SigningKey::from_bytes(&[1; 32])),
+            TestKey(ed25519_dalek::SigningKey::from_bytes(&[2; 32])),
+        );
+        let (key, other) = (
+            sign::Signer::public_key(&signer),
+            sign::Signer::public_key(&other),
+        );
+        let tar = installer_in(t.path(), &signer);
+
+        // Not a key the disk trusts: refused before the payload is unpacked.
+        let e = format!("{:#}", load_payload(&tar, &[other]).unwrap_err());
+        assert!(
+            e.contains("refusing the installer image before unpacking its payload")
+                && e.contains(&format!(
+                    "not signed by a key this disk trusts ({})",
+                    sign::key_id(&other)
+                ))
+                && e.contains(&format!("it says it is signed by {}", sign::key_id(&key)))
+                && e.contains("nothing was written"),
+            "{e}"
+        );
+
+        // One of the keys is the right one: the payload, verified.
+        let p = load_payload(&tar, &[other, key]).unwrap();
+        assert_eq!(p.key, key);
+        assert_eq!(p.manifest.version, "0.1.0");
+        assert_eq!(
+            std::fs::read(&p.payload.kernel.path).unwrap(),
+            b"the vmlinuz"
+        );
+        assert_eq!(
+            std::fs::read(&p.payload.initramfs.path).unwrap(),
+            b"the initramfs.zst"
+        );
+
+        // No key at all: refused before the archive is opened.
+        let e = format!("{:#}", load_payload(&tar, &[]).unwrap_err());
+        assert!(e.contains("no trusted key"), "{e}");
+    }
+}

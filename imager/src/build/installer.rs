@@ -70,9 +70,26 @@ pub fn write_installer(
     };
     sign::write_signed_manifest(dir, &manifest, signer)
         .context("signing the installer's payload manifest")?;
-    // The layers, in the order the reader expects (docs/design.md, "The
-    // installer image"): the signed manifest alone, then the payload it
-    // lists, then the installer.
+    let listed: Vec<&str> = manifest.artifacts.iter().map(|a| a.path.as_str()).collect();
+    let spec = installer_spec(dir, &listed, binary, &p.version, payload.epoch);
+    let dest = out.join(names::INSTALLER);
+    oci::write_image(&dest, &spec).with_context(|| format!("writing {}", dest.display()))?;
+    Ok(dest)
+}
+
+/// The image of an installer: the signed payload in `dir` (its manifest and
+/// signature, and the files `listed` in the manifest) and the installer
+/// `binary`, tagged `tag`. Three layers, in the order the reader expects
+/// (docs/design.md, "The installer image"): the signed manifest alone
+/// ([`oci::MANIFEST_LAYER`]), the files it lists ([`oci::PAYLOAD_LAYER`]),
+/// the installer.
+pub fn installer_spec(
+    dir: &Path,
+    listed: &[&str],
+    binary: &Path,
+    tag: &str,
+    epoch: u64,
+) -> oci::ImageSpec {
     let in_payload = |name: &str| oci::Entry::File {
         path: format!("{}/{name}", paths::INSTALLER_PAYLOAD_DIR),
         source: dir.join(name),
@@ -82,11 +99,7 @@ pub fn write_installer(
         in_payload(paths::PAYLOAD_MANIFEST),
         in_payload(paths::PAYLOAD_SIGNATURE),
     ];
-    let listed = manifest
-        .artifacts
-        .iter()
-        .map(|a| in_payload(&a.path))
-        .collect();
+    let payload = listed.iter().map(|name| in_payload(name)).collect();
     let installer = vec![
         oci::Entry::File {
             path: paths::INSTALLER_BINARY.to_string(),
@@ -100,17 +113,14 @@ pub fn write_installer(
     ];
     let mut layers = vec![Vec::new(); 3];
     layers[oci::MANIFEST_LAYER] = signed;
-    layers[oci::PAYLOAD_LAYER] = listed;
+    layers[oci::PAYLOAD_LAYER] = payload;
     layers[2] = installer;
-    let spec = oci::ImageSpec {
+    oci::ImageSpec {
         layers,
         entrypoint: vec![format!("/{}", paths::INSTALLER_LINK)],
-        tag: p.version.clone(),
-        epoch: payload.epoch,
-    };
-    let dest = out.join(names::INSTALLER);
-    oci::write_image(&dest, &spec).with_context(|| format!("writing {}", dest.display()))?;
-    Ok(dest)
+        tag: tag.to_string(),
+        epoch,
+    }
 }
 
 /// The target of a symbolic link at `link` to `target` (both relative to the

@@ -98,41 +98,12 @@ fn payload_in(dir: &Path) -> PathBuf {
 /// The sum of the sizes [`payload_in`] signs.
 const DECLARED: u64 = 5000 + 5077 + 3000;
 
-fn in_payload(payload: &Path, name: &str) -> Entry {
-    Entry::File {
-        path: format!("{INSTALLER_PAYLOAD_DIR}/{name}"),
-        source: payload.join(name),
-        mode: 0o644,
-    }
-}
-
 /// The layers of an installer image, as `build::installer` makes them: the
 /// signed manifest, the payload, the installer binary.
 fn layers_in(dir: &Path) -> Vec<Vec<Entry>> {
     let payload = payload_in(dir);
     std::fs::write(dir.join("imager"), b"\x7fELF not really").unwrap();
-    vec![
-        vec![
-            in_payload(&payload, PAYLOAD_MANIFEST),
-            in_payload(&payload, PAYLOAD_SIGNATURE),
-        ],
-        vec![
-            in_payload(&payload, PAYLOAD_KERNEL),
-            in_payload(&payload, PAYLOAD_INITRAMFS),
-            in_payload(&payload, PAYLOAD_BOOT_LOADER),
-        ],
-        vec![
-            Entry::File {
-                path: "usr/bin/imager".into(),
-                source: dir.join("imager"),
-                mode: 0o755,
-            },
-            Entry::Symlink {
-                path: "usr/bin/installer".into(),
-                target: "imager".into(),
-            },
-        ],
-    ]
+    crate::build::installer_spec(&payload, &LISTED, &dir.join("imager"), "0.1.0", EPOCH).layers
 }
 
 fn spec_in(dir: &Path) -> ImageSpec {
