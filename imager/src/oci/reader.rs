@@ -102,12 +102,11 @@ pub(super) fn extract_counted(
                 missing.join(", ")
             );
         }
-        let layout = File::open(archive.join("oci-layout"))
+        let layout = open_regular(&archive.join("oci-layout"))
             .ok()
             .and_then(|f| read_limited(f, "oci-layout").ok());
         check_layout(layout.as_deref(), archive)?;
-        let f =
-            File::open(&index_path).with_context(|| format!("opening {}", index_path.display()))?;
+        let f = open_regular(&index_path)?;
         let index = read_limited(f, "index.json")?;
         (Store::Dir(archive.to_path_buf()), index)
     } else {
@@ -588,7 +587,7 @@ impl Store {
     /// each blob's bytes are.
     fn open_archive(path: &Path) -> Result<(Store, Vec<u8>)> {
         let what = path.display();
-        let f = File::open(path).with_context(|| format!("opening {what}"))?;
+        let f = open_regular(path)?;
         let mut ar = tar::Archive::new(BufReader::with_capacity(1 << 20, f));
         let mut blobs = BTreeMap::new();
         let mut index = None;
@@ -663,9 +662,9 @@ impl Store {
         let (file, offset, size) = match self {
             Store::Dir(root) => {
                 let p = root.join("blobs/sha256").join(hex);
-                let f = File::open(&p).map_err(|e| {
+                let f = open_regular(&p).map_err(|e| {
                     anyhow!(
-                        "blob {} is missing from {} ({e}): the image is incomplete",
+                        "blob {} is missing from {} ({e:#}): the image is incomplete",
                         d.digest,
                         root.display()
                     )
@@ -684,7 +683,7 @@ impl Store {
                         path.display()
                     )
                 })?;
-                let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+                let f = open_regular(path)?;
                 (f, offset, size)
             }
         };
@@ -722,6 +721,28 @@ impl Store {
             )
         })
     }
+}
+
+/// Opens `path` for reading if it is a regular file: without blocking on a
+/// FIFO (or a device) put where a file belongs.
+fn open_regular(path: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let meta = f
+        .metadata()
+        .with_context(|| format!("reading {}", path.display()))?;
+    if !meta.is_file() {
+        bail!(
+            "{} is not a regular file: give an installer image (an OCI archive such as \
+             installer.tar) or a directory",
+            path.display()
+        );
+    }
+    Ok(f)
 }
 
 fn check_layout(layout: Option<&[u8]>, at: &Path) -> Result<()> {

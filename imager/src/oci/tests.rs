@@ -396,6 +396,32 @@ fn missing_and_foreign_inputs_are_named() {
     );
     assert!(e.contains("nope.tar"), "{e}");
 
+    // A FIFO (open() would wait for a writer for ever), as the archive and
+    // as a blob of a layout directory.
+    let fifo = t.path().join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let e = format!("{:#}", extract(&fifo, &dest).unwrap_err());
+    assert!(e.contains("fifo is not a regular file"), "{e}");
+    let a = write_image(&t.path().join("a.tar"), &spec_in(t.path())).unwrap();
+    let layout = t.path().join("layout");
+    tar::Archive::new(File::open(&a.path).unwrap())
+        .unpack(&layout)
+        .unwrap();
+    let blob = layout
+        .join("blobs/sha256")
+        .join(a.layers[MANIFEST_LAYER].0.trim_start_matches("sha256:"));
+    std::fs::remove_file(&blob).unwrap();
+    std::fs::rename(&fifo, &blob).unwrap();
+    let e = format!("{:#}", extract(&layout, &dest).unwrap_err());
+    assert!(
+        e.contains("is not a regular file") && e.contains("the image is incomplete"),
+        "{e}"
+    );
+
     // An image whose first layer lacks the signature.
     let mut spec = spec_in(t.path());
     spec.layers[MANIFEST_LAYER].retain(|e| !e.path().ends_with("manifest.json.sig"));
