@@ -317,33 +317,24 @@ fn round_trip_gives_the_payload_back_and_is_reproducible() {
 }
 
 #[test]
-fn a_flipped_byte_in_any_blob_read_is_refused_and_nothing_is_extracted() {
+fn a_flipped_byte_in_any_blob_is_refused_and_nothing_is_extracted() {
     let t = tempfile::tempdir().unwrap();
     let spec = spec_in(t.path());
     let good = t.path().join("good.tar");
-    let info = write_image(&good, &spec).unwrap();
+    write_image(&good, &spec).unwrap();
     let blobs: Vec<(String, (u64, u64))> = members(&good)
         .into_iter()
         .filter(|(p, _)| p.starts_with("blobs/sha256/"))
         .collect();
     assert_eq!(blobs.len(), 5);
-    let installer_layer = format!(
-        "blobs/sha256/{}",
-        info.layers[2].0.trim_start_matches("sha256:")
-    );
     for (path, (at, size)) in blobs {
         let bad = t.path().join("bad.tar");
         std::fs::copy(&good, &bad).unwrap();
         flip(&bad, at + size / 2);
         let dest = t.path().join("dest");
         let _ = std::fs::remove_dir_all(&dest);
-        let got = extract(&bad, &dest);
-        if path == installer_layer {
-            // Never read: the payload comes out whole all the same.
-            got.unwrap();
-            continue;
-        }
-        let e = format!("{:#}", got.unwrap_err());
+        // The installer's layer too, which is not unpacked but hashed.
+        let e = format!("{:#}", extract(&bad, &dest).unwrap_err());
         let digest = format!("sha256:{}", path.trim_start_matches("blobs/sha256/"));
         assert!(
             e.contains(&format!("blob {digest} does not match its digest"))
