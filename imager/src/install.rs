@@ -182,15 +182,23 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
         }
     }
     let Some((key, manifest)) = verified else {
-        // Only to explain: the manifest is not trusted here.
-        let claimed = File::open(dir.join(sign::MANIFEST_NAME))
-            .and_then(|f| {
-                let mut b = Vec::new();
-                std::io::Read::read_to_end(&mut std::io::Read::take(f, oci::MAX_SMALL), &mut b)
-                    .map(|_| b)
-            })
-            .ok()
-            .and_then(|b| sign::claimed_key_id(&b));
+        // Only to explain: the manifest is not trusted here (and may be a
+        // FIFO, which a plain open() would wait on for ever).
+        let claimed = {
+            use std::io::Read;
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(dir.join(sign::MANIFEST_NAME))
+                .ok()
+                .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
+                .and_then(|f| {
+                    let mut b = Vec::new();
+                    f.take(oci::MAX_SMALL).read_to_end(&mut b).ok().map(|_| b)
+                })
+                .and_then(|b| sign::claimed_key_id(&b))
+        };
         return Err(not_trusted(trusted, claimed, &errors));
     };
     // The version goes into a boot entry line and META's records.
@@ -561,6 +569,24 @@ mod tests {
             std::fs::read(&p.payload.initramfs.path).unwrap(),
             b"the initramfs.zst"
         );
+
+        // A payload directory whose manifest is a FIFO: refused, not waited on.
+        let dir = t.path().join("fifo-payload");
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in [
+            paths::PAYLOAD_KERNEL,
+            paths::PAYLOAD_INITRAMFS,
+            paths::PAYLOAD_SIGNATURE,
+        ] {
+            std::fs::write(dir.join(name), b"x").unwrap();
+        }
+        let made = std::process::Command::new("mkfifo")
+            .arg(dir.join(paths::PAYLOAD_MANIFEST))
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let e = format!("{:#}", load_payload(&dir, &[key]).unwrap_err());
+        assert!(e.contains("is not a manifest file"), "{e}");
 
         // No key at all: refused before the archive is opened.
         let e = format!("{:#}", load_payload(&tar, &[]).unwrap_err());
