@@ -386,7 +386,7 @@ fn extract_listed(
             layer.size
         );
     }
-    let mut found = BTreeMap::new();
+    let mut found = std::collections::BTreeSet::new();
     with_layer(store, layer, diff_id, cap, &over, work, |r| {
         let mut ar = tar::Archive::new(r);
         let entries = ar.entries().map_err(|e| tar_error(e, "the layer"))?;
@@ -400,7 +400,7 @@ fn extract_listed(
                 continue;
             };
             check_regular(&e, &path)?;
-            if found.insert(name.clone(), ()).is_some() {
+            if !found.insert(name.clone()) {
                 bail!("the payload layer holds {path} twice: refusing the image");
             }
             let size = e.size();
@@ -434,7 +434,7 @@ fn extract_listed(
     .with_context(|| format!("reading the payload layer ({})", layer.digest))?;
     let missing: Vec<String> = listed
         .keys()
-        .filter(|n| !found.contains_key(*n))
+        .filter(|n| !found.contains(*n))
         .map(|n| format!("{INSTALLER_PAYLOAD_DIR}/{n}"))
         .collect();
     if !missing.is_empty() {
