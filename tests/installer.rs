@@ -43,6 +43,16 @@ fn dev_pub() -> PathBuf {
     repo().join("out/keys/dev.pub")
 }
 
+/// Extracts the payload of `archive`, trusting the development key (what
+/// the installer does with the keys a disk trusts).
+fn extract(archive: &Path, dest: &Path) -> PathBuf {
+    let key = imager::sign::load_public_key(&dev_pub()).unwrap();
+    let verify = |m: &[u8], s: &[u8]| {
+        imager::sign::verify_manifest_bytes(m, s, &key, "manifest.json", "manifest.json.sig")
+    };
+    imager::oci::extract_payload(archive, dest, &verify).unwrap()
+}
+
 /// The archive unpacked into an OCI layout directory (umoci reads those).
 fn layout() -> &'static Path {
     static L: OnceLock<PathBuf> = OnceLock::new();
@@ -106,7 +116,8 @@ fn skopeo_reads_the_archive_its_platform_and_entrypoint() {
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["Architecture"], "amd64", "{v}");
         assert_eq!(v["Os"], "linux", "{v}");
-        assert_eq!(v["Layers"].as_array().unwrap().len(), 1, "{v}");
+        // The signed manifest, the payload, the installer (docs/design.md).
+        assert_eq!(v["Layers"].as_array().unwrap().len(), 3, "{v}");
         assert_eq!(v["Created"], "2023-11-14T22:13:20Z", "{v}");
         let out = ok(tool("skopeo").args(["inspect", "--config", &reference]));
         let c: Value = serde_json::from_str(&out).unwrap();
@@ -183,7 +194,7 @@ fn umoci_unpacks_a_static_installer_that_runs_and_a_payload_that_verifies() {
 fn extract_payload_gives_the_payload_bytes() {
     let dest = scratch().join("installer-extracted");
     let _ = std::fs::remove_dir_all(&dest);
-    let dir = imager::oci::extract_payload(&archive(), &dest).unwrap();
+    let dir = extract(&archive(), &dest);
     for name in ["vmlinuz", "initramfs.zst"] {
         assert_eq!(
             std::fs::read(dir.join(name)).unwrap(),
@@ -215,7 +226,7 @@ fn extract_payload_gives_the_payload_bytes() {
         .arg(format!("oci:{}:{TAG}", zstd.display())));
     for (i, copy) in [gzip, zstd].iter().enumerate() {
         let d = copies.join(format!("payload-{i}"));
-        let got = imager::oci::extract_payload(copy, &d).unwrap();
+        let got = extract(copy, &d);
         for name in [
             "vmlinuz",
             "initramfs.zst",
@@ -233,7 +244,7 @@ fn extract_payload_gives_the_payload_bytes() {
     // From the layout directory too, with the same bytes.
     let dest2 = scratch().join("installer-extracted-layout");
     let _ = std::fs::remove_dir_all(&dest2);
-    let dir2 = imager::oci::extract_payload(layout(), &dest2).unwrap();
+    let dir2 = extract(layout(), &dest2);
     for name in [
         "vmlinuz",
         "initramfs.zst",
@@ -246,4 +257,151 @@ fn extract_payload_gives_the_payload_bytes() {
             "{name}"
         );
     }
+}
+
+/// A small installer image made by the library, as the build lays it out
+/// (no build needed): a payload of short fake files signed by a test key.
+/// Returns the archive and the key.
+fn small_image(dir: &Path) -> (PathBuf, imager::sign::VerifyingKey) {
+    use imager::artifact::Kind;
+    use imager::sign::{self, Manifest};
+    struct TestKey(ed25519_dalek::SigningKey);
+    impl sign::Signer for TestKey {
+        fn public_key(&self) -> sign::VerifyingKey {
+            self.0.verifying_key()
+        }
+        fn sign(&self, message: &[u8]) -> anyhow::Result<sign::Signature> {
+            Ok(ed25519_dalek::Signer::sign(&self.0, message))
+        }
+    }
+    let signer = TestKey(ed25519_dalek::SigningKey::from_bytes(&[5; 32]));
+    let _ = std::fs::remove_dir_all(dir);
+    let payload = dir.join("payload");
+    std::fs::create_dir_all(&payload).unwrap();
+    let listed = [
+        ("vmlinuz", Kind::Kernel),
+        ("initramfs.zst", Kind::Initramfs),
+        ("systemd-bootx64.efi", Kind::BootLoader),
+    ];
+    let mut artifacts = Vec::new();
+    for (name, kind) in listed {
+        std::fs::write(payload.join(name), format!("not really {name}")).unwrap();
+        artifacts.push(sign::describe(&payload, kind, name).unwrap());
+    }
+    let m = Manifest {
+        boot: Some(sign::Boot {
+            title: "Imager 0.1.0".into(),
+            cmdline: "console=ttyS0".into(),
+        }),
+        ..Manifest::new("metal", TAG, "p", 1_700_000_000, artifacts)
+    };
+    sign::write_signed_manifest(&payload, &m, &signer).unwrap();
+    std::fs::write(dir.join("imager"), b"not really imager").unwrap();
+    let names: Vec<&str> = listed.iter().map(|(n, _)| *n).collect();
+    let spec =
+        imager::build::installer_spec(&payload, &names, &dir.join("imager"), TAG, 1_700_000_000);
+    let tar = dir.join("installer.tar");
+    imager::oci::write_image(&tar, &spec).unwrap();
+    (tar, sign::Signer::public_key(&signer))
+}
+
+/// Extracts with a verifier that trusts `key`.
+fn extract_with(archive: &Path, dest: &Path, key: &imager::sign::VerifyingKey) -> PathBuf {
+    let verify = |m: &[u8], s: &[u8]| {
+        imager::sign::verify_manifest_bytes(m, s, key, "manifest.json", "manifest.json.sig")
+    };
+    imager::oci::extract_payload(archive, dest, &verify).unwrap()
+}
+
+#[test]
+fn skopeo_and_umoci_read_the_three_layers_and_copies_extract_the_same_payload() {
+    let dir = scratch().join("installer-small");
+    let (tar, key) = small_image(&dir);
+    let out = ok(tool("skopeo").args(["inspect", &format!("oci-archive:{}:{TAG}", tar.display())]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["Layers"].as_array().unwrap().len(), 3, "{v}");
+    // umoci applies the three layers into one tree.
+    let layout = dir.join("layout");
+    std::fs::create_dir_all(&layout).unwrap();
+    ok(tool("tar").arg("-xf").arg(&tar).arg("-C").arg(&layout));
+    let bundle = dir.join("bundle");
+    ok(tool("umoci")
+        .args(["unpack", "--image"])
+        .arg(format!("{}:{TAG}", layout.display()))
+        .arg(&bundle));
+    let rootfs = bundle.join("rootfs");
+    for f in [
+        "usr/bin/imager",
+        "usr/install/amd64/manifest.json",
+        "usr/install/amd64/manifest.json.sig",
+        "usr/install/amd64/vmlinuz",
+        "usr/install/amd64/initramfs.zst",
+        "usr/install/amd64/systemd-bootx64.efi",
+    ] {
+        assert!(rootfs.join(f).is_file(), "{f}");
+    }
+    // What skopeo copies (gzip, zstd) extracts to the same payload.
+    let want = extract_with(&tar, &dir.join("payload-0"), &key);
+    let gzip = dir.join("gzip.tar");
+    let zstd = dir.join("zstd");
+    ok(tool("skopeo")
+        .args(["copy", "-q"])
+        .arg(format!("oci-archive:{}", tar.display()))
+        .arg(format!("oci-archive:{}:{TAG}", gzip.display())));
+    ok(tool("skopeo")
+        .args([
+            "copy",
+            "-q",
+            "--dest-compress-format",
+            "zstd",
+            "--dest-compress",
+        ])
+        .arg(format!("oci-archive:{}", tar.display()))
+        .arg(format!("oci:{}:{TAG}", zstd.display())));
+    for (i, copy) in [gzip, zstd].iter().enumerate() {
+        let got = extract_with(copy, &dir.join(format!("payload-{}", i + 1)), &key);
+        for name in [
+            "vmlinuz",
+            "initramfs.zst",
+            "systemd-bootx64.efi",
+            "manifest.json",
+            "manifest.json.sig",
+        ] {
+            assert_eq!(
+                std::fs::read(want.join(name)).unwrap(),
+                std::fs::read(got.join(name)).unwrap(),
+                "{name} of {}",
+                copy.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn install_refuses_an_image_signed_by_another_key_before_unpacking_it() {
+    let dir = scratch().join("installer-other-key");
+    let (tar, key) = small_image(&dir);
+    let other = ed25519_dalek::SigningKey::from_bytes(&[6; 32]).verifying_key();
+    let other_pub = dir.join("other.pub");
+    std::fs::write(&other_pub, imager::sign::public_key_pem(&other).unwrap()).unwrap();
+    let disk = dir.join("disk.raw");
+    let out = run(imager()
+        .args(["install", "--installer"])
+        .arg(&tar)
+        .arg("--disk")
+        .arg(&disk)
+        .arg("--key")
+        .arg(&other_pub));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("refusing the installer image before unpacking its payload")
+            && err.contains(&format!(
+                "it says it is signed by {}",
+                imager::sign::key_id(&key)
+            ))
+            && err.contains("nothing was written"),
+        "{err}"
+    );
+    assert!(!disk.exists());
 }

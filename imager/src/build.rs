@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 mod installer;
 mod skeleton;
 
-pub use installer::{PayloadInput, relative_link, write_installer};
+pub use installer::{PayloadInput, installer_spec, relative_link, write_installer};
 pub use skeleton::rootfs_spec;
 
 /// File names in the output directory.

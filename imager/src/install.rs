@@ -79,9 +79,14 @@ pub struct VerifiedPayload {
     _work: Option<tempfile::TempDir>,
 }
 
-/// Finds the payload directory of `installer`: the directory itself, or an
-/// OCI archive extracted into a temporary directory.
-fn payload_dir(installer: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+/// Finds the payload directory of `installer`: the directory itself, or
+/// the payload of an OCI archive extracted into a temporary directory. An
+/// archive's signed manifest is verified against `trusted` before anything
+/// else is read from it (see [`oci::extract_payload`]).
+fn payload_dir(
+    installer: &Path,
+    trusted: &[VerifyingKey],
+) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
     if installer.is_dir() {
         return Ok((installer.to_path_buf(), None));
     }
@@ -93,7 +98,8 @@ fn payload_dir(installer: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>)>
         );
     }
     let work = tempfile::tempdir().context("creating a temporary directory")?;
-    let dir = oci::extract_payload(installer, work.path()).with_context(|| {
+    let verify = |manifest: &[u8], signature: &[u8]| verify_signed(manifest, signature, trusted);
+    let dir = oci::extract_payload(installer, work.path(), &verify).with_context(|| {
         format!(
             "reading {} as an installer image (an OCI archive such as installer.tar; or pass \
              a payload directory)",
@@ -103,13 +109,64 @@ fn payload_dir(installer: &Path) -> Result<(PathBuf, Option<tempfile::TempDir>)>
     Ok((dir, Some(work)))
 }
 
+/// The payload manifest `bytes` with its `signature`, verified against the
+/// `trusted` keys: the manifest decoded from those bytes, or why none of the
+/// keys signed it.
+fn verify_signed(bytes: &[u8], signature: &[u8], trusted: &[VerifyingKey]) -> Result<Manifest> {
+    let name = format!(
+        "{}/{}",
+        paths::INSTALLER_PAYLOAD_DIR,
+        paths::PAYLOAD_MANIFEST
+    );
+    let sig_name = format!(
+        "{}/{}",
+        paths::INSTALLER_PAYLOAD_DIR,
+        paths::PAYLOAD_SIGNATURE
+    );
+    let mut errors = Vec::new();
+    for key in trusted {
+        match sign::verify_manifest_bytes(bytes, signature, key, &name, &sig_name) {
+            Ok(m) => return Ok(m),
+            Err(e) => errors.push(format!("{e:#}")),
+        }
+    }
+    Err(not_trusted(trusted, sign::claimed_key_id(bytes), &errors))
+}
+
+/// Why a payload manifest (which says it was signed by `claimed`) is not
+/// trusted: none of `trusted` verified it, for these `errors`.
+fn not_trusted(
+    trusted: &[VerifyingKey],
+    claimed: Option<String>,
+    errors: &[String],
+) -> anyhow::Error {
+    let ids: Vec<String> = trusted.iter().map(sign::key_id).collect();
+    let why = match claimed {
+        Some(k) if !ids.contains(&k) => format!(
+            "it says it is signed by {k}; build the installer with the key the disk \
+             trusts (imager build --key), or install the disk afresh with \
+             `imager install --key` for the new key"
+        ),
+        _ => format!(
+            "its signature does not verify: the payload was modified or damaged ({})",
+            errors.join("; ")
+        ),
+    };
+    anyhow::anyhow!(
+        "the installer's payload is not signed by a key this disk trusts ({}): {why}; \
+         nothing was written",
+        ids.join(", ")
+    )
+}
+
 /// Loads the payload of `installer` and verifies it against `trusted`:
-/// the manifest's signature, then every file's size and digest.
+/// the manifest's signature, then every file's size and digest. From an
+/// archive, the signature is checked before the payload is unpacked.
 pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<VerifiedPayload> {
-    let (dir, work) = payload_dir(installer)?;
     if trusted.is_empty() {
         bail!("no trusted key to verify the installer's payload against");
     }
+    let (dir, work) = payload_dir(installer, trusted)?;
     let mut errors = Vec::new();
     let mut verified = None;
     for key in trusted {
@@ -125,28 +182,24 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
         }
     }
     let Some((key, manifest)) = verified else {
-        let ids: Vec<String> = trusted.iter().map(sign::key_id).collect();
-        // Only to explain: the manifest is not trusted here.
-        let claimed = std::fs::read(dir.join(sign::MANIFEST_NAME))
-            .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .and_then(|v| v.get("key_id")?.as_str().map(str::to_string));
-        let why = match claimed {
-            Some(k) if !ids.contains(&k) => format!(
-                "it says it is signed by {k}; build the installer with the key the disk \
-                 trusts (imager build --key), or install the disk afresh with \
-                 `imager install --key` for the new key"
-            ),
-            _ => format!(
-                "its signature does not verify: the payload was modified or damaged ({})",
-                errors.join("; ")
-            ),
+        // Only to explain: the manifest is not trusted here (and may be a
+        // FIFO, which a plain open() would wait on for ever).
+        let claimed = {
+            use std::io::Read;
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(dir.join(sign::MANIFEST_NAME))
+                .ok()
+                .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
+                .and_then(|f| {
+                    let mut b = Vec::new();
+                    f.take(oci::MAX_SMALL).read_to_end(&mut b).ok().map(|_| b)
+                })
+                .and_then(|b| sign::claimed_key_id(&b))
         };
-        bail!(
-            "the installer's payload is not signed by a key this disk trusts ({}): {why}; \
-             nothing was written",
-            ids.join(", ")
-        );
+        return Err(not_trusted(trusted, claimed, &errors));
     };
     // The version goes into a boot entry line and META's records.
     if manifest.version.is_empty()
@@ -455,5 +508,120 @@ fn systemd_boot_for(p: &VerifiedPayload) -> PathBuf {
     {
         Some(a) => p.payload.kernel.path.with_file_name(&a.path),
         None => PathBuf::from(boot::DEFAULT_SYSTEMD_BOOT),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    // Tests panic on unexpected failures: that is how a test fails.
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    struct TestKey(ed25519_dalek::SigningKey);
+
+    impl sign::Signer for TestKey {
+        fn public_key(&self) -> VerifyingKey {
+            self.0.verifying_key()
+        }
+        fn sign(&self, message: &[u8]) -> Result<sign::Signature> {
+            Ok(ed25519_dalek::Signer::sign(&self.0, message))
+        }
+    }
+
+    /// An installer image, laid out as a build lays it out, of a small
+    /// payload signed by `signer`, in `dir`.
+    fn installer_in(dir: &Path, signer: &TestKey) -> PathBuf {
+        let payload = dir.join("payload");
+        std::fs::create_dir_all(&payload).unwrap();
+        let mut artifacts = Vec::new();
+        for (name, kind) in [
+            (paths::PAYLOAD_KERNEL, Kind::Kernel),
+            (paths::PAYLOAD_INITRAMFS, Kind::Initramfs),
+        ] {
+            std::fs::write(payload.join(name), format!("the {name}")).unwrap();
+            artifacts.push(sign::describe(&payload, kind, name).unwrap());
+        }
+        let m = Manifest {
+            boot: Some(sign::Boot {
+                title: "Imager 0.1.0".into(),
+                cmdline: "console=ttyS0".into(),
+            }),
+            ..Manifest::new("metal", "0.1.0", "p", 1_700_000_000, artifacts)
+        };
+        sign::write_signed_manifest(&payload, &m, signer).unwrap();
+        std::fs::write(dir.join("imager"), b"\x7fELF not really").unwrap();
+        let spec = crate::build::installer_spec(
+            &payload,
+            &[paths::PAYLOAD_KERNEL, paths::PAYLOAD_INITRAMFS],
+            &dir.join("imager"),
+            "0.1.0",
+            1_700_000_000,
+        );
+        let tar = dir.join("installer.tar");
+        oci::write_image(&tar, &spec).unwrap();
+        tar
+    }
+
+    #[test]
+    fn an_installer_image_is_verified_before_it_is_unpacked() {
+        let t = tempfile::tempdir().unwrap();
+        let (signer, other) = (
+            TestKey(ed25519_dalek::SigningKey::from_bytes(&[1; 32])),
+            TestKey(ed25519_dalek::SigningKey::from_bytes(&[2; 32])),
+        );
+        let (key, other) = (
+            sign::Signer::public_key(&signer),
+            sign::Signer::public_key(&other),
+        );
+        let tar = installer_in(t.path(), &signer);
+
+        // Not a key the disk trusts: refused before the payload is unpacked.
+        let e = format!("{:#}", load_payload(&tar, &[other]).unwrap_err());
+        assert!(
+            e.contains("refusing the installer image before unpacking its payload")
+                && e.contains(&format!(
+                    "not signed by a key this disk trusts ({})",
+                    sign::key_id(&other)
+                ))
+                && e.contains(&format!("it says it is signed by {}", sign::key_id(&key)))
+                && e.contains("nothing was written"),
+            "{e}"
+        );
+
+        // One of the keys is the right one: the payload, verified.
+        let p = load_payload(&tar, &[other, key]).unwrap();
+        assert_eq!(p.key, key);
+        assert_eq!(p.manifest.version, "0.1.0");
+        assert_eq!(
+            std::fs::read(&p.payload.kernel.path).unwrap(),
+            b"the vmlinuz"
+        );
+        assert_eq!(
+            std::fs::read(&p.payload.initramfs.path).unwrap(),
+            b"the initramfs.zst"
+        );
+
+        // A payload directory whose manifest is a FIFO: refused, not waited on.
+        let dir = t.path().join("fifo-payload");
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in [
+            paths::PAYLOAD_KERNEL,
+            paths::PAYLOAD_INITRAMFS,
+            paths::PAYLOAD_SIGNATURE,
+        ] {
+            std::fs::write(dir.join(name), b"x").unwrap();
+        }
+        let made = std::process::Command::new("mkfifo")
+            .arg(dir.join(paths::PAYLOAD_MANIFEST))
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let e = format!("{:#}", load_payload(&dir, &[key]).unwrap_err());
+        assert!(e.contains("is not a manifest file"), "{e}");
+
+        // No key at all: refused before the archive is opened.
+        let e = format!("{:#}", load_payload(&tar, &[]).unwrap_err());
+        assert!(e.contains("no trusted key"), "{e}");
     }
 }

@@ -30,10 +30,12 @@ fn link_or_copy(src: &Path, dest: &Path) -> Result<()> {
 }
 
 /// Writes the installer image `out/installer.tar`: the payload (kernel,
-/// initramfs and a manifest listing exactly those two, signed by `signer`)
+/// initramfs, boot loader and a manifest listing them, signed by `signer`)
 /// under [`paths::INSTALLER_PAYLOAD_DIR`], the static installer `binary` as
 /// [`paths::INSTALLER_BINARY`] with [`paths::INSTALLER_LINK`] pointing to
-/// it, the link as entrypoint, the version as tag. The payload is staged in
+/// it, the link as entrypoint, the version as tag. Three layers: the signed
+/// manifest and its signature ([`oci::MANIFEST_LAYER`]), the files it lists
+/// ([`oci::PAYLOAD_LAYER`]), the installer. The payload is staged in
 /// a temporary directory of `out` that a later build sweeps if this one is
 /// killed.
 pub fn write_installer(
@@ -68,7 +70,37 @@ pub fn write_installer(
     };
     sign::write_signed_manifest(dir, &manifest, signer)
         .context("signing the installer's payload manifest")?;
-    let mut entries = vec![
+    let listed: Vec<&str> = manifest.artifacts.iter().map(|a| a.path.as_str()).collect();
+    let spec = installer_spec(dir, &listed, binary, &p.version, payload.epoch);
+    let dest = out.join(names::INSTALLER);
+    oci::write_image(&dest, &spec).with_context(|| format!("writing {}", dest.display()))?;
+    Ok(dest)
+}
+
+/// The image of an installer: the signed payload in `dir` (its manifest and
+/// signature, and the files `listed` in the manifest) and the installer
+/// `binary`, tagged `tag`. Three layers, in the order the reader expects
+/// (docs/design.md, "The installer image"): the signed manifest alone
+/// ([`oci::MANIFEST_LAYER`]), the files it lists ([`oci::PAYLOAD_LAYER`]),
+/// the installer.
+pub fn installer_spec(
+    dir: &Path,
+    listed: &[&str],
+    binary: &Path,
+    tag: &str,
+    epoch: u64,
+) -> oci::ImageSpec {
+    let in_payload = |name: &str| oci::Entry::File {
+        path: format!("{}/{name}", paths::INSTALLER_PAYLOAD_DIR),
+        source: dir.join(name),
+        mode: 0o644,
+    };
+    let signed = vec![
+        in_payload(paths::PAYLOAD_MANIFEST),
+        in_payload(paths::PAYLOAD_SIGNATURE),
+    ];
+    let payload = listed.iter().map(|name| in_payload(name)).collect();
+    let installer = vec![
         oci::Entry::File {
             path: paths::INSTALLER_BINARY.to_string(),
             source: binary.to_path_buf(),
@@ -79,25 +111,16 @@ pub fn write_installer(
             target: relative_link(paths::INSTALLER_LINK, paths::INSTALLER_BINARY),
         },
     ];
-    for name in paths::PAYLOAD_FILES
-        .into_iter()
-        .chain([paths::PAYLOAD_BOOT_LOADER])
-    {
-        entries.push(oci::Entry::File {
-            path: format!("{}/{name}", paths::INSTALLER_PAYLOAD_DIR),
-            source: dir.join(name),
-            mode: 0o644,
-        });
-    }
-    let spec = oci::ImageSpec {
-        entries,
+    let mut layers = vec![Vec::new(); 3];
+    layers[oci::MANIFEST_LAYER] = signed;
+    layers[oci::PAYLOAD_LAYER] = payload;
+    layers[2] = installer;
+    oci::ImageSpec {
+        layers,
         entrypoint: vec![format!("/{}", paths::INSTALLER_LINK)],
-        tag: p.version.clone(),
-        epoch: payload.epoch,
-    };
-    let dest = out.join(names::INSTALLER);
-    oci::write_image(&dest, &spec).with_context(|| format!("writing {}", dest.display()))?;
-    Ok(dest)
+        tag: tag.to_string(),
+        epoch,
+    }
 }
 
 /// The target of a symbolic link at `link` to `target` (both relative to the

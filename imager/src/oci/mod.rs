@@ -2,18 +2,35 @@
 //! `index.json`, `blobs/sha256/…`) in one tar archive, the `oci-archive`
 //! transport of skopeo and podman.
 //!
-//! - `writer.rs`: [`write_image`] writes an image of one layer, byte for
-//!   byte the same for the same inputs.
-//! - `reader.rs`: [`extract_payload`] reads an installer image (or any OCI
-//!   image of tar layers) back and extracts its payload, every blob checked.
+//! - `writer.rs`: [`write_image`] writes an image of uncompressed layers,
+//!   byte for byte the same for the same inputs.
+//! - `reader.rs`: [`extract_payload`] reads an installer image back: the
+//!   payload's signed manifest first, then, once the caller's verifier
+//!   trusts it, only the files it lists, every blob checked and all work
+//!   bounded.
 //!
-//! What both agree on is here: the media types and names of the format.
+//! What both agree on is here: the media types and names of the format, and
+//! where an installer image keeps what (docs/design.md, "The installer
+//! image").
 
 mod reader;
 mod writer;
 
-pub use reader::extract_payload;
+pub use reader::{MAX_SMALL, Verifier, extract_payload};
 pub use writer::{Entry, ImageInfo, ImageSpec, check_tag, rfc3339, write_image};
+
+/// The layer of an installer image that holds the payload's signed manifest
+/// and its signature (`INSTALLER_PAYLOAD_DIR/manifest.json` and `.sig`),
+/// alone: the first, so that it is found and verified before anything else
+/// is read.
+pub const MANIFEST_LAYER: usize = 0;
+/// The layer that holds the files the signed manifest lists (kernel,
+/// initramfs, boot loader), in `INSTALLER_PAYLOAD_DIR`. Other layers (the
+/// installer binary) are never read by [`extract_payload`].
+pub const PAYLOAD_LAYER: usize = 1;
+/// The most layers an installer image may name; more is refused before any
+/// layer is read.
+pub const MAX_LAYERS: usize = 8;
 
 pub const MEDIA_TYPE_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 pub const MEDIA_TYPE_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";

@@ -1,16 +1,29 @@
 //! Reads an installer image back: an OCI archive (or an OCI image layout
 //! directory) with one linux/amd64 image of tar layers, uncompressed, gzip
-//! or zstd. Index → manifest → config and layers, every blob checked against
-//! its digest and size, and the payload directory
-//! ([`contract::paths::INSTALLER_PAYLOAD_DIR`]) extracted. The payload's
-//! signature is not verified here: that is the installer's job, against the
-//! keys the disk trusts.
+//! or zstd, laid out as `docs/design.md` ("The installer image") says: the
+//! payload's signed manifest and its signature alone in the first layer
+//! ([`MANIFEST_LAYER`]), the files it lists in the second
+//! ([`PAYLOAD_LAYER`]).
+//!
+//! Signature before work: before the signature is checked, only small,
+//! bounded things are read (`index.json`, the image manifest and config,
+//! the first layer, each at most [`MAX_SMALL`] bytes, and at most
+//! [`MAX_LAYERS`] layers named). The caller's verifier then decides whether
+//! the manifest is trusted; only then is the payload layer read, bounded by
+//! the sizes the signed manifest declares, and only the files it lists are
+//! written, each checked against its signed size and digest. No other layer
+//! is ever decompressed: their blobs are only hashed, once the signature
+//! verified. Every blob is checked against its digest and size, each layer
+//! unpacked against its `diff_id`.
 
+use super::{MANIFEST_LAYER, MAX_LAYERS, PAYLOAD_LAYER};
 use super::{MEDIA_TYPE_LAYER, MEDIA_TYPE_LAYER_GZIP, MEDIA_TYPE_LAYER_ZSTD, MEDIA_TYPE_MANIFEST};
 use crate::io::HashingReader;
+use crate::sign::{self, Manifest};
 use anyhow::{Context, Result, anyhow, bail};
-use contract::paths::{INSTALLER_PAYLOAD_DIR, PAYLOAD_FILES};
+use contract::paths::{INSTALLER_PAYLOAD_DIR, PAYLOAD_FILES, PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE};
 use serde::Deserialize;
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, BufReader, Read, Seek, SeekFrom};
@@ -20,22 +33,59 @@ use std::path::{Path, PathBuf};
 const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 const DOCKER_LAYER: &str = "application/vnd.docker.image.rootfs.diff.tar";
 const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
-/// Index, manifest and config are small JSON documents; larger is not one.
-const MAX_JSON: u64 = 4 << 20;
-/// The most a layer may unpack to, and a payload file may be: a hostile
-/// image (its digests are its own; the signature is checked later) must not
-/// fill the disk or run for ever.
-const MAX_LAYER_UNPACKED: u64 = 4 << 30;
+/// Index, manifest and config are small JSON documents, and the first layer
+/// holds two small files: larger, compressed or not, is not an installer
+/// image, and is refused before it is read.
+pub const MAX_SMALL: u64 = 1 << 20;
+/// The entries of an OCI archive: an installer image has a dozen.
+const MAX_ARCHIVE_ENTRIES: usize = 1024;
+/// What the tar format adds to the payload files in the payload layer
+/// (headers, padding, directories, the end marker), at most.
+pub(super) const TAR_ALLOWANCE: u64 = 64 << 10;
+/// The most one payload file may be, whatever its signed manifest declares.
 const MAX_PAYLOAD_FILE: u64 = 1 << 30;
+
+/// Decides whether the payload's manifest is trusted: given the bytes of
+/// `manifest.json` and of `manifest.json.sig` from the image, returns the
+/// manifest decoded from those very bytes, or why it is not trusted (for
+/// the installer: not signed by a key the disk trusts). Called before
+/// anything large is read.
+pub type Verifier<'a> = &'a dyn Fn(&[u8], &[u8]) -> Result<Manifest>;
+
+/// What reading an image cost, for tests that show the work is bounded:
+/// the bytes that came out of layers (decompressed) and the layers
+/// unpacked (decompressed; the others' blobs are only hashed).
+#[derive(Debug, Default)]
+pub(super) struct Work {
+    pub unpacked: Cell<u64>,
+    pub layers: Cell<usize>,
+}
 
 /// Extracts the installer payload of an OCI archive (or of an OCI image
 /// layout directory) into `dest` and returns the directory that holds
 /// `vmlinuz`, `initramfs.zst`, `manifest.json` and `manifest.json.sig`
-/// (`dest`). Given a directory that already holds those four files, returns
-/// it unchanged. Every blob read is checked against its digest and size;
-/// files appear in `dest` only after the whole image checked out. The
-/// payload's signature is NOT verified here.
-pub fn extract_payload(archive: &Path, dest: &Path) -> Result<PathBuf> {
+/// (`dest`), and whatever else the signed manifest lists.
+///
+/// The manifest and its signature are read first, with bounded work, and
+/// given to `verify`; only when it accepts them is the payload read, and
+/// only the files the manifest lists, each checked against the size and
+/// digest it declares. Files appear in `dest` only when all of them checked
+/// out.
+///
+/// Given a directory that already holds the four payload files, returns it
+/// unchanged: the caller verifies it (`sign::verify`), as it would any
+/// payload directory.
+pub fn extract_payload(archive: &Path, dest: &Path, verify: Verifier) -> Result<PathBuf> {
+    extract_counted(archive, dest, verify, &Work::default())
+}
+
+/// [`extract_payload`], counting its work in `work`.
+pub(super) fn extract_counted(
+    archive: &Path,
+    dest: &Path,
+    verify: Verifier,
+    work: &Work,
+) -> Result<PathBuf> {
     let what = archive.display();
     let meta = std::fs::metadata(archive).with_context(|| format!("reading {what}"))?;
     let (store, index) = if meta.is_dir() {
@@ -54,21 +104,33 @@ pub fn extract_payload(archive: &Path, dest: &Path) -> Result<PathBuf> {
                 missing.join(", ")
             );
         }
-        let layout = std::fs::read(archive.join("oci-layout")).ok();
+        let layout = open_regular(&archive.join("oci-layout"))
+            .ok()
+            .and_then(|f| read_limited(f, "oci-layout").ok());
         check_layout(layout.as_deref(), archive)?;
-        let f =
-            File::open(&index_path).with_context(|| format!("opening {}", index_path.display()))?;
+        let f = open_regular(&index_path)?;
         let index = read_limited(f, "index.json")?;
         (Store::Dir(archive.to_path_buf()), index)
     } else {
         Store::open_archive(archive)?
     };
-    extract_from(&store, &index, dest).with_context(|| format!("extracting the payload of {what}"))
+    extract_from(&store, &index, dest, verify, work)
+        .with_context(|| format!("extracting the payload of {what}"))
 }
 
-fn extract_from(store: &Store, index: &[u8], dest: &Path) -> Result<PathBuf> {
-    let index: Index =
-        serde_json::from_slice(index).context("index.json is not a valid OCI image index")?;
+fn extract_from(
+    store: &Store,
+    index: &[u8],
+    dest: &Path,
+    verify: Verifier,
+    work: &Work,
+) -> Result<PathBuf> {
+    let index: Index = serde_json::from_slice(index).map_err(|e| {
+        anyhow!(
+            "index.json is not a valid OCI image index: {}",
+            json_error(&e)
+        )
+    })?;
     if index.schema_version != 2 {
         bail!(
             "index.json has schemaVersion {}: only 2 is supported",
@@ -102,6 +164,8 @@ fn extract_from(store: &Store, index: &[u8], dest: &Path) -> Result<PathBuf> {
             }
         }
     };
+    // Digests are printed in messages: only once they are known to be digests.
+    digest_hex(&image.digest)?;
     let manifest: ImageManifest = store.read_json(image, "image manifest")?;
     if manifest.schema_version != 2 {
         bail!(
@@ -110,15 +174,43 @@ fn extract_from(store: &Store, index: &[u8], dest: &Path) -> Result<PathBuf> {
             manifest.schema_version
         );
     }
-    let config: ImageConfig = store.read_json(&manifest.config, "image config")?;
-    if config.rootfs.diff_ids.len() != manifest.layers.len() {
+    // Bounded before any layer is opened.
+    let n = manifest.layers.len();
+    if n > MAX_LAYERS {
         bail!(
-            "the image config lists {} layers (rootfs.diff_ids) but the manifest {}: the image \
-             is corrupt",
-            config.rootfs.diff_ids.len(),
-            manifest.layers.len()
+            "the image has {n} layers, more than the {MAX_LAYERS} an installer image may have \
+             (one made by `imager build` has 3): refusing it before reading any layer"
         );
     }
+    if n <= PAYLOAD_LAYER {
+        bail!(
+            "the image has {n} layer(s), but an installer image keeps its payload's signed \
+             manifest in a first layer of its own and the payload in the second: it is not an \
+             installer image, or one made by an older imager (rebuild it with `imager build \
+             --profile installer`)"
+        );
+    }
+    for d in manifest.layers.iter().chain([&manifest.config]) {
+        digest_hex(&d.digest)?;
+    }
+    let config: ImageConfig = store.read_json(&manifest.config, "image config")?;
+    if config.rootfs.diff_ids.len() != n {
+        bail!(
+            "the image config lists {} layers (rootfs.diff_ids) but the manifest {n}: the image \
+             is corrupt",
+            config.rootfs.diff_ids.len(),
+        );
+    }
+    let layer = |i: usize| (&manifest.layers[i], config.rootfs.diff_ids[i].as_str());
+
+    // The signed manifest first, and nothing else until it is trusted.
+    let (layer0, diff0) = layer(MANIFEST_LAYER);
+    let signed = read_signed(store, layer0, diff0, work)?;
+    let trusted = verify(&signed.manifest, &signed.signature).context(
+        "refusing the installer image before unpacking its payload: its signed manifest \
+         (in the first layer) is not trusted",
+    )?;
+    let listed = listed_files(&trusted)?;
 
     std::fs::create_dir_all(dest).with_context(|| format!("creating {}", dest.display()))?;
     let staging = tempfile::Builder::new()
@@ -126,23 +218,25 @@ fn extract_from(store: &Store, index: &[u8], dest: &Path) -> Result<PathBuf> {
         .suffix(".partial")
         .tempdir_in(dest)
         .with_context(|| format!("creating a temporary directory in {}", dest.display()))?;
-    for (layer, diff_id) in manifest.layers.iter().zip(&config.rootfs.diff_ids) {
-        extract_layer(store, layer, diff_id, staging.path())?;
+    let (layer1, diff1) = layer(PAYLOAD_LAYER);
+    extract_listed(store, layer1, diff1, &listed, staging.path(), work)?;
+    // The other layers are not unpacked, but the archive is whole: their
+    // bytes are hashed (each blob once, at most the archive's size each).
+    let mut checked = std::collections::BTreeSet::new();
+    for (i, d) in manifest.layers.iter().enumerate() {
+        if i != MANIFEST_LAYER && i != PAYLOAD_LAYER && checked.insert(d.digest.as_str()) {
+            let mut r = HashingReader::new(store.open(d)?);
+            io::copy(&mut r, &mut io::sink())
+                .with_context(|| format!("reading layer {}", d.digest))?;
+            check_digest(d, r.finish())?;
+        }
     }
-    let missing: Vec<&str> = PAYLOAD_FILES
-        .into_iter()
-        .filter(|f| !staging.path().join(f).is_file())
-        .collect();
-    if !missing.is_empty() {
-        bail!(
-            "the image has no {}: it is not an installer image (build one with \
-             `imager build --profile installer`)",
-            missing
-                .iter()
-                .map(|f| format!("{INSTALLER_PAYLOAD_DIR}/{f}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+    for (name, bytes) in [
+        (PAYLOAD_MANIFEST, &signed.manifest),
+        (PAYLOAD_SIGNATURE, &signed.signature),
+    ] {
+        let to = staging.path().join(name);
+        std::fs::write(&to, bytes).with_context(|| format!("writing {}", to.display()))?;
     }
     let mut names: Vec<PathBuf> = std::fs::read_dir(staging.path())
         .and_then(|d| d.map(|e| e.map(|e| e.path())).collect())
@@ -156,10 +250,280 @@ fn extract_from(store: &Store, index: &[u8], dest: &Path) -> Result<PathBuf> {
     Ok(dest.to_path_buf())
 }
 
-/// Applies one layer to the staged payload: its regular files directly under
-/// the payload directory, whiteouts of them. Checks the layer's digest and
-/// size and its uncompressed digest (`diff_id`).
-fn extract_layer(store: &Store, layer: &Descriptor, diff_id: &str, staging: &Path) -> Result<()> {
+/// The payload's manifest and signature, as read from the first layer.
+struct Signed {
+    manifest: Vec<u8>,
+    signature: Vec<u8>,
+}
+
+/// Reads the first layer, which must hold `manifest.json` and
+/// `manifest.json.sig` of the payload directory: at most [`MAX_SMALL`]
+/// bytes, compressed and unpacked.
+fn read_signed(store: &Store, layer: &Descriptor, diff_id: &str, work: &Work) -> Result<Signed> {
+    let first = "the image's first layer";
+    let over = || {
+        format!(
+            "{first} is larger than {MAX_SMALL} bytes, but it must hold only the payload's signed \
+             manifest and signature: refusing the image before its signature is checked (not \
+             an installer image, or one made by an older imager: rebuild it)"
+        )
+    };
+    if layer.size > MAX_SMALL {
+        bail!("{}", over());
+    }
+    let mut manifest = None;
+    let mut signature = None;
+    with_layer(store, layer, diff_id, MAX_SMALL, &over, work, |r| {
+        let mut ar = tar::Archive::new(r);
+        let entries = ar.entries().map_err(|e| tar_error(e, "the layer"))?;
+        for (i, e) in entries.enumerate() {
+            let mut e = e.map_err(|e| tar_error(e, "the layer"))?;
+            let Some((path, name)) = payload_entry(&e, i)? else {
+                continue;
+            };
+            let slot = match name.as_str() {
+                PAYLOAD_MANIFEST => &mut manifest,
+                PAYLOAD_SIGNATURE => &mut signature,
+                _ => continue,
+            };
+            check_regular(&e, &path)?;
+            if slot.is_some() {
+                bail!("{first} holds {path} twice: refusing the image");
+            }
+            let mut bytes = Vec::new();
+            // Bounded by the layer's cap.
+            e.read_to_end(&mut bytes)
+                .map_err(|e| tar_error(e, "the layer"))?;
+            *slot = Some(bytes);
+        }
+        Ok(())
+    })
+    .with_context(|| format!("reading {first} ({})", layer.digest))?;
+    let missing = |name: &str| {
+        anyhow!(
+            "{first} has no {INSTALLER_PAYLOAD_DIR}/{name}: an installer image keeps its \
+             payload's signed manifest and signature there, alone (not an installer image, or \
+             one made by an older imager: rebuild it with `imager build --profile installer`)"
+        )
+    };
+    Ok(Signed {
+        manifest: manifest.ok_or_else(|| missing(PAYLOAD_MANIFEST))?,
+        signature: signature.ok_or_else(|| missing(PAYLOAD_SIGNATURE))?,
+    })
+}
+
+/// A file the signed manifest lists: its size and SHA-256.
+struct Listed {
+    size: u64,
+    sha256: String,
+}
+
+/// The files a trusted payload manifest lists, by name, checked: plain
+/// names, valid digests, each once, the kernel and initramfs among them.
+fn listed_files(m: &Manifest) -> Result<BTreeMap<String, Listed>> {
+    let mut listed = BTreeMap::new();
+    for a in &m.artifacts {
+        let bad = |why: &str| anyhow!("the signed payload manifest lists {:?}: {why}", a.path);
+        sign::check_path(&a.path).map_err(|why| bad(&why))?;
+        if a.path.contains('/') {
+            return Err(bad(
+                "a payload lists files of its own directory only, by name",
+            ));
+        }
+        sign::check_digest(&a.sha256).map_err(|why| bad(&why))?;
+        if a.size > MAX_PAYLOAD_FILE {
+            return Err(bad(&format!(
+                "{} bytes is more than a payload file may have ({MAX_PAYLOAD_FILE})",
+                a.size
+            )));
+        }
+        let file = Listed {
+            size: a.size,
+            sha256: a.sha256.clone(),
+        };
+        if listed.insert(a.path.clone(), file).is_some() {
+            return Err(bad("listed twice"));
+        }
+    }
+    for name in PAYLOAD_FILES {
+        if name != PAYLOAD_MANIFEST && name != PAYLOAD_SIGNATURE && !listed.contains_key(name) {
+            bail!("the signed payload manifest lists no {name}: it is not an installer payload");
+        }
+    }
+    Ok(listed)
+}
+
+/// Reads the payload layer and writes into `staging` the files of `listed`
+/// (and nothing else), each checked against its signed size and digest;
+/// the layer may unpack to no more than the listed sizes and
+/// [`TAR_ALLOWANCE`].
+fn extract_listed(
+    store: &Store,
+    layer: &Descriptor,
+    diff_id: &str,
+    listed: &BTreeMap<String, Listed>,
+    staging: &Path,
+    work: &Work,
+) -> Result<()> {
+    let declared = listed
+        .values()
+        .try_fold(0u64, |sum, f| sum.checked_add(f.size))
+        .context("the signed payload manifest's sizes add up to more than 2^64 bytes")?;
+    let cap = declared.saturating_add(TAR_ALLOWANCE);
+    let over = || {
+        format!(
+            "the payload layer unpacks to more than the {declared} bytes the signed manifest \
+             declares (and {TAR_ALLOWANCE} for the tar format): refusing the image"
+        )
+    };
+    // Compression adds little even to what does not compress.
+    let max_blob = cap.saturating_add(cap / 16).saturating_add(MAX_SMALL);
+    if layer.size > max_blob {
+        bail!(
+            "the payload layer {} is {} bytes, but the signed manifest declares {declared} bytes \
+             of payload: refusing the image before reading it",
+            layer.digest,
+            layer.size
+        );
+    }
+    let mut found = std::collections::BTreeSet::new();
+    with_layer(store, layer, diff_id, cap, &over, work, |r| {
+        let mut ar = tar::Archive::new(r);
+        let entries = ar.entries().map_err(|e| tar_error(e, "the layer"))?;
+        for (i, e) in entries.enumerate() {
+            let mut e = e.map_err(|e| tar_error(e, "the layer"))?;
+            let Some((path, name)) = payload_entry(&e, i)? else {
+                continue;
+            };
+            // Only the files the manifest lists; anything else is skipped.
+            let Some(want) = listed.get(&name) else {
+                continue;
+            };
+            check_regular(&e, &path)?;
+            if !found.insert(name.clone()) {
+                bail!("the payload layer holds {path} twice: refusing the image");
+            }
+            let size = e.size();
+            if size != want.size {
+                bail!(
+                    "{path} is {size} bytes in the image but the signed manifest says {}: \
+                     refusing the image",
+                    want.size
+                );
+            }
+            let to = staging.join(&name);
+            let mut f = File::create(&to).with_context(|| format!("creating {}", to.display()))?;
+            let mut r = HashingReader::new((&mut e).take(want.size));
+            io::copy(&mut r, &mut f)
+                .map_err(|e| tar_error(e, "the layer"))
+                .with_context(|| format!("extracting {path}"))?;
+            let (hex, read) = r.finish();
+            if read != want.size || hex != want.sha256 {
+                bail!(
+                    "{path} does not match the signed manifest ({read} bytes, sha256 {hex}; \
+                     signed: {} bytes, sha256 {}): refusing the image",
+                    want.size,
+                    want.sha256
+                );
+            }
+            f.sync_all()
+                .with_context(|| format!("flushing {}", to.display()))?;
+        }
+        Ok(())
+    })
+    .with_context(|| format!("reading the payload layer ({})", layer.digest))?;
+    let missing: Vec<String> = listed
+        .keys()
+        .filter(|n| !found.contains(*n))
+        .map(|n| format!("{INSTALLER_PAYLOAD_DIR}/{n}"))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "the payload layer has no {}, which the signed manifest lists: the image is \
+             incomplete",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The path of a layer entry and, when it is directly in the payload
+/// directory, its name there. Refuses absolute paths, `..` and links on the
+/// way to the payload directory.
+fn payload_entry<R: Read>(e: &tar::Entry<R>, i: usize) -> Result<Option<(String, String)>> {
+    let raw = e.path_bytes();
+    let Ok(raw) = std::str::from_utf8(&raw) else {
+        return Ok(None);
+    };
+    let path = normalize(raw)
+        .map_err(|why| anyhow!("entry {i} of the layer {why}: refusing the image"))?
+        .to_string();
+    let is_link = matches!(
+        e.header().entry_type(),
+        tar::EntryType::Symlink | tar::EntryType::Link
+    );
+    // A link on the way to the payload would move it anywhere.
+    if is_link && format!("{INSTALLER_PAYLOAD_DIR}/").starts_with(&format!("{path}/")) {
+        bail!(
+            "layer entry {path} is a link, so {INSTALLER_PAYLOAD_DIR} would lead elsewhere: \
+             refusing the image"
+        );
+    }
+    let name = match path.strip_prefix(&format!("{INSTALLER_PAYLOAD_DIR}/")) {
+        Some(n) if !n.is_empty() && !n.contains('/') => n.to_string(),
+        _ => return Ok(None),
+    };
+    Ok(Some((path, name)))
+}
+
+/// Refuses a payload entry that is not a regular file.
+fn check_regular<R: Read>(e: &tar::Entry<R>, path: &str) -> Result<()> {
+    match e.header().entry_type() {
+        tar::EntryType::Regular | tar::EntryType::Continuous => Ok(()),
+        tar::EntryType::Symlink | tar::EntryType::Link => {
+            let target = e
+                .link_name_bytes()
+                .map(|t| sanitize(&t))
+                .unwrap_or_default();
+            bail!(
+                "payload entry {path} is a link (to {target:?}): the payload must be regular \
+                 files: refusing the image"
+            )
+        }
+        other => {
+            bail!("payload entry {path} is a {other:?}, not a regular file: refusing the image")
+        }
+    }
+}
+
+/// At most 64 printable characters of untrusted bytes, for a message.
+fn sanitize(bytes: &[u8]) -> String {
+    let s: String = String::from_utf8_lossy(bytes)
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .take(65)
+        .collect();
+    if s.chars().count() > 64 {
+        format!("{}…", s.chars().take(64).collect::<String>())
+    } else {
+        s
+    }
+}
+
+/// Opens `layer`, decompressed, at most `cap` unpacked bytes (more fails
+/// with `over()`), and gives it to `read`. When `read` succeeds, reads the
+/// rest of the layer (within the cap) and checks the blob's digest and the
+/// layer's `diff_id`; when it fails, checks the blob's digest only (so that
+/// a corrupt image is reported as such) without unpacking more.
+fn with_layer(
+    store: &Store,
+    layer: &Descriptor,
+    diff_id: &str,
+    cap: u64,
+    over: &dyn Fn() -> String,
+    work: &Work,
+    read: impl FnOnce(&mut dyn Read) -> Result<()>,
+) -> Result<()> {
     enum Compression {
         None,
         Gzip,
@@ -170,13 +534,15 @@ fn extract_layer(store: &Store, layer: &Descriptor, diff_id: &str, staging: &Pat
         MEDIA_TYPE_LAYER_GZIP | DOCKER_LAYER_GZIP => Compression::Gzip,
         MEDIA_TYPE_LAYER_ZSTD => Compression::Zstd,
         other => bail!(
-            "layer {} has media type {other:?}: only tar layers, uncompressed or compressed \
-             with gzip or zstd, are supported",
-            layer.digest
+            "layer {} has media type {:?}: only tar layers, uncompressed or compressed with \
+             gzip or zstd, are supported",
+            layer.digest,
+            sanitize(other.as_bytes())
         ),
     };
     let mut outer = HashingReader::new(store.open(layer)?);
-    let (applied, diff) = {
+    work.layers.set(work.layers.get() + 1);
+    let (done, diff) = {
         let inner: Box<dyn Read + '_> = match compression {
             Compression::None => Box::new(&mut outer),
             Compression::Gzip => Box::new(flate2::read::GzDecoder::new(&mut outer)),
@@ -184,111 +550,37 @@ fn extract_layer(store: &Store, layer: &Descriptor, diff_id: &str, staging: &Pat
         };
         let inner = Capped {
             inner,
-            left: MAX_LAYER_UNPACKED,
-            what: "the unpacked layer",
+            left: cap,
+            over,
+            counter: &work.unpacked,
         };
         let mut diff = HashingReader::new(inner);
-        let applied = apply_layer(&mut diff, staging);
-        // Hash the rest, so that the digests cover every byte.
-        let drained = io::copy(&mut diff, &mut io::sink());
-        let (hex, _) = diff.finish();
-        (applied, drained.map(|_| hex))
+        match read(&mut diff) {
+            // Hash the rest, so that the digests cover every byte.
+            Ok(()) => {
+                let drained = io::copy(&mut diff, &mut io::sink());
+                let (hex, _) = diff.finish();
+                (drained.map(|_| ()).map_err(anyhow::Error::from), Some(hex))
+            }
+            Err(e) => (Err(e), None),
+        }
     };
+    // The blob's own bytes: at most its size, checked by the caller.
     let drained = io::copy(&mut outer, &mut io::sink());
     let blob = outer.finish();
     // A corrupt blob is reported as such, whatever else it broke.
     check_digest(layer, blob)?;
     drained.with_context(|| format!("reading layer {}", layer.digest))?;
-    let diff = diff.with_context(|| format!("reading layer {}", layer.digest))?;
-    applied.with_context(|| format!("reading layer {}", layer.digest))?;
-    if format!("sha256:{diff}") != diff_id {
+    done.with_context(|| format!("reading layer {}", layer.digest))?;
+    if let Some(diff) = diff
+        && format!("sha256:{diff}") != diff_id
+    {
         bail!(
-            "layer {} unpacks to sha256:{diff} but the config's diff_id is {diff_id}: the image \
-             is corrupt",
-            layer.digest
+            "layer {} unpacks to sha256:{diff} but the config's diff_id is {}: the image is \
+             corrupt",
+            layer.digest,
+            sanitize(diff_id.as_bytes())
         );
-    }
-    Ok(())
-}
-
-fn apply_layer(r: impl Read, staging: &Path) -> Result<()> {
-    let prefix = format!("{INSTALLER_PAYLOAD_DIR}/");
-    let mut ar = tar::Archive::new(r);
-    for e in ar.entries().context("reading the layer as a tar archive")? {
-        let mut e = e.context("reading the layer as a tar archive")?;
-        let raw = e.path_bytes().into_owned();
-        let Ok(raw) = std::str::from_utf8(&raw) else {
-            continue;
-        };
-        let path = normalize(raw)
-            .map_err(|why| anyhow!("layer entry {why}: refusing the image"))?
-            .to_string();
-        let kind = e.header().entry_type();
-        let is_link = matches!(kind, tar::EntryType::Symlink | tar::EntryType::Link);
-        // A link on the way to the payload would move it anywhere.
-        if is_link && format!("{INSTALLER_PAYLOAD_DIR}/").starts_with(&format!("{path}/")) {
-            bail!(
-                "layer entry {path} is a link, so {INSTALLER_PAYLOAD_DIR} would lead elsewhere: \
-                 refusing the image"
-            );
-        }
-        let Some(name) = path.strip_prefix(&prefix) else {
-            continue;
-        };
-        if name.is_empty() || name.contains('/') {
-            continue;
-        }
-        // Only the files a payload has; anything else is not extracted.
-        let known = PAYLOAD_FILES
-            .iter()
-            .chain([&contract::paths::PAYLOAD_BOOT_LOADER])
-            .any(|k| name == *k || name.strip_prefix(".wh.") == Some(*k));
-        if !known && name != ".wh..wh..opq" {
-            continue;
-        }
-        if name == ".wh..wh..opq" {
-            for f in std::fs::read_dir(staging).context("listing the staged payload")? {
-                let f = f.context("listing the staged payload")?;
-                std::fs::remove_file(f.path())
-                    .with_context(|| format!("removing {}", f.path().display()))?;
-            }
-            continue;
-        }
-        if let Some(gone) = name.strip_prefix(".wh.") {
-            match std::fs::remove_file(staging.join(gone)) {
-                Err(err) if err.kind() != io::ErrorKind::NotFound => {
-                    return Err(err).context("applying a whiteout");
-                }
-                _ => continue,
-            }
-        }
-        match kind {
-            tar::EntryType::Regular | tar::EntryType::Continuous => {
-                let to = staging.join(name);
-                let mut f =
-                    File::create(&to).with_context(|| format!("creating {}", to.display()))?;
-                let mut capped = Capped {
-                    inner: &mut e,
-                    left: MAX_PAYLOAD_FILE,
-                    what: "a payload file",
-                };
-                io::copy(&mut capped, &mut f).with_context(|| format!("extracting {path}"))?;
-                f.sync_all()
-                    .with_context(|| format!("flushing {}", to.display()))?;
-            }
-            tar::EntryType::Directory => {}
-            _ if is_link => {
-                let target = e
-                    .link_name_bytes()
-                    .map(|t| String::from_utf8_lossy(&t).into_owned())
-                    .unwrap_or_default();
-                bail!(
-                    "payload entry {path} is a link (to {target:?}): the payload must be \
-                     regular files: refusing the image"
-                );
-            }
-            other => bail!("payload entry {path} is a {other:?}, not a regular file"),
-        }
     }
     Ok(())
 }
@@ -308,24 +600,30 @@ impl Store {
     /// each blob's bytes are.
     fn open_archive(path: &Path) -> Result<(Store, Vec<u8>)> {
         let what = path.display();
-        let f = File::open(path).with_context(|| format!("opening {what}"))?;
+        let f = open_regular(path)?;
         let mut ar = tar::Archive::new(BufReader::with_capacity(1 << 20, f));
         let mut blobs = BTreeMap::new();
         let mut index = None;
         let mut layout = None;
         let entries = ar
             .entries_with_seek()
-            .with_context(|| format!("reading {what} as a tar archive"))?;
-        for e in entries {
-            let mut e = e.with_context(|| {
-                format!("reading {what} as a tar archive: is it an OCI archive (oci-archive)?")
-            })?;
+            .map_err(|e| tar_error(e, &what.to_string()))?;
+        for (i, e) in entries.enumerate() {
+            if i >= MAX_ARCHIVE_ENTRIES {
+                bail!(
+                    "{what} has more than {MAX_ARCHIVE_ENTRIES} entries: not an installer image \
+                     (one made by `imager build` has a dozen)"
+                );
+            }
+            let mut e = e
+                .map_err(|e| tar_error(e, &what.to_string()))
+                .context("is it an OCI archive (oci-archive) such as installer.tar?")?;
             let raw = e.path_bytes().into_owned();
             let Ok(name) = std::str::from_utf8(&raw) else {
                 continue;
             };
             let name = normalize(name)
-                .map_err(|e| anyhow!("{what}: archive entry {e}: refusing the archive"))?
+                .map_err(|why| anyhow!("{what}: entry {i} of the archive {why}: refusing it"))?
                 .to_string();
             let regular = matches!(
                 e.header().entry_type(),
@@ -339,7 +637,8 @@ impl Store {
                 "oci-layout" => layout = Some(read_limited(&mut e, "oci-layout")?),
                 _ => {
                     if let Some(hex) = name.strip_prefix("blobs/sha256/") {
-                        if hex.is_empty() {
+                        // What no digest names is never read.
+                        if digest_hex(&format!("sha256:{hex}")).is_err() {
                             continue;
                         }
                         if !regular {
@@ -376,9 +675,9 @@ impl Store {
         let (file, offset, size) = match self {
             Store::Dir(root) => {
                 let p = root.join("blobs/sha256").join(hex);
-                let f = File::open(&p).map_err(|e| {
+                let f = open_regular(&p).map_err(|e| {
                     anyhow!(
-                        "blob {} is missing from {} ({e}): the image is incomplete",
+                        "blob {} is missing from {} ({e:#}): the image is incomplete",
                         d.digest,
                         root.display()
                     )
@@ -397,7 +696,7 @@ impl Store {
                         path.display()
                     )
                 })?;
-                let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+                let f = open_regular(path)?;
                 (f, offset, size)
             }
         };
@@ -416,28 +715,66 @@ impl Store {
 
     /// A small JSON blob, read whole and checked against its digest.
     fn read_json<T: serde::de::DeserializeOwned>(&self, d: &Descriptor, what: &str) -> Result<T> {
-        if d.size > MAX_JSON {
-            bail!("the {what} {} is {} bytes: too large", d.digest, d.size);
+        if d.size > MAX_SMALL {
+            bail!(
+                "the {what} {} is {} bytes, more than the {MAX_SMALL} an installer image's \
+                 has: refusing it",
+                d.digest,
+                d.size
+            );
         }
         let mut r = HashingReader::new(self.open(d)?);
         let bytes = read_limited(&mut r, what)?;
         check_digest(d, r.finish())?;
-        serde_json::from_slice(&bytes)
-            .with_context(|| format!("the {what} {} is not a valid OCI {what}", d.digest))
+        serde_json::from_slice(&bytes).map_err(|e| {
+            anyhow!(
+                "the {what} {} is not a valid OCI {what}: {}",
+                d.digest,
+                json_error(&e)
+            )
+        })
     }
+}
+
+/// Opens `path` for reading if it is a regular file: without blocking on a
+/// FIFO (or a device) put where a file belongs.
+fn open_regular(path: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let meta = f
+        .metadata()
+        .with_context(|| format!("reading {}", path.display()))?;
+    if !meta.is_file() {
+        bail!(
+            "{} is not a regular file: give an installer image (an OCI archive such as \
+             installer.tar) or a directory",
+            path.display()
+        );
+    }
+    Ok(f)
 }
 
 fn check_layout(layout: Option<&[u8]>, at: &Path) -> Result<()> {
     let Some(bytes) = layout else {
         bail!("not an OCI image layout: no oci-layout in {}", at.display());
     };
-    let v: serde_json::Value = serde_json::from_slice(bytes)
-        .with_context(|| format!("oci-layout in {} is not JSON", at.display()))?;
+    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        anyhow!(
+            "oci-layout in {} is not JSON: {}",
+            at.display(),
+            json_error(&e)
+        )
+    })?;
     match v["imageLayoutVersion"].as_str() {
         Some(s) if s.starts_with("1.") => Ok(()),
         other => bail!(
-            "oci-layout in {}: imageLayoutVersion {other:?} is not supported (1.x)",
-            at.display()
+            "oci-layout in {}: imageLayoutVersion {:?} is not supported (1.x)",
+            at.display(),
+            other.map(|o| sanitize(o.as_bytes()))
         ),
     }
 }
@@ -464,37 +801,45 @@ fn check_digest(d: &Descriptor, (hex, size): (String, u64)) -> Result<()> {
 /// file, so a digest can never be a path of its own).
 fn digest_hex(digest: &str) -> Result<&str> {
     let hex = digest.strip_prefix("sha256:").with_context(|| {
-        format!("digest {digest:?} is not a sha256 digest (the only algorithm supported)")
+        format!(
+            "digest {:?} is not a sha256 digest (the only algorithm supported)",
+            sanitize(digest.as_bytes())
+        )
     })?;
     if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-        bail!("digest {digest:?} is not sha256: and 64 lowercase hex digits");
+        bail!(
+            "digest {:?} is not sha256: and 64 lowercase hex digits",
+            sanitize(digest.as_bytes())
+        );
     }
     Ok(hex)
 }
 
-/// `./a/b/` → `a/b`; refuses absolute paths and `..`.
+/// `./a/b/` → `a/b`; refuses absolute paths and `..` (and says which
+/// without quoting the path).
 fn normalize(path: &str) -> Result<&str, String> {
     let mut p = path;
     while let Some(rest) = p.strip_prefix("./") {
         p = rest;
     }
     let p = p.trim_end_matches('/');
+    // The path itself is not told: it is bytes of the input.
     if p.starts_with('/') {
-        return Err(format!("{path:?} is an absolute path"));
+        return Err("is an absolute path".into());
     }
     if p.split('/').any(|c| c == "..") {
-        return Err(format!("{path:?} contains `..`"));
+        return Err("has a path that contains `..`".into());
     }
     Ok(p)
 }
 
 fn read_limited(r: impl Read, what: &str) -> Result<Vec<u8>> {
     let mut v = Vec::new();
-    r.take(MAX_JSON + 1)
+    r.take(MAX_SMALL + 1)
         .read_to_end(&mut v)
         .with_context(|| format!("reading {what}"))?;
-    if v.len() as u64 > MAX_JSON {
-        bail!("{what} is larger than {MAX_JSON} bytes: not an OCI image");
+    if v.len() as u64 > MAX_SMALL {
+        bail!("{what} is larger than {MAX_SMALL} bytes: not an installer image");
     }
     Ok(v)
 }
@@ -541,19 +886,107 @@ struct RootFs {
     diff_ids: Vec<String>,
 }
 
-/// A reader that fails once more than `left` bytes have passed.
-struct Capped<R> {
+/// A reader that fails, with `over()`, as soon as more than `left` bytes
+/// would pass (it never reads more than one byte past the cap), counting
+/// what passes in `counter`.
+struct Capped<'a, R> {
     inner: R,
     left: u64,
-    what: &'static str,
+    over: &'a dyn Fn() -> String,
+    counter: &'a Cell<u64>,
 }
 
-impl<R: Read> Read for Capped<R> {
+impl<R: Read> Read for Capped<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.left = self.left.checked_sub(n as u64).ok_or_else(|| {
-            io::Error::other(format!("{} is larger than the installer allows", self.what))
-        })?;
+        let most = usize::try_from(self.left.saturating_add(1)).unwrap_or(usize::MAX);
+        let n = buf.len().min(most);
+        let n = self.inner.read(&mut buf[..n])?;
+        self.counter
+            .set(self.counter.get().saturating_add(n as u64));
+        self.left = self
+            .left
+            .checked_sub(n as u64)
+            .ok_or_else(|| io::Error::other(CapExceeded((self.over)())))?;
         Ok(n)
     }
+}
+
+/// The error of a [`Capped`] reader, told apart from the tar crate's.
+#[derive(Debug)]
+struct CapExceeded(String);
+
+impl std::fmt::Display for CapExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CapExceeded {}
+
+/// The [`CapExceeded`] message in `e` or its sources.
+fn find_cap(e: &io::Error) -> Option<String> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = match e.get_ref() {
+        Some(inner) => Some(inner),
+        None => None,
+    };
+    while let Some(err) = cur {
+        if let Some(cap) = err.downcast_ref::<CapExceeded>() {
+            return Some(cap.0.clone());
+        }
+        if let Some(found) = err.downcast_ref::<io::Error>().and_then(find_cap) {
+            return Some(found);
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// An error reading `what` as a tar archive, told without the tar crate's
+/// own message, which quotes header fields: given a file that is not a tar
+/// at all (a private key, say), it would print its first hundred bytes.
+/// Our caps and the system's errors are told as they are.
+fn tar_error(e: io::Error, what: &str) -> anyhow::Error {
+    if let Some(cap) = find_cap(&e) {
+        return anyhow!("{cap}");
+    }
+    if e.raw_os_error().is_some() {
+        return anyhow::Error::new(e).context(format!("reading {what}"));
+    }
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof => {
+            anyhow!("{what} ends in the middle of an entry: it is truncated")
+        }
+        _ => anyhow!(
+            "{what} is not a tar archive, or a damaged one (a header does not parse, or the \
+             compression is damaged)"
+        ),
+    }
+}
+
+/// A JSON error without the input's bytes: serde quotes the strings it did
+/// not expect (in double quotes; backticks quote the schema's field names);
+/// those are elided.
+fn json_error(e: &serde_json::Error) -> String {
+    let mut out = String::new();
+    let mut quoted = None;
+    for c in e.to_string().chars() {
+        match quoted {
+            Some(q) if c == q => {
+                out.push('…');
+                out.push(c);
+                quoted = None;
+            }
+            Some(_) => {}
+            None => {
+                out.push(c);
+                if c == '"' {
+                    quoted = Some(c);
+                }
+            }
+        }
+    }
+    if quoted.is_some() {
+        out.push('…');
+    }
+    out
 }

@@ -1,47 +1,114 @@
 // Tests panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
 
-use super::writer::{assemble, digest_of, header};
+use super::reader::{TAR_ALLOWANCE, Work, extract_counted};
+use super::writer::{digest_of, header, write_layer};
 use super::*;
-use contract::paths::{INSTALLER_PAYLOAD_DIR, PAYLOAD_FILES};
+use crate::artifact::Kind;
+use crate::sign::{self, Manifest, Signer, VerifyingKey};
+use contract::paths::{
+    INSTALLER_PAYLOAD_DIR, PAYLOAD_BOOT_LOADER, PAYLOAD_FILES, PAYLOAD_INITRAMFS, PAYLOAD_KERNEL,
+    PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE,
+};
+use serde_json::json;
+use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 const EPOCH: u64 = 1_700_000_000;
 
-/// A payload directory and a fake binary in `dir`; returns the spec.
-fn spec_in(dir: &Path) -> ImageSpec {
+/// A signing key made from a seed, for tests.
+struct TestKey(ed25519_dalek::SigningKey);
+
+impl Signer for TestKey {
+    fn public_key(&self) -> VerifyingKey {
+        self.0.verifying_key()
+    }
+    fn sign(&self, message: &[u8]) -> anyhow::Result<sign::Signature> {
+        Ok(ed25519_dalek::Signer::sign(&self.0, message))
+    }
+}
+
+fn key(seed: u8) -> TestKey {
+    TestKey(ed25519_dalek::SigningKey::from_bytes(&[seed; 32]))
+}
+
+/// A verifier that trusts `key` only, as the installer trusts a disk's keys.
+fn trusting(key: VerifyingKey) -> impl Fn(&[u8], &[u8]) -> anyhow::Result<Manifest> {
+    move |m, s| sign::verify_manifest_bytes(m, s, &key, PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE)
+}
+
+/// The key the payloads of these tests are signed with.
+fn signer() -> TestKey {
+    key(1)
+}
+
+/// Extracts with a verifier that trusts [`signer`]'s key.
+fn extract(archive: &Path, dest: &Path) -> anyhow::Result<PathBuf> {
+    extract_payload(archive, dest, &trusting(signer().public_key()))
+}
+
+/// Extracts with `verify`, counting the work.
+fn extract_work(
+    archive: &Path,
+    dest: &Path,
+    verify: Verifier,
+) -> (anyhow::Result<PathBuf>, u64, usize) {
+    let work = Work::default();
+    let r = extract_counted(archive, dest, verify, &work);
+    (r, work.unpacked.get(), work.layers.get())
+}
+
+/// The files of a payload (patterned bytes: kernel, initramfs, boot loader)
+/// and their manifest, signed by [`signer`], in `dir/payload`.
+fn payload_in(dir: &Path) -> PathBuf {
     let payload = dir.join("payload");
     std::fs::create_dir_all(&payload).unwrap();
-    for (i, name) in PAYLOAD_FILES.iter().enumerate() {
-        let bytes: Vec<u8> = (0..5000u32 + i as u32 * 77)
-            .map(|n| (n * 31 + i as u32) as u8)
-            .collect();
-        std::fs::write(payload.join(name), bytes).unwrap();
-    }
-    std::fs::write(dir.join("imager"), b"\x7fELF not really").unwrap();
-    let mut entries = vec![
-        Entry::File {
-            path: "usr/bin/imager".into(),
-            source: dir.join("imager"),
-            mode: 0o755,
-        },
-        Entry::Symlink {
-            path: "usr/bin/installer".into(),
-            target: "imager".into(),
-        },
+    let files = [
+        (PAYLOAD_KERNEL, Kind::Kernel, 5000u32),
+        (PAYLOAD_INITRAMFS, Kind::Initramfs, 5077),
+        (PAYLOAD_BOOT_LOADER, Kind::BootLoader, 3000),
     ];
-    for name in PAYLOAD_FILES {
-        entries.push(Entry::File {
-            path: format!("{INSTALLER_PAYLOAD_DIR}/{name}"),
-            source: payload.join(name),
-            mode: 0o644,
-        });
+    let mut artifacts = Vec::new();
+    for (i, (name, kind, len)) in files.into_iter().enumerate() {
+        let bytes: Vec<u8> = (0..len).map(|n| (n * 31 + i as u32) as u8).collect();
+        std::fs::write(payload.join(name), bytes).unwrap();
+        artifacts.push(sign::describe(&payload, kind, name).unwrap());
     }
+    let m = Manifest {
+        boot: Some(sign::Boot {
+            title: "Imager 0.1.0".into(),
+            cmdline: "console=ttyS0".into(),
+        }),
+        ..Manifest::new(
+            "metal",
+            "0.1.0",
+            "profiles/installer.yaml",
+            EPOCH,
+            artifacts,
+        )
+    };
+    sign::write_signed_manifest(&payload, &m, &signer()).unwrap();
+    payload
+}
+
+/// The sum of the sizes [`payload_in`] signs.
+const DECLARED: u64 = 5000 + 5077 + 3000;
+
+/// The layers of an installer image, as `build::installer` makes them: the
+/// signed manifest, the payload, the installer binary.
+fn layers_in(dir: &Path) -> Vec<Vec<Entry>> {
+    let payload = payload_in(dir);
+    std::fs::write(dir.join("imager"), b"\x7fELF not really").unwrap();
+    crate::build::installer_spec(&payload, &LISTED, &dir.join("imager"), "0.1.0", EPOCH).layers
+}
+
+fn spec_in(dir: &Path) -> ImageSpec {
     ImageSpec {
-        entries,
+        layers: layers_in(dir),
         entrypoint: vec!["/usr/bin/installer".into()],
         tag: "0.1.0".into(),
         epoch: EPOCH,
@@ -55,6 +122,13 @@ fn names(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// Nothing under a final name in `dest` (or no `dest` at all).
+fn assert_empty(dest: &Path, what: &str) {
+    if dest.exists() {
+        assert!(names(dest).is_empty(), "{what}: {:?}", names(dest));
+    }
 }
 
 /// Path → (offset, size) of every regular file in an archive.
@@ -79,6 +153,22 @@ fn flip(path: &Path, at: u64) {
     std::fs::write(path, bytes).unwrap();
 }
 
+/// The paths, kinds and modes inside a layer tar.
+fn listing(layer: &[u8]) -> Vec<(String, tar::EntryType, u32)> {
+    tar::Archive::new(layer)
+        .entries()
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.path().unwrap().display().to_string(),
+                e.header().entry_type(),
+                e.header().mode().unwrap(),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn round_trip_gives_the_payload_back_and_is_reproducible() {
     let t = tempfile::tempdir().unwrap();
@@ -95,7 +185,7 @@ fn round_trip_gives_the_payload_back_and_is_reproducible() {
     // No temporaries are left beside the archives.
     assert_eq!(names(&out), ["a.tar", "b.tar"]);
 
-    // The archive: layout, index, three blobs, sorted, owned by 0:0 at EPOCH.
+    // The archive: layout, index, five blobs, sorted, owned by 0:0 at EPOCH.
     let mut ar = tar::Archive::new(File::open(&a.path).unwrap());
     let listed: Vec<(String, u64, u64, u32)> = ar
         .entries()
@@ -122,68 +212,84 @@ fn round_trip_gives_the_payload_back_and_is_reproducible() {
     assert_eq!(
         paths
             .iter()
-            .filter(|p| p.starts_with("blobs/sha256/"))
+            .filter(|p| p.starts_with("blobs/sha256/") && **p != "blobs/sha256/")
             .count(),
-        4
+        5
     );
 
     let m = members(&a.path);
-    let read = |name: &str| {
-        let (at, size) = m[name];
+    let read = |digest: &str| {
+        let (at, size) = m[&format!("blobs/sha256/{}", digest.trim_start_matches("sha256:"))];
         let bytes = std::fs::read(&a.path).unwrap();
         bytes[at as usize..(at + size) as usize].to_vec()
     };
-    let index: serde_json::Value = serde_json::from_slice(&read("index.json")).unwrap();
+    let (at, size) = m["index.json"];
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&a.path).unwrap()[at as usize..(at + size) as usize])
+            .unwrap();
     assert_eq!(index["manifests"][0]["annotations"][REF_NAME], "0.1.0");
     assert_eq!(index["manifests"][0]["digest"], a.manifest_digest.as_str());
-    let config: serde_json::Value = serde_json::from_slice(&read(&format!(
-        "blobs/sha256/{}",
-        a.config_digest.trim_start_matches("sha256:")
-    )))
-    .unwrap();
+    let config: serde_json::Value = serde_json::from_slice(&read(&a.config_digest)).unwrap();
     assert_eq!(config["architecture"], "amd64");
     assert_eq!(config["os"], "linux");
     assert_eq!(config["created"], "2023-11-14T22:13:20Z");
     assert_eq!(config["config"]["Entrypoint"][0], "/usr/bin/installer");
-    assert_eq!(config["rootfs"]["diff_ids"][0], a.layer_digest.as_str());
+    assert_eq!(a.layers.len(), 3);
+    for (i, (digest, _)) in a.layers.iter().enumerate() {
+        assert_eq!(config["rootfs"]["diff_ids"][i], digest.as_str());
+    }
+    let manifest: serde_json::Value = serde_json::from_slice(&read(&a.manifest_digest)).unwrap();
+    for (i, (digest, size)) in a.layers.iter().enumerate() {
+        let d = &manifest["layers"][i];
+        assert_eq!(d["digest"], digest.as_str());
+        assert_eq!(d["size"], *size);
+        assert_eq!(d["mediaType"], MEDIA_TYPE_LAYER);
+    }
 
-    // The layer: parent directories first, the link, fixed modes.
-    let layer = read(&format!(
-        "blobs/sha256/{}",
-        a.layer_digest.trim_start_matches("sha256:")
-    ));
-    let mut lar = tar::Archive::new(layer.as_slice());
-    let inside: Vec<(String, tar::EntryType, u32)> = lar
-        .entries()
-        .unwrap()
-        .map(|e| {
-            let e = e.unwrap();
-            (
-                e.path().unwrap().display().to_string(),
-                e.header().entry_type(),
-                e.header().mode().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(inside[0], ("usr/".into(), tar::EntryType::Directory, 0o755));
-    assert!(inside.contains(&("usr/bin/installer".into(), tar::EntryType::Symlink, 0o777)));
-    assert!(inside.contains(&("usr/bin/imager".into(), tar::EntryType::Regular, 0o755)));
-    assert!(inside.contains(&(
-        "usr/install/amd64/vmlinuz".into(),
-        tar::EntryType::Regular,
-        0o644
-    )));
+    // The layers: the signed manifest alone, then the payload, then the
+    // installer; parent directories first, fixed modes.
+    let dir = |name: &str| (name.to_string(), tar::EntryType::Directory, 0o755);
+    let file = |name: &str, mode| (name.to_string(), tar::EntryType::Regular, mode);
+    let p = |name: &str| format!("{INSTALLER_PAYLOAD_DIR}/{name}");
+    let payload_dirs = [dir("usr/"), dir("usr/install/"), dir("usr/install/amd64/")];
+    let mut want0 = payload_dirs.to_vec();
+    want0.extend([
+        file(&p(PAYLOAD_MANIFEST), 0o644),
+        file(&p(PAYLOAD_SIGNATURE), 0o644),
+    ]);
+    assert_eq!(listing(&read(&a.layers[MANIFEST_LAYER].0)), want0);
+    let mut want1 = payload_dirs.to_vec();
+    want1.extend([
+        file(&p(PAYLOAD_INITRAMFS), 0o644),
+        file(&p(PAYLOAD_BOOT_LOADER), 0o644),
+        file(&p(PAYLOAD_KERNEL), 0o644),
+    ]);
+    assert_eq!(listing(&read(&a.layers[PAYLOAD_LAYER].0)), want1);
+    assert_eq!(
+        listing(&read(&a.layers[2].0)),
+        [
+            dir("usr/"),
+            dir("usr/bin/"),
+            file("usr/bin/imager", 0o755),
+            ("usr/bin/installer".into(), tar::EntryType::Symlink, 0o777),
+        ]
+    );
 
-    // Read back: the same payload bytes, nothing else in dest.
+    // Read back: the same payload bytes, nothing else in dest; the
+    // installer's layer is never opened.
     let dest = t.path().join("extracted");
-    let dir = extract_payload(&a.path, &dest).unwrap();
+    let (got, _, layers) = extract_work(&a.path, &dest, &trusting(signer().public_key()));
+    let dir = got.unwrap();
     assert_eq!(dir, dest);
-    assert_eq!(names(&dir), {
-        let mut v: Vec<String> = PAYLOAD_FILES.iter().map(|s| s.to_string()).collect();
-        v.sort();
-        v
-    });
-    for name in PAYLOAD_FILES {
+    assert_eq!(layers, 2);
+    let mut want: Vec<String> = PAYLOAD_FILES
+        .iter()
+        .chain([&PAYLOAD_BOOT_LOADER])
+        .map(|s| s.to_string())
+        .collect();
+    want.sort();
+    assert_eq!(names(&dir), want);
+    for name in &want {
         assert_eq!(
             std::fs::read(dir.join(name)).unwrap(),
             std::fs::read(t.path().join("payload").join(name)).unwrap(),
@@ -193,7 +299,7 @@ fn round_trip_gives_the_payload_back_and_is_reproducible() {
 
     // A directory holding the payload is taken as it is.
     let payload = t.path().join("payload");
-    assert_eq!(extract_payload(&payload, &dest).unwrap(), payload);
+    assert_eq!(extract(&payload, &dest).unwrap(), payload);
 
     // An OCI layout directory (the archive unpacked) reads too.
     let layout = t.path().join("layout");
@@ -201,8 +307,8 @@ fn round_trip_gives_the_payload_back_and_is_reproducible() {
         .unpack(&layout)
         .unwrap();
     let dest2 = t.path().join("extracted2");
-    extract_payload(&layout, &dest2).unwrap();
-    for name in PAYLOAD_FILES {
+    extract(&layout, &dest2).unwrap();
+    for name in &want {
         assert_eq!(
             std::fs::read(dest2.join(name)).unwrap(),
             std::fs::read(dest.join(name)).unwrap()
@@ -220,24 +326,22 @@ fn a_flipped_byte_in_any_blob_is_refused_and_nothing_is_extracted() {
         .into_iter()
         .filter(|(p, _)| p.starts_with("blobs/sha256/"))
         .collect();
-    assert_eq!(blobs.len(), 3);
+    assert_eq!(blobs.len(), 5);
     for (path, (at, size)) in blobs {
         let bad = t.path().join("bad.tar");
         std::fs::copy(&good, &bad).unwrap();
         flip(&bad, at + size / 2);
         let dest = t.path().join("dest");
         let _ = std::fs::remove_dir_all(&dest);
-        let e = format!("{:#}", extract_payload(&bad, &dest).unwrap_err());
+        // The installer's layer too, which is not unpacked but hashed.
+        let e = format!("{:#}", extract(&bad, &dest).unwrap_err());
         let digest = format!("sha256:{}", path.trim_start_matches("blobs/sha256/"));
         assert!(
             e.contains(&format!("blob {digest} does not match its digest"))
                 && e.contains("the archive is corrupt"),
             "{path}: {e}"
         );
-        // Nothing under a final name.
-        if dest.exists() {
-            assert!(names(&dest).is_empty(), "{:?}", names(&dest));
-        }
+        assert_empty(&dest, &path);
     }
 }
 
@@ -254,13 +358,13 @@ fn missing_and_foreign_inputs_are_named() {
         b.append_data(&mut h, "oci-layout", &b"{}"[..]).unwrap();
         b.finish().unwrap();
     }
-    let e = format!("{:#}", extract_payload(&no_index, &dest).unwrap_err());
+    let e = format!("{:#}", extract(&no_index, &dest).unwrap_err());
     assert!(e.contains("not an OCI archive: no index.json"), "{e}");
 
     // Not a tar at all.
     let junk = t.path().join("junk.bin");
     std::fs::write(&junk, vec![0x5au8; 4096]).unwrap();
-    let e = format!("{:#}", extract_payload(&junk, &dest).unwrap_err());
+    let e = format!("{:#}", extract(&junk, &dest).unwrap_err());
     assert!(
         e.contains("tar archive") || e.contains("no index.json"),
         "{e}"
@@ -270,7 +374,7 @@ fn missing_and_foreign_inputs_are_named() {
     let half = t.path().join("half");
     std::fs::create_dir_all(&half).unwrap();
     std::fs::write(half.join("vmlinuz"), b"k").unwrap();
-    let e = format!("{:#}", extract_payload(&half, &dest).unwrap_err());
+    let e = format!("{:#}", extract(&half, &dest).unwrap_err());
     assert!(
         e.contains("neither a payload directory") && e.contains("manifest.json.sig"),
         "{e}"
@@ -279,46 +383,345 @@ fn missing_and_foreign_inputs_are_named() {
     // Missing file.
     let e = format!(
         "{:#}",
-        extract_payload(&t.path().join("nope.tar"), &dest).unwrap_err()
+        extract(&t.path().join("nope.tar"), &dest).unwrap_err()
     );
     assert!(e.contains("nope.tar"), "{e}");
 
-    // An image without a payload.
+    // A FIFO (open() would wait for a writer for ever), as the archive and
+    // as a blob of a layout directory.
+    let fifo = t.path().join("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let e = format!("{:#}", extract(&fifo, &dest).unwrap_err());
+    assert!(e.contains("fifo is not a regular file"), "{e}");
+    let a = write_image(&t.path().join("a.tar"), &spec_in(t.path())).unwrap();
+    let layout = t.path().join("layout");
+    tar::Archive::new(File::open(&a.path).unwrap())
+        .unpack(&layout)
+        .unwrap();
+    let blob = layout
+        .join("blobs/sha256")
+        .join(a.layers[MANIFEST_LAYER].0.trim_start_matches("sha256:"));
+    std::fs::remove_file(&blob).unwrap();
+    std::fs::rename(&fifo, &blob).unwrap();
+    let e = format!("{:#}", extract(&layout, &dest).unwrap_err());
+    assert!(
+        e.contains("is not a regular file") && e.contains("the image is incomplete"),
+        "{e}"
+    );
+
+    // An image whose first layer lacks the signature.
     let mut spec = spec_in(t.path());
-    spec.entries
-        .retain(|e| !e.path().ends_with("manifest.json.sig"));
+    spec.layers[MANIFEST_LAYER].retain(|e| !e.path().ends_with("manifest.json.sig"));
     let partial = t.path().join("partial.tar");
     write_image(&partial, &spec).unwrap();
-    let e = format!("{:#}", extract_payload(&partial, &dest).unwrap_err());
+    let e = format!("{:#}", extract(&partial, &dest).unwrap_err());
     assert!(
-        e.contains("has no usr/install/amd64/manifest.json.sig")
+        e.contains("first layer has no usr/install/amd64/manifest.json.sig")
             && e.contains("not an installer image"),
         "{e}"
     );
+
+    // An image of one layer, as older imagers made them.
+    let mut spec = spec_in(t.path());
+    spec.layers = vec![spec.layers.concat()];
+    let old = t.path().join("old.tar");
+    write_image(&old, &spec).unwrap();
+    let (got, unpacked, layers) = extract_work(&old, &dest, &trusting(signer().public_key()));
+    let e = format!("{:#}", got.unwrap_err());
+    assert!(
+        e.contains("the image has 1 layer(s)") && e.contains("made by an older imager"),
+        "{e}"
+    );
+    assert_eq!((unpacked, layers), (0, 0));
+
+    // A payload manifest that lists no kernel.
+    let mut spec = spec_in(t.path());
+    let payload = t.path().join("payload");
+    let m = Manifest::new(
+        "metal",
+        "0.1.0",
+        "p",
+        EPOCH,
+        vec![sign::describe(&payload, Kind::Initramfs, PAYLOAD_INITRAMFS).unwrap()],
+    );
+    sign::write_signed_manifest(&payload, &m, &signer()).unwrap();
+    spec.layers[PAYLOAD_LAYER].retain(|e| e.path().ends_with(PAYLOAD_INITRAMFS));
+    let no_kernel = t.path().join("no-kernel.tar");
+    write_image(&no_kernel, &spec).unwrap();
+    let e = format!("{:#}", extract(&no_kernel, &dest).unwrap_err());
+    assert!(
+        e.contains("the signed payload manifest lists no vmlinuz"),
+        "{e}"
+    );
+    assert_empty(&dest, "no kernel");
 }
 
-/// An image whose layer holds the entries `make` writes (raw headers, so
-/// that paths the tar crate refuses to write can be tested).
-fn image_with_layer(dir: &Path, make: impl Fn(&mut tar::Builder<&File>)) -> PathBuf {
-    let spec = spec_in(dir);
-    let layer = tempfile::tempfile().unwrap();
+#[test]
+fn a_private_key_given_as_the_archive_is_never_quoted() {
+    use ed25519_dalek::pkcs8::EncodePrivateKey;
+    use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
+    let t = tempfile::tempdir().unwrap();
+    let dest = t.path().join("dest");
+    let pem = key(9).0.to_pkcs8_pem(LineEnding::LF).unwrap();
+    let body: Vec<&str> = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    assert!(!body.is_empty());
+    let leaks = |e: &str| e.contains("PRIVATE") || body.iter().any(|l| e.contains(&l[..16]));
+
+    // The key file itself (the tar crate would quote its first 100 bytes).
+    let k = t.path().join("key.pem");
+    std::fs::write(&k, pem.as_bytes()).unwrap();
+    let e = format!("{:#}", extract(&k, &dest).unwrap_err());
+    assert!(!leaks(&e), "{e}");
+    assert!(e.contains("is not a tar archive, or a damaged one"), "{e}");
+
+    // The key as a JSON string where a number belongs (serde quotes it).
+    let img = t.path().join("key-in-index.tar");
     {
-        let mut b = tar::Builder::new(&layer);
-        make(&mut b);
+        let index = serde_json::to_vec(&json!({ "schemaVersion": pem.as_str() })).unwrap();
+        let mut b = tar::Builder::new(File::create(&img).unwrap());
+        for (path, bytes) in [
+            ("index.json", index.as_slice()),
+            (
+                "oci-layout",
+                br#"{"imageLayoutVersion":"1.0.0"}"#.as_slice(),
+            ),
+        ] {
+            let mut h = header(tar::EntryType::Regular, 0o644, bytes.len() as u64, EPOCH);
+            b.append_data(&mut h, path, bytes).unwrap();
+        }
         b.finish().unwrap();
     }
+    let e = format!("{:#}", extract(&img, &dest).unwrap_err());
+    assert!(!leaks(&e), "{e}");
+    assert!(
+        e.contains("index.json is not a valid OCI image index: invalid type: string \"…\""),
+        "{e}"
+    );
+
+    // The key as a layer entry's name, with `..` in it.
+    let t2 = tempfile::tempdir().unwrap();
+    let name = format!("../{}", &body[0][..60]);
+    let img = image_with_payload_layer(t2.path(), |b| {
+        raw_entry(b, tar::EntryType::Regular, &name, "", b"x");
+    });
+    let e = format!("{:#}", extract(&img, &dest).unwrap_err());
+    assert!(
+        e.contains("entry 0 of the layer has a path that contains `..`"),
+        "{e}"
+    );
+    assert!(!e.contains(&body[0][..60]), "{e}");
+}
+
+/// A layer blob: media type, bytes (as stored) and diff_id.
+#[derive(Clone)]
+struct Blob {
+    media_type: &'static str,
+    bytes: Vec<u8>,
+    diff_id: String,
+}
+
+/// The uncompressed layer of `entries`, as the writer makes it.
+fn layer_of(entries: &[Entry]) -> Blob {
+    let f = tempfile::tempfile().unwrap();
+    let (hex, _) = write_layer(&f, entries, EPOCH).unwrap();
     let mut bytes = Vec::new();
-    (&layer).seek(SeekFrom::Start(0)).unwrap();
-    (&layer).read_to_end(&mut bytes).unwrap();
-    let hex = digest_of(&bytes).trim_start_matches("sha256:").to_string();
-    let size = bytes.len() as u64;
+    (&f).seek(SeekFrom::Start(0)).unwrap();
+    (&f).read_to_end(&mut bytes).unwrap();
+    Blob {
+        media_type: MEDIA_TYPE_LAYER,
+        bytes,
+        diff_id: format!("sha256:{hex}"),
+    }
+}
+
+/// A layer of raw entries (so that what the tar crate refuses to write can
+/// be tested).
+fn raw_layer(make: impl Fn(&mut tar::Builder<Vec<u8>>)) -> Blob {
+    let mut b = tar::Builder::new(Vec::new());
+    make(&mut b);
+    let bytes = b.into_inner().unwrap();
+    let diff_id = digest_of(&bytes);
+    Blob {
+        media_type: MEDIA_TYPE_LAYER,
+        bytes,
+        diff_id,
+    }
+}
+
+fn gzip(b: &Blob) -> Blob {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::new(6));
+    e.write_all(&b.bytes).unwrap();
+    Blob {
+        media_type: MEDIA_TYPE_LAYER_GZIP,
+        bytes: e.finish().unwrap(),
+        diff_id: b.diff_id.clone(),
+    }
+}
+
+fn zstd(b: &Blob) -> Blob {
+    Blob {
+        media_type: MEDIA_TYPE_LAYER_ZSTD,
+        bytes: zstd::encode_all(b.bytes.as_slice(), 3).unwrap(),
+        diff_id: b.diff_id.clone(),
+    }
+}
+
+/// What a streamed layer holds.
+enum Data<'a> {
+    Bytes(&'a [u8]),
+    Zeros(u64),
+}
+
+/// A zstd layer of `entries`, built streaming: the tar is hashed (its
+/// diff_id) and compressed on the way, never held whole.
+fn streamed_layer(entries: &[(&str, Data)]) -> Blob {
+    struct Out {
+        hasher: Sha256,
+        zstd: zstd::Encoder<'static, Vec<u8>>,
+    }
+    impl Out {
+        fn put(&mut self, bytes: &[u8]) {
+            self.hasher.update(bytes);
+            self.zstd.write_all(bytes).unwrap();
+        }
+    }
+    let mut out = Out {
+        hasher: Sha256::new(),
+        zstd: zstd::Encoder::new(Vec::new(), 1).unwrap(),
+    };
+    let zeros = vec![0u8; 1 << 20];
+    for (path, data) in entries {
+        let size = match data {
+            Data::Bytes(b) => b.len() as u64,
+            Data::Zeros(n) => *n,
+        };
+        let mut h = header(tar::EntryType::Regular, 0o644, size, EPOCH);
+        h.set_path(path).unwrap();
+        h.set_cksum();
+        out.put(h.as_bytes());
+        match data {
+            Data::Bytes(b) => out.put(b),
+            Data::Zeros(n) => {
+                let mut left = *n;
+                while left > 0 {
+                    let k = left.min(zeros.len() as u64);
+                    out.put(&zeros[..k as usize]);
+                    left -= k;
+                }
+            }
+        }
+        out.put(&zeros[..((512 - size % 512) % 512) as usize]);
+    }
+    out.put(&zeros[..1024]);
+    Blob {
+        media_type: MEDIA_TYPE_LAYER_ZSTD,
+        diff_id: format!("sha256:{}", hex::encode(out.hasher.finalize())),
+        bytes: out.zstd.finish().unwrap(),
+    }
+}
+
+/// One GiB of zeros as the payload's kernel, zstd-compressed (a few tens of
+/// KB): the attack's layer, made once.
+const GIB: u64 = 1 << 30;
+fn gib_of_zeros() -> &'static Blob {
+    static B: OnceLock<Blob> = OnceLock::new();
+    B.get_or_init(|| {
+        streamed_layer(&[(
+            &format!("{INSTALLER_PAYLOAD_DIR}/{PAYLOAD_KERNEL}"),
+            Data::Zeros(GIB),
+        )])
+    })
+}
+
+/// An OCI archive of one image of `layers` (bottom first), as skopeo could
+/// make it: each blob stored once, however often it is named.
+fn craft(dest: &Path, layers: &[&Blob]) {
+    let config = serde_json::to_vec(&json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "rootfs": {
+            "type": "layers",
+            "diff_ids": layers.iter().map(|l| l.diff_id.as_str()).collect::<Vec<_>>(),
+        },
+    }))
+    .unwrap();
+    let manifest = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": MEDIA_TYPE_MANIFEST,
+        "config": {
+            "mediaType": MEDIA_TYPE_CONFIG,
+            "digest": digest_of(&config),
+            "size": config.len(),
+        },
+        "layers": layers.iter().map(|l| json!({
+            "mediaType": l.media_type,
+            "digest": digest_of(&l.bytes),
+            "size": l.bytes.len(),
+        })).collect::<Vec<_>>(),
+    }))
+    .unwrap();
+    let index = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": MEDIA_TYPE_INDEX,
+        "manifests": [{
+            "mediaType": MEDIA_TYPE_MANIFEST,
+            "digest": digest_of(&manifest),
+            "size": manifest.len(),
+            "platform": { "architecture": "amd64", "os": "linux" },
+            "annotations": { REF_NAME: "0.1.0" },
+        }],
+    }))
+    .unwrap();
+    let mut files: BTreeMap<String, &[u8]> = BTreeMap::new();
+    files.insert("oci-layout".into(), br#"{"imageLayoutVersion":"1.0.0"}"#);
+    files.insert("index.json".into(), &index);
+    let blob = |bytes: &[u8]| {
+        format!(
+            "blobs/sha256/{}",
+            digest_of(bytes).trim_start_matches("sha256:")
+        )
+    };
+    files.insert(blob(&manifest), &manifest);
+    files.insert(blob(&config), &config);
+    for l in layers {
+        files.insert(blob(&l.bytes), &l.bytes);
+    }
+    let mut b = tar::Builder::new(File::create(dest).unwrap());
+    for (path, bytes) in files {
+        let mut h = header(tar::EntryType::Regular, 0o644, bytes.len() as u64, EPOCH);
+        b.append_data(&mut h, path, bytes).unwrap();
+    }
+    b.finish().unwrap();
+}
+
+/// The layers of [`layers_in`] as blobs: signed manifest, payload, binary.
+fn blobs_in(dir: &Path) -> [Blob; 3] {
+    let l = layers_in(dir);
+    [layer_of(&l[0]), layer_of(&l[1]), layer_of(&l[2])]
+}
+
+/// An image whose payload layer holds the entries `make` writes.
+fn image_with_payload_layer(dir: &Path, make: impl Fn(&mut tar::Builder<Vec<u8>>)) -> PathBuf {
+    let [signed, _, binary] = blobs_in(dir);
     let dest = dir.join("crafted.tar");
-    assemble(&dest, &layer, &hex, size, &spec).unwrap();
+    craft(&dest, &[&signed, &raw_layer(make), &binary]);
+    dest
+}
+
+/// An image whose first layer holds the entries `make` writes.
+fn image_with_manifest_layer(dir: &Path, make: impl Fn(&mut tar::Builder<Vec<u8>>)) -> PathBuf {
+    let [_, payload, binary] = blobs_in(dir);
+    let dest = dir.join("crafted.tar");
+    craft(&dest, &[&raw_layer(make), &payload, &binary]);
     dest
 }
 
 fn raw_entry(
-    b: &mut tar::Builder<&File>,
+    b: &mut tar::Builder<Vec<u8>>,
     kind: tar::EntryType,
     path: &str,
     link: &str,
@@ -334,42 +737,52 @@ fn raw_entry(
     b.append(&h, data).unwrap();
 }
 
-fn payload_files(b: &mut tar::Builder<&File>) {
-    for name in PAYLOAD_FILES {
-        raw_entry(
-            b,
-            tar::EntryType::Regular,
-            &format!("{INSTALLER_PAYLOAD_DIR}/{name}"),
-            "",
-            name.as_bytes(),
-        );
+/// The payload files `payload_in` made in `dir`, as layer entries.
+fn payload_files(dir: &Path, names: &[&str]) -> impl Fn(&mut tar::Builder<Vec<u8>>) {
+    let files: Vec<(String, Vec<u8>)> = names
+        .iter()
+        .map(|n| {
+            (
+                format!("{INSTALLER_PAYLOAD_DIR}/{n}"),
+                std::fs::read(dir.join("payload").join(n)).unwrap(),
+            )
+        })
+        .collect();
+    move |b| {
+        for (path, bytes) in &files {
+            raw_entry(b, tar::EntryType::Regular, path, "", bytes);
+        }
     }
 }
 
+const LISTED: [&str; 3] = [PAYLOAD_KERNEL, PAYLOAD_INITRAMFS, PAYLOAD_BOOT_LOADER];
+const SIGNED: [&str; 2] = [PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE];
+
 #[test]
 fn unsafe_layer_entries_are_refused() {
-    type Make = Box<dyn Fn(&mut tar::Builder<&File>)>;
-    let cases: [(&str, Make, &str); 5] = [
+    type Make = Box<dyn Fn(&Path, &mut tar::Builder<Vec<u8>>)>;
+    // In the payload layer.
+    let cases: [(&str, Make, &str); 6] = [
         (
             "dotdot",
-            Box::new(|b| {
-                payload_files(b);
+            Box::new(|d, b| {
+                payload_files(d, &LISTED)(b);
                 raw_entry(b, tar::EntryType::Regular, "usr/../../evil", "", b"x");
             }),
-            "contains `..`",
+            "has a path that contains `..`",
         ),
         (
             "absolute",
-            Box::new(|b| {
+            Box::new(|d, b| {
                 raw_entry(b, tar::EntryType::Regular, "/etc/evil", "", b"x");
-                payload_files(b);
+                payload_files(d, &LISTED)(b);
             }),
             "absolute path",
         ),
         (
             "symlink in the payload",
-            Box::new(|b| {
-                payload_files(b);
+            Box::new(|d, b| {
+                payload_files(d, &[PAYLOAD_INITRAMFS, PAYLOAD_BOOT_LOADER])(b);
                 raw_entry(
                     b,
                     tar::EntryType::Symlink,
@@ -382,12 +795,12 @@ fn unsafe_layer_entries_are_refused() {
         ),
         (
             "hard link in the payload",
-            Box::new(|b| {
-                payload_files(b);
+            Box::new(|d, b| {
+                payload_files(d, &[PAYLOAD_KERNEL, PAYLOAD_BOOT_LOADER])(b);
                 raw_entry(
                     b,
                     tar::EntryType::Link,
-                    "usr/install/amd64/manifest.json",
+                    "usr/install/amd64/initramfs.zst",
                     "usr/bin/imager",
                     b"",
                 );
@@ -396,25 +809,78 @@ fn unsafe_layer_entries_are_refused() {
         ),
         (
             "link on the way",
-            Box::new(|b| {
+            Box::new(|d, b| {
                 raw_entry(b, tar::EntryType::Symlink, "usr/install", "/", b"");
-                payload_files(b);
+                payload_files(d, &LISTED)(b);
             }),
             "would lead elsewhere",
+        ),
+        (
+            "a listed file twice",
+            Box::new(|d, b| {
+                payload_files(d, &LISTED)(b);
+                payload_files(d, &[PAYLOAD_KERNEL])(b);
+            }),
+            "holds usr/install/amd64/vmlinuz twice",
         ),
     ];
     for (what, make, want) in cases {
         let t = tempfile::tempdir().unwrap();
-        let img = image_with_layer(t.path(), make);
+        let img = image_with_payload_layer(t.path(), |b| make(t.path(), b));
         let dest = t.path().join("dest");
-        let e = format!("{:#}", extract_payload(&img, &dest).unwrap_err());
+        let e = format!("{:#}", extract(&img, &dest).unwrap_err());
         assert!(e.contains(want) && e.contains("refusing"), "{what}: {e}");
-        assert!(names(&dest).is_empty(), "{what}");
+        assert_empty(&dest, what);
     }
 
-    // Whiteouts and later entries apply in order; "./" prefixes are fine.
+    // In the first layer.
+    let cases: [(&str, Make, &str); 3] = [
+        (
+            "symlink as the manifest",
+            Box::new(|d, b| {
+                payload_files(d, &[PAYLOAD_SIGNATURE])(b);
+                raw_entry(
+                    b,
+                    tar::EntryType::Symlink,
+                    "usr/install/amd64/manifest.json",
+                    "/etc/shadow",
+                    b"",
+                );
+            }),
+            "is a link (to \"/etc/shadow\")",
+        ),
+        (
+            "link on the way",
+            Box::new(|d, b| {
+                raw_entry(b, tar::EntryType::Symlink, "usr", "/", b"");
+                payload_files(d, &SIGNED)(b);
+            }),
+            "would lead elsewhere",
+        ),
+        (
+            "the manifest twice",
+            Box::new(|d, b| {
+                payload_files(d, &SIGNED)(b);
+                payload_files(d, &[PAYLOAD_MANIFEST])(b);
+            }),
+            "holds usr/install/amd64/manifest.json twice",
+        ),
+    ];
+    for (what, make, want) in cases {
+        let t = tempfile::tempdir().unwrap();
+        let img = image_with_manifest_layer(t.path(), |b| make(t.path(), b));
+        let dest = t.path().join("dest");
+        let (got, _, layers) = extract_work(&img, &dest, &trusting(signer().public_key()));
+        let e = format!("{:#}", got.unwrap_err());
+        assert!(e.contains(want) && e.contains("refusing"), "{what}: {e}");
+        assert_eq!(layers, 1, "{what}: the payload layer is not opened");
+        assert_empty(&dest, what);
+    }
+
+    // What the manifest does not list is not extracted: other files, files
+    // in subdirectories, whiteouts; "./" prefixes are fine.
     let t = tempfile::tempdir().unwrap();
-    let img = image_with_layer(t.path(), |b| {
+    let img = image_with_payload_layer(t.path(), |b| {
         raw_entry(
             b,
             tar::EntryType::Regular,
@@ -425,30 +891,301 @@ fn unsafe_layer_entries_are_refused() {
         raw_entry(
             b,
             tar::EntryType::Regular,
-            "usr/install/amd64/.wh.extra",
+            "usr/install/amd64/sub/x",
             "",
-            b"",
+            b"x",
         );
-        payload_files(b);
+        raw_entry(b, tar::EntryType::Regular, "etc/passwd", "", b"x");
         raw_entry(
             b,
             tar::EntryType::Regular,
-            "usr/install/amd64/vmlinuz",
+            "usr/install/amd64/.wh.vmlinuz",
             "",
-            b"k2",
+            b"",
+        );
+        payload_files(t.path(), &LISTED)(b);
+        raw_entry(
+            b,
+            tar::EntryType::Regular,
+            "usr/install/amd64/.wh..wh..opq",
+            "",
+            b"",
         );
     });
     let dest = t.path().join("dest");
-    extract_payload(&img, &dest).unwrap();
-    assert_eq!(std::fs::read(dest.join("vmlinuz")).unwrap(), b"k2");
-    assert!(!dest.join("extra").exists());
+    extract(&img, &dest).unwrap();
+    let mut want: Vec<&str> = LISTED.iter().chain(&SIGNED).copied().collect();
+    want.sort();
+    assert_eq!(names(&dest), want);
+}
+
+#[test]
+fn an_archive_not_signed_by_a_trusted_key_is_refused_before_its_layers_are_read() {
+    let t = tempfile::tempdir().unwrap();
+    let [signed, _, binary] = blobs_in(t.path());
+    let zeros = gib_of_zeros();
+    assert!(zeros.bytes.len() < 1 << 20, "{}", zeros.bytes.len());
+    // Valid in every way but its signature, its digests and diff_ids right:
+    // seven layers that unpack to 1 GiB each.
+    let img = t.path().join("unsigned.tar");
+    let mut layers = vec![&signed];
+    layers.extend([zeros; MAX_LAYERS - 2]);
+    layers.push(&binary);
+    craft(&img, &layers);
+    let dest = t.path().join("dest");
+
+    // Signed by another key than the one trusted.
+    let (got, unpacked, opened) = extract_work(&img, &dest, &trusting(key(2).public_key()));
+    let e = format!("{:#}", got.unwrap_err());
+    assert!(
+        e.contains("refusing the installer image before unpacking its payload")
+            && e.contains(&format!(
+                "is signed by key {} but the trusted key is {}",
+                signer().key_id(),
+                key(2).key_id()
+            )),
+        "{e}"
+    );
+    // Only the first layer was read, a few KB of it.
+    assert_eq!(opened, 1);
+    assert_eq!(unpacked, signed.bytes.len() as u64);
+    assert_empty(&dest, "another key");
+
+    // The right key, but the manifest changed after it was signed.
+    let mut forged = signed.clone();
+    let at = forged
+        .bytes
+        .windows(7)
+        .position(|w| w == b"\"metal\"")
+        .unwrap();
+    forged.bytes[at + 1] = b'M';
+    forged.diff_id = digest_of(&forged.bytes);
+    layers[0] = &forged;
+    craft(&img, &layers);
+    let (got, unpacked, opened) = extract_work(&img, &dest, &trusting(signer().public_key()));
+    let e = format!("{:#}", got.unwrap_err());
+    assert!(
+        e.contains("refusing the installer image before unpacking its payload")
+            && e.contains("signature manifest.json.sig does not match manifest.json"),
+        "{e}"
+    );
+    assert_eq!((opened, unpacked), (1, forged.bytes.len() as u64));
+    assert_empty(&dest, "forged");
+
+    // The huge layer first: refused after at most MAX_SMALL bytes of it.
+    layers[0] = zeros;
+    craft(&img, &layers);
+    let (got, unpacked, opened) = extract_work(&img, &dest, &trusting(signer().public_key()));
+    let e = format!("{:#}", got.unwrap_err());
+    assert!(
+        e.contains("first layer is larger than 1048576 bytes")
+            && e.contains("before its signature is checked"),
+        "{e}"
+    );
+    assert_eq!(opened, 1);
+    assert!(unpacked <= MAX_SMALL + 1, "{unpacked}");
+    assert_empty(&dest, "huge first layer");
+}
+
+#[test]
+fn too_many_layers_are_refused_before_any_is_read() {
+    let t = tempfile::tempdir().unwrap();
+    let [signed, payload, binary] = blobs_in(t.path());
+    let zeros = gib_of_zeros();
+    let img = t.path().join("many.tar");
+    let mut layers = vec![&signed, &payload];
+    layers.extend([zeros; 100]);
+    layers.push(&binary);
+    craft(&img, &layers);
+    let dest = t.path().join("dest");
+    let (got, unpacked, opened) = extract_work(&img, &dest, &trusting(signer().public_key()));
+    let e = format!("{:#}", got.unwrap_err());
+    assert!(
+        e.contains("the image has 103 layers, more than the 8 an installer image may have")
+            && e.contains("before reading any layer"),
+        "{e}"
+    );
+    assert_eq!((opened, unpacked), (0, 0));
+    assert_empty(&dest, "many layers");
+
+    // MAX_LAYERS is allowed (the payload is in the second).
+    let mut layers = vec![&signed, &payload];
+    layers.extend([&binary; MAX_LAYERS - 2]);
+    craft(&img, &layers);
+    let (got, _, opened) = extract_work(&img, &dest, &trusting(signer().public_key()));
+    got.unwrap();
+    assert_eq!(opened, 2);
+}
+
+#[test]
+fn the_signed_sizes_bound_what_is_read() {
+    let t = tempfile::tempdir().unwrap();
+    let [signed, _, binary] = blobs_in(t.path());
+    let dest = t.path().join("dest");
+    let img = t.path().join("big.tar");
+    let verify = trusting(signer().public_key());
+
+    // The kernel is 1 GiB in the image, 5000 bytes in the signed manifest:
+    // refused at its header, none of it read.
+    craft(&img, &[&signed, gib_of_zeros(), &binary]);
+    let (got, unpacked, opened) = extract_work(&img, &dest, &verify);
+    let e = format!("{:#}", got.unwrap_err());
+    assert!(
+        e.contains(&format!(
+            "usr/install/amd64/vmlinuz is {GIB} bytes in the image but the signed manifest \
+             says 5000"
+        )),
+        "{e}"
+    );
+    assert_eq!(opened, 2);
+    assert!(
+        unpacked <= signed.bytes.len() as u64 + 512,
+        "{unpacked} bytes unpacked"
+    );
+    assert_empty(&dest, "big kernel");
+
+    // The listed files as signed, and 64 MiB of something else beside them:
+    // refused once the layer unpacks to more than the signed sizes allow.
+    let read = |n: &str| std::fs::read(t.path().join("payload").join(n)).unwrap();
+    let (k, i, l) = (
+        read(PAYLOAD_KERNEL),
+        read(PAYLOAD_INITRAMFS),
+        read(PAYLOAD_BOOT_LOADER),
+    );
+    let p = |n: &str| format!("{INSTALLER_PAYLOAD_DIR}/{n}");
+    let padded = streamed_layer(&[
+        (&p(PAYLOAD_INITRAMFS), Data::Bytes(&i)),
+        (&p("padding"), Data::Zeros(64 << 20)),
+        (&p(PAYLOAD_BOOT_LOADER), Data::Bytes(&l)),
+        (&p(PAYLOAD_KERNEL), Data::Bytes(&k)),
+    ]);
+    craft(&img, &[&signed, &padded, &binary]);
+    let (got, unpacked, opened) = extract_work(&img, &dest, &verify);
+    let e = format!("{:#}", got.unwrap_err());
+    assert!(
+        e.contains(&format!(
+            "the payload layer unpacks to more than the {DECLARED} bytes the signed manifest \
+             declares"
+        )),
+        "{e}"
+    );
+    assert_eq!(opened, 2);
+    let bound = signed.bytes.len() as u64 + DECLARED + TAR_ALLOWANCE + 1;
+    assert!(unpacked <= bound, "{unpacked} > {bound}");
+    assert_empty(&dest, "padding");
+
+    // A kernel of the signed size but other bytes.
+    let mut other = k.clone();
+    other[100] ^= 1;
+    let changed = streamed_layer(&[
+        (&p(PAYLOAD_INITRAMFS), Data::Bytes(&i)),
+        (&p(PAYLOAD_BOOT_LOADER), Data::Bytes(&l)),
+        (&p(PAYLOAD_KERNEL), Data::Bytes(&other)),
+    ]);
+    craft(&img, &[&signed, &changed, &binary]);
+    let e = format!("{:#}", extract(&img, &dest).unwrap_err());
+    assert!(
+        e.contains("usr/install/amd64/vmlinuz does not match the signed manifest"),
+        "{e}"
+    );
+    assert_empty(&dest, "changed kernel");
+
+    // An uncompressed payload layer far larger than the signed sizes is
+    // refused before it is read.
+    let big = raw_layer(|b| {
+        payload_files(t.path(), &LISTED)(b);
+        raw_entry(b, tar::EntryType::Regular, "junk", "", &vec![7u8; 4 << 20]);
+    });
+    craft(&img, &[&signed, &big, &binary]);
+    let (got, unpacked, opened) = extract_work(&img, &dest, &verify);
+    let e = format!("{:#}", got.unwrap_err());
+    assert!(
+        e.contains(&format!(
+            "but the signed manifest declares {DECLARED} bytes"
+        )) && e.contains("before reading it"),
+        "{e}"
+    );
+    assert_eq!((opened, unpacked), (1, signed.bytes.len() as u64));
+}
+
+#[test]
+fn compressed_layers_read_as_skopeo_copies_them() {
+    let t = tempfile::tempdir().unwrap();
+    let [signed, payload, binary] = blobs_in(t.path());
+    for (what, c) in [("gzip", gzip as fn(&Blob) -> Blob), ("zstd", zstd)] {
+        let img = t.path().join(format!("{what}.tar"));
+        craft(&img, &[&c(&signed), &c(&payload), &c(&binary)]);
+        let dest = t.path().join(what);
+        extract(&img, &dest).unwrap();
+        for name in LISTED.iter().chain(&SIGNED) {
+            assert_eq!(
+                std::fs::read(dest.join(name)).unwrap(),
+                std::fs::read(t.path().join("payload").join(name)).unwrap(),
+                "{what}: {name}"
+            );
+        }
+    }
+}
+
+/// Writes the seeds of the `oci_archive` fuzz target (`fuzz/seeds/
+/// oci_archive/`, see the README there): run with
+/// `cargo test -p imager --lib oci::tests::write_fuzz_seeds -- --ignored`.
+#[test]
+#[ignore = "writes the fuzz seeds into the repository"]
+fn write_fuzz_seeds() {
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/oci_archive");
+    std::fs::create_dir_all(&out).unwrap();
+    let t = tempfile::tempdir().unwrap();
+    // Small payload files keep the seeds small.
+    let payload = payload_in(t.path());
+    for (i, name) in LISTED.iter().enumerate() {
+        std::fs::write(payload.join(name), vec![b'a' + i as u8; 40]).unwrap();
+    }
+    let artifacts = [Kind::Kernel, Kind::Initramfs, Kind::BootLoader]
+        .into_iter()
+        .zip(LISTED)
+        .map(|(kind, name)| sign::describe(&payload, kind, name).unwrap())
+        .collect();
+    let m = Manifest::new("metal", "0.1.0", "p", EPOCH, artifacts);
+    sign::write_signed_manifest(&payload, &m, &signer()).unwrap();
+    let spec = spec_in_payload(t.path(), &payload);
+    write_image(&out.join("installer.tar"), &spec).unwrap();
+    let [signed, listed, binary] = [0, 1, 2].map(|i| layer_of(&spec.layers[i]));
+    craft(
+        &out.join("installer-gzip.tar"),
+        &[&gzip(&signed), &gzip(&listed), &gzip(&binary)],
+    );
+    craft(
+        &out.join("installer-zstd.tar"),
+        &[&zstd(&signed), &zstd(&listed), &zstd(&binary)],
+    );
+    let mut old = spec.clone();
+    old.layers = vec![old.layers.concat()];
+    write_image(&out.join("one-layer.tar"), &old).unwrap();
+    for name in names(&out) {
+        let len = std::fs::metadata(out.join(&name)).unwrap().len();
+        assert!(len < 100 << 10, "{name}: {len} bytes");
+    }
+}
+
+/// [`spec_in`] around an existing payload directory.
+fn spec_in_payload(dir: &Path, payload: &Path) -> ImageSpec {
+    let mut spec = spec_in(dir);
+    for layer in &mut spec.layers[..2] {
+        for e in layer {
+            if let Entry::File { source, path, .. } = e {
+                *source = payload.join(path.rsplit('/').next().unwrap());
+            }
+        }
+    }
+    spec
 }
 
 #[test]
 fn image_paths_and_tags_are_checked() {
     let t = tempfile::tempdir().unwrap();
     let mut spec = spec_in(t.path());
-    spec.entries.push(Entry::Symlink {
+    spec.layers[2].push(Entry::Symlink {
         path: "usr/../x".into(),
         target: "y".into(),
     });
@@ -458,6 +1195,15 @@ fn image_paths_and_tags_are_checked() {
     );
     assert!(e.contains("`..`"), "{e}");
     assert!(!t.path().join("x.tar").exists());
+    // A file in two layers.
+    let mut spec = spec_in(t.path());
+    let dup = spec.layers[1][0].clone();
+    spec.layers[2].push(dup);
+    let e = format!(
+        "{:#}",
+        write_image(&t.path().join("x.tar"), &spec).unwrap_err()
+    );
+    assert!(e.contains("is given twice"), "{e}");
     let mut spec = spec_in(t.path());
     spec.tag = "1.0+build".into();
     let e = format!(

@@ -1,9 +1,9 @@
-//! Writes the installer image: an OCI archive of one uncompressed layer,
-//! byte for byte the same for the same inputs: every timestamp is the
-//! build's `SOURCE_DATE_EPOCH`, entries are sorted, owners are 0:0 without
-//! names, modes are fixed and every JSON document is compact with sorted
-//! keys. The layer is streamed to a temporary file while it is hashed, then
-//! copied into the archive; nothing large is held in memory.
+//! Writes the installer image: an OCI archive of uncompressed layers, byte
+//! for byte the same for the same inputs: every timestamp is the build's
+//! `SOURCE_DATE_EPOCH`, entries are sorted, owners are 0:0 without names,
+//! modes are fixed and every JSON document is compact with sorted keys. Each
+//! layer is streamed to a temporary file while it is hashed, then copied into
+//! the archive; nothing large is held in memory.
 
 use super::{LAYOUT_VERSION, MEDIA_TYPE_CONFIG, MEDIA_TYPE_INDEX, MEDIA_TYPE_LAYER};
 use super::{MEDIA_TYPE_MANIFEST, REF_NAME};
@@ -15,8 +15,9 @@ use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-/// A file or link of the image's layer. Paths are relative to the image's
-/// root, `/`-separated; parent directories are added (mode 0755).
+/// A file or link of one of the image's layers. Paths are relative to the
+/// image's root, `/`-separated; each layer gets the parent directories of its
+/// entries (mode 0755).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entry {
     /// A regular file with the bytes of `source`.
@@ -37,10 +38,12 @@ impl Entry {
     }
 }
 
-/// An image of one layer.
+/// An image of one or more layers.
 #[derive(Debug, Clone)]
 pub struct ImageSpec {
-    pub entries: Vec<Entry>,
+    /// The layers, bottom first, each the entries it holds. A path is in one
+    /// layer only (directories excepted).
+    pub layers: Vec<Vec<Entry>>,
     /// `config.Entrypoint`, e.g. `["/usr/bin/installer"]`.
     pub entrypoint: Vec<String>,
     /// The `org.opencontainers.image.ref.name` of the image in `index.json`.
@@ -55,26 +58,49 @@ pub struct ImageInfo {
     pub path: PathBuf,
     pub manifest_digest: String,
     pub config_digest: String,
-    pub layer_digest: String,
-    pub layer_size: u64,
+    /// Each layer's digest and size, bottom first.
+    pub layers: Vec<(String, u64)>,
+}
+
+/// A layer written to a file: the file, its hex SHA-256 and its size.
+pub(super) struct LayerFile<'a> {
+    pub file: &'a File,
+    pub hex: String,
+    pub size: u64,
 }
 
 /// Writes the OCI archive `dest` of `spec`, atomically (a temporary name,
 /// renamed when complete).
 pub fn write_image(dest: &Path, spec: &ImageSpec) -> Result<ImageInfo> {
     check_tag(&spec.tag).map_err(|e| anyhow!("image tag: {e}"))?;
-    let layer = temp_beside(dest, "layer")?;
-    let (layer_hex, layer_size) = write_layer(layer.as_file(), &spec.entries, spec.epoch)
-        .with_context(|| format!("writing the layer of {}", dest.display()))?;
-    assemble(dest, layer.as_file(), &layer_hex, layer_size, spec)
+    check_entries(&spec.layers)?;
+    let mut temps = Vec::new();
+    for (i, entries) in spec.layers.iter().enumerate() {
+        let t = temp_beside(dest, "layer")?;
+        let (hex, size) = write_layer(t.as_file(), entries, spec.epoch)
+            .with_context(|| format!("writing layer {i} of {}", dest.display()))?;
+        temps.push((t, hex, size));
+    }
+    let layers: Vec<LayerFile> = temps
+        .iter()
+        .map(|(t, hex, size)| LayerFile {
+            file: t.as_file(),
+            hex: hex.clone(),
+            size: *size,
+        })
+        .collect();
+    assemble(dest, &layers, spec)
 }
 
-/// Writes the layer tar of `entries` (with their parent directories, sorted)
-/// into `file`, hashing it. Returns its hex SHA-256 and size.
-fn write_layer(file: &File, entries: &[Entry], epoch: u64) -> Result<(String, u64)> {
+/// Checks the paths of every layer: valid, each file or link in one layer
+/// only, none both a directory and a file, at least one layer.
+fn check_entries(layers: &[Vec<Entry>]) -> Result<()> {
+    if layers.is_empty() {
+        bail!("an image has at least one layer");
+    }
     let mut dirs = BTreeSet::new();
     let mut seen = BTreeSet::new();
-    for e in entries {
+    for e in layers.iter().flatten() {
         check_image_path(e.path())?;
         if !seen.insert(e.path()) {
             bail!("image path {} is given twice", e.path());
@@ -87,6 +113,21 @@ fn write_layer(file: &File, entries: &[Entry], epoch: u64) -> Result<(String, u6
     }
     if let Some(d) = dirs.iter().find(|d| seen.contains(d.as_str())) {
         bail!("image path {d} is both a directory and a file");
+    }
+    Ok(())
+}
+
+/// Writes the layer tar of `entries` (checked by [`check_entries`]), with
+/// their parent directories, sorted, into `file`, hashing it. Returns its hex
+/// SHA-256 and size.
+pub(super) fn write_layer(file: &File, entries: &[Entry], epoch: u64) -> Result<(String, u64)> {
+    let mut dirs = BTreeSet::new();
+    for e in entries {
+        let mut parent = e.path();
+        while let Some((p, _)) = parent.rsplit_once('/') {
+            dirs.insert(p.to_string());
+            parent = p;
+        }
     }
     enum Item<'a> {
         Dir,
@@ -135,21 +176,18 @@ fn write_layer(file: &File, entries: &[Entry], epoch: u64) -> Result<(String, u6
     Ok((hex, size))
 }
 
-/// Writes the archive `dest` around the layer in `layer` (hex SHA-256
-/// `layer_hex`, `layer_size` bytes): config, manifest, index, layout.
-pub(super) fn assemble(
-    dest: &Path,
-    layer: &File,
-    layer_hex: &str,
-    layer_size: u64,
-    spec: &ImageSpec,
-) -> Result<ImageInfo> {
-    let layer_digest = format!("sha256:{layer_hex}");
-    let docs = documents(spec, &layer_digest, layer_size)?;
+/// Writes the archive `dest` around the uncompressed `layers` (bottom
+/// first): config, manifest, index, layout.
+pub(super) fn assemble(dest: &Path, layers: &[LayerFile], spec: &ImageSpec) -> Result<ImageInfo> {
+    let digests: Vec<(String, u64)> = layers
+        .iter()
+        .map(|l| (format!("sha256:{}", l.hex), l.size))
+        .collect();
+    let docs = documents(spec, &digests)?;
     enum Src<'a> {
         Dir,
         Bytes(&'a [u8]),
-        File(&'a File, u64),
+        File(&'a LayerFile<'a>),
     }
     let blob = |d: &str| format!("blobs/sha256/{}", d.trim_start_matches("sha256:"));
     let mut items: BTreeMap<String, Src> = BTreeMap::new();
@@ -159,7 +197,10 @@ pub(super) fn assemble(
     items.insert("index.json".into(), Src::Bytes(&docs.index));
     items.insert(blob(&docs.manifest_digest), Src::Bytes(&docs.manifest));
     items.insert(blob(&docs.config_digest), Src::Bytes(&docs.config));
-    items.insert(blob(&layer_digest), Src::File(layer, layer_size));
+    for l in layers {
+        // Two equal layers are one blob.
+        items.insert(blob(&l.hex), Src::File(l));
+    }
 
     let mut out = AtomicFile::create(dest)?;
     {
@@ -181,13 +222,14 @@ pub(super) fn assemble(
                     );
                     b.append_data(&mut h, &path, bytes).with_context(what)?;
                 }
-                Src::File(mut f, size) => {
+                Src::File(l) => {
+                    let (mut f, size) = (l.file, l.size);
                     f.seek(SeekFrom::Start(0)).with_context(what)?;
                     // The layer as hashed, re-checked on the way in.
                     let mut r = HashingReader::new(BufReader::with_capacity(1 << 20, f).take(size));
                     let mut h = header(tar::EntryType::Regular, 0o644, size, spec.epoch);
                     b.append_data(&mut h, &path, &mut r).with_context(what)?;
-                    if r.finish() != (layer_hex.to_string(), size) {
+                    if r.finish() != (l.hex.clone(), size) {
                         bail!(
                             "the layer of {} changed while it was written",
                             dest.display()
@@ -208,8 +250,7 @@ pub(super) fn assemble(
         path,
         manifest_digest: docs.manifest_digest,
         config_digest: docs.config_digest,
-        layer_digest,
-        layer_size,
+        layers: digests,
     })
 }
 
@@ -224,10 +265,22 @@ struct Documents {
     layout: Vec<u8>,
 }
 
-/// The documents of `spec`'s image of one layer, `layer_digest`
-/// (`sha256:<hex>`), `layer_size` bytes.
-fn documents(spec: &ImageSpec, layer_digest: &str, layer_size: u64) -> Result<Documents> {
+/// The documents of `spec`'s image of the uncompressed `layers` (digest
+/// `sha256:<hex>` and size each, bottom first).
+fn documents(spec: &ImageSpec, layers: &[(String, u64)]) -> Result<Documents> {
     let created = rfc3339(spec.epoch);
+    // Uncompressed: a layer's diff_id is its digest.
+    let diff_ids: Vec<&str> = layers.iter().map(|(d, _)| d.as_str()).collect();
+    let descriptors: Vec<serde_json::Value> = layers
+        .iter()
+        .map(|(digest, size)| {
+            json!({
+                "digest": digest,
+                "mediaType": MEDIA_TYPE_LAYER,
+                "size": size,
+            })
+        })
+        .collect();
 
     // Keys in sorted order, compact: the same document gives the same bytes
     // whatever the map type of serde_json.
@@ -237,7 +290,7 @@ fn documents(spec: &ImageSpec, layer_digest: &str, layer_size: u64) -> Result<Do
         "created": created,
         "history": [ { "created": created, "created_by": "imager build" } ],
         "os": "linux",
-        "rootfs": { "diff_ids": [layer_digest], "type": "layers" },
+        "rootfs": { "diff_ids": diff_ids, "type": "layers" },
     });
     let config = serde_json::to_vec(&config).context("serializing the image config")?;
     let config_digest = digest_of(&config);
@@ -247,11 +300,7 @@ fn documents(spec: &ImageSpec, layer_digest: &str, layer_size: u64) -> Result<Do
             "mediaType": MEDIA_TYPE_CONFIG,
             "size": config.len(),
         },
-        "layers": [ {
-            "digest": layer_digest,
-            "mediaType": MEDIA_TYPE_LAYER,
-            "size": layer_size,
-        } ],
+        "layers": descriptors,
         "mediaType": MEDIA_TYPE_MANIFEST,
         "schemaVersion": 2,
     });

@@ -27,4 +27,6 @@ pub use manifest::{
     Boot, FORMAT, MANIFEST_NAME, Manifest, SIGNATURE_NAME, check_digest, check_path, describe,
     signature_path, write_signed_manifest,
 };
-pub use verify::{ArtifactCheck, Status, VerifyReport, verify};
+pub use verify::{
+    ArtifactCheck, Status, VerifyReport, claimed_key_id, verify, verify_manifest_bytes,
+};

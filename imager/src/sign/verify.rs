@@ -156,40 +156,13 @@ pub fn verify(manifest_path: &Path, public_key: &VerifyingKey) -> Result<VerifyR
     let sig_path = signature_path(manifest_path);
     let signature = read_signature(&sig_path, manifest_path)?;
     let trusted = key_id(public_key);
-
-    if public_key.verify_strict(&bytes, &signature).is_err() {
-        // Only to explain the failure: the manifest is untrusted here.
-        let claimed = serde_json::from_slice::<serde_json::Value>(&bytes)
-            .ok()
-            .and_then(|v| v.get("key_id")?.as_str().map(str::to_string));
-        match claimed {
-            Some(claimed) if claimed != trusted => bail!(
-                "{} is signed by key {claimed} but the trusted key is {trusted}: \
-                 pass --key with the public key that signed it",
-                manifest_path.display()
-            ),
-            _ => bail!(
-                "signature {} does not match {}: the manifest was modified after signing \
-                 (or the signature was damaged)",
-                sig_path.display(),
-                manifest_path.display()
-            ),
-        }
-    }
-
-    let manifest = Manifest::parse(&bytes).with_context(|| {
-        format!(
-            "{} is correctly signed but unusable",
-            manifest_path.display()
-        )
-    })?;
-    if manifest.key_id != trusted {
-        bail!(
-            "{} is signed by the trusted key {trusted} but names key {} in key_id: refusing an inconsistent manifest",
-            manifest_path.display(),
-            manifest.key_id
-        );
-    }
+    let manifest = check_signed(
+        &bytes,
+        &signature,
+        public_key,
+        &manifest_path.display().to_string(),
+        &sig_path.display().to_string(),
+    )?;
 
     let dir = manifest_path
         .parent()
@@ -231,6 +204,76 @@ pub fn verify(manifest_path: &Path, public_key: &VerifyingKey) -> Result<VerifyR
         artifacts,
         verified: manifest,
     })
+}
+
+/// Verifies that `signature` (the bytes of the signature file `sig_name`:
+/// a raw 64-byte ed25519 signature) signs `bytes` (the manifest `name`) with
+/// the trusted `public_key`, and decodes the manifest from those very bytes.
+/// The artifacts it lists are not checked: that is the caller's job (or
+/// [`verify`]'s, for a manifest in a directory).
+pub fn verify_manifest_bytes(
+    bytes: &[u8],
+    signature: &[u8],
+    public_key: &VerifyingKey,
+    name: &str,
+    sig_name: &str,
+) -> Result<Manifest> {
+    let raw: [u8; 64] = signature.try_into().map_err(|_| {
+        anyhow::anyhow!(
+            "signature {sig_name} is {} bytes, expected a raw 64-byte ed25519 signature",
+            signature.len()
+        )
+    })?;
+    check_signed(
+        bytes,
+        &Signature::from_bytes(&raw),
+        public_key,
+        name,
+        sig_name,
+    )
+}
+
+/// The key id a manifest that is not trusted says signed it, when it looks
+/// like one (`ed25519:` and 16 hex digits): only to explain a failure, and
+/// never more of the untrusted bytes than that.
+pub fn claimed_key_id(bytes: &[u8]) -> Option<String> {
+    let v = serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
+    let k = v.get("key_id")?.as_str()?;
+    let hex = k.strip_prefix("ed25519:")?;
+    (hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then(|| k.to_string())
+}
+
+/// The signature check of [`verify`] and [`verify_manifest_bytes`].
+fn check_signed(
+    bytes: &[u8],
+    signature: &Signature,
+    public_key: &VerifyingKey,
+    name: &str,
+    sig_name: &str,
+) -> Result<Manifest> {
+    let trusted = key_id(public_key);
+    if public_key.verify_strict(bytes, signature).is_err() {
+        match claimed_key_id(bytes) {
+            Some(claimed) if claimed != trusted => bail!(
+                "{name} is signed by key {claimed} but the trusted key is {trusted}: \
+                 pass --key with the public key that signed it"
+            ),
+            _ => bail!(
+                "signature {sig_name} does not match {name}: the manifest was modified after \
+                 signing (or the signature was damaged)"
+            ),
+        }
+    }
+    let manifest = Manifest::parse(bytes)
+        .with_context(|| format!("{name} is correctly signed but unusable"))?;
+    if manifest.key_id != trusted {
+        bail!(
+            "{name} is signed by the trusted key {trusted} but names key {} in key_id: \
+             refusing an inconsistent manifest",
+            manifest.key_id
+        );
+    }
+    Ok(manifest)
 }
 
 /// The detached signature `sig_path` of `manifest_path`: a raw 64-byte
