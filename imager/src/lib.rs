@@ -19,4 +19,5 @@ pub mod profile;
 pub mod qemu;
 pub mod rootfs;
 pub mod runtime;
+pub mod secret;
 pub mod sign;
