@@ -92,7 +92,7 @@ pub fn looks_like_key_material(s: &str) -> bool {
 pub fn excerpt(value: &str) -> String {
     let n = value.chars().count();
     if looks_like_key_material(value) || looks_like_private_key(value.as_bytes()) {
-        return format!("<a value of {n} characters, not shown>");
+        return format!("<{n} characters, not shown>");
     }
     let mut s = String::from("\"");
     for c in value.chars().take(EXCERPT_CHARS) {
