@@ -576,7 +576,7 @@ impl Profile {
         let cmdline = self.cmdline();
         let loaded = loaded_cmdline_len(&self.pretty_name, &self.version, &cmdline);
         if loaded > contract::cmdline::MAX_LEN {
-            let added = loaded - cmdline.len();
+            let added = loaded.saturating_sub(cmdline.len());
             return invalid(
                 "kernel.cmdline",
                 format!(

@@ -116,7 +116,7 @@ pub fn excerpt(value: &str) -> String {
 /// a message lie about what it shows.
 fn is_printing(c: char) -> bool {
     !matches!(c,
-        '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{206f}'
+        '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{206f}'
         | '\u{feff}' | '\u{fff9}'..='\u{fffb}')
 }
 

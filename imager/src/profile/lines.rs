@@ -71,7 +71,7 @@ impl<'de> Visitor<'de> for Probe<'_> {
         f.write_str("any value")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let (Some(Step::Key(want)), rest) = (self.steps.first(), &self.steps[1..]) else {
+        let Some((Step::Key(want), rest)) = self.steps.split_first() else {
             while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
             return Ok(());
         };
@@ -85,7 +85,7 @@ impl<'de> Visitor<'de> for Probe<'_> {
         Ok(())
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let (Some(Step::Index(want)), rest) = (self.steps.first(), &self.steps[1..]) else {
+        let Some((Step::Index(want), rest)) = self.steps.split_first() else {
             while seq.next_element::<IgnoredAny>()?.is_some() {}
             return Ok(());
         };
