@@ -305,7 +305,7 @@ impl Profile {
     pub fn locate(name_or_path: &str) -> Result<PathBuf> {
         let p = Path::new(name_or_path);
         if name_or_path.contains('/') || name_or_path.ends_with(".yaml") {
-            return match usable_file(p) {
+            return match scan::usable_file(p) {
                 Ok(true) => Ok(p.to_path_buf()),
                 Ok(false) => bail!(
                     "profile {name_or_path} not found: pass --profile PATH to a profile file, \
@@ -317,7 +317,7 @@ impl Profile {
         let cwd = std::env::current_dir().context("reading the current directory")?;
         for dir in cwd.ancestors() {
             let cand = dir.join("profiles").join(format!("{name_or_path}.yaml"));
-            match usable_file(&cand) {
+            match scan::usable_file(&cand) {
                 Ok(true) => return Ok(cand),
                 Ok(false) => {}
                 Err(e) => bail!("profile {} {e}", cand.display()),
@@ -684,54 +684,6 @@ pub fn loaded_cmdline_len(pretty_name: &str, version: &str, cmdline: &str) -> us
         })
         .max()
         .unwrap_or(0)
-}
-
-/// Whether `p` is a regular file (`Ok(false)`: nothing there); what else it
-/// is, or why it cannot be used, as the end of a sentence about it.
-fn usable_file(p: &Path) -> Result<bool, String> {
-    match std::fs::metadata(p) {
-        Ok(m) if m.is_file() => Ok(true),
-        Ok(m) => Err(not_a_file(&m)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match std::fs::symlink_metadata(p) {
-            Ok(m) if m.file_type().is_symlink() => Err(match std::fs::read_link(p) {
-                Ok(t) => format!(
-                    "is a symbolic link to {}, which does not exist: fix the link or pass \
-                         --profile PATH to the profile file",
-                    t.display()
-                ),
-                Err(_) => "is a symbolic link to nothing: fix the link or pass --profile \
-                               PATH to the profile file"
-                    .to_string(),
-            }),
-            _ => Ok(false),
-        },
-        Err(e) => Err(describe_open_error(&e)),
-    }
-}
-
-/// Why a profile cannot be opened, as the end of a sentence about it.
-fn describe_open_error(e: &std::io::Error) -> String {
-    match e.raw_os_error() {
-        Some(libc::ELOOP) => "is a symbolic link loop (a link that leads back to itself): fix \
-                              the link, or pass --profile PATH to the profile file itself"
-            .to_string(),
-        Some(libc::EACCES) | Some(libc::EPERM) => {
-            format!("cannot be read: {e}: check its permissions (and its directories')")
-        }
-        _ if e.kind() == std::io::ErrorKind::NotFound => {
-            "not found: pass --profile PATH to a profile file".to_string()
-        }
-        _ => format!("cannot be read: {e}"),
-    }
-}
-
-fn not_a_file(m: &std::fs::Metadata) -> String {
-    let what = if m.is_dir() {
-        "a directory"
-    } else {
-        "not a regular file (a device, FIFO or socket)"
-    };
-    format!("is {what}, not a profile file: pass --profile PATH to the profile's .yaml file")
 }
 
 /// serde_yaml's message with the location spelled out ("line L column C:

@@ -42,10 +42,10 @@ pub fn read(path: &Path) -> Result<Vec<u8>, String> {
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| super::describe_open_error(&e))?;
+        .map_err(|e| describe_open_error(&e))?;
     let meta = f.metadata().map_err(|e| format!("cannot be read: {e}"))?;
     if !meta.is_file() {
-        return Err(super::not_a_file(&meta));
+        return Err(not_a_file(&meta));
     }
     let mut bytes = Vec::new();
     f.take(MAX_BYTES as u64 + 1)
@@ -142,4 +142,52 @@ pub fn check(bytes: &[u8]) -> Result<&str, String> {
         }
     }
     Ok(text)
+}
+
+/// Whether `p` is a regular file (`Ok(false)`: nothing there); what else it
+/// is, or why it cannot be used, as the end of a sentence about it.
+pub(super) fn usable_file(p: &Path) -> Result<bool, String> {
+    match std::fs::metadata(p) {
+        Ok(m) if m.is_file() => Ok(true),
+        Ok(m) => Err(not_a_file(&m)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match std::fs::symlink_metadata(p) {
+            Ok(m) if m.file_type().is_symlink() => Err(match std::fs::read_link(p) {
+                Ok(t) => format!(
+                    "is a symbolic link to {}, which does not exist: fix the link or pass \
+                         --profile PATH to the profile file",
+                    t.display()
+                ),
+                Err(_) => "is a symbolic link to nothing: fix the link or pass --profile \
+                               PATH to the profile file"
+                    .to_string(),
+            }),
+            _ => Ok(false),
+        },
+        Err(e) => Err(describe_open_error(&e)),
+    }
+}
+
+/// Why a profile cannot be opened, as the end of a sentence about it.
+pub(super) fn describe_open_error(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ELOOP) => "is a symbolic link loop (a link that leads back to itself): fix \
+                              the link, or pass --profile PATH to the profile file itself"
+            .to_string(),
+        Some(libc::EACCES) | Some(libc::EPERM) => {
+            format!("cannot be read: {e}: check its permissions (and its directories')")
+        }
+        _ if e.kind() == std::io::ErrorKind::NotFound => {
+            "not found: pass --profile PATH to a profile file".to_string()
+        }
+        _ => format!("cannot be read: {e}"),
+    }
+}
+
+pub(super) fn not_a_file(m: &std::fs::Metadata) -> String {
+    let what = if m.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file (a device, FIFO or socket)"
+    };
+    format!("is {what}, not a profile file: pass --profile PATH to the profile's .yaml file")
 }
