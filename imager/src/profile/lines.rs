@@ -212,6 +212,37 @@ impl<'de> Visitor<'de> for Found {
 /// when it looks like key material, every other long word cut too, control
 /// characters escaped.
 pub fn sanitise(msg: &str) -> String {
+    let out = sanitise_parts(msg);
+    // Whatever the parts, the whole stays short.
+    if out.chars().count() > MAX_MESSAGE {
+        let cut: String = out.chars().take(MAX_MESSAGE).collect();
+        return format!("{cut}… (message cut)");
+    }
+    out
+}
+
+/// The longest message [`sanitise`] returns, in characters.
+const MAX_MESSAGE: usize = 600;
+
+fn sanitise_parts(msg: &str) -> String {
+    // serde's "unknown field `NAME`, expected …": NAME is the input's and
+    // may itself hold backquotes, so it runs to serde's own closing words.
+    for pre in ["unknown field `", "unknown variant `"] {
+        if let Some(i) = msg.find(pre) {
+            let after = &msg[i + pre.len()..];
+            if let Some(end) = after
+                .rfind("`, expected")
+                .or_else(|| after.rfind("`, there are no"))
+            {
+                return format!(
+                    "{}{pre}{}`{}",
+                    plain(&msg[..i]),
+                    shorten(&after[..end]),
+                    sanitise_parts(&after[end + 1..])
+                );
+            }
+        }
+    }
     let mut out = String::new();
     let mut rest = msg;
     while let Some(start) = rest.find(['`', '"']) {

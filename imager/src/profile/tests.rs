@@ -534,3 +534,18 @@ fn lines_of_key_paths() {
     assert_eq!(lines::line_of(text, "b.d[9]"), Some(4));
     assert_eq!(lines::line_of(text, "z"), None);
 }
+
+/// Found by the fuzzer: a key holding backquotes (serde quotes unknown keys
+/// in backquotes) made every other part of it print whole.
+#[test]
+fn unknown_keys_with_backquotes_are_cut() {
+    let key = "`a` b ` c ".repeat(200);
+    let e = refused(&format!("{{name: m, \"{key}\\n\": 1}}"));
+    assert!(
+        e.contains("line 1") && e.contains("(2001 characters)") && e.len() < 500,
+        "{e}"
+    );
+    assert!(e.contains("expected one of `name`"), "{e}");
+    // And whatever a message holds, it stays short.
+    assert!(lines::sanitise(&"`a` b ".repeat(1000)).chars().count() < 700);
+}
