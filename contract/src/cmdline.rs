@@ -16,6 +16,37 @@ pub const READY_TIMEOUT: &str = "machined.ready_timeout";
 /// The default of [`READY_TIMEOUT`].
 pub const DEFAULT_READY_TIMEOUT_S: u64 = 300;
 
+/// The longest kernel command line the boot path carries whole, in bytes:
+/// the x86 kernel's `COMMAND_LINE_SIZE` (2048, `arch/x86/include/asm/setup.h`)
+/// less its terminating NUL. The EFI stub (`efi_convert_cmdline`,
+/// `drivers/firmware/efi/libstub/efi-stub-helper.c` in Linux 6.1) cuts a
+/// longer line at its last space before that length, says so on the
+/// console and boots on: the arguments past the cut (the slot, say) are
+/// silently lost. Builds refuse a profile whose line would not fit
+/// ([`loaded_len`]).
+pub const MAX_LEN: usize = 2047;
+
+/// The length in bytes of the command line the kernel receives from a Boot
+/// Loader Specification type #1 entry with these `options` and `initrd`
+/// paths (relative to the partition root, as in
+/// [`crate::boot::Entry`]): systemd-boot (252) adds `initrd=<path>` for
+/// each `initrd` line, the path absolute with `\` for `/`, separated from
+/// the options by one space (the kernel's EFI stub loads the initrd from
+/// that argument when the firmware offers no other way). Compare with
+/// [`MAX_LEN`].
+pub fn loaded_len(options: &str, initrds: &[&str]) -> usize {
+    let added: usize = initrds
+        .iter()
+        .map(|p| " initrd=\\".len() + p.trim_start_matches('/').len())
+        .sum();
+    if options.is_empty() {
+        // The first initrd argument needs no separating space.
+        added.saturating_sub(1)
+    } else {
+        options.len() + added
+    }
+}
+
 /// What the runtime does after printing a fatal error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnFailure {
@@ -88,5 +119,13 @@ mod tests {
         assert_eq!(slot(c), Some(Slot::A));
         assert_eq!(get(c, "missing"), None);
         assert_eq!(slot("machined.slot=C"), None);
+    }
+
+    #[test]
+    fn loaded_length_counts_what_systemd_boot_adds() {
+        // "a b initrd=\A\i.zst"
+        assert_eq!(loaded_len("a b", &["A/i.zst"]), 3 + 1 + 7 + 8);
+        assert_eq!(loaded_len("", &["/A/i.zst"]), 7 + 8);
+        assert_eq!(loaded_len("a", &[]), 1);
     }
 }

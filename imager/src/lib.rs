@@ -20,4 +20,5 @@ pub mod profile;
 pub mod qemu;
 pub mod rootfs;
 pub mod runtime;
+pub mod secret;
 pub mod sign;

@@ -1,9 +1,18 @@
 //! Build profiles: one declarative YAML file names every input of an image.
 //!
-//! Unknown keys and wrong types are errors naming the file, the line and the
-//! key. Relative paths in a profile are relative to the profile's directory.
-//! `docs/profiles.md` documents every key.
+//! Every error names the file, the line and the key, and quotes at most a
+//! short excerpt of a value ([`crate::secret::excerpt`]). The text is
+//! bounded before it is parsed ([`scan`]: size, nesting, no anchors or
+//! aliases, not a private key), and every value is checked before a build
+//! writes anything. Relative paths in a profile are relative to the
+//! profile's directory. `docs/profiles.md` documents every key and check.
 
+mod lines;
+pub mod scan;
+#[cfg(test)]
+mod tests;
+
+use crate::secret::excerpt;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::{Deserialize, Deserializer};
 use std::collections::BTreeMap;
@@ -36,7 +45,10 @@ impl Size {
 }
 
 fn size_hint(s: &str) -> String {
-    format!("invalid size {s:?}: write a number of bytes or a number with KiB, MiB, GiB or TiB")
+    format!(
+        "invalid size {}: write a number of bytes or a number with KiB, MiB, GiB or TiB",
+        excerpt(s)
+    )
 }
 
 impl<'de> Deserialize<'de> for Size {
@@ -287,20 +299,28 @@ fn default_outputs() -> Vec<Output> {
 
 impl Profile {
     /// Finds a profile by name (`profiles/NAME.yaml` in this directory or a
-    /// parent) or by path.
+    /// parent) or by path. A path that exists but cannot be used (a
+    /// symbolic link loop, a directory, unreadable) is reported as such,
+    /// not as missing.
     pub fn locate(name_or_path: &str) -> Result<PathBuf> {
         let p = Path::new(name_or_path);
         if name_or_path.contains('/') || name_or_path.ends_with(".yaml") {
-            if p.is_file() {
-                return Ok(p.to_path_buf());
-            }
-            bail!("profile {name_or_path} not found");
+            return match scan::usable_file(p) {
+                Ok(true) => Ok(p.to_path_buf()),
+                Ok(false) => bail!(
+                    "profile {name_or_path} not found: pass --profile PATH to a profile file, \
+                     or a name from profiles/"
+                ),
+                Err(e) => bail!("profile {name_or_path} {e}"),
+            };
         }
         let cwd = std::env::current_dir().context("reading the current directory")?;
         for dir in cwd.ancestors() {
             let cand = dir.join("profiles").join(format!("{name_or_path}.yaml"));
-            if cand.is_file() {
-                return Ok(cand);
+            match scan::usable_file(&cand) {
+                Ok(true) => return Ok(cand),
+                Ok(false) => {}
+                Err(e) => bail!("profile {} {e}", cand.display()),
             }
         }
         bail!(
@@ -310,16 +330,32 @@ impl Profile {
         )
     }
 
+    /// Reads and parses the profile at `path` (at most [`scan::MAX_BYTES`]
+    /// of it).
     pub fn load(path: &Path) -> Result<Profile> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading profile {}", path.display()))?;
-        Profile::parse(&text, path)
+        let bytes = scan::read(path).map_err(|e| anyhow!("profile {} {e}", path.display()))?;
+        Profile::parse_bytes(&bytes, path)
     }
 
     /// Parses profile text; `path` is used for messages and relative paths.
     pub fn parse(text: &str, path: &Path) -> Result<Profile> {
-        let mut p: Profile = serde_yaml::from_str(text)
-            .map_err(|e| anyhow!("profile {}: {}", path.display(), describe_yaml_error(&e)))?;
+        Profile::parse_bytes(text.as_bytes(), path)
+    }
+
+    /// Parses the bytes of a profile file, whatever they are: the bounds of
+    /// [`scan`] first, then YAML, then every value's check. The entry of
+    /// [`Profile::load`] and of the fuzz target.
+    pub fn parse_bytes(bytes: &[u8], path: &Path) -> Result<Profile> {
+        let fail = |msg: String| anyhow!("profile {}: {msg}", path.display());
+        if crate::secret::looks_like_private_key(bytes) {
+            bail!(
+                "{} looks like a private key, not a profile: check --profile",
+                path.display()
+            );
+        }
+        let text = scan::check(bytes).map_err(fail)?;
+        let mut p: Profile =
+            serde_yaml::from_str(text).map_err(|e| fail(describe_yaml_error(&e)))?;
         let base = path
             .parent()
             .filter(|b| !b.as_os_str().is_empty())
@@ -328,8 +364,12 @@ impl Profile {
         let base = std::fs::canonicalize(&base).unwrap_or(base);
         p.path = path.to_path_buf();
         p.resolve(&base);
-        p.validate()
-            .map_err(|e| anyhow!("profile {}: {e}", path.display()))?;
+        p.validate().map_err(|Invalid { key, msg }| {
+            fail(match lines::line_of(text, &key) {
+                Some(line) => format!("line {line}: {key}: {msg}"),
+                None => format!("{key}: {msg}"),
+            })
+        })?;
         Ok(p)
     }
 
@@ -372,96 +412,185 @@ impl Profile {
         }
     }
 
-    fn validate(&self) -> Result<(), String> {
+    /// Checks every value; the error names the key path (`kernel.cmdline[2]`).
+    fn validate(&self) -> Result<(), Invalid> {
         let name_ok = !self.name.is_empty()
+            && self.name.len() <= MAX_NAME
             && self
                 .name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
         if !name_ok {
-            return Err(format!(
-                "name {:?}: use letters, digits, '-' and '_' only",
-                self.name
-            ));
+            return invalid(
+                "name",
+                format!(
+                    "{}: use 1 to {MAX_NAME} letters, digits, '-' and '_'",
+                    excerpt(&self.name)
+                ),
+            );
         }
-        if self
-            .pretty_name
-            .chars()
-            .any(|c| c.is_control() || matches!(c, '"' | '\\' | '$' | '`'))
+        if self.pretty_name.chars().count() > MAX_PRETTY_NAME
+            || self
+                .pretty_name
+                .chars()
+                .any(|c| c.is_control() || matches!(c, '"' | '\\' | '$' | '`'))
         {
-            return Err(format!(
-                "pretty_name {:?}: no control characters, quotes, backslashes, $ or `",
-                self.pretty_name
-            ));
+            return invalid(
+                "pretty_name",
+                format!(
+                    "{}: at most {MAX_PRETTY_NAME} characters, no control characters, quotes, \
+                     backslashes, $ or `",
+                    excerpt(&self.pretty_name)
+                ),
+            );
         }
-        if self.version.is_empty() || self.version.chars().any(char::is_whitespace) {
-            return Err(format!(
-                "version {:?}: must be non-empty, without spaces",
-                self.version
-            ));
-        }
+        check_version(&self.version).map_err(|msg| Invalid::new("version", msg))?;
         match (&self.kernel.source, &self.kernel.prebuilt) {
-            (None, None) => return Err("kernel: give either source or prebuilt".into()),
+            (None, None) => return invalid("kernel", "give either source or prebuilt"),
             (Some(_), Some(_)) => {
-                return Err("kernel: give source or prebuilt, not both".into());
+                return invalid("kernel.prebuilt", "give source or prebuilt, not both");
             }
             (None, Some(_)) if self.kernel.prebuilt_config.is_none() => {
-                return Err("kernel.prebuilt needs kernel.prebuilt_config (its .config)".into());
+                return invalid(
+                    "kernel.prebuilt",
+                    "kernel.prebuilt needs kernel.prebuilt_config (its .config)",
+                );
             }
             _ => {}
         }
         if self.kernel.source.is_some() && self.kernel.fragments.is_empty() {
-            return Err("kernel.fragments: a kernel built from source needs fragments".into());
+            return invalid(
+                "kernel.fragments",
+                "a kernel built from source needs fragments",
+            );
         }
         match (&self.runtime.cargo_package, &self.runtime.binary) {
             (None, None) | (Some(_), Some(_)) => {
-                return Err("runtime: give exactly one of cargo_package or binary".into());
+                return invalid("runtime", "give exactly one of cargo_package or binary");
             }
             _ => {}
         }
         if self.outputs.is_empty() {
-            return Err("outputs: name at least one output (raw, installer)".into());
+            return invalid("outputs", "name at least one output (raw, installer)");
         }
         let mut seen = std::collections::BTreeSet::new();
-        if let Some(o) = self.outputs.iter().find(|o| !seen.insert(**o)) {
-            return Err(format!("outputs: {} is listed twice", o.name()));
+        if let Some(i) = self.outputs.iter().position(|o| !seen.insert(*o)) {
+            return invalid(
+                format!("outputs[{i}]"),
+                format!("{} is listed twice", self.outputs[i].name()),
+            );
         }
         match &self.installer {
             Some(i) if i.cargo_package.is_some() == i.binary.is_some() => {
-                return Err("installer: give exactly one of cargo_package or binary".into());
+                return invalid("installer", "give exactly one of cargo_package or binary");
             }
             None if self.outputs.contains(&Output::Installer) => {
-                return Err(
-                    "outputs: installer needs an installer section naming the installer \
-                            binary: installer: { cargo_package: ../imager }"
-                        .into(),
+                return invalid(
+                    "outputs",
+                    "installer needs an installer section naming the installer binary: \
+                     installer: { cargo_package: ../imager }",
                 );
             }
             _ => {}
         }
         if self.outputs.contains(&Output::Installer) {
-            crate::oci::check_tag(&self.version).map_err(|e| format!("version: {e}"))?;
+            crate::oci::check_tag(&self.version)
+                .map_err(|_| Invalid::new("version", version_tag_hint(&self.version)))?;
         }
         if !contract::partition::SECTOR_SIZES.contains(&self.disk.sector_size) {
-            return Err(format!(
-                "disk.sector_size {}: must be 512 or 4096",
-                self.disk.sector_size
-            ));
+            return invalid(
+                "disk.sector_size",
+                format!("{}: must be 512 or 4096", self.disk.sector_size),
+            );
         }
-        for w in &self.kernel.waivers {
+        for (i, w) in self.kernel.waivers.iter().enumerate() {
+            if w.option.is_empty() || w.option.chars().any(|c| c.is_control()) {
+                return invalid(
+                    format!("kernel.waivers[{i}].option"),
+                    format!("{}: name a config option", excerpt(&w.option)),
+                );
+            }
             if w.reason.trim().is_empty() {
-                return Err(format!(
-                    "kernel.waivers: waiver of {} has no reason: write why",
-                    w.option
-                ));
+                return invalid(
+                    format!("kernel.waivers[{i}].reason"),
+                    format!("waiver of {} has no reason: write why", excerpt(&w.option)),
+                );
             }
         }
-        for arg in &self.kernel.cmdline {
-            if arg.is_empty() || arg.chars().any(char::is_whitespace) {
-                return Err(format!(
-                    "kernel.cmdline: {arg:?} is not one argument: write one argument per item"
-                ));
+        self.check_cmdline()?;
+        let c = &self.compression;
+        let levels = [
+            (
+                "compression.initramfs_zstd_level",
+                c.initramfs_zstd_level,
+                crate::initramfs::MAX_LEVEL,
+            ),
+            (
+                "compression.rootfs_zstd_level",
+                c.rootfs_zstd_level,
+                MAX_ROOTFS_LEVEL,
+            ),
+        ];
+        for (key, level, max) in levels {
+            if !(1..=max).contains(&level) {
+                return invalid(key, format!("{level} is out of range: use 1 to {max}"));
             }
+        }
+        Ok(())
+    }
+
+    /// Each argument printable ASCII without spaces; the whole line, with
+    /// what the boot path adds, within what the kernel takes.
+    fn check_cmdline(&self) -> Result<(), Invalid> {
+        for (i, arg) in self.kernel.cmdline.iter().enumerate() {
+            let key = || format!("kernel.cmdline[{i}]");
+            if arg.is_empty() || arg.chars().any(char::is_whitespace) {
+                return invalid(
+                    key(),
+                    format!(
+                        "{} is not one argument: write one argument per item",
+                        excerpt(arg)
+                    ),
+                );
+            }
+            if !arg.bytes().all(|b| b.is_ascii_graphic()) {
+                return invalid(
+                    key(),
+                    format!(
+                        "{}: a kernel argument is printable ASCII (no control characters, \
+                         no other characters)",
+                        excerpt(arg)
+                    ),
+                );
+            }
+            if arg.matches('"').count() % 2 != 0 {
+                return invalid(
+                    key(),
+                    format!(
+                        "{}: an unpaired `\"` would join the arguments after it: remove it",
+                        excerpt(arg)
+                    ),
+                );
+            }
+        }
+        let cmdline = self.cmdline();
+        let loaded = loaded_cmdline_len(&self.pretty_name, &self.version, &cmdline);
+        if loaded > contract::cmdline::MAX_LEN {
+            let added = loaded.saturating_sub(cmdline.len());
+            return invalid(
+                "kernel.cmdline",
+                format!(
+                    "the command line is {} bytes (the items joined by spaces); the kernel \
+                     takes {} bytes in all, of which the boot entry adds {added} (` {}=A` and \
+                     systemd-boot's ` initrd=…`), so these items may take at most {} bytes: \
+                     shorten or remove some (a longer line is cut short at boot and the image \
+                     never reaches ready)",
+                    cmdline.len(),
+                    contract::cmdline::MAX_LEN,
+                    contract::cmdline::SLOT,
+                    contract::cmdline::MAX_LEN.saturating_sub(added),
+                ),
+            );
         }
         Ok(())
     }
@@ -481,170 +610,102 @@ impl Profile {
     }
 }
 
-/// serde_yaml's message with the location spelled out: "line L column C: key: msg".
-fn describe_yaml_error(e: &serde_yaml::Error) -> String {
-    let msg = crate::input::serde_message(&e.to_string());
-    match e.location() {
-        Some(loc) => {
-            // serde_yaml appends " at line L column C"; move it to the front.
-            let tail = format!(" at line {} column {}", loc.line(), loc.column());
-            let body = msg.strip_suffix(&tail).unwrap_or(&msg);
-            format!("line {} column {}: {body}", loc.line(), loc.column())
+/// The longest `name`.
+pub const MAX_NAME: usize = 64;
+/// The longest `pretty_name`, in characters.
+pub const MAX_PRETTY_NAME: usize = 128;
+/// The longest `version`.
+pub const MAX_VERSION: usize = 64;
+/// The highest zstd level of the squashfs (zstd's highest; see
+/// [`crate::rootfs::build_rootfs`]).
+pub const MAX_ROOTFS_LEVEL: i32 = 22;
+
+/// A value that fails its check: the key path and what is wrong.
+#[derive(Debug)]
+struct Invalid {
+    key: String,
+    msg: String,
+}
+
+impl Invalid {
+    fn new(key: impl Into<String>, msg: impl Into<String>) -> Invalid {
+        Invalid {
+            key: key.into(),
+            msg: msg.into(),
         }
-        None => msg,
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+fn invalid(key: impl Into<String>, msg: impl Into<String>) -> Result<(), Invalid> {
+    Err(Invalid::new(key, msg))
+}
 
-    const GOOD: &str = "\
-name: metal
-version: 1.0.0
-kernel:
-  source: /usr/src/linux.tar.xz
-  fragments: [frag.config]
-  rules: rules.yaml
-  cmdline: [console=ttyS0, slab_nomerge]
-runtime:
-  cargo_package: ../rootfs
-  skeleton: ../rootfs/skeleton
-  manifest: ../rootfs/skeleton.txt
-disk:
-  size: 2GiB
-  partitions:
-    BOOT: 200MiB
-";
-
-    fn parse(text: &str) -> Result<Profile> {
-        Profile::parse(text, Path::new("/p/profiles/test.yaml"))
-    }
-
-    #[test]
-    fn parses_and_resolves_relative_paths() {
-        let p = parse(GOOD).unwrap();
-        assert_eq!(p.disk.size, Size(2 << 30));
-        assert_eq!(p.partition_sizes()["BOOT"], 200 << 20);
-        assert_eq!(p.kernel.rules, Path::new("/p/profiles/rules.yaml"));
-        assert_eq!(
-            p.runtime.cargo_package.as_deref(),
-            Some(Path::new("/p/profiles/../rootfs"))
-        );
-        assert_eq!(p.cmdline(), "console=ttyS0 slab_nomerge");
-        assert_eq!(p.outputs, vec![Output::Raw]);
-    }
-
-    #[test]
-    fn unknown_key_names_file_line_and_key() {
-        let bad = GOOD.replace("  rules: rules.yaml", "  rules: rules.yaml\n  sorce: x");
-        let e = parse(&bad).unwrap_err().to_string();
-        assert!(e.contains("/p/profiles/test.yaml"), "{e}");
-        assert!(e.contains("line 7"), "{e}");
-        assert!(e.contains("sorce"), "{e}");
-    }
-
-    #[test]
-    fn wrong_type_names_file_line_and_key() {
-        let bad = GOOD.replace("  size: 2GiB", "  size: [1, 2]");
-        let e = parse(&bad).unwrap_err().to_string();
-        assert!(e.contains("test.yaml") && e.contains("line 13"), "{e}");
-        assert!(e.contains("disk.size"), "{e}");
-        let bad = GOOD.replace("  size: 2GiB", "  size: 2GB");
-        let e = parse(&bad).unwrap_err().to_string();
-        assert!(e.contains("KiB, MiB, GiB"), "{e}");
-        let bad = GOOD.replace("version: 1.0.0", "version: [1]");
-        let e = parse(&bad).unwrap_err().to_string();
-        assert!(e.contains("line 2") && e.contains("version"), "{e}");
-    }
-
-    #[test]
-    fn semantic_errors() {
-        let e = parse(&GOOD.replace("name: metal", "name: my image"))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("letters, digits"), "{e}");
-        let e = parse(&GOOD.replace("  cargo_package: ../rootfs\n", ""))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("exactly one of cargo_package or binary"), "{e}");
-        let e = parse(&GOOD.replace("[console=ttyS0, slab_nomerge]", "[\"a b\"]"))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("one argument per item"), "{e}");
-    }
-
-    #[test]
-    fn unknown_partition_names_file_line_and_key() {
-        let bad = GOOD.replace("    BOOT: 200MiB", "    ESP: 200MiB");
-        let e = parse(&bad).unwrap_err().to_string();
-        assert!(
-            e.contains("test.yaml") && e.contains("ESP") && e.contains("line"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn installer_output_needs_its_binary() {
-        let with = |extra: &str| parse(&format!("{GOOD}{extra}"));
-        let p =
-            with("outputs: [raw, installer]\ninstaller:\n  cargo_package: ../imager\n").unwrap();
-        assert_eq!(p.outputs, vec![Output::Raw, Output::Installer]);
-        let i = p.installer.unwrap();
-        assert_eq!(
-            i.cargo_package.as_deref(),
-            Some(Path::new("/p/profiles/../imager"))
-        );
-        let e = with("outputs: [installer]\n").unwrap_err().to_string();
-        assert!(e.contains("installer: { cargo_package: ../imager }"), "{e}");
-        let e = with("outputs: [installer]\ninstaller: { cargo_package: a, binary: b }\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("exactly one of cargo_package or binary"), "{e}");
-        let e = with("outputs: [installer]\ninstaller: { cargo: a }\n")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("line 17") && e.contains("cargo"), "{e}");
-        let e = with("outputs: [iso]\n").unwrap_err().to_string();
-        assert!(e.contains("line 16") && e.contains("iso"), "{e}");
-        let e = with("outputs: [raw, raw]\n").unwrap_err().to_string();
-        assert!(e.contains("raw is listed twice"), "{e}");
-        let e = with("outputs: []\n").unwrap_err().to_string();
-        assert!(e.contains("at least one output"), "{e}");
-        // The version becomes the image's tag.
-        let bad = GOOD.replace("version: 1.0.0", "version: 1.0.0+build");
-        let e = parse(&format!(
-            "{bad}outputs: [installer]\ninstaller: {{ binary: /bin/imager }}\n"
+/// The version names the image in os-release (`VERSION_ID=`, unquoted),
+/// boot entries, META's slot records (`status=good version=…`, split at
+/// spaces), the upgrade history and, with the output `installer`, the
+/// image tag: 1 to [`MAX_VERSION`] ASCII letters, digits, `.`, `_`, `-`
+/// and `+`, starting with a letter or digit.
+fn check_version(v: &str) -> Result<(), String> {
+    let ok = !v.is_empty()
+        && v.len() <= MAX_VERSION
+        && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: use 1 to {MAX_VERSION} letters, digits, '.', '_', '-' and '+', starting with a \
+             letter or digit (it goes into os-release, boot entries, META and image tags)",
+            excerpt(v)
         ))
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("version") && e.contains("tag"), "{e}");
     }
+}
 
-    /// `profiles/installer.yaml` builds the system of `profiles/metal.yaml`:
-    /// it may differ only in its outputs and installer section.
-    #[test]
-    fn installer_profile_is_metal_plus_the_installer() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles");
-        let metal = Profile::load(&dir.join("metal.yaml")).unwrap();
-        let mut inst = Profile::load(&dir.join("installer.yaml")).unwrap();
-        assert_eq!(inst.outputs, vec![Output::Raw, Output::Installer]);
-        let pkg = inst.installer.take().unwrap().cargo_package.unwrap();
-        assert_eq!(
-            std::fs::canonicalize(pkg).unwrap(),
-            std::fs::canonicalize(Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap()
-        );
-        inst.outputs = metal.outputs.clone();
-        inst.path = metal.path.clone();
-        assert_eq!(format!("{inst:?}"), format!("{metal:?}"));
-    }
+fn version_tag_hint(v: &str) -> String {
+    format!(
+        "{} cannot be an OCI image tag (the installer image is tagged with the version): use \
+         at most 128 letters, digits, '.', '_' and '-', not starting with '.' or '-'",
+        excerpt(v)
+    )
+}
 
-    #[test]
-    fn sizes() {
-        assert_eq!(Size::parse("512"), Ok(Size(512)));
-        assert_eq!(Size::parse("1KiB"), Ok(Size(1024)));
-        assert!(Size::parse("1GB").is_err());
-        assert!(Size::parse("99999999999TiB").is_err());
-        assert!(Size::parse("").is_err());
+/// The length of the command line the kernel receives from a slot's boot
+/// entry for this profile's command line (see
+/// [`contract::cmdline::loaded_len`]); the same for both slots and any
+/// kernel and initramfs.
+pub fn loaded_cmdline_len(pretty_name: &str, version: &str, cmdline: &str) -> usize {
+    let any_sha = "0".repeat(64);
+    contract::Slot::ALL
+        .iter()
+        .map(|&slot| {
+            let e = crate::boot::entry(slot, &any_sha, &any_sha, pretty_name, version, cmdline);
+            contract::cmdline::loaded_len(&e.options, &[&e.initrd])
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// serde_yaml's message with the location spelled out ("line L column C:
+/// key: msg"), quoting at most an excerpt of any value
+/// ([`lines::sanitise`]).
+fn describe_yaml_error(e: &serde_yaml::Error) -> String {
+    let msg = e.to_string();
+    let (pos, body) = match e.location() {
+        Some(loc) => {
+            // serde_yaml appends " at line L column C"; move it to the front.
+            let tail = format!(" at line {} column {}", loc.line(), loc.column());
+            let body = msg.strip_suffix(&tail).unwrap_or(&msg).to_string();
+            (
+                format!("line {} column {}: ", loc.line(), loc.column()),
+                body,
+            )
+        }
+        None => (String::new(), msg),
+    };
+    let mut body = lines::sanitise(&body);
+    if body.contains("unknown anchor") {
+        body.push_str(": profiles do not use anchors or aliases (`*name`): write the value out");
     }
+    format!("{pos}{body}")
 }
