@@ -6,11 +6,10 @@
 //! text input is read through [`read_text`], which refuses what is not a
 //! regular file, what is larger than the input can be, what is not UTF-8 and
 //! what looks like a private key, and names the path and what was expected
-//! without showing a byte of it. A parser's message quotes at most an
-//! [`excerpt`]: a few dozen printable characters, never a run that could be
-//! key material; messages of serde parsers go through [`serde_message`].
-//! [`redact`] is the last line: every error the command prints passes
-//! through it.
+//! without showing a byte of it. A parser's message quotes at most a
+//! [`crate::secret::excerpt`], and messages of serde parsers go through
+//! [`crate::secret::sanitise`]. [`redact`] is the last line: every error the
+//! command prints passes through it.
 
 use anyhow::{Context, Result, bail};
 use std::io::Read;
@@ -20,20 +19,9 @@ use std::path::Path;
 /// far more than any rule table, waiver list, manifest or kernel `.config`.
 pub const MAX_TEXT: u64 = 16 << 20;
 
-/// The longest excerpt of an input a message may quote.
-pub const EXCERPT_CHARS: usize = 40;
-
-/// A run of base64 or hex characters this long in a message is taken for
-/// key material and not shown.
+/// A run of base64 characters this long in a printed message is taken for
+/// key material and redacted.
 const KEYLIKE_RUN: usize = 24;
-
-/// True when `bytes` hold a private key in a form we know: a PEM block of any
-/// private key (PKCS#8, encrypted PKCS#8, RSA, EC, OpenSSH), or PuTTY's
-/// key file.
-pub fn looks_like_private_key(bytes: &[u8]) -> bool {
-    let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
-    has(b"PRIVATE KEY-----") || has(b"PuTTY-User-Key-File")
-}
 
 /// Reads the text file `path` (a `what`, as a message names it: "KSPP rule
 /// table"), at most `max` bytes, refusing anything that is not a regular
@@ -59,7 +47,7 @@ pub fn read_text(path: &Path, what: &str, max: u64) -> Result<String> {
     if bytes.len() as u64 > max {
         bail!("{shown} grew past {max} bytes while it was read: check the path");
     }
-    if looks_like_private_key(&bytes) {
+    if crate::secret::looks_like_private_key(&bytes) {
         bail!(
             "{shown} looks like a private key, not a {what}: check the path (nothing of it is \
              shown)"
@@ -87,100 +75,6 @@ pub fn read_head(path: &Path, what: &str, n: u64) -> Result<Vec<u8>> {
         .read_to_end(&mut head)
         .with_context(|| format!("reading the {what} {shown}"))?;
     Ok(head)
-}
-
-/// A short, printable excerpt of `s` for a message: at most
-/// [`EXCERPT_CHARS`] characters, control characters escaped, quoted; a
-/// string that could be key material (a long base64 or hex run, a PEM line)
-/// is not shown at all.
-pub fn excerpt(s: &str) -> String {
-    quoted(s, true)
-}
-
-/// [`excerpt`] of text that is already escaped (`escape` false: quotes and
-/// backslashes are kept as they are).
-fn quoted(s: &str, escape: bool) -> String {
-    if keylike(s) {
-        return format!("({} characters, not shown)", s.chars().count());
-    }
-    let mut out = String::from("\"");
-    for (i, c) in s.chars().enumerate() {
-        if i == EXCERPT_CHARS {
-            out.push('…');
-            break;
-        }
-        match c {
-            '"' if escape => out.push_str("\\\""),
-            '\\' if escape => out.push_str("\\\\"),
-            c if c.is_control() => out.extend(c.escape_default()),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// True when `s` holds something that could be part of a key: a PEM armour
-/// line, or a run of [`KEYLIKE_RUN`] or more base64 characters.
-fn keylike(s: &str) -> bool {
-    if s.contains("-----BEGIN") || s.contains("-----END") || looks_like_private_key(s.as_bytes()) {
-        return true;
-    }
-    longest_run(s, |c| {
-        c.is_ascii_alphanumeric() || matches!(c, '+' | '/' | '=')
-    }) >= KEYLIKE_RUN
-}
-
-fn longest_run(s: &str, in_run: impl Fn(char) -> bool) -> usize {
-    let (mut best, mut cur) = (0, 0);
-    for c in s.chars() {
-        cur = if in_run(c) { cur + 1 } else { 0 };
-        best = best.max(cur);
-    }
-    best
-}
-
-/// A serde parser's message (serde_yaml, serde_json) with every value it
-/// quotes (`string "…"`, `` `…` ``) cut to an [`excerpt`]: serde quotes
-/// whole values, and the value may be a whole file that was not what the
-/// parser expected.
-pub fn serde_message(msg: &str) -> String {
-    let mut out = String::with_capacity(msg.len());
-    let mut rest = msg;
-    while let Some(start) = rest.find(['"', '`']) {
-        let quote = rest[start..].chars().next().unwrap_or('"');
-        out.push_str(&rest[..start]);
-        let body = &rest[start + 1..];
-        // serde escapes quotes inside a quoted string with a backslash.
-        let mut end = None;
-        let mut escaped = false;
-        for (i, c) in body.char_indices() {
-            match c {
-                '\\' if quote == '"' && !escaped => escaped = true,
-                c if c == quote && !escaped => {
-                    end = Some(i);
-                    break;
-                }
-                _ => escaped = false,
-            }
-        }
-        let Some(end) = end else {
-            out.push_str(&quoted(body, false));
-            return out;
-        };
-        let value = &body[..end];
-        if quote == '`' && !keylike(value) && value.chars().count() <= EXCERPT_CHARS {
-            // A field or variant name: short, and shown as serde shows it.
-            out.push('`');
-            out.extend(value.chars().flat_map(char::escape_default));
-            out.push('`');
-        } else {
-            out.push_str(&quoted(value, quote == '`'));
-        }
-        rest = &body[end + quote.len_utf8()..];
-    }
-    out.push_str(rest);
-    out
 }
 
 /// The last line before a message is printed: any PEM private-key block and
@@ -288,41 +182,6 @@ mod tests {
         let ok = dir.path().join("ok");
         std::fs::write(&ok, "a: b\n").unwrap();
         assert_eq!(read_text(&ok, "x", MAX_TEXT).unwrap(), "a: b\n");
-    }
-
-    #[test]
-    fn excerpts_are_short_printable_and_hide_key_material() {
-        assert_eq!(excerpt("abc"), "\"abc\"");
-        assert_eq!(excerpt("a\u{1b}[2J\n"), "\"a\\u{1b}[2J\\n\"");
-        let long = "word ".repeat(20);
-        let e = excerpt(&long);
-        assert!(
-            e.chars().count() <= EXCERPT_CHARS + 3 && e.ends_with("…\""),
-            "{e}"
-        );
-        assert_eq!(excerpt(BODY), "(60 characters, not shown)");
-        assert!(!excerpt(PEM).contains("BEGIN"));
-    }
-
-    #[test]
-    fn serde_messages_lose_quoted_values() {
-        let m = format!("invalid type: string \"{PEM}\", expected struct Rules at line 1 column 1");
-        let s = serde_message(&m);
-        assert!(!s.contains(BODY) && !s.contains("MC4C"), "{s}");
-        assert!(
-            s.contains("expected struct Rules at line 1 column 1"),
-            "{s}"
-        );
-        let m = "invalid type: string \"root:$y$j9T$c2VjcmV0aGFzaHNlY3JldGhhc2hzZWNyZXQ:19000:0:99999:7:::\", expected a map";
-        let s = serde_message(m);
-        assert!(!s.contains("c2VjcmV0"), "{s}");
-        let m = "unknown field `sorce`, expected one of `source`, `prebuilt`";
-        assert_eq!(serde_message(m), m);
-        let m = "invalid value: string \"a\\\"b\", expected x";
-        assert_eq!(
-            serde_message(m),
-            "invalid value: string \"a\\\"b\", expected x"
-        );
     }
 
     #[test]

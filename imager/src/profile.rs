@@ -688,7 +688,7 @@ pub fn loaded_cmdline_len(pretty_name: &str, version: &str, cmdline: &str) -> us
 
 /// serde_yaml's message with the location spelled out ("line L column C:
 /// key: msg"), quoting at most an excerpt of any value
-/// ([`lines::sanitise`]).
+/// ([`crate::secret::sanitise`]).
 fn describe_yaml_error(e: &serde_yaml::Error) -> String {
     let msg = e.to_string();
     let (pos, body) = match e.location() {
@@ -703,7 +703,7 @@ fn describe_yaml_error(e: &serde_yaml::Error) -> String {
         }
         None => (String::new(), msg),
     };
-    let mut body = lines::sanitise(&body);
+    let mut body = crate::secret::sanitise(&body);
     if body.contains("unknown anchor") {
         body.push_str(": profiles do not use anchors or aliases (`*name`): write the value out");
     }

@@ -120,6 +120,118 @@ fn is_printing(c: char) -> bool {
         | '\u{feff}' | '\u{fff9}'..='\u{fffb}')
 }
 
+/// A parser's message made safe to print: every quoted part (`` `…` `` or
+/// `"…"`, where serde quotes values and keys) cut to an excerpt and hidden
+/// when it looks like key material, every other long word cut too, control
+/// characters escaped.
+pub fn sanitise(msg: &str) -> String {
+    let out = sanitise_parts(msg);
+    // Whatever the parts, the whole stays short.
+    if out.chars().count() > MAX_MESSAGE {
+        let cut: String = out.chars().take(MAX_MESSAGE).collect();
+        return format!("{cut}… (message cut)");
+    }
+    out
+}
+
+/// The longest message [`sanitise`] returns, in characters.
+const MAX_MESSAGE: usize = 600;
+
+fn sanitise_parts(msg: &str) -> String {
+    // serde's "unknown field `NAME`, expected …": NAME is the input's and
+    // may itself hold backquotes, so it runs to serde's own closing words.
+    for pre in ["unknown field `", "unknown variant `"] {
+        if let Some(i) = msg.find(pre) {
+            let after = &msg[i + pre.len()..];
+            if let Some(end) = after
+                .rfind("`, expected")
+                .or_else(|| after.rfind("`, there are no"))
+            {
+                return format!(
+                    "{}{pre}{}`{}",
+                    plain(&msg[..i]),
+                    shorten(&after[..end]),
+                    sanitise_parts(&after[end + 1..])
+                );
+            }
+        }
+    }
+    let mut out = String::new();
+    let mut rest = msg;
+    while let Some(start) = rest.find(['`', '"']) {
+        let q = rest[start..].chars().next().unwrap_or('"');
+        out.push_str(&plain(&rest[..start]));
+        let body = &rest[start + 1..];
+        let end = closing(body, q);
+        match end {
+            Some(end) => {
+                out.push(q);
+                out.push_str(&shorten(&body[..end]));
+                out.push(q);
+                rest = &body[end + 1..];
+            }
+            None => {
+                out.push(q);
+                out.push_str(&shorten(body));
+                rest = "";
+            }
+        }
+    }
+    out.push_str(&plain(rest));
+    out
+}
+
+/// The end of a quoted part; `"…"` is Rust-escaped (serde's `{:?}`).
+fn closing(body: &str, q: char) -> Option<usize> {
+    let mut escaped = false;
+    for (i, c) in body.char_indices() {
+        match c {
+            '\\' if q == '"' && !escaped => escaped = true,
+            c if c == q && !escaped => return Some(i),
+            _ => escaped = false,
+        }
+    }
+    None
+}
+
+fn shorten(s: &str) -> String {
+    let n = s.chars().count();
+    if looks_like_key_material(s) {
+        return format!("<{n} characters, not shown>");
+    }
+    let mut out = escape(&s.chars().take(EXCERPT_CHARS).collect::<String>());
+    if n > EXCERPT_CHARS {
+        out.push_str(&format!("… ({n} characters)"));
+    }
+    out
+}
+
+/// Text outside quotes: long words cut, control characters escaped.
+fn plain(s: &str) -> String {
+    s.split(' ')
+        .map(|w| {
+            if w.chars().count() > 2 * EXCERPT_CHARS || looks_like_key_material(w) {
+                shorten(w)
+            } else {
+                escape(w)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn escape(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -176,5 +288,30 @@ pub(crate) mod tests {
         assert!(!looks_like_key_material("/usr/src/linux-source-6.1.tar.xz"));
         assert!(!looks_like_key_material("mitigations=auto,nosmt"));
         assert_eq!(excerpt("\u{202e}abc"), "\"\\u{202e}abc\"");
+    }
+
+    /// serde quotes whole values: a private key or a password hash read
+    /// where YAML or JSON was expected is the value.
+    #[test]
+    fn parser_messages_lose_the_values_they_quote() {
+        let (private, _) = test_keypair();
+        let body: String = private
+            .lines()
+            .filter(|l| !l.starts_with("-----"))
+            .collect();
+        let m = format!(
+            "invalid type: string {:?}, expected struct Rules at line 1 column 1",
+            private.replace('\n', " ")
+        );
+        let s = sanitise(&m);
+        assert!(!s.contains(&body[20..36]), "{s}");
+        assert!(
+            s.ends_with("expected struct Rules at line 1 column 1"),
+            "{s}"
+        );
+        let m = "invalid type: string \"root:$y$j9T$c2VjcmV0aGFzaHNlY3JldGhhc2hzZWNyZXQ:19000:0:99999:7:::\", expected a map";
+        assert!(!sanitise(m).contains("c2VjcmV0"), "{}", sanitise(m));
+        let m = "unknown field `sorce`, expected one of `source`, `prebuilt`";
+        assert_eq!(sanitise(m), m);
     }
 }

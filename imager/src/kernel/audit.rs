@@ -59,7 +59,7 @@ impl Rules {
         let rules: Rules = serde_yaml::from_str(text).map_err(|e| {
             anyhow::anyhow!(
                 "parsing the KSPP rule table: {}",
-                crate::input::serde_message(&e.to_string())
+                crate::secret::sanitise(&e.to_string())
             )
         })?;
         for r in &rules.rules {
@@ -100,7 +100,7 @@ pub fn parse_waivers(text: &str) -> Result<Vec<Waiver>> {
     let f: WaiverFile = serde_yaml::from_str(text).map_err(|e| {
         anyhow::anyhow!(
             "parsing the waiver list: {}",
-            crate::input::serde_message(&e.to_string())
+            crate::secret::sanitise(&e.to_string())
         )
     })?;
     validate_waivers(&f.waivers)?;

@@ -137,7 +137,7 @@ impl KernelConfig {
                 bail!(
                     "line {}: {} is not a CONFIG_ option name",
                     n + 1,
-                    crate::input::excerpt(name)
+                    crate::secret::excerpt(name)
                 );
             }
             cfg.set(name, Value::Set(value.trim().to_string()));

@@ -1,4 +1,4 @@
-//! Lines of keys, and messages that quote no more than an excerpt.
+//! Lines of keys.
 //!
 //! serde_yaml keeps no positions once a profile is deserialised, so the
 //! line of a key that fails a check after parsing ([`super::Profile`]'s
@@ -6,7 +6,6 @@
 //! with a probe that walks the key path and stops with an error at the key:
 //! serde_yaml attaches the position of the node where an error arises.
 
-use crate::secret::{EXCERPT_CHARS, looks_like_key_material};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use std::fmt;
 
@@ -205,116 +204,4 @@ impl<'de> Visitor<'de> for Found {
     fn visit_unit<E: de::Error>(self) -> Result<(), E> {
         Err(E::custom(FOUND))
     }
-}
-
-/// A parser's message made safe to print: every quoted part (`` `…` `` or
-/// `"…"`, where serde quotes values and keys) cut to an excerpt and hidden
-/// when it looks like key material, every other long word cut too, control
-/// characters escaped.
-pub fn sanitise(msg: &str) -> String {
-    let out = sanitise_parts(msg);
-    // Whatever the parts, the whole stays short.
-    if out.chars().count() > MAX_MESSAGE {
-        let cut: String = out.chars().take(MAX_MESSAGE).collect();
-        return format!("{cut}… (message cut)");
-    }
-    out
-}
-
-/// The longest message [`sanitise`] returns, in characters.
-const MAX_MESSAGE: usize = 600;
-
-fn sanitise_parts(msg: &str) -> String {
-    // serde's "unknown field `NAME`, expected …": NAME is the input's and
-    // may itself hold backquotes, so it runs to serde's own closing words.
-    for pre in ["unknown field `", "unknown variant `"] {
-        if let Some(i) = msg.find(pre) {
-            let after = &msg[i + pre.len()..];
-            if let Some(end) = after
-                .rfind("`, expected")
-                .or_else(|| after.rfind("`, there are no"))
-            {
-                return format!(
-                    "{}{pre}{}`{}",
-                    plain(&msg[..i]),
-                    shorten(&after[..end]),
-                    sanitise_parts(&after[end + 1..])
-                );
-            }
-        }
-    }
-    let mut out = String::new();
-    let mut rest = msg;
-    while let Some(start) = rest.find(['`', '"']) {
-        let q = rest[start..].chars().next().unwrap_or('"');
-        out.push_str(&plain(&rest[..start]));
-        let body = &rest[start + 1..];
-        let end = closing(body, q);
-        match end {
-            Some(end) => {
-                out.push(q);
-                out.push_str(&shorten(&body[..end]));
-                out.push(q);
-                rest = &body[end + 1..];
-            }
-            None => {
-                out.push(q);
-                out.push_str(&shorten(body));
-                rest = "";
-            }
-        }
-    }
-    out.push_str(&plain(rest));
-    out
-}
-
-/// The end of a quoted part; `"…"` is Rust-escaped (serde's `{:?}`).
-fn closing(body: &str, q: char) -> Option<usize> {
-    let mut escaped = false;
-    for (i, c) in body.char_indices() {
-        match c {
-            '\\' if q == '"' && !escaped => escaped = true,
-            c if c == q && !escaped => return Some(i),
-            _ => escaped = false,
-        }
-    }
-    None
-}
-
-fn shorten(s: &str) -> String {
-    let n = s.chars().count();
-    if looks_like_key_material(s) {
-        return format!("<{n} characters, not shown>");
-    }
-    let mut out = escape(&s.chars().take(EXCERPT_CHARS).collect::<String>());
-    if n > EXCERPT_CHARS {
-        out.push_str(&format!("… ({n} characters)"));
-    }
-    out
-}
-
-/// Text outside quotes: long words cut, control characters escaped.
-fn plain(s: &str) -> String {
-    s.split(' ')
-        .map(|w| {
-            if w.chars().count() > 2 * EXCERPT_CHARS || looks_like_key_material(w) {
-                shorten(w)
-            } else {
-                escape(w)
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn escape(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
 }

@@ -100,7 +100,7 @@ impl Manifest {
         let m: Manifest = serde_json::from_slice(bytes).map_err(|e| {
             anyhow::anyhow!(
                 "not a format-{FORMAT} manifest: {}",
-                crate::input::serde_message(&e.to_string())
+                crate::secret::sanitise(&e.to_string())
             )
         })?;
         if m.format != FORMAT {
