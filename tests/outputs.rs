@@ -38,12 +38,32 @@ fn static_elf() -> Vec<u8> {
     b
 }
 
+/// Bytes with the x86 boot protocol's marks (`0xAA55`, `HdrS`): what the
+/// builder checks of a prebuilt kernel.
+fn stand_in_bzimage() -> Vec<u8> {
+    let mut b = vec![0x5a; 200_000];
+    b[0x1fe..0x200].copy_from_slice(&[0x55, 0xaa]);
+    b[0x202..0x206].copy_from_slice(b"HdrS");
+    b
+}
+
+/// Bytes with the headers of an x86-64 PE image (`MZ`, `PE\0\0`, machine
+/// 0x8664): what the builder checks of a boot loader.
+fn stand_in_efi() -> Vec<u8> {
+    let mut b = vec![0x4d; 100_000];
+    b[..2].copy_from_slice(b"MZ");
+    b[0x3c..0x40].copy_from_slice(&0x80u32.to_le_bytes());
+    b[0x80..0x84].copy_from_slice(b"PE\0\0");
+    b[0x84..0x86].copy_from_slice(&0x8664u16.to_le_bytes());
+    b
+}
+
 impl Fixture {
     fn new() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
         let w = |name: &str, bytes: &[u8]| std::fs::write(root.join(name), bytes).unwrap();
-        w("bzImage", &vec![0x5a; 200_000]);
+        w("bzImage", &stand_in_bzimage());
         w(
             "config",
             b"# Linux/x86 6.1.0 Kernel Configuration\nCONFIG_BUG=y\n",
@@ -53,7 +73,7 @@ impl Fixture {
             b"rules:\n  - {option: CONFIG_BUG, wanted: y, why: \"test\"}\n",
         );
         w("machined", &static_elf());
-        w("systemd-bootx64.efi", &vec![0x4d; 100_000]);
+        w("systemd-bootx64.efi", &stand_in_efi());
         std::fs::create_dir(root.join("skel")).unwrap();
         w(
             "skeleton.txt",
