@@ -574,7 +574,7 @@ impl Profile {
             }
         }
         let cmdline = self.cmdline();
-        let loaded = loaded_cmdline_len(&self.pretty_name, &self.version, &cmdline);
+        let loaded = crate::boot::loaded_cmdline_len(&cmdline);
         if loaded > contract::cmdline::MAX_LEN {
             let added = loaded.saturating_sub(cmdline.len());
             return invalid(
@@ -668,22 +668,6 @@ fn version_tag_hint(v: &str) -> String {
          at most 128 letters, digits, '.', '_' and '-', not starting with '.' or '-'",
         excerpt(v)
     )
-}
-
-/// The length of the command line the kernel receives from a slot's boot
-/// entry for this profile's command line (see
-/// [`contract::cmdline::loaded_len`]); the same for both slots and any
-/// kernel and initramfs.
-pub fn loaded_cmdline_len(pretty_name: &str, version: &str, cmdline: &str) -> usize {
-    let any_sha = "0".repeat(64);
-    contract::Slot::ALL
-        .iter()
-        .map(|&slot| {
-            let e = crate::boot::entry(slot, &any_sha, &any_sha, pretty_name, version, cmdline);
-            contract::cmdline::loaded_len(&e.options, &[&e.initrd])
-        })
-        .max()
-        .unwrap_or(0)
 }
 
 /// serde_yaml's message with the location spelled out ("line L column C:

@@ -63,9 +63,20 @@ impl Boot {
         for (field, v) in [("boot.title", &self.title), ("boot.cmdline", &self.cmdline)] {
             if v.chars().any(char::is_control) {
                 return Err(format!(
-                    "{field} {v:?} contains a control character (it is one line of a boot entry)"
+                    "{field} {} contains a control character (it is one line of a boot entry)",
+                    crate::secret::excerpt(v)
                 ));
             }
+        }
+        // What a profile may not build, a manifest may not carry: a longer
+        // line is cut short at boot and the image never reaches ready.
+        let loaded = crate::boot::loaded_cmdline_len(&self.cmdline);
+        if loaded > contract::cmdline::MAX_LEN {
+            return Err(format!(
+                "boot.cmdline reaches the kernel as {loaded} bytes, more than the {} it takes: \
+                 the payload would not boot; rebuild it with a shorter kernel.cmdline",
+                contract::cmdline::MAX_LEN
+            ));
         }
         Ok(())
     }

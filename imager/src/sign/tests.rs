@@ -864,6 +864,17 @@ fn the_boot_field_is_optional_canonical_and_one_line() {
     let forged = text.replace("slab_nomerge", "slab_nomerge\\ninitrd /evil");
     let e = format!("{:#}", Manifest::parse(forged.as_bytes()).unwrap_err());
     assert!(e.contains("control character"), "{e}");
+    // A command line the boot path would cut short is refused in a
+    // manifest too: the installer must not install what cannot boot.
+    let limit = contract::cmdline::MAX_LEN - (crate::boot::loaded_cmdline_len("x") - 1);
+    let fits = text.replace("console=ttyS0 slab_nomerge", &"x".repeat(limit));
+    assert!(Manifest::parse(fits.as_bytes()).is_ok());
+    let long = text.replace("console=ttyS0 slab_nomerge", &"x".repeat(limit + 1));
+    let e = format!("{:#}", Manifest::parse(long.as_bytes()).unwrap_err());
+    assert!(
+        e.contains("boot.cmdline") && e.contains("would not boot"),
+        "{e}"
+    );
 }
 
 // ---------------------------------------------------------------- CLI
