@@ -11,7 +11,10 @@
 // Test helpers panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use anyhow::Result;
+use common::{craft_gpt, u32_at};
 use imager::build::{self, BuildOptions, names};
 use imager::profile::Profile;
 use imager::sign::{self, Signature, Signer, VerifyingKey};
@@ -397,32 +400,8 @@ fn verify_refuses_a_signed_disk_whose_partitions_overlap() {
 /// Sets the last LBA of entry `index` in both GPT copies of a 512-byte-sector
 /// image and makes their CRCs right.
 fn patch_entry_last_lba(disk: &Path, index: usize, last: u64) {
-    use std::io::{Read, Seek, SeekFrom, Write};
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(disk)
-        .unwrap();
-    let size = bootstate::gpt::device_size(&mut f).unwrap();
-    let h = bootstate::gpt::read_at(&mut f, size, 512).unwrap().header;
-    let len = h.entry_count as usize * h.entry_size as usize;
-    let backup_entries = h.alternate_lba - (len as u64).div_ceil(512);
-    for (lba, entries_lba) in [(1, h.entries_lba), (h.alternate_lba, backup_entries)] {
-        let mut entries = vec![0u8; len];
-        f.seek(SeekFrom::Start(entries_lba * 512)).unwrap();
-        f.read_exact(&mut entries).unwrap();
-        let at = index * h.entry_size as usize + 40;
-        entries[at..at + 8].copy_from_slice(&last.to_le_bytes());
-        let mut header = vec![0u8; 92];
-        f.seek(SeekFrom::Start(lba * 512)).unwrap();
-        f.read_exact(&mut header).unwrap();
-        header[88..92].copy_from_slice(&crc32fast::hash(&entries).to_le_bytes());
-        header[16..20].fill(0);
-        let crc = crc32fast::hash(&header);
-        header[16..20].copy_from_slice(&crc.to_le_bytes());
-        f.seek(SeekFrom::Start(entries_lba * 512)).unwrap();
-        f.write_all(&entries).unwrap();
-        f.seek(SeekFrom::Start(lba * 512)).unwrap();
-        f.write_all(&header).unwrap();
-    }
+    craft_gpt(disk, |c| {
+        let at = index * u32_at(&c.header, 84) as usize + 40;
+        c.entries[at..at + 8].copy_from_slice(&last.to_le_bytes());
+    });
 }

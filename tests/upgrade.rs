@@ -714,67 +714,6 @@ fn install_and_upgrade_work_on_a_block_device() {
 // under a time limit (`timeout`) and an address-space limit (`prlimit`), and
 // a refused change leaves the disk as it was.
 
-/// The GPT fields an attacker rewrites (offsets of the UEFI header).
-struct GptCopy {
-    header_at: u64,
-    header: Vec<u8>,
-    entries_at: u64,
-    entries: Vec<u8>,
-}
-
-fn read_at(f: &mut std::fs::File, at: u64, len: usize) -> Vec<u8> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut b = vec![0u8; len];
-    f.seek(SeekFrom::Start(at)).unwrap();
-    f.read_exact(&mut b).unwrap();
-    b
-}
-
-fn write_at(f: &mut std::fs::File, at: u64, b: &[u8]) {
-    use std::io::{Seek, SeekFrom, Write};
-    f.seek(SeekFrom::Start(at)).unwrap();
-    f.write_all(b).unwrap();
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
-}
-
-/// Writes a changed copy back with its CRCs made right.
-fn seal(f: &mut std::fs::File, mut c: GptCopy) {
-    let crc = crc32fast::hash(&c.entries);
-    c.header[88..92].copy_from_slice(&crc.to_le_bytes());
-    c.header[16..20].fill(0);
-    let crc = crc32fast::hash(&c.header);
-    c.header[16..20].copy_from_slice(&crc.to_le_bytes());
-    write_at(f, c.entries_at, &c.entries);
-    write_at(f, c.header_at, &c.header);
-}
-
-/// Both copies of the table changed by `change`, found where bootstate
-/// reads them (the raw header sectors and arrays are what is changed).
-fn craft_gpt(disk: &Path, change: impl Fn(&mut GptCopy)) {
-    let mut f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(disk)
-        .unwrap();
-    let size = bootstate::gpt::device_size(&mut f).unwrap();
-    let h = bootstate::gpt::read_at(&mut f, size, 512).unwrap().header;
-    let len = h.entry_count as usize * h.entry_size as usize;
-    let backup_entries = h.alternate_lba - (len as u64).div_ceil(512);
-    for (lba, entries) in [(1, h.entries_lba), (h.alternate_lba, backup_entries)] {
-        let mut c = GptCopy {
-            header_at: lba * 512,
-            header: read_at(&mut f, lba * 512, 92),
-            entries_at: entries * 512,
-            entries: read_at(&mut f, entries * 512, len),
-        };
-        change(&mut c);
-        seal(&mut f, c);
-    }
-}
-
 /// The array re-laid with entries of `size` bytes.
 fn entry_size(c: &mut GptCopy, size: u32) {
     let old = u32_at(&c.header, 84) as usize;
