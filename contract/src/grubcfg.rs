@@ -1,0 +1,296 @@
+//! The A-B `grub.cfg` of the BIOS path: the second rendering of the one
+//! slot state ([`crate::state::BootState`]), beside systemd-boot's entry
+//! names, for Debian's GRUB 2.06 (no arithmetic, no `blscfg`).
+//!
+//! ## Three files on BOOT, each changed by whole, atomic writes
+//!
+//! | file | what | changed |
+//! |---|---|---|
+//! | [`CONFIG_PATH`] `grub/grub.cfg` | the script below; its first 512-byte sector names the **good slot** (`set good_slot=A`) | first sector only, rewritten in place (one sector write): at a blessing and a rollback |
+//! | [`ENV_PATH`] `grub/env/grubenv` | the **trial**: `trial_slot`, `trial_tries` ([`crate::grubenv`]) | first sector only, in place: by the installer and the runtime, and by GRUB's `save_env` as it counts |
+//! | [`slot_config_path`] `X/grub.cfg` | slot X's kernel, initramfs and options (from its boot entry) | never rewritten: removed and created with the slot's other files, before the switch to it |
+//!
+//! The script itself never changes after it is written: whatever GRUB
+//! boots is decided by one sector of `grub.cfg` and one sector of the
+//! environment block, each written whole or not at all.
+//!
+//! ## What the script does
+//!
+//! 1. `load_env` reads only `trial_slot` and `trial_tries`; a block GRUB
+//!    cannot read leaves them empty.
+//! 2. If `trial_slot` is `A` or `B` and `trial_tries` is `N` in 1..=99, a
+//!    ladder of `if`s sets it to `N-1` (GRUB has no arithmetic), and
+//!    `save_env trial_tries` writes it back **before** the trial slot boots.
+//!    If the save fails, the trial slot is not booted (a counter that does
+//!    not count would try a broken slot for ever).
+//! 3. Otherwise (no trial, tries used up, unknown values, no block) the
+//!    good slot boots.
+//! 4. The slot's `X/grub.cfg` is sourced: it loads the kernel and the
+//!    initramfs and only then says `loaded=X`; the script boots. If the slot
+//!    did not load, the other slot is tried the same way (as systemd-boot
+//!    passes over an entry whose kernel is missing).
+//!
+//! The kernel's command line is the entry's options (which end with
+//! `machined.slot=X`) followed by `machined.trial=1` (a trial boot, counted)
+//! or `machined.trial=0`; systemd-boot's entries never carry
+//! `machined.trial`, so its presence also says GRUB booted
+//! ([`crate::cmdline::TRIAL`]).
+//!
+//! ## The same choice as systemd-boot
+//!
+//! From one [`BootState`] ([`rendering`]): the good slot is the fallback
+//! ([`BootState::fallback`]: the default, or during a trial the slot the
+//! upgrade came from), the trial is the pending upgrade's slot with the
+//! tries it was given. An entry `+3-0` boots three times, renamed `+2-1`,
+//! `+1-2`, `+0-3` before each boot, then sorts last; `trial_tries=3` is
+//! saved as 2, 1, 0 before each of three boots, then the good slot boots.
+//! [`next_boot`] models the script; the tests run both models side by side.
+
+use crate::boot::Entry;
+use crate::grubenv::{self, GrubEnv, Trial};
+use crate::slot::Slot;
+use crate::state::BootState;
+
+pub use crate::paths::{
+    BOOT_GRUB_CFG as CONFIG_PATH, BOOT_GRUB_ENV as ENV_PATH, BOOT_GRUB_ENV_DIR as ENV_DIR,
+};
+/// The part of `grub.cfg` that changes: its first sector.
+pub const STATE_LEN: usize = 512;
+/// The variable of `grub.cfg`'s first sector naming the good slot.
+pub const GOOD_SLOT: &str = "good_slot";
+
+/// Slot X's GRUB snippet: `X/grub.cfg`.
+pub fn slot_config_path(slot: Slot) -> String {
+    format!("{slot}/grub.cfg")
+}
+
+const HEADER: &str = "# Written by imager (contract::grubcfg): the BIOS boot path. Do not edit.\n\
+                      # Only this first 512-byte sector changes, rewritten in place.\n";
+
+/// The first sector of `grub.cfg`: comments, `set good_slot=X`, `#` up to
+/// the sector's last byte, a newline.
+pub fn state_sector(good: Slot) -> [u8; STATE_LEN] {
+    let mut s = [b'#'; STATE_LEN];
+    let text = format!("{HEADER}set {GOOD_SLOT}={good}\n");
+    s[..text.len()].copy_from_slice(text.as_bytes());
+    s[STATE_LEN - 1] = b'\n';
+    s
+}
+
+/// The good slot `grub.cfg`'s first sector names, when the sector is
+/// exactly one [`state_sector`] writes.
+pub fn read_good(cfg: &[u8]) -> Option<Slot> {
+    let first = cfg.get(..STATE_LEN)?;
+    Slot::ALL.into_iter().find(|s| first == state_sector(*s))
+}
+
+/// The part of `grub.cfg` after its first sector, the same for every state.
+pub fn script() -> String {
+    let env = format!("/{ENV_PATH}");
+    let mut s = String::from(
+        "serial --unit=0 --speed=115200\n\
+         terminal_input serial console\n\
+         terminal_output serial console\n\
+         set timeout=0\n\
+         set boot_slot=\"${good_slot}\"\n\
+         set boot_trial=0\n\
+         set trial_slot=\n\
+         set trial_tries=\n\
+         set trial_ok=0\n",
+    );
+    s.push_str(&format!(
+        "load_env -f {env} {} {}\n",
+        grubenv::TRIAL_SLOT,
+        grubenv::TRIAL_TRIES
+    ));
+    s.push_str(
+        "if [ \"${trial_slot}\" = \"A\" ]; then set trial_ok=1; fi\n\
+         if [ \"${trial_slot}\" = \"B\" ]; then set trial_ok=1; fi\n\
+         if [ \"${trial_ok}\" = \"1\" ]; then\n",
+    );
+    for n in (1..=grubenv::MAX_TRIES).rev() {
+        let kw = if n == grubenv::MAX_TRIES {
+            "if"
+        } else {
+            "elif"
+        };
+        s.push_str(&format!(
+            "  {kw} [ \"${{trial_tries}}\" = \"{n}\" ]; then set trial_tries={}; set boot_trial=1\n",
+            n - 1
+        ));
+    }
+    s.push_str("  fi\nfi\n");
+    s.push_str(&format!(
+        "if [ \"${{boot_trial}}\" = \"1\" ]; then\n  \
+         if save_env -f {env} {}; then\n    \
+         set boot_slot=\"${{trial_slot}}\"\n  \
+         else\n    \
+         set boot_trial=0\n  \
+         fi\n\
+         fi\n",
+        grubenv::TRIAL_TRIES
+    ));
+    let attempt = "set loaded=\n\
+                   source \"/${boot_slot}/grub.cfg\"\n\
+                   if [ \"${loaded}\" = \"${boot_slot}\" ]; then boot; fi\n";
+    s.push_str(attempt);
+    s.push_str(
+        "# The slot did not load: the other one, not as a trial.\n\
+         if [ \"${boot_slot}\" = \"A\" ]; then set boot_slot=B; else set boot_slot=A; fi\n\
+         set boot_trial=0\n",
+    );
+    s.push_str(attempt);
+    s.push_str("echo \"imager: no slot could be loaded\"\n");
+    s
+}
+
+/// The whole `grub.cfg` naming `good` the good slot.
+pub fn render(good: Slot) -> Vec<u8> {
+    let mut b = state_sector(good).to_vec();
+    b.extend_from_slice(script().as_bytes());
+    b
+}
+
+/// Characters GRUB's `linux` command passes to the kernel escaped with a
+/// backslash (`grub_create_loader_cmdline`, grub-core/lib/cmdline.c in
+/// GRUB 2.06): the kernel would see other arguments than systemd-boot
+/// gives it.
+pub const ESCAPED_BY_GRUB: [char; 3] = ['"', '\'', '\\'];
+
+/// One word for GRUB's script parser: as it is when it holds only
+/// characters the parser takes literally, else in single quotes (nothing
+/// is expanded inside them).
+fn word(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.,:=/+@%".contains(c));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// `X/grub.cfg`: loads slot X's kernel with the entry's options and
+/// `machined.trial=${boot_trial}`, then its initramfs, and only when both
+/// loaded sets `loaded=X`. Refused when the entry is not slot X's (its
+/// files outside `X/`), has no kernel, or its options hold a character
+/// GRUB would pass escaped ([`ESCAPED_BY_GRUB`]).
+pub fn slot_config(slot: Slot, entry: &Entry) -> Result<String, String> {
+    if let Some(c) = entry.options.chars().find(|c| ESCAPED_BY_GRUB.contains(c)) {
+        return Err(format!(
+            "the kernel command line holds `{c}`, which GRUB (the BIOS boot path) passes to \
+             the kernel escaped with a backslash: remove it"
+        ));
+    }
+    let dir = format!("{slot}/");
+    if entry.linux.is_empty() {
+        return Err(format!("slot {slot}'s boot entry has no kernel"));
+    }
+    for f in [&entry.linux, &entry.initrd] {
+        if !f.is_empty() && (!f.starts_with(&dir) || !crate_path_ok(f)) {
+            return Err(format!(
+                "slot {slot}'s boot entry names {f:?}, not a file in {dir}"
+            ));
+        }
+    }
+    let mut linux = format!("linux {}", word(&format!("/{}", entry.linux)));
+    for arg in entry.options.split_whitespace() {
+        linux.push(' ');
+        linux.push_str(&word(arg));
+    }
+    linux.push_str(&format!(" {}=${{boot_trial}}", crate::cmdline::TRIAL));
+    let mut s = format!(
+        "# Written by imager: slot {slot} ({}) for GRUB, sourced by /{CONFIG_PATH}.\n",
+        word(&entry.version)
+    );
+    s.push_str(&format!("if {linux}; then\n"));
+    if entry.initrd.is_empty() {
+        s.push_str(&format!("  set loaded={slot}\n"));
+    } else {
+        s.push_str(&format!(
+            "  if initrd {}; then\n    set loaded={slot}\n  fi\n",
+            word(&format!("/{}", entry.initrd))
+        ));
+    }
+    s.push_str("fi\n");
+    Ok(s)
+}
+
+fn crate_path_ok(p: &str) -> bool {
+    p.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+}
+
+/// The length of the command line GRUB gives the kernel for `entry`:
+/// `BOOT_IMAGE=/<linux>`, the options and `machined.trial=N`, separated by
+/// single spaces (GRUB 2.06's i386 `linux` command). Compare with
+/// [`crate::cmdline::MAX_LEN`].
+pub fn loaded_len(entry: &Entry) -> usize {
+    let words: usize = entry.options.split_whitespace().map(|w| w.len() + 1).sum();
+    "BOOT_IMAGE=/".len() + entry.linux.len() + words + " machined.trial=1".len()
+}
+
+/// GRUB's rendering of a state: the good slot (`grub.cfg`'s first sector)
+/// and the environment block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Rendering {
+    pub good: Slot,
+    pub env: GrubEnv,
+}
+
+/// How the trial's tries are set by [`rendering`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tries {
+    /// A new trial (the switch of an upgrade): this many.
+    Arm(u32),
+    /// Keep GRUB's count when the block already names the trial slot;
+    /// otherwise no trial (the switch was not made).
+    Keep,
+}
+
+/// GRUB's rendering of `state`, given the block on the disk now
+/// (`current`): the good slot is [`BootState::fallback`]; the trial is
+/// the pending upgrade's slot, its tries as `tries` says.
+pub fn rendering(state: &BootState, current: GrubEnv, tries: Tries) -> Rendering {
+    let trial = state.pending.as_ref().and_then(|p| match tries {
+        Tries::Arm(n) => Some(Trial {
+            slot: p.to,
+            tries: n,
+        }),
+        Tries::Keep => current.trial.filter(|t| t.slot == p.to),
+    });
+    Rendering {
+        good: state.fallback(),
+        env: GrubEnv { trial },
+    }
+}
+
+/// What one boot under GRUB does: the slot booted, whether as a trial, and
+/// the block `save_env` left (`None`: not written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrubBoot {
+    pub slot: Slot,
+    pub trial: bool,
+    pub saved: Option<GrubEnv>,
+}
+
+/// The script's decision ([`script`]) for a `grub.cfg` naming `good`
+/// (`None`: a first sector GRUB does not understand; the script then tries
+/// A) and the block GRUB loaded, when every slot loads.
+pub fn next_boot(good: Option<Slot>, env: GrubEnv) -> GrubBoot {
+    match env.trial {
+        Some(t) if t.tries > 0 => GrubBoot {
+            slot: t.slot,
+            trial: true,
+            saved: Some(GrubEnv::trial(t.slot, t.tries - 1)),
+        },
+        _ => GrubBoot {
+            slot: good.unwrap_or(Slot::A),
+            trial: false,
+            saved: None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests;
