@@ -246,6 +246,9 @@ pub enum Tries {
     /// Keep GRUB's count when the block already names the trial slot;
     /// otherwise no trial (the switch was not made).
     Keep,
+    /// No trial, whatever META says: an upgrade replacing the slot on
+    /// trial takes it off trial before it removes its files.
+    Disarm,
 }
 
 /// GRUB's rendering of `state`, given the block on the disk now
@@ -258,11 +261,18 @@ pub fn rendering(state: &BootState, current: GrubEnv, tries: Tries) -> Rendering
             tries: n,
         }),
         Tries::Keep => current.trial.filter(|t| t.slot == p.to),
+        Tries::Disarm => None,
     });
     Rendering {
         good: state.fallback(),
         env: GrubEnv { trial },
     }
+}
+
+/// The slot GRUB boots next with `grub.cfg` naming `good` and this block
+/// (every slot loading).
+pub fn choice(good: Option<Slot>, env: GrubEnv) -> Slot {
+    next_boot(good, env).slot
 }
 
 /// What one boot under GRUB does: the slot booted, whether as a trial, and
