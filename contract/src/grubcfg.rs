@@ -303,4 +303,6 @@ pub fn next_boot(good: Option<Slot>, env: GrubEnv) -> GrubBoot {
 }
 
 #[cfg(test)]
+mod script_tests;
+#[cfg(test)]
 mod tests;
