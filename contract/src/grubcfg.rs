@@ -19,16 +19,20 @@
 //! 1. `load_env` reads only `trial_slot` and `trial_tries`; a block GRUB
 //!    cannot read leaves them empty.
 //! 2. If `trial_slot` is `A` or `B` and `trial_tries` is `N` in 1..=99, a
-//!    ladder of `if`s sets it to `N-1` (GRUB has no arithmetic), and
-//!    `save_env trial_tries` writes it back **before** the trial slot boots.
-//!    If the save fails, the trial slot is not booted (a counter that does
-//!    not count would try a broken slot for ever).
-//! 3. Otherwise (no trial, tries used up, unknown values, no block) the
-//!    good slot boots.
-//! 4. The slot's `X/grub.cfg` is sourced: it loads the kernel and the
-//!    initramfs and only then says `loaded=X`; the script boots. If the slot
-//!    did not load, the other slot is tried the same way (as systemd-boot
-//!    passes over an entry whose kernel is missing).
+//!    ladder of flat `if`s (one a value: GRUB has no arithmetic, and an
+//!    `elif` chain that long exceeds the nesting limit of 64 commands of
+//!    Debian's GRUB, "maximum recursion depth exceeded") sets it to `N-1`.
+//!    The trial slot's `X/grub.cfg` is sourced: it loads the kernel and the
+//!    initramfs and only then says `loaded=X`. Once it loaded,
+//!    `save_env trial_tries` writes the lowered count back, **then** GRUB
+//!    boots it. A slot that does not load is not counted (systemd-boot does
+//!    not count an entry whose kernel is missing either); if the save
+//!    fails, the trial slot is not booted (a counter that does not count
+//!    would try a broken slot for ever).
+//! 3. Otherwise (no trial, tries used up, unknown values, no block, the
+//!    trial slot did not load or its save failed) the good slot is loaded
+//!    the same way and booted; if it does not load, the other slot (as
+//!    systemd-boot passes over an entry whose kernel is missing).
 //!
 //! The kernel's command line is the entry's options (which end with
 //! `machined.slot=X`) followed by `machined.trial=1` (a trial boot, counted)
@@ -103,30 +107,33 @@ pub fn script() -> String {
         grubenv::TRIAL_SLOT,
         grubenv::TRIAL_TRIES
     ));
+    // One flat `if` a rung, comparing the value loaded (`tries_was`), not
+    // the one being lowered: GRUB 2.06 as Debian ships it stops a script
+    // nested 64 commands deep ("maximum recursion depth exceeded",
+    // script/execute.c), which an `elif` chain of 99 rungs is.
     s.push_str(
         "if [ \"${trial_slot}\" = \"A\" ]; then set trial_ok=1; fi\n\
          if [ \"${trial_slot}\" = \"B\" ]; then set trial_ok=1; fi\n\
-         if [ \"${trial_ok}\" = \"1\" ]; then\n",
+         set tries_was=\n\
+         if [ \"${trial_ok}\" = \"1\" ]; then set tries_was=\"${trial_tries}\"; fi\n",
     );
     for n in (1..=grubenv::MAX_TRIES).rev() {
-        let kw = if n == grubenv::MAX_TRIES {
-            "if"
-        } else {
-            "elif"
-        };
         s.push_str(&format!(
-            "  {kw} [ \"${{trial_tries}}\" = \"{n}\" ]; then set trial_tries={}; set boot_trial=1\n",
+            "if [ \"${{tries_was}}\" = \"{n}\" ]; then set trial_tries={}; set boot_trial=1; fi\n",
             n - 1
         ));
     }
-    s.push_str("  fi\nfi\n");
+    // The trial slot is loaded first and its try saved only once it
+    // loaded (systemd-boot does not count an entry whose kernel is
+    // missing either), then booted; if the save fails, it is not booted.
     s.push_str(&format!(
         "if [ \"${{boot_trial}}\" = \"1\" ]; then\n  \
-         if save_env -f {env} {}; then\n    \
-         set boot_slot=\"${{trial_slot}}\"\n  \
-         else\n    \
-         set boot_trial=0\n  \
-         fi\n\
+         set loaded=\n  \
+         source \"/${{trial_slot}}/grub.cfg\"\n  \
+         if [ \"${{loaded}}\" = \"${{trial_slot}}\" ]; then\n    \
+         if save_env -f {env} {}; then boot; fi\n  \
+         fi\n  \
+         set boot_trial=0\n\
          fi\n",
         grubenv::TRIAL_TRIES
     ));
