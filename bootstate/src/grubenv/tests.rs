@@ -16,7 +16,11 @@ type Dev = Cursor<Vec<u8>>;
 /// A BOOT volume with GRUB's files for `good` and `env` (and a file
 /// before them, so that they do not start at the first cluster).
 fn volume(sector: u64, good: Slot, env: GrubEnv) -> Dev {
-    let len = if sector == 512 { 40 << 20 } else { 64 << 20 };
+    volume_of(sector, false, good, env)
+}
+
+fn volume_of(sector: u64, fat32: bool, good: Slot, env: GrubEnv) -> Dev {
+    let len = if sector == 512 { 40 << 20 } else { 300 << 20 };
     let mut dev = Cursor::new(vec![0u8; len]);
     let files = vec![
         FatFile::dir("loader/entries"),
@@ -29,7 +33,7 @@ fn volume(sector: u64, good: Slot, env: GrubEnv) -> Dev {
         label: "BOOT".into(),
         volume_id: 0x1234_5678,
         sector_size: sector,
-        fat32: false,
+        fat32,
         epoch: 1_700_000_000,
     };
     format_fat(&mut dev, &p, &files).unwrap();
@@ -88,8 +92,17 @@ fn mtype(v: &[u8], path: &str) -> Vec<u8> {
 
 #[test]
 fn overwrite_in_place_keeps_the_clusters_and_the_entry() {
-    for sector in [512, 4096] {
-        let mut dev = volume(sector, Slot::A, GrubEnv::none());
+    for (sector, fat32) in [(512, false), (512, true), (4096, false), (4096, true)] {
+        let mut dev = volume_of(sector, fat32, Slot::A, GrubEnv::none());
+        assert_eq!(
+            BootFs::new(&mut dev, 0).scan().unwrap().kind,
+            if fat32 {
+                crate::fatscan::Kind::Fat32
+            } else {
+                crate::fatscan::Kind::Fat16
+            },
+            "{sector} {fat32}"
+        );
         let before = placement(&mut dev, BOOT_GRUB_ENV);
         let new = GrubEnv::trial(Slot::B, 3).render().unwrap();
         let mut f = Faulty::counting(&mut dev);
