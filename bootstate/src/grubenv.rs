@@ -147,7 +147,9 @@ pub fn sync<D: Device>(boot: &mut BootFs<D>, state: &BootState, tries: Tries) ->
             return Ok(0);
         }
         let mut cfg = boot.read(BOOT_GRUB_CFG, CFG_LIMIT)?;
-        cfg[..grubcfg::STATE_LEN].copy_from_slice(&grubcfg::state_sector(target.good));
+        cfg.get_mut(..grubcfg::STATE_LEN)
+            .ok_or_else(|| anyhow::anyhow!("{BOOT_GRUB_CFG} on BOOT is shorter than a sector"))?
+            .copy_from_slice(&grubcfg::state_sector(target.good));
         boot.overwrite_in_place(BOOT_GRUB_CFG, &cfg)
             .context("writing the good slot into grub.cfg")
     };

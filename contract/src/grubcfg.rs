@@ -195,7 +195,7 @@ pub fn slot_config(slot: Slot, entry: &Entry) -> Result<String, String> {
         return Err(format!("slot {slot}'s boot entry has no kernel"));
     }
     for f in [&entry.linux, &entry.initrd] {
-        if !f.is_empty() && (!f.starts_with(&dir) || !crate_path_ok(f)) {
+        if !f.is_empty() && (!f.starts_with(&dir) || !path_ok(f)) {
             return Err(format!(
                 "slot {slot}'s boot entry names {f:?}, not a file in {dir}"
             ));
@@ -207,9 +207,18 @@ pub fn slot_config(slot: Slot, entry: &Entry) -> Result<String, String> {
         linux.push_str(&word(arg));
     }
     linux.push_str(&format!(" {}=${{boot_trial}}", crate::cmdline::TRIAL));
+    // The version only when it cannot end the comment it is in.
+    let version = if entry
+        .version
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || ".-_+~".contains(c))
+    {
+        entry.version.as_str()
+    } else {
+        "?"
+    };
     let mut s = format!(
-        "# Written by imager: slot {slot} ({}) for GRUB, sourced by /{CONFIG_PATH}.\n",
-        word(&entry.version)
+        "# Written by imager: slot {slot} ({version}) for GRUB, sourced by /{CONFIG_PATH}.\n"
     );
     s.push_str(&format!("if {linux}; then\n"));
     if entry.initrd.is_empty() {
@@ -224,8 +233,10 @@ pub fn slot_config(slot: Slot, entry: &Entry) -> Result<String, String> {
     Ok(s)
 }
 
-fn crate_path_ok(p: &str) -> bool {
-    p.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+/// A path of BOOT as an entry may name it: no control character (it would
+/// end a line of the script), no empty, `.` or `..` component.
+fn path_ok(p: &str) -> bool {
+    !p.chars().any(char::is_control) && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
 }
 
 /// The length of the command line GRUB gives the kernel for `entry`:

@@ -113,6 +113,22 @@ fn slot_config_loads_the_entry_and_says_so() {
         ..e.clone()
     };
     assert!(slot_config(Slot::B, &e2).is_err());
+    let e3 = Entry {
+        linux: "B/vmlinuz\nboot".into(),
+        ..e.clone()
+    };
+    assert!(slot_config(Slot::B, &e3).is_err());
+    // A version that could end its comment line is not written.
+    let e4 = Entry {
+        version: "1\nboot".into(),
+        ..e.clone()
+    };
+    let text = slot_config(Slot::B, &e4).unwrap();
+    assert!(
+        text.starts_with("# Written by imager: slot B (?) for GRUB"),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 6);
     // BOOT_IMAGE=/B/vmlinuz-… + options + machined.trial=1
     let want = format!("BOOT_IMAGE=/{} {} machined.trial=1", e.linux, e.options);
     assert_eq!(loaded_len(&e), want.len());
