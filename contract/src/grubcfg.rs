@@ -50,10 +50,10 @@
 //! saved as 2, 1, 0 before each of three boots, then the good slot boots.
 //! [`next_boot`] models the script; the tests run both models side by side.
 
-use crate::boot::Entry;
+use crate::boot::{Entry, EntryName, boot_order};
 use crate::grubenv::{self, GrubEnv, Trial};
 use crate::slot::Slot;
-use crate::state::BootState;
+use crate::state::{Assessment, BootState, FallbackReason, best_entry};
 
 pub use crate::paths::{
     BOOT_GRUB_CFG as CONFIG_PATH, BOOT_GRUB_ENV as ENV_PATH, BOOT_GRUB_ENV_DIR as ENV_DIR,
@@ -322,5 +322,103 @@ pub fn next_boot(good: Option<Slot>, env: GrubEnv) -> GrubBoot {
 
 #[cfg(test)]
 mod script_tests;
+/// What a boot under GRUB means, for the runtime (booted with
+/// `machined.trial`): [`crate::state::assess`] with GRUB's rendering in
+/// place of systemd-boot's for the slot on trial, and the rule of
+/// docs/design.md ("Two renderings of one state") for a cut between the
+/// two loaders' switches: such a switch is finished, never undone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrubAssessment {
+    /// As under systemd-boot; then GRUB's rendering follows META
+    /// ([`Tries::Keep`]).
+    As(Assessment),
+    /// An upgrade's systemd-boot switch was made (its entry untried,
+    /// `+N-0`) and GRUB's was not: arm GRUB's trial with `tries`
+    /// ([`Tries::Arm`]) and record nothing; the next boot tries the slot.
+    FinishSwitch { tries: u32 },
+    /// META and systemd-boot's entries name another slot than GRUB booted
+    /// (a rollback cut before GRUB's switch): GRUB's rendering follows META
+    /// ([`Tries::Keep`]); META is not moved.
+    FollowMeta,
+    /// The slot on trial is blessed in systemd-boot's entries (a plain
+    /// entry) but not in META or GRUB's rendering (a blessing cut short, or
+    /// its last try used under GRUB): finish its blessing.
+    FinishBlessing { slot: Slot },
+}
+
+/// Decides what a boot of `booted` by GRUB means, from META's `state`,
+/// systemd-boot's `entries` and GRUB's block `env`.
+pub fn assess_grub(
+    state: &BootState,
+    entries: &[EntryName],
+    env: GrubEnv,
+    booted: Slot,
+) -> GrubAssessment {
+    if let Some(p) = &state.pending
+        && p.to != booted
+    {
+        let entry = best_entry(entries, p.to);
+        // A plain entry of the trial's generation (or above): the blessing
+        // wrote it (an upgrade removes the slot's entries before its
+        // switch), whether or not the counting one is gone yet.
+        let top = entries
+            .iter()
+            .filter(|e| e.slot == p.to)
+            .map(|e| e.generation)
+            .max();
+        let blessed = top.is_some_and(|top| {
+            entries
+                .iter()
+                .any(|e| e.slot == p.to && e.tries.is_none() && e.generation >= top)
+        });
+        if blessed {
+            return GrubAssessment::FinishBlessing { slot: p.to };
+        }
+        let fell_back = |reason| {
+            GrubAssessment::As(Assessment::FellBack {
+                failed: p.to,
+                version: p.to_version.clone(),
+                reason,
+            })
+        };
+        return match env.trial.filter(|t| t.slot == p.to) {
+            Some(t) if t.tries == 0 => fell_back(FallbackReason::TriesExhausted {
+                tries: tries_given(state).unwrap_or(0),
+            }),
+            // GRUB had tries left and booted another slot: the trial slot
+            // did not load, or its try could not be saved.
+            Some(_) => fell_back(FallbackReason::Abandoned),
+            None => match entry.and_then(|e| e.tries) {
+                Some(t) if t.done == 0 && t.left > 0 => {
+                    GrubAssessment::FinishSwitch { tries: t.left }
+                }
+                _ => GrubAssessment::As(crate::state::assess(state, entries, booted)),
+            },
+        };
+    }
+    if state.pending.is_none()
+        && state.default != booted
+        && boot_order(entries)
+            .iter()
+            .find(|e| !e.is_exhausted())
+            .is_some_and(|e| e.slot == state.default)
+    {
+        return GrubAssessment::FollowMeta;
+    }
+    GrubAssessment::As(crate::state::assess(state, entries, booted))
+}
+
+/// The tries the pending upgrade was given: `tries=N` of the last
+/// `upgrade-started` event.
+fn tries_given(state: &BootState) -> Option<u32> {
+    state
+        .history
+        .iter()
+        .rev()
+        .find(|l| l.split_whitespace().nth(1) == Some("upgrade-started"))?
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("tries=")?.parse().ok())
+}
+
 #[cfg(test)]
 mod tests;

@@ -309,3 +309,89 @@ fn both_loaders_boot_the_same_slots() {
         assert_eq!(next_boot(Some(r.good), r.env).slot, from.other());
     }
 }
+
+/// The cut windows of docs/design.md: booted under GRUB on the slot GRUB's
+/// unswitched rendering names, the runtime finishes the switch the other
+/// rendering and META already made, as a boot under systemd-boot would.
+#[test]
+fn a_switch_cut_between_the_loaders_is_finished() {
+    use crate::state::{Assessment, FallbackReason};
+    let (f, x) = (Slot::A, Slot::B);
+    let mut up = on_trial(f);
+    up.record("upgrade-started from=A to=B from-version=1 to-version=3 tries=3");
+    let none = GrubEnv::none();
+    // Upgrade cut between systemd-boot's switch and GRUB's.
+    let entries = [EntryName::good(1, f), EntryName::trial(2, x, 3)];
+    assert_eq!(
+        assess_grub(&up, &entries, none, f),
+        GrubAssessment::FinishSwitch { tries: 3 }
+    );
+    // The switch not made at all: as under systemd-boot.
+    assert_eq!(
+        assess_grub(&up, &[EntryName::good(1, f)], none, f),
+        GrubAssessment::As(crate::state::assess(&up, &[EntryName::good(1, f)], f))
+    );
+    // The trial slot booted: a trial, whatever the rest says.
+    assert_eq!(
+        assess_grub(&up, &entries, GrubEnv::trial(x, 2), x),
+        GrubAssessment::As(Assessment::Trial {
+            entry: Some(EntryName::trial(2, x, 3))
+        })
+    );
+    // GRUB used up the tries.
+    assert_eq!(
+        assess_grub(&up, &entries, GrubEnv::trial(x, 0), f),
+        GrubAssessment::As(Assessment::FellBack {
+            failed: x,
+            version: "3".into(),
+            reason: FallbackReason::TriesExhausted { tries: 3 }
+        })
+    );
+    // GRUB had tries and booted F: the trial slot did not load.
+    assert!(matches!(
+        assess_grub(&up, &entries, GrubEnv::trial(x, 2), f),
+        GrubAssessment::As(Assessment::FellBack {
+            reason: FallbackReason::Abandoned,
+            ..
+        })
+    ));
+    // Blessed in systemd-boot's entries, last try used under GRUB.
+    let exhausted = EntryName::parse("g00000002-slot-b+0-3.conf").unwrap();
+    for blessed in [
+        vec![EntryName::good(1, f), EntryName::good(2, x)],
+        // The counting entry not removed yet.
+        vec![EntryName::good(1, f), EntryName::good(2, x), exhausted],
+    ] {
+        assert_eq!(
+            assess_grub(&up, &blessed, GrubEnv::trial(x, 0), f),
+            GrubAssessment::FinishBlessing { slot: x }
+        );
+    }
+    // An older plain entry of X is no blessing.
+    let old = [
+        EntryName::good(1, x),
+        EntryName::good(2, f),
+        EntryName::parse("g00000003-slot-b+0-3.conf").unwrap(),
+    ];
+    assert!(matches!(
+        assess_grub(&up, &old, GrubEnv::trial(x, 0), f),
+        GrubAssessment::As(Assessment::FellBack { .. })
+    ));
+    // Rollback to F cut before GRUB's switch (GRUB still names X good).
+    let back = steady(f);
+    let entries = [EntryName::good(2, x), EntryName::good(3, f)];
+    assert_eq!(
+        assess_grub(&back, &entries, none, x),
+        GrubAssessment::FollowMeta
+    );
+    // Both renderings name X (moved by hand): META follows, as before.
+    let entries = [EntryName::good(3, x)];
+    assert_eq!(
+        assess_grub(&back, &entries, none, x),
+        GrubAssessment::As(Assessment::DefaultMoved)
+    );
+    assert_eq!(
+        assess_grub(&back, &entries, none, f),
+        GrubAssessment::As(Assessment::Steady)
+    );
+}
