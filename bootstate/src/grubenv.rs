@@ -68,6 +68,12 @@ pub fn read<D: Read + Seek>(boot: &mut BootFs<D>) -> Result<View> {
     Ok(View { good, env, exact })
 }
 
+/// Whether BOOT carries GRUB's rendering (both files): the slot operations
+/// keep it in step only then.
+pub fn installed<D: Read + Seek>(boot: &mut BootFs<D>) -> Result<bool> {
+    Ok(boot.exists(BOOT_GRUB_CFG)? && boot.exists(BOOT_GRUB_ENV)?)
+}
+
 /// Creates GRUB's files on a BOOT that has none: `grub/grub.cfg` naming
 /// `good`, `grub/env/grubenv` with no trial (directories first). Files that
 /// exist are left alone. Each file is complete or absent at every write
