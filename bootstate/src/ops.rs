@@ -672,10 +672,80 @@ pub fn assess<B: Device, M: Device>(
     booted: Slot,
 ) -> Result<BootOutcome> {
     let st = status(boot, meta_dev)?;
+    let a = state::assess(&st.state, &st.entries, booted);
+    record(boot, meta_dev, &st, a, booted)
+}
+
+/// What a boot under GRUB finished (beside what [`assess`] records).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrubOutcome {
+    /// Recorded as under systemd-boot.
+    As(BootOutcome),
+    /// GRUB's trial armed: an upgrade's switch cut between the two loaders
+    /// is finished; the next boot tries the new slot.
+    SwitchFinished { slot: Slot, tries: u32 },
+    /// GRUB's rendering brought to META (a rollback cut between the two
+    /// loaders); META unchanged.
+    FollowedMeta,
+    /// The slot on trial was blessed in systemd-boot's entries: its
+    /// blessing finished (META, GRUB); the next boot is on it.
+    BlessingFinished(Blessed),
+}
+
+/// At boot of `booted` by GRUB (`machined.trial` on the command line; BOOT
+/// carries GRUB's rendering): [`contract::grubcfg::assess_grub`] recorded.
+/// A switch cut between the two loaders is finished, never undone
+/// (docs/design.md, "Two renderings of one state").
+pub fn assess_grub<B: Device, M: Device>(
+    boot: &mut BootFs<B>,
+    meta_dev: &mut M,
+    booted: Slot,
+) -> Result<GrubOutcome> {
+    let st = status(boot, meta_dev)?;
+    let view = grubenv::read(boot)?;
+    Ok(
+        match grubcfg::assess_grub(&st.state, &st.entries, view.env, booted) {
+            grubcfg::GrubAssessment::As(a) => {
+                GrubOutcome::As(record(boot, meta_dev, &st, a, booted)?)
+            }
+            grubcfg::GrubAssessment::FinishSwitch { tries } => {
+                let s = grubenv::sync(boot, &st.state, Tries::Arm(tries))?;
+                let slot = s.rendering.env.trial.map_or(booted, |t| t.slot);
+                GrubOutcome::SwitchFinished { slot, tries }
+            }
+            grubcfg::GrubAssessment::FollowMeta => {
+                grubenv::sync(boot, &st.state, Tries::Keep)?;
+                GrubOutcome::FollowedMeta
+            }
+            grubcfg::GrubAssessment::FinishBlessing { slot } => {
+                let version = st.state.version(slot).to_string();
+                GrubOutcome::BlessingFinished(bless(boot, meta_dev, slot, &version)?)
+            }
+        },
+    )
+}
+
+/// Records assessment `a` of a boot of `booted`: a fallback or a moved
+/// default in META, then the renderings follow.
+fn record<B: Device, M: Device>(
+    boot: &mut BootFs<B>,
+    meta_dev: &mut M,
+    st: &Status,
+    a: Assessment,
+    booted: Slot,
+) -> Result<BootOutcome> {
     let mut new = st.state.clone();
-    match state::assess(&st.state, &st.entries, booted) {
-        Assessment::Steady => Ok(BootOutcome::Steady),
-        Assessment::Trial { .. } => Ok(BootOutcome::Trial),
+    match a {
+        // GRUB's rendering follows META at every boot (a rollback cut
+        // between the two loaders' switches is finished here).
+        Assessment::Steady => {
+            sync_grub(boot, &st.state)?;
+            Ok(BootOutcome::Steady)
+        }
+        Assessment::Trial { .. } => {
+            sync_grub(boot, &st.state)?;
+            Ok(BootOutcome::Trial)
+        }
         Assessment::FellBack {
             failed,
             version,
@@ -694,12 +764,14 @@ pub fn assess<B: Device, M: Device>(
             new.record(format!(
                 "upgrade-failed slot={failed} version={version} reason={why} running={booted}"
             ));
-            write_state(meta_dev, &st, &new)?;
-            if reason == FallbackReason::Abandoned {
-                // Not to be tried again behind our back.
-                for e in st.entries.iter().filter(|e| e.slot == failed) {
-                    boot.remove(&e.path())?;
-                }
+            write_state(meta_dev, st, &new)?;
+            // Not to be tried again behind our back: an abandoned slot's
+            // entries, and entries of the failed slot that still have
+            // tries (its tries ran out under GRUB, not systemd-boot).
+            for e in st.entries.iter().filter(|e| {
+                e.slot == failed && (reason == FallbackReason::Abandoned || !e.is_exhausted())
+            }) {
+                boot.remove(&e.path())?;
             }
             sync_grub(boot, &new)?;
             Ok(BootOutcome::FellBack {
@@ -711,7 +783,7 @@ pub fn assess<B: Device, M: Device>(
         Assessment::DefaultMoved => {
             new.default = booted;
             new.record(format!("default-moved slot={booted}"));
-            write_state(meta_dev, &st, &new)?;
+            write_state(meta_dev, st, &new)?;
             sync_grub(boot, &new)?;
             Ok(BootOutcome::DefaultMoved)
         }

@@ -388,8 +388,10 @@ pub fn assess_grub(
             // GRUB had tries left and booted another slot: the trial slot
             // did not load, or its try could not be saved.
             Some(_) => fell_back(FallbackReason::Abandoned),
-            None => match entry.and_then(|e| e.tries) {
-                Some(t) if t.done == 0 && t.left > 0 => {
+            // systemd-boot switched (the slot's untried entry boots first)
+            // and GRUB did not.
+            None => match entry.filter(|e| boot_order(entries).first() == Some(e)) {
+                Some(EntryName { tries: Some(t), .. }) if t.done == 0 && t.left > 0 => {
                     GrubAssessment::FinishSwitch { tries: t.left }
                 }
                 _ => GrubAssessment::As(crate::state::assess(state, entries, booted)),

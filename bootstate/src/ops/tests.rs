@@ -552,3 +552,154 @@ fn an_upgrade_with_grub_cut_at_any_write_keeps_both_loaders_bootable() {
         "{disagree:?} of {total}"
     );
 }
+
+/// One boot under GRUB and what the runtime then does (it reaches ready):
+/// GRUB counts (its `save_env`), the runtime assesses with
+/// [`assess_grub`] and blesses a trial. The slot booted, and the slot each
+/// loader boots next.
+fn boot_grub(b: &mut Dev, m: &mut Dev) -> (Slot, Slot, Slot) {
+    let mut boot = BootFs::new(&mut *b, 0);
+    let view = crate::grubenv::read(&mut boot).unwrap();
+    let g = grubcfg::next_boot(view.good, view.env);
+    if let Some(saved) = g.saved {
+        boot.overwrite_in_place(contract::paths::BOOT_GRUB_ENV, &saved.render().unwrap())
+            .unwrap();
+    }
+    let out = assess_grub(&mut boot, &mut *m, g.slot).unwrap();
+    if out == GrubOutcome::As(BootOutcome::Trial) {
+        let v = status(&mut boot, &mut *m)
+            .unwrap()
+            .state
+            .version(g.slot)
+            .to_string();
+        bless(&mut boot, &mut *m, g.slot, &v).unwrap();
+    }
+    let next = status(&mut boot, &mut *m)
+        .unwrap()
+        .next_boot()
+        .unwrap()
+        .slot;
+    (g.slot, grub_choice(&mut boot), next)
+}
+
+/// The same under systemd-boot with [`assess`].
+fn boot_uefi(b: &mut Dev, m: &mut Dev) -> (Slot, Slot, Slot) {
+    let mut boot = BootFs::new(&mut *b, 0);
+    let slot = firmware_tries(&mut boot);
+    if assess(&mut boot, &mut *m, slot).unwrap() == BootOutcome::Trial {
+        let v = status(&mut boot, &mut *m)
+            .unwrap()
+            .state
+            .version(slot)
+            .to_string();
+        bless(&mut boot, &mut *m, slot, &v).unwrap();
+    }
+    let next = status(&mut boot, &mut *m)
+        .unwrap()
+        .next_boot()
+        .unwrap()
+        .slot;
+    (slot, grub_choice(&mut boot), next)
+}
+
+/// What the loaders and the runtime read: META's state, the valid entries,
+/// GRUB's rendering.
+fn snapshot(b: &mut Dev, m: &mut Dev) -> (BootState, Vec<EntryName>, crate::grubenv::View) {
+    let mut boot = BootFs::new(b, 0);
+    let st = status(&mut boot, m).unwrap();
+    (
+        st.state,
+        st.entries,
+        crate::grubenv::read(&mut boot).unwrap(),
+    )
+}
+
+/// Upgrade, blessing (on GRUB's last try) and rollbacks of a disk with
+/// GRUB's rendering, cut at every write, then booted once under either
+/// firmware: from the boot after, both loaders boot the same slot, and the
+/// same one whichever firmware booted first (unless the disk is as it was
+/// before the operation and already booted differently by firmware).
+#[test]
+fn after_a_cut_one_boot_under_either_firmware_brings_the_loaders_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let v2 = payload(dir.path(), "2", 20_000);
+    type Op = fn(&mut BootFs<&mut Faulty<Dev>>, &mut Faulty<Dev>, &Payload);
+    let ops: [(&str, Op); 4] = [
+        ("upgrade", |b, m, p| {
+            let _ = upgrade(b, m, p, 1);
+        }),
+        ("blessing", |b, m, _| {
+            let _ = bless(b, m, Slot::B, "2");
+        }),
+        ("rollback", |b, m, _| {
+            let _ = rollback(b, m, false);
+        }),
+        ("forced rollback", |b, m, _| {
+            let _ = rollback(b, m, true);
+        }),
+    ];
+    for (name, op) in ops {
+        // The disk each operation starts from.
+        let (mut b0, mut m0) = disk_with_grub(16);
+        match name {
+            "upgrade" => {}
+            "blessing" => {
+                // Upgraded with one try, used under GRUB.
+                upgrade(&mut BootFs::new(&mut b0, 0), &mut m0, &v2, 1).unwrap();
+                let mut boot = BootFs::new(&mut b0, 0);
+                let view = crate::grubenv::read(&mut boot).unwrap();
+                let g = grubcfg::next_boot(view.good, view.env);
+                assert_eq!(g.slot, Slot::B);
+                boot.overwrite_in_place(
+                    contract::paths::BOOT_GRUB_ENV,
+                    &g.saved.unwrap().render().unwrap(),
+                )
+                .unwrap();
+            }
+            _ => {
+                upgrade(&mut BootFs::new(&mut b0, 0), &mut m0, &v2, 3).unwrap();
+                if name == "rollback" {
+                    bless(&mut BootFs::new(&mut b0, 0), &mut m0, Slot::B, "2").unwrap();
+                }
+                if name == "forced rollback" {
+                    // B failed: rolled back, marked bad; forced again.
+                    rollback(&mut BootFs::new(&mut b0, 0), &mut m0, false).unwrap();
+                }
+            }
+        }
+        // Each loader counts its own tries: a disk whose trial has tries
+        // left under one and none under the other (the blessing's start:
+        // its last try used under GRUB) boots differently by firmware
+        // before any write of the operation.
+        let pre = snapshot(&mut b0.clone(), &mut m0.clone());
+        let pre_differs = {
+            let (mut b, mut m) = (b0.clone(), m0.clone());
+            let g = boot_grub(&mut b, &mut m).2;
+            let (mut b, mut m) = (b0.clone(), m0.clone());
+            g != boot_uefi(&mut b, &mut m).2
+        };
+        let mut total = 0;
+        for n in 1.. {
+            let mut b = Faulty::failing_at(b0.clone(), n);
+            let mut m = b.share(m0.clone());
+            op(&mut BootFs::new(&mut b, 0), &mut m, &v2);
+            let writes = b.writes();
+            let (bd, md) = (b.into_inner(), m.into_inner());
+            let unchanged = snapshot(&mut bd.clone(), &mut md.clone()) == pre;
+            let (mut b1, mut m1) = (bd.clone(), md.clone());
+            let (_, g_grub, g_sd) = boot_grub(&mut b1, &mut m1);
+            assert_eq!(g_grub, g_sd, "{name}, cut {n}: after a boot under GRUB");
+            let (mut b2, mut m2) = (bd, md);
+            let (_, u_grub, u_sd) = boot_uefi(&mut b2, &mut m2);
+            assert_eq!(u_grub, u_sd, "{name}, cut {n}: after a boot under UEFI");
+            if !(pre_differs && unchanged) {
+                assert_eq!(g_sd, u_sd, "{name}, cut {n}: GRUB first or UEFI first");
+            }
+            if writes < n - 1 {
+                total = writes;
+                break;
+            }
+        }
+        assert!(total > 0, "{name}");
+    }
+}

@@ -326,6 +326,13 @@ fn a_switch_cut_between_the_loaders_is_finished() {
         assess_grub(&up, &entries, none, f),
         GrubAssessment::FinishSwitch { tries: 3 }
     );
+    // An untried entry of X that does not boot first (left by an
+    // abandoned trial) is no switch: as under systemd-boot.
+    let stale = [EntryName::trial(2, x, 3), EntryName::good(3, f)];
+    assert_eq!(
+        assess_grub(&up, &stale, none, f),
+        GrubAssessment::As(crate::state::assess(&up, &stale, f))
+    );
     // The switch not made at all: as under systemd-boot.
     assert_eq!(
         assess_grub(&up, &[EntryName::good(1, f)], none, f),
