@@ -333,6 +333,72 @@ impl<D: Device> BootFs<D> {
         self.dev.sync().context("syncing BOOT")
     }
 
+    /// Rewrites the bytes of the existing file `path` in place, as GRUB's
+    /// `save_env` does: the same length (a different one is refused), the
+    /// same clusters, found through the FAT; the directory entry, the FAT
+    /// and every other file are not touched (so the entry keeps its
+    /// modification time, as under GRUB). Each 512-byte piece of the file
+    /// whose bytes change is written with one device write, in file order,
+    /// then the device is synced. A disk writes a sector whole or not at
+    /// all, so a caller that keeps its changes within one 512-byte piece
+    /// (GRUB's environment block, `grub.cfg`'s first sector) changes the
+    /// file atomically. Returns the number of pieces written.
+    ///
+    /// fatfs is not used: opening an existing file and writing it at offset
+    /// 0 would do the same data writes, but fatfs also rewrites the
+    /// directory entry (modification date, and the size on the way) when the
+    /// file is closed: a second write, in another sector, for nothing.
+    pub fn overwrite_in_place(&mut self, path: &str, bytes: &[u8]) -> Result<usize> {
+        check_path(path)?;
+        self.scan()?;
+        let g = fatscan::geometry(&mut self.dev)?;
+        let f = crate::fatfix::find(&mut self.dev, &g, path)?
+            .ok_or_else(|| anyhow::anyhow!("{path} does not exist on BOOT"))?;
+        if f.is_dir {
+            bail!("{path} on BOOT is a directory, not a file");
+        }
+        if f.size != bytes.len() as u64 {
+            bail!(
+                "{path} on BOOT is {} bytes: it is rewritten in place only with as many \
+                 ({} given); it is never truncated or reallocated",
+                f.size,
+                bytes.len()
+            );
+        }
+        if bytes.is_empty() {
+            return Ok(0);
+        }
+        let chain = g
+            .chain(&mut self.dev, f.first_cluster)
+            .with_context(|| format!("following {path}'s clusters on BOOT"))?;
+        if (chain.len() as u64).saturating_mul(g.cluster_size) < f.size {
+            bail!(
+                "{path} on BOOT is {} bytes but its clusters hold less",
+                f.size
+            );
+        }
+        let mut written = 0;
+        let mut old = [0u8; PIECE];
+        for (i, want) in bytes.chunks(PIECE).enumerate() {
+            let offset = (i * PIECE) as u64;
+            let (cluster_at, _) = chain[(offset / g.cluster_size) as usize];
+            let at = cluster_at + offset % g.cluster_size;
+            self.dev.seek(SeekFrom::Start(at))?;
+            self.dev
+                .read_exact(&mut old[..want.len()])
+                .with_context(|| format!("reading {path} on BOOT"))?;
+            if old[..want.len()] != *want {
+                self.dev.seek(SeekFrom::Start(at))?;
+                self.dev
+                    .write_all(want)
+                    .with_context(|| format!("rewriting {path} on BOOT"))?;
+                written += 1;
+            }
+        }
+        self.dev.sync().context("syncing BOOT")?;
+        Ok(written)
+    }
+
     /// Removes `path` crash-safely and syncs; false if it was not there.
     pub fn remove(&mut self, path: &str) -> Result<bool> {
         check_path(path)?;
@@ -345,6 +411,10 @@ impl<D: Device> BootFs<D> {
         Ok(found)
     }
 }
+
+/// The unit [`BootFs::overwrite_in_place`] writes: a 512-byte sector,
+/// which a disk writes whole (the cluster size is a multiple of it).
+const PIECE: usize = 512;
 
 /// Lower-case hex.
 pub fn hex(bytes: &[u8]) -> String {

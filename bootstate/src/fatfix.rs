@@ -152,6 +152,8 @@ pub(crate) struct Found {
     pub(crate) long: Vec<u64>,
     pub(crate) first_cluster: u32,
     pub(crate) is_dir: bool,
+    /// The length the entry gives (0 for a directory).
+    pub(crate) size: u64,
 }
 
 /// The name of a short entry as `name.ext`, lower case.
@@ -235,6 +237,7 @@ fn scan_dir<T: Read + Seek>(
                 long: long.iter().map(|(o, _, _)| *o).collect(),
                 first_cluster: g.first_cluster(e),
                 is_dir: e[11] & ATTR_DIR != 0,
+                size: u64::from(u32::from_le_bytes([e[28], e[29], e[30], e[31]])),
             },
         ));
     }

@@ -20,6 +20,7 @@ pub mod fatfix;
 pub mod fatformat;
 pub mod fatscan;
 pub mod gpt;
+pub mod grubenv;
 pub mod meta;
 pub mod ops;
 

@@ -12,13 +12,21 @@
 //! * [`assess`] (runtime, at boot): records a fallback, or notes a trial.
 //! * [`bless`] (runtime, once ready): the blessed entry is created, then the
 //!   counting one removed, then META says good.
+//!
+//! When BOOT carries GRUB's rendering ([`crate::grubenv`]), each keeps it
+//! in step (docs/design.md, "Two renderings of one state"): an upgrade takes
+//! GRUB off the target first, writes `X/grub.cfg` with the slot's files and
+//! arms GRUB's trial after systemd-boot's switch; a rollback switches GRUB
+//! after systemd-boot; a blessing and a recorded fallback bring it to the
+//! new state (before META for a blessing, after it for a fallback).
 
 use crate::device::Device;
 use crate::fat::BootFs;
 use crate::fatscan::Scan;
-use crate::meta;
+use crate::{grubenv, meta};
 use anyhow::{Context, Result, bail};
 use contract::boot::{DEFAULT_TRIES, Entry, EntryName, boot_order};
+use contract::grubcfg::{self, Tries};
 use contract::meta::{Meta, SlotStatus};
 use contract::paths::BOOT_ENTRIES_DIR;
 use contract::state::{Assessment, BootState, FallbackReason, Pending, best_entry};
@@ -279,8 +287,12 @@ struct UpgradePlan {
     reclaim: bool,
     /// META as step 4 writes it (it fits).
     new_meta: Meta,
+    /// The state META then holds.
+    new_state: BootState,
     generation: u32,
     from_version: String,
+    /// With GRUB's rendering on BOOT: the target's `X/grub.cfg`.
+    grub_slot_cfg: Option<String>,
 }
 
 /// Everything an upgrade checks and decides before it writes: the fallback
@@ -309,11 +321,36 @@ fn plan_upgrade<B: Device, M: Device>(
     }
     let entry = payload.entry(target);
     let entry_text = entry.render();
+    // GRUB's rendering, when BOOT has it: ours, and the entry one GRUB can
+    // boot as systemd-boot does.
+    let grub_slot_cfg = if grubenv::installed(boot)? {
+        if grubenv::read(boot)?.good.is_none() {
+            bail!(
+                "{} on BOOT was not written by this version of imager: the upgrade would \
+                 leave GRUB behind (reinstall the disk with `imager install`)",
+                contract::paths::BOOT_GRUB_CFG
+            );
+        }
+        Some(grubcfg::slot_config(target, &entry).map_err(anyhow::Error::msg)?)
+    } else {
+        None
+    };
     // The scan refuses a FAT that contradicts itself (cross-linked files,
     // loops) and counts the clusters a cut upgrade left behind.
     let scan = boot.scan()?.clone();
     let old_files = boot.list(target.name())?;
-    check_room(&st, &scan, &old_files, target, &entry, &entry_text, payload)?;
+    let small_files: Vec<&str> = std::iter::once(entry_text.as_str())
+        .chain(grub_slot_cfg.as_deref())
+        .collect();
+    check_room(
+        &st,
+        &scan,
+        &old_files,
+        target,
+        &entry,
+        &small_files,
+        payload,
+    )?;
     let from_version = st.state.version(fallback).to_string();
     let mut new = st.state.clone();
     new.set(target, SlotStatus::Pending, payload.version.clone());
@@ -330,6 +367,8 @@ fn plan_upgrade<B: Device, M: Device>(
     ));
     Ok(UpgradePlan {
         new_meta: meta_with(&st, &new)?,
+        new_state: new,
+        grub_slot_cfg,
         generation: st.next_generation()?,
         st,
         target,
@@ -350,7 +389,7 @@ fn check_room(
     old_files: &[crate::fat::FileInfo],
     target: Slot,
     entry: &Entry,
-    entry_text: &str,
+    small_files: &[&str],
     payload: &Payload,
 ) -> Result<()> {
     let (free, cluster) = (scan.room(), scan.cluster_size);
@@ -367,7 +406,11 @@ fn check_room(
             .iter()
             .any(|f| f.name == file_name(name) && f.size == len)
     };
-    let mut needed = clusters(entry_text.len() as u64, cluster);
+    // The entry, and GRUB's `X/grub.cfg` when BOOT has GRUB's rendering.
+    let mut needed: u64 = small_files
+        .iter()
+        .map(|t| clusters(t.len() as u64, cluster))
+        .sum();
     for (path, f) in [
         (&entry.linux, &payload.kernel),
         (&entry.initrd, &payload.initramfs),
@@ -408,8 +451,12 @@ pub fn upgrade<B: Device, M: Device>(
         boot.reclaim()?;
     }
     // 1. The target's entries: the slot stops being bootable. And entries
-    //    the boot loader passes over anyway.
+    //    the boot loader passes over anyway. GRUB first: off the target,
+    //    on the fallback.
     let st = &plan.st;
+    if plan.grub_slot_cfg.is_some() {
+        grubenv::sync(boot, &st.state, Tries::Disarm)?;
+    }
     for e in st
         .entries
         .iter()
@@ -450,12 +497,24 @@ pub fn upgrade<B: Device, M: Device>(
             );
         }
     }
+    //    GRUB's lines for the slot, beside its files.
+    if let Some(g) = &plan.grub_slot_cfg {
+        boot.create(
+            &grubcfg::slot_config_path(target),
+            &mut g.as_bytes(),
+            g.len() as u64,
+        )?;
+    }
     // 4. META: the intent, before the switch.
     meta::write(meta_dev, &plan.new_meta)?;
     // 5. The switch: the new entry, generation above all.
     let name = EntryName::trial(plan.generation, target, tries);
     let text = plan.entry_text.as_bytes();
     boot.create(&name.path(), &mut &text[..], text.len() as u64)?;
+    // 6. GRUB's switch: its block names the target with the same tries.
+    if plan.grub_slot_cfg.is_some() {
+        grubenv::sync(boot, &plan.new_state, Tries::Arm(tries))?;
+    }
     Ok(Upgraded {
         from: fallback,
         to: target,
@@ -538,6 +597,10 @@ pub fn rollback<B: Device, M: Device>(
     let new_meta = meta_with(&st, &new)?;
     let generation = st.next_generation()?;
     room_for_an_entry(boot)?;
+    let grub = grubenv::installed(boot)?;
+    if grub {
+        check_grub(boot, to)?;
+    }
     meta::write(meta_dev, &new_meta)?;
     let name = if trial {
         EntryName::trial(generation, to, DEFAULT_TRIES)
@@ -545,6 +608,14 @@ pub fn rollback<B: Device, M: Device>(
         EntryName::good(generation, to)
     };
     boot.create(&name.path(), &mut text.as_bytes(), text.len() as u64)?;
+    if grub {
+        let tries = if trial {
+            Tries::Arm(DEFAULT_TRIES)
+        } else {
+            Tries::Keep
+        };
+        grubenv::sync(boot, &new, tries)?;
+    }
     // Then the slot's older entries, and those systemd-boot passes over.
     for old in st.entries.iter().filter(|e| e.slot == to).chain(&st.broken) {
         boot.remove(&old.path())?;
@@ -555,6 +626,25 @@ pub fn rollback<B: Device, M: Device>(
         version: st.state.version(to).to_string(),
         entry: name,
     })
+}
+
+/// Before a rollback to `to` on a BOOT with GRUB's rendering: it is ours,
+/// and `to` has its `X/grub.cfg`.
+fn check_grub<B: Device>(boot: &mut BootFs<B>, to: Slot) -> Result<()> {
+    if grubenv::read(boot)?.good.is_none() {
+        bail!(
+            "{} on BOOT was not written by this version of imager: the rollback would leave \
+             GRUB behind (reinstall the disk with `imager install`)",
+            contract::paths::BOOT_GRUB_CFG
+        );
+    }
+    if !boot.exists(&grubcfg::slot_config_path(to))? {
+        bail!(
+            "slot {to} has no {}: GRUB (the BIOS path) cannot boot it",
+            grubcfg::slot_config_path(to)
+        );
+    }
+    Ok(())
 }
 
 /// What the runtime found at boot, once recorded.
@@ -582,10 +672,80 @@ pub fn assess<B: Device, M: Device>(
     booted: Slot,
 ) -> Result<BootOutcome> {
     let st = status(boot, meta_dev)?;
+    let a = state::assess(&st.state, &st.entries, booted);
+    record(boot, meta_dev, &st, a, booted)
+}
+
+/// What a boot under GRUB finished (beside what [`assess`] records).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrubOutcome {
+    /// Recorded as under systemd-boot.
+    As(BootOutcome),
+    /// GRUB's trial armed: an upgrade's switch cut between the two loaders
+    /// is finished; the next boot tries the new slot.
+    SwitchFinished { slot: Slot, tries: u32 },
+    /// GRUB's rendering brought to META (a rollback cut between the two
+    /// loaders); META unchanged.
+    FollowedMeta,
+    /// The slot on trial was blessed in systemd-boot's entries: its
+    /// blessing finished (META, GRUB); the next boot is on it.
+    BlessingFinished(Blessed),
+}
+
+/// At boot of `booted` by GRUB (`machined.trial` on the command line; BOOT
+/// carries GRUB's rendering): [`contract::grubcfg::assess_grub`] recorded.
+/// A switch cut between the two loaders is finished, never undone
+/// (docs/design.md, "Two renderings of one state").
+pub fn assess_grub<B: Device, M: Device>(
+    boot: &mut BootFs<B>,
+    meta_dev: &mut M,
+    booted: Slot,
+) -> Result<GrubOutcome> {
+    let st = status(boot, meta_dev)?;
+    let view = grubenv::read(boot)?;
+    Ok(
+        match grubcfg::assess_grub(&st.state, &st.entries, view.env, booted) {
+            grubcfg::GrubAssessment::As(a) => {
+                GrubOutcome::As(record(boot, meta_dev, &st, a, booted)?)
+            }
+            grubcfg::GrubAssessment::FinishSwitch { tries } => {
+                let s = grubenv::sync(boot, &st.state, Tries::Arm(tries))?;
+                let slot = s.rendering.env.trial.map_or(booted, |t| t.slot);
+                GrubOutcome::SwitchFinished { slot, tries }
+            }
+            grubcfg::GrubAssessment::FollowMeta => {
+                grubenv::sync(boot, &st.state, Tries::Keep)?;
+                GrubOutcome::FollowedMeta
+            }
+            grubcfg::GrubAssessment::FinishBlessing { slot } => {
+                let version = st.state.version(slot).to_string();
+                GrubOutcome::BlessingFinished(bless(boot, meta_dev, slot, &version)?)
+            }
+        },
+    )
+}
+
+/// Records assessment `a` of a boot of `booted`: a fallback or a moved
+/// default in META, then the renderings follow.
+fn record<B: Device, M: Device>(
+    boot: &mut BootFs<B>,
+    meta_dev: &mut M,
+    st: &Status,
+    a: Assessment,
+    booted: Slot,
+) -> Result<BootOutcome> {
     let mut new = st.state.clone();
-    match state::assess(&st.state, &st.entries, booted) {
-        Assessment::Steady => Ok(BootOutcome::Steady),
-        Assessment::Trial { .. } => Ok(BootOutcome::Trial),
+    match a {
+        // GRUB's rendering follows META at every boot (a rollback cut
+        // between the two loaders' switches is finished here).
+        Assessment::Steady => {
+            sync_grub(boot, &st.state)?;
+            Ok(BootOutcome::Steady)
+        }
+        Assessment::Trial { .. } => {
+            sync_grub(boot, &st.state)?;
+            Ok(BootOutcome::Trial)
+        }
         Assessment::FellBack {
             failed,
             version,
@@ -604,13 +764,16 @@ pub fn assess<B: Device, M: Device>(
             new.record(format!(
                 "upgrade-failed slot={failed} version={version} reason={why} running={booted}"
             ));
-            write_state(meta_dev, &st, &new)?;
-            if reason == FallbackReason::Abandoned {
-                // Not to be tried again behind our back.
-                for e in st.entries.iter().filter(|e| e.slot == failed) {
-                    boot.remove(&e.path())?;
-                }
+            write_state(meta_dev, st, &new)?;
+            // Not to be tried again behind our back: an abandoned slot's
+            // entries, and entries of the failed slot that still have
+            // tries (its tries ran out under GRUB, not systemd-boot).
+            for e in st.entries.iter().filter(|e| {
+                e.slot == failed && (reason == FallbackReason::Abandoned || !e.is_exhausted())
+            }) {
+                boot.remove(&e.path())?;
             }
+            sync_grub(boot, &new)?;
             Ok(BootOutcome::FellBack {
                 failed,
                 version,
@@ -620,10 +783,19 @@ pub fn assess<B: Device, M: Device>(
         Assessment::DefaultMoved => {
             new.default = booted;
             new.record(format!("default-moved slot={booted}"));
-            write_state(meta_dev, &st, &new)?;
+            write_state(meta_dev, st, &new)?;
+            sync_grub(boot, &new)?;
             Ok(BootOutcome::DefaultMoved)
         }
     }
+}
+
+/// GRUB's rendering, when BOOT has it, brought to `state` (after META).
+fn sync_grub<B: Device>(boot: &mut BootFs<B>, state: &BootState) -> Result<()> {
+    if grubenv::installed(boot)? {
+        grubenv::sync(boot, state, Tries::Keep)?;
+    }
+    Ok(())
 }
 
 /// What [`bless`] did.
@@ -685,6 +857,7 @@ pub fn bless<B: Device, M: Device>(
     for e in stale {
         boot.remove(&e.path())?;
     }
+    sync_grub(boot, &new)?;
     meta::write(meta_dev, &new_meta)?;
     Ok(Blessed {
         slot: booted,

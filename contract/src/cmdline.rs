@@ -4,6 +4,11 @@ use crate::slot::Slot;
 
 /// Which slot the boot entry belongs to: `machined.slot=A`.
 pub const SLOT: &str = "machined.slot";
+/// Set by GRUB (the BIOS path, `contract::grubcfg`) after the entry's
+/// options: `machined.trial=1` on a boot of the slot on trial (its tries
+/// already counted down), `machined.trial=0` otherwise. systemd-boot's
+/// entries never carry it, so it also says that GRUB booted.
+pub const TRIAL: &str = "machined.trial";
 /// What to do when the runtime fails: `machined.on_failure=reboot|halt|poweroff`.
 pub const ON_FAILURE: &str = "machined.on_failure";
 /// Stop before reaching ready (for tests of a deliberately broken version):
@@ -107,6 +112,17 @@ pub fn slot(cmdline: &str) -> Option<Slot> {
     get(cmdline, SLOT).and_then(|v| v.parse().ok())
 }
 
+/// What GRUB said of this boot: `Some(true)` a trial boot, `Some(false)`
+/// not; `None` when the line has no valid `machined.trial` (not booted by
+/// GRUB).
+pub fn trial(cmdline: &str) -> Option<bool> {
+    match get(cmdline, TRIAL)?.as_str() {
+        "1" => Some(true),
+        "0" => Some(false),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,6 +135,10 @@ mod tests {
         assert_eq!(slot(c), Some(Slot::A));
         assert_eq!(get(c, "missing"), None);
         assert_eq!(slot("machined.slot=C"), None);
+        assert_eq!(trial("a machined.trial=1"), Some(true));
+        assert_eq!(trial("machined.trial=0"), Some(false));
+        assert_eq!(trial("machined.trial=2"), None);
+        assert_eq!(trial("machined.slot=A"), None);
     }
 
     #[test]

@@ -12,6 +12,8 @@
 pub mod boot;
 pub mod cmdline;
 pub mod date;
+pub mod grubcfg;
+pub mod grubenv;
 pub mod guid;
 pub mod le;
 pub mod meta;

@@ -58,6 +58,15 @@ pub const ESP_BOOT_LOADER: &str = "EFI/BOOT/BOOTX64.EFI";
 pub const ESP_LOADER_CONF: &str = "loader/loader.conf";
 /// Boot Loader Specification type #1 entries, on BOOT (XBOOTLDR).
 pub const BOOT_ENTRIES_DIR: &str = "loader/entries";
+/// GRUB's configuration on BOOT, the BIOS path (`contract::grubcfg`); the
+/// core image's prefix is its directory, `grub`.
+pub const BOOT_GRUB_CFG: &str = "grub/grub.cfg";
+/// The directory of GRUB's environment block on BOOT: of its own, so that
+/// no other file is ever created or removed beside it.
+pub const BOOT_GRUB_ENV_DIR: &str = "grub/env";
+/// GRUB's environment block on BOOT (`contract::grubenv`): created once at
+/// full length, afterwards only rewritten in place.
+pub const BOOT_GRUB_ENV: &str = "grub/env/grubenv";
 
 /// The identity of an image, the input of its disk GUID.
 pub fn image_identity(name: &str, version: &str, payload_digests: &[&str]) -> String {

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::device::Faulty;
+use contract::grubcfg;
 use contract::meta::{AREA_LEN, SlotRecord, Tag};
 use sha2::{Digest, Sha256};
 use std::io::Cursor;
@@ -405,4 +406,300 @@ fn repeated_cut_upgrades_do_not_fill_boot() {
     let text = crate::testutil::fsck(b.get_ref());
     assert!(!text.contains("unused cluster"), "{text}");
     assert!(!text.contains("FATs differ"), "{text}");
+}
+
+/// [`disk`] with GRUB's rendering: `grub/grub.cfg` naming A, an empty
+/// block, and `A/grub.cfg` from A's entry.
+fn disk_with_grub(boot_mib: usize) -> (Dev, Dev) {
+    let (mut b, m) = disk(boot_mib);
+    let mut boot = BootFs::new(&mut b, 0);
+    crate::grubenv::install(&mut boot, Slot::A).unwrap();
+    let e = entry_of(&mut boot, &EntryName::good(1, Slot::A)).unwrap();
+    let cfg = grubcfg::slot_config(Slot::A, &e).unwrap();
+    boot.create(
+        &grubcfg::slot_config_path(Slot::A),
+        &mut cfg.as_bytes(),
+        cfg.len() as u64,
+    )
+    .unwrap();
+    (b, m)
+}
+
+/// The slot GRUB boots, given what is on BOOT (without counting).
+fn grub_choice(boot: &mut BootFs<&mut Dev>) -> Slot {
+    crate::grubenv::read(boot).unwrap().choice()
+}
+
+/// GRUB's files of `slot` are there: its `X/grub.cfg` and what it loads.
+fn grub_can_boot(boot: &mut BootFs<&mut Dev>, slot: Slot) -> bool {
+    let Ok(text) = boot.read(&grubcfg::slot_config_path(slot), 4096) else {
+        return false;
+    };
+    let text = String::from_utf8(text).unwrap();
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            l.strip_prefix("if linux /")
+                .or_else(|| l.strip_prefix("if initrd /"))
+        })
+        .all(|rest| {
+            boot.exists(rest.split(' ').next().unwrap().trim_end_matches(';'))
+                .unwrap()
+        })
+}
+
+#[test]
+fn grub_follows_upgrade_bless_and_rollback() {
+    use contract::grubenv::GrubEnv;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut b, mut m) = disk_with_grub(40);
+    let mut boot = BootFs::new(&mut b, 0);
+    let v2 = payload(dir.path(), "2", 300_000);
+    upgrade(&mut boot, &mut m, &v2, 3).unwrap();
+    let view = crate::grubenv::read(&mut boot).unwrap();
+    assert_eq!(
+        (view.good, view.env),
+        (Some(Slot::A), GrubEnv::trial(Slot::B, 3))
+    );
+    assert!(grub_can_boot(&mut boot, Slot::B) && grub_can_boot(&mut boot, Slot::A));
+    let b_cfg = String::from_utf8(boot.read("B/grub.cfg", 4096).unwrap()).unwrap();
+    assert!(b_cfg.contains(&v2.entry(Slot::B).linux), "{b_cfg}");
+    assert_eq!(grub_choice(&mut boot), Slot::B);
+    assert_eq!(firmware_tries(&mut boot), Slot::B);
+    assert_eq!(
+        assess(&mut boot, &mut m, Slot::B).unwrap(),
+        BootOutcome::Trial
+    );
+    bless(&mut boot, &mut m, Slot::B, "2").unwrap();
+    let view = crate::grubenv::read(&mut boot).unwrap();
+    assert_eq!((view.good, view.env), (Some(Slot::B), GrubEnv::none()));
+    assert_eq!(grub_choice(&mut boot), firmware_tries(&mut boot));
+    // Rollback to A: both loaders.
+    rollback(&mut boot, &mut m, false).unwrap();
+    assert_eq!(grub_choice(&mut boot), Slot::A);
+    assert_eq!(firmware_tries(&mut boot), Slot::A);
+    // A forced rollback to a slot on trial arms GRUB too.
+    let v3 = payload(dir.path(), "3", 200_000);
+    upgrade(&mut boot, &mut m, &v3, 2).unwrap();
+    let view = crate::grubenv::read(&mut boot).unwrap();
+    assert_eq!(view.env, GrubEnv::trial(Slot::B, 2));
+    rollback(&mut boot, &mut m, false).unwrap();
+    let view = crate::grubenv::read(&mut boot).unwrap();
+    assert_eq!((view.good, view.env), (Some(Slot::A), GrubEnv::none()));
+    rollback(&mut boot, &mut m, true).unwrap();
+    let view = crate::grubenv::read(&mut boot).unwrap();
+    assert_eq!(
+        (view.good, view.env),
+        (Some(Slot::A), GrubEnv::trial(Slot::B, DEFAULT_TRIES))
+    );
+    assert_eq!(grub_choice(&mut boot), firmware_tries(&mut boot));
+    let text = crate::testutil::fsck(b.get_ref());
+    assert_eq!(text.lines().count(), 2, "{text}");
+}
+
+/// An upgrade of a disk with GRUB's rendering, cut at every write: each
+/// loader boots A or B with all the files it loads, and they disagree only
+/// between systemd-boot's switch and GRUB's, where the runtime under GRUB
+/// finishes the switch.
+#[test]
+fn an_upgrade_with_grub_cut_at_any_write_keeps_both_loaders_bootable() {
+    use contract::grubcfg::{GrubAssessment, assess_grub};
+    let dir = tempfile::tempdir().unwrap();
+    let (b0, m0) = disk_with_grub(16);
+    let v2 = payload(dir.path(), "2", 20_000);
+    let run = |fail_at: Option<u64>| {
+        let mut b = match fail_at {
+            Some(n) => Faulty::failing_at(b0.clone(), n),
+            None => Faulty::counting(b0.clone()),
+        };
+        let mut m = b.share(m0.clone());
+        let r = upgrade(&mut BootFs::new(&mut b, 0), &mut m, &v2, 3);
+        (r.is_ok(), b.writes(), b.into_inner(), m.into_inner())
+    };
+    let (done, total, ..) = run(None);
+    assert!(done, "{total} writes");
+    let mut disagree = Vec::new();
+    for n in 1..=total + 1 {
+        let (done, _, mut bd, mut md) = run(Some(n));
+        assert_eq!(done, n > total, "cut {n}");
+        let mut boot = BootFs::new(&mut bd, 0);
+        let g = grub_choice(&mut boot);
+        assert!(
+            grub_can_boot(&mut boot, g),
+            "cut {n}: GRUB boots {g}, whose files are missing"
+        );
+        let st = status(&mut boot, &mut md).unwrap();
+        let sd = st.next_boot().unwrap().slot;
+        if g != sd {
+            disagree.push(n);
+            assert_eq!((sd, g), (Slot::B, Slot::A), "cut {n}");
+            let view = crate::grubenv::read(&mut boot).unwrap();
+            assert_eq!(
+                assess_grub(&st.state, &st.entries, view.env, g),
+                GrubAssessment::FinishSwitch { tries: 3 },
+                "cut {n}"
+            );
+        }
+    }
+    // Only from systemd-boot's switch (its entry valid once its length is
+    // written; fatfs's last writes of the creation follow) to GRUB's, the
+    // last write.
+    assert!(
+        !disagree.is_empty()
+            && disagree.len() <= 3
+            && disagree.windows(2).all(|w| w[1] == w[0] + 1)
+            && disagree.last() == Some(&total),
+        "{disagree:?} of {total}"
+    );
+}
+
+/// One boot under GRUB and what the runtime then does (it reaches ready):
+/// GRUB counts (its `save_env`), the runtime assesses with
+/// [`assess_grub`] and blesses a trial. The slot booted, and the slot each
+/// loader boots next.
+fn boot_grub(b: &mut Dev, m: &mut Dev) -> (Slot, Slot, Slot) {
+    let mut boot = BootFs::new(&mut *b, 0);
+    let view = crate::grubenv::read(&mut boot).unwrap();
+    let g = grubcfg::next_boot(view.good, view.env);
+    if let Some(saved) = g.saved {
+        boot.overwrite_in_place(contract::paths::BOOT_GRUB_ENV, &saved.render().unwrap())
+            .unwrap();
+    }
+    let out = assess_grub(&mut boot, &mut *m, g.slot).unwrap();
+    if out == GrubOutcome::As(BootOutcome::Trial) {
+        let v = status(&mut boot, &mut *m)
+            .unwrap()
+            .state
+            .version(g.slot)
+            .to_string();
+        bless(&mut boot, &mut *m, g.slot, &v).unwrap();
+    }
+    let next = status(&mut boot, &mut *m)
+        .unwrap()
+        .next_boot()
+        .unwrap()
+        .slot;
+    (g.slot, grub_choice(&mut boot), next)
+}
+
+/// The same under systemd-boot with [`assess`].
+fn boot_uefi(b: &mut Dev, m: &mut Dev) -> (Slot, Slot, Slot) {
+    let mut boot = BootFs::new(&mut *b, 0);
+    let slot = firmware_tries(&mut boot);
+    if assess(&mut boot, &mut *m, slot).unwrap() == BootOutcome::Trial {
+        let v = status(&mut boot, &mut *m)
+            .unwrap()
+            .state
+            .version(slot)
+            .to_string();
+        bless(&mut boot, &mut *m, slot, &v).unwrap();
+    }
+    let next = status(&mut boot, &mut *m)
+        .unwrap()
+        .next_boot()
+        .unwrap()
+        .slot;
+    (slot, grub_choice(&mut boot), next)
+}
+
+/// What the loaders and the runtime read: META's state, the valid entries,
+/// GRUB's rendering.
+fn snapshot(b: &mut Dev, m: &mut Dev) -> (BootState, Vec<EntryName>, crate::grubenv::View) {
+    let mut boot = BootFs::new(b, 0);
+    let st = status(&mut boot, m).unwrap();
+    (
+        st.state,
+        st.entries,
+        crate::grubenv::read(&mut boot).unwrap(),
+    )
+}
+
+/// Upgrade, blessing (on GRUB's last try) and rollbacks of a disk with
+/// GRUB's rendering, cut at every write, then booted once under either
+/// firmware: from the boot after, both loaders boot the same slot, and the
+/// same one whichever firmware booted first (unless the disk is as it was
+/// before the operation and already booted differently by firmware).
+#[test]
+fn after_a_cut_one_boot_under_either_firmware_brings_the_loaders_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let v2 = payload(dir.path(), "2", 20_000);
+    type Op = fn(&mut BootFs<&mut Faulty<Dev>>, &mut Faulty<Dev>, &Payload);
+    let ops: [(&str, Op); 4] = [
+        ("upgrade", |b, m, p| {
+            let _ = upgrade(b, m, p, 1);
+        }),
+        ("blessing", |b, m, _| {
+            let _ = bless(b, m, Slot::B, "2");
+        }),
+        ("rollback", |b, m, _| {
+            let _ = rollback(b, m, false);
+        }),
+        ("forced rollback", |b, m, _| {
+            let _ = rollback(b, m, true);
+        }),
+    ];
+    for (name, op) in ops {
+        // The disk each operation starts from.
+        let (mut b0, mut m0) = disk_with_grub(16);
+        match name {
+            "upgrade" => {}
+            "blessing" => {
+                // Upgraded with one try, used under GRUB.
+                upgrade(&mut BootFs::new(&mut b0, 0), &mut m0, &v2, 1).unwrap();
+                let mut boot = BootFs::new(&mut b0, 0);
+                let view = crate::grubenv::read(&mut boot).unwrap();
+                let g = grubcfg::next_boot(view.good, view.env);
+                assert_eq!(g.slot, Slot::B);
+                boot.overwrite_in_place(
+                    contract::paths::BOOT_GRUB_ENV,
+                    &g.saved.unwrap().render().unwrap(),
+                )
+                .unwrap();
+            }
+            _ => {
+                upgrade(&mut BootFs::new(&mut b0, 0), &mut m0, &v2, 3).unwrap();
+                if name == "rollback" {
+                    bless(&mut BootFs::new(&mut b0, 0), &mut m0, Slot::B, "2").unwrap();
+                }
+                if name == "forced rollback" {
+                    // B failed: rolled back, marked bad; forced again.
+                    rollback(&mut BootFs::new(&mut b0, 0), &mut m0, false).unwrap();
+                }
+            }
+        }
+        // Each loader counts its own tries: a disk whose trial has tries
+        // left under one and none under the other (the blessing's start:
+        // its last try used under GRUB) boots differently by firmware
+        // before any write of the operation.
+        let pre = snapshot(&mut b0.clone(), &mut m0.clone());
+        let pre_differs = {
+            let (mut b, mut m) = (b0.clone(), m0.clone());
+            let g = boot_grub(&mut b, &mut m).2;
+            let (mut b, mut m) = (b0.clone(), m0.clone());
+            g != boot_uefi(&mut b, &mut m).2
+        };
+        let mut total = 0;
+        for n in 1.. {
+            let mut b = Faulty::failing_at(b0.clone(), n);
+            let mut m = b.share(m0.clone());
+            op(&mut BootFs::new(&mut b, 0), &mut m, &v2);
+            let writes = b.writes();
+            let (bd, md) = (b.into_inner(), m.into_inner());
+            let unchanged = snapshot(&mut bd.clone(), &mut md.clone()) == pre;
+            let (mut b1, mut m1) = (bd.clone(), md.clone());
+            let (_, g_grub, g_sd) = boot_grub(&mut b1, &mut m1);
+            assert_eq!(g_grub, g_sd, "{name}, cut {n}: after a boot under GRUB");
+            let (mut b2, mut m2) = (bd, md);
+            let (_, u_grub, u_sd) = boot_uefi(&mut b2, &mut m2);
+            assert_eq!(u_grub, u_sd, "{name}, cut {n}: after a boot under UEFI");
+            if !(pre_differs && unchanged) {
+                assert_eq!(g_sd, u_sd, "{name}, cut {n}: GRUB first or UEFI first");
+            }
+            if writes < n - 1 {
+                total = writes;
+                break;
+            }
+        }
+        assert!(total > 0, "{name}");
+    }
 }
