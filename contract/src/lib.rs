@@ -12,6 +12,7 @@
 pub mod boot;
 pub mod cmdline;
 pub mod date;
+pub mod grub;
 pub mod guid;
 pub mod le;
 pub mod meta;
