@@ -84,7 +84,7 @@ fn build(
     let out = &opts.out_dir;
     let _lock = lock_output(out)?;
     let epoch = describe_build(p, out)?;
-    let (layout, esp) = preflight(p)?;
+    let Preflight { layout, esp, grub } = preflight(p)?;
     let installer_wanted = p.installer.is_some() && p.outputs.contains(&Output::Installer);
     let mut files = vec![
         names::KERNEL,
@@ -136,7 +136,11 @@ fn build(
         epoch,
     };
     if let Some(layout) = &layout {
-        let raw = write_disk(p, dir, layout, esp, &payload, signer)?;
+        let bios = grub.as_ref().map(|grub| disk::BiosBoot {
+            grub,
+            boot_flag: p.disk.bios_boot_flag,
+        });
+        let raw = write_disk(p, dir, layout, esp, bios, &payload, signer)?;
         artifacts.push((Kind::Raw, raw));
     }
     if let Some(bin) = &installer_bin {
@@ -219,7 +223,7 @@ fn commit(out: &Path, stage: &Staging, names: &[&str]) -> Result<()> {
 
 /// The cheap checks, before anything is built or written: the disk layout
 /// (if the profile makes a disk) and the ESP's files.
-fn preflight(p: &Profile) -> Result<(Option<disk::Layout>, Vec<disk::FatFile>)> {
+fn preflight(p: &Profile) -> Result<Preflight> {
     let layout = if p.outputs.contains(&Output::Raw) {
         Some(layout(p)?)
     } else {
@@ -232,8 +236,34 @@ fn preflight(p: &Profile) -> Result<(Option<disk::Layout>, Vec<disk::FatFile>)> 
              XBOOTLDR on 4096-byte-sector disks (systemd/systemd#32535): this image will not \
              boot under UEFI until that is fixed; see docs/design.md",
         );
+        step(
+            "WARNING: a 4096-byte-sector image has no BIOS boot (BIOS firmware reads \
+             512-byte sectors): the MBR gets no boot code and the BIOS partition stays empty",
+        );
     }
-    Ok((layout, esp))
+    let grub = match &layout {
+        Some(l) if p.bios_boot() => {
+            let g = crate::grub::make(&p.boot.grub_dir)
+                .with_context(|| format!("{}: boot.grub_dir", p.path.display()))?;
+            let bios = l
+                .partitions
+                .iter()
+                .find(|part| part.spec.role == contract::PartitionRole::Bios)
+                .context("internal: the layout has no BIOS partition")?;
+            crate::grub::check_fits(&g, bios.len())?;
+            Some(g)
+        }
+        _ => None,
+    };
+    Ok(Preflight { layout, esp, grub })
+}
+
+/// What the checks before any work found and made: the disk layout, the
+/// ESP's files and GRUB's images (for a raw image at 512-byte sectors).
+struct Preflight {
+    layout: Option<disk::Layout>,
+    esp: Vec<disk::FatFile>,
+    grub: Option<disk::Grub>,
 }
 
 /// The disk layout of the profile; refused with the profile's file and
@@ -426,6 +456,7 @@ fn write_disk(
     out: &Path,
     layout: &disk::Layout,
     esp: Vec<disk::FatFile>,
+    bios: Option<disk::BiosBoot>,
     payload: &PayloadInput,
     signer: &dyn sign::Signer,
 ) -> Result<PathBuf> {
@@ -443,7 +474,7 @@ fn write_disk(
         &p.version,
         &p.cmdline(),
     );
-    let boot_files = boot::boot_files(Slot::A, &entry, kernel_out, initramfs_out);
+    let boot_files = boot::boot_files(Slot::A, &entry, kernel_out, initramfs_out)?;
     let meta = bootstate::meta::initial(
         &p.name,
         &p.version,
@@ -459,6 +490,7 @@ fn write_disk(
         esp,
         boot_files,
         &meta,
+        bios,
         payload.epoch,
     )?;
     Ok(raw)

@@ -421,7 +421,7 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         &entry,
         &p.payload.kernel.path,
         &p.payload.initramfs.path,
-    );
+    )?;
     let identity = paths::image_identity(
         &p.manifest.name,
         &p.manifest.version,
@@ -440,8 +440,10 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     } else {
         boot::DiskTarget::NewImage
     };
+    // No GRUB: the payload carries no core image yet, and the installer
+    // container has no grub-mkimage. The disk boots under UEFI only.
     boot::write_raw_image(
-        &a.disk, target, &layout, guid, esp, boot_files, &meta, epoch,
+        &a.disk, target, &layout, guid, esp, boot_files, &meta, None, epoch,
     )?;
     drop(lock);
     // Read back what was written against the signed digests.

@@ -51,7 +51,7 @@ fn image(dir: &Path, name: &str, sector_size: u64) -> (PathBuf, Layout) {
     let layout = Layout::new(DISK, sector_size, &BTreeMap::new()).unwrap();
     let dest = dir.join(name);
     let (esp, boot) = (esp(), boot(dir));
-    write_disk(&dest, &layout, guid(), |p, w| {
+    write_disk(&dest, &layout, guid(), None, |p, w| {
         let params = FatParams {
             label: p.label().to_string(),
             volume_id: volume_id(guid(), p.label()),
@@ -239,7 +239,7 @@ fn failed_fill_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let layout = Layout::new(DISK, 512, &BTreeMap::new()).unwrap();
     let dest = dir.path().join("disk.raw");
-    let e = write_disk(&dest, &layout, guid(), |p, _| {
+    let e = write_disk(&dest, &layout, guid(), None, |p, _| {
         anyhow::ensure!(p.role() != PartitionRole::Boot, "no kernel");
         Ok(())
     })
