@@ -1,5 +1,6 @@
 //! End-to-end tests: build the default image with the `imager` binary, check
-//! every artifact with independent tools, boot it under OVMF, tamper with it.
+//! every artifact with independent tools, boot it under OVMF and SeaBIOS,
+//! tamper with it.
 //!
 //! The kernel comes from the build cache (`scripts/test` builds it first);
 //! everything else is built here, twice, in two directories.
@@ -628,6 +629,51 @@ fn the_mbr_holds_grub_and_keeps_the_protective_entry() {
             .iter()
             .all(|&b| b == 0)
     );
+}
+
+/// `disk.bios_boot_flag` marks the protective MBR's entry active; OVMF and
+/// SeaBIOS both boot such a disk.
+#[test]
+fn the_bios_boot_flag_is_set_and_both_firmwares_boot() {
+    let p = write_profile("bootflag", |t| {
+        t.replace(
+            "sector_size: 512",
+            "sector_size: 512\n  bios_boot_flag: true",
+        )
+    });
+    let dir = scratch().join("bootflag");
+    let _ = std::fs::remove_dir_all(&dir);
+    ok(imager()
+        .args(["build", "--profile"])
+        .arg(&p)
+        .arg("--out")
+        .arg(&dir));
+    let raw = dir.join("disk.raw");
+    let v: Value = serde_json::from_str(&ok(tool("sfdisk")
+        .args(["--json", "--label-nested", "dos"])
+        .arg(&raw)))
+    .unwrap();
+    let entry = &v["partitiontable"]["partitions"][0];
+    assert_eq!(entry["bootable"], true, "{v}");
+    assert_eq!(entry["type"], "ee", "{v}");
+    for fw in ["bios", "uefi"] {
+        let out = ok(imager()
+            .args([
+                "boot",
+                "--quiet",
+                "--json",
+                "--timeout",
+                "600",
+                "--firmware",
+                fw,
+            ])
+            .arg(&raw));
+        let r: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            (&r["ready"], &r["firmware"]),
+            (&Value::Bool(true), &Value::from(fw))
+        );
+    }
 }
 
 #[test]
