@@ -170,6 +170,11 @@ impl Grub {
         &self.boot_img
     }
 
+    /// core.img as given (padded to whole sectors), its blocklist unpatched.
+    pub fn core_img(&self) -> &[u8] {
+        &self.core_img
+    }
+
     /// core.img with its blocklist for a BIOS partition at `first_lba`.
     pub fn patched_core(&self, first_lba: u64) -> Vec<u8> {
         let mut core = self.core_img.clone();

@@ -84,7 +84,12 @@ fn build(
     let out = &opts.out_dir;
     let _lock = lock_output(out)?;
     let epoch = describe_build(p, out)?;
-    let Preflight { layout, esp, grub } = preflight(p)?;
+    let Preflight {
+        layout,
+        esp,
+        grub,
+        raw_bios,
+    } = preflight(p)?;
     let installer_wanted = p.installer.is_some() && p.outputs.contains(&Output::Installer);
     let mut files = vec![
         names::KERNEL,
@@ -134,12 +139,16 @@ fn build(
         initramfs: &initramfs_out,
         boot: &boot_info,
         epoch,
+        grub: grub.as_ref(),
     };
     if let Some(layout) = &layout {
-        let bios = grub.as_ref().map(|grub| disk::BiosBoot {
-            grub,
-            boot_flag: p.disk.bios_boot_flag,
-        });
+        let bios = grub
+            .as_ref()
+            .filter(|_| raw_bios)
+            .map(|grub| disk::BiosBoot {
+                grub,
+                boot_flag: p.disk.bios_boot_flag,
+            });
         let raw = write_disk(p, dir, layout, esp, bios, &payload, signer)?;
         artifacts.push((Kind::Raw, raw));
     }
@@ -241,29 +250,42 @@ fn preflight(p: &Profile) -> Result<Preflight> {
              512-byte sectors): the MBR gets no boot code and the BIOS partition stays empty",
         );
     }
-    let grub = match &layout {
-        Some(l) if p.bios_boot() => {
-            let g = crate::grub::make(&p.boot.grub_dir)
-                .with_context(|| format!("{}: boot.grub_dir", p.path.display()))?;
-            let bios = l
-                .partitions
-                .iter()
-                .find(|part| part.spec.role == contract::PartitionRole::Bios)
-                .context("internal: the layout has no BIOS partition")?;
-            crate::grub::check_fits(&g, bios.len())?;
-            Some(g)
-        }
-        _ => None,
+    // GRUB for the raw image's BIOS path, and for the installer's payload
+    // (an install lays out 512-byte sectors).
+    let raw_bios = layout.is_some() && p.bios_boot();
+    let installer = p.installer.is_some() && p.outputs.contains(&Output::Installer);
+    let grub = if raw_bios || installer {
+        Some(
+            crate::grub::make(&p.boot.grub_dir)
+                .with_context(|| format!("{}: boot.grub_dir", p.path.display()))?,
+        )
+    } else {
+        None
     };
-    Ok(Preflight { layout, esp, grub })
+    if let (Some(l), Some(g), true) = (&layout, &grub, raw_bios) {
+        let bios = l
+            .partitions
+            .iter()
+            .find(|part| part.spec.role == contract::PartitionRole::Bios)
+            .context("internal: the layout has no BIOS partition")?;
+        crate::grub::check_fits(g, bios.len())?;
+    }
+    Ok(Preflight {
+        layout,
+        esp,
+        grub,
+        raw_bios,
+    })
 }
 
 /// What the checks before any work found and made: the disk layout, the
-/// ESP's files and GRUB's images (for a raw image at 512-byte sectors).
+/// ESP's files, GRUB's images (for a raw image at 512-byte sectors, and for
+/// the installer's payload) and whether the raw image gets GRUB.
 struct Preflight {
     layout: Option<disk::Layout>,
     esp: Vec<disk::FatFile>,
     grub: Option<disk::Grub>,
+    raw_bios: bool,
 }
 
 /// The disk layout of the profile; refused with the profile's file and
