@@ -310,6 +310,13 @@ fn inspect_shows_partitions_entries_meta_and_manifest() {
         .map(|p| p["name"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(names, ["EFI", "BIOS", "BOOT", "META", "STATE", "EPHEMERAL"]);
+    assert_eq!(r["bios"]["boot_code"], "grub", "{}", r["bios"]);
+    assert_eq!(r["bios"]["boot_flag"], false, "{}", r["bios"]);
+    assert!(
+        r["bios"]["core_sectors"].as_u64().unwrap() > 1,
+        "{}",
+        r["bios"]
+    );
     // LBAs as sfdisk reads them.
     let sf: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(&raw))).unwrap();
     for (mine, theirs) in r["partitions"]

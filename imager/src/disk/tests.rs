@@ -305,6 +305,17 @@ fn written_tables_pass_the_check_and_match_their_layout() {
     for ss in SECTOR_SIZES {
         let (img, layout) = image(dir.path(), &format!("disk-{ss}.raw"), ss);
         check_image(&img).unwrap();
+        if ss == 512 {
+            // Boot code in the MBR that does not load GRUB's core image
+            // from the BIOS partition: refused.
+            let mut bytes = std::fs::read(&img).unwrap();
+            bytes[..0x60].fill(0x90);
+            let copy = dir.path().join("code.raw");
+            std::fs::write(&copy, &bytes).unwrap();
+            let e = check_error(&copy);
+            assert!(e.contains("the MBR's boot code loads LBA"), "{e}");
+            std::fs::remove_file(&copy).unwrap();
+        }
         let table = read_table(&img).unwrap();
         check_written(&table, &layout, guid()).unwrap();
         // Another layout of the same disk is not what was written.
