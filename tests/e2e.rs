@@ -684,7 +684,7 @@ fn the_bios_boot_flag_is_set_and_both_firmwares_boot() {
 }
 
 #[test]
-fn missing_grub_directory_is_refused_before_anything_is_written() {
+fn missing_grub_directory_or_module_is_refused_before_anything_is_written() {
     let p = write_profile("nogrub", |t| {
         t + "boot:\n  grub_dir: /nonexistent/grub/i386-pc\n"
     });
@@ -693,6 +693,24 @@ fn missing_grub_directory_is_refused_before_anything_is_written() {
         err.contains("/nonexistent/grub/i386-pc")
             && err.contains("install grub-pc-bin (scripts/setup.sh)")
             && err.contains("boot.grub_dir"),
+        "{err}"
+    );
+    // GRUB's directory without the Linux loader.
+    let copy = scratch().join("grub-without-linux");
+    let _ = std::fs::remove_dir_all(&copy);
+    std::fs::create_dir_all(&copy).unwrap();
+    for f in std::fs::read_dir("/usr/lib/grub/i386-pc").unwrap() {
+        let f = f.unwrap();
+        if f.file_name() != "linux.mod" {
+            std::fs::copy(f.path(), copy.join(f.file_name())).unwrap();
+        }
+    }
+    let p = write_profile("nolinuxmod", |t| {
+        t + &format!("boot:\n  grub_dir: {}\n", copy.display())
+    });
+    let err = failing_build(&p);
+    assert!(
+        err.contains("GRUB module linux.mod") && err.contains("install grub-pc-bin"),
         "{err}"
     );
 }
