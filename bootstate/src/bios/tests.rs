@@ -6,6 +6,7 @@ use crate::device::Faulty;
 use crate::gpt::{self, NewPartition};
 use contract::Guid;
 use contract::guid::{BIOS_BOOT, EFI_SYSTEM, XBOOTLDR};
+use contract::le::read_u32;
 use contract::partition::MIB;
 use std::io::Cursor;
 
@@ -305,4 +306,27 @@ fn power_cut_before_each_write() {
             Installed::Grub { .. } => check(&mut d, &t, &g, true).unwrap(),
         }
     }
+}
+
+/// The runtime's grow of the last partition rewrites the protective MBR's
+/// size only: GRUB's code and the boot flag stay, and GRUB still checks.
+#[test]
+fn growing_the_disk_keeps_grub() {
+    let g = grub(4);
+    let mut d = disk(2048);
+    let t = table(&mut d);
+    write(&mut d, &t, &g, true).unwrap();
+    let code = d.get_ref()[..WINDOWS_NT_MAGIC].to_vec();
+    let bigger = 16 * MIB;
+    d.get_mut().resize(bigger as usize, 0);
+    let grown = gpt::grow_last(&mut d, bigger, 512, "BOOT").unwrap();
+    assert!(grown.is_some());
+    assert_eq!(&d.get_ref()[..WINDOWS_NT_MAGIC], &code[..]);
+    assert_eq!(
+        read_u32(d.get_ref(), PART_START + 12),
+        Some((bigger / 512 - 1) as u32),
+        "the protective entry covers the grown disk"
+    );
+    let t2 = gpt::read(&mut d, bigger).unwrap();
+    check(&mut d, &t2, &g, true).unwrap();
 }
