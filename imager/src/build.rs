@@ -231,7 +231,8 @@ fn commit(out: &Path, stage: &Staging, names: &[&str]) -> Result<()> {
 }
 
 /// The cheap checks, before anything is built or written: the disk layout
-/// (if the profile makes a disk) and the ESP's files.
+/// (if the profile makes a disk), the ESP's files, and GRUB's images made
+/// and checked against the BIOS partition.
 fn preflight(p: &Profile) -> Result<Preflight> {
     let layout = if p.outputs.contains(&Output::Raw) {
         Some(layout(p)?)

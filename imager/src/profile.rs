@@ -594,9 +594,9 @@ impl Profile {
                     ),
                 );
             }
-            if self.bios_boot()
-                && let Some(c) = contract::grub::unpassable(arg)
-            {
+            // grub.cfg is on every BOOT (and installs lay out 512-byte
+            // sectors, which boot under BIOS), whatever this image's sectors.
+            if let Some(c) = contract::grub::unpassable(arg) {
                 return invalid(
                     key(),
                     format!(
