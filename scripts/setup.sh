@@ -7,8 +7,9 @@ packages=(
   # kernel build (linux-source-6.1 puts the tarball in /usr/src)
   linux-source-6.1 bc flex bison libelf-dev libssl-dev gcc-12-plugin-dev make gcc
   xz-utils zstd tar cpio
-  # boot: firmware, boot loader, emulator
-  ovmf systemd-boot-efi qemu-system-x86
+  # boot: firmware (OVMF; SeaBIOS comes with QEMU), boot loaders (systemd-boot
+  # for UEFI, GRUB's i386-pc images, modules and grub-mkimage for BIOS), emulator
+  ovmf systemd-boot-efi grub-pc-bin qemu-system-x86
   # independent checkers used by the tests and the benchmark
   fdisk dosfstools mtools squashfs-tools openssl file time util-linux coreutils
   # shipped in the root filesystem with their libraries (STATE and EPHEMERAL)

@@ -1,5 +1,6 @@
 //! End-to-end tests: build the default image with the `imager` binary, check
-//! every artifact with independent tools, boot it under OVMF, tamper with it.
+//! every artifact with independent tools, boot it under OVMF and SeaBIOS,
+//! tamper with it.
 //!
 //! The kernel comes from the build cache (`scripts/test` builds it first);
 //! everything else is built here, twice, in two directories.
@@ -118,6 +119,7 @@ fn boots_under_ovmf_to_ready_on_slot_a_with_kspp_cmdline() {
         .arg(&raw));
     let r: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(r["ready"], true);
+    assert_eq!(r["firmware"], "uefi");
     assert_eq!(r["slot"], "A");
     assert_eq!(r["version"], "0.1.0");
     assert!(r["seconds"].as_f64().unwrap() > 0.0);
@@ -308,6 +310,13 @@ fn inspect_shows_partitions_entries_meta_and_manifest() {
         .map(|p| p["name"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(names, ["EFI", "BIOS", "BOOT", "META", "STATE", "EPHEMERAL"]);
+    assert_eq!(r["bios"]["boot_code"], "grub", "{}", r["bios"]);
+    assert_eq!(r["bios"]["boot_flag"], false, "{}", r["bios"]);
+    assert!(
+        r["bios"]["core_sectors"].as_u64().unwrap() > 1,
+        "{}",
+        r["bios"]
+    );
     // LBAs as sfdisk reads them.
     let sf: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(&raw))).unwrap();
     for (mine, theirs) in r["partitions"]
@@ -521,6 +530,189 @@ fn kspp_audit_cli_gives_verdicts_on_a_small_config() {
     assert_eq!(verdict("CONFIG_STACKPROTECTOR_STRONG"), "FAIL");
     // Exists only since Linux 6.6: not applicable to 6.1.
     assert_eq!(verdict("CONFIG_RANDOM_KMALLOC_CACHES"), "N/A");
+}
+
+/// The same image boots under SeaBIOS: GRUB's boot.img in the MBR loads its
+/// core.img from the BIOS partition, which reads grub.cfg on BOOT and boots
+/// slot A's kernel with the entry's command line.
+#[test]
+fn boots_under_seabios_through_grub_to_ready_on_slot_a() {
+    let raw = image().artifact("raw");
+    let out = ok(imager()
+        .args([
+            "boot",
+            "--firmware",
+            "bios",
+            "--json",
+            "--shutdown",
+            "--timeout",
+            "600",
+        ])
+        .arg(&raw));
+    let r: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(r["ready"], true, "{r}");
+    assert_eq!(r["firmware"], "bios", "{r}");
+    assert_eq!(r["slot"], "A", "{r}");
+    assert_eq!(r["version"], "0.1.0", "{r}");
+    assert_eq!(r["clean_poweroff"], true, "{r}");
+    let cmdline = r["cmdline"].as_str().unwrap();
+    assert!(cmdline.starts_with("BOOT_IMAGE=/A/vmlinuz-"), "{cmdline}");
+    for p in ["slab_nomerge", "console=ttyS0,115200", "machined.slot=A"] {
+        assert!(cmdline.split(' ').any(|w| w == p), "{p} not in {cmdline}");
+    }
+}
+
+fn read_at(path: &Path, at: u64, len: usize) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).unwrap();
+    f.seek(SeekFrom::Start(at)).unwrap();
+    let mut b = vec![0u8; len];
+    f.read_exact(&mut b).unwrap();
+    b
+}
+
+/// The MBR holds GRUB's boot.img, patched only where grub-bios-setup
+/// patches it, and keeps the protective MBR's entry and disk signature;
+/// core.img's blocklist in the BIOS partition loads the sectors after it.
+#[test]
+fn the_mbr_holds_grub_and_keeps_the_protective_entry() {
+    let raw = image().artifact("raw");
+    let grub = Path::new("/usr/lib/grub/i386-pc");
+    let boot_img = std::fs::read(grub.join("boot.img")).unwrap();
+    let mbr = read_at(&raw, 0, 512);
+    let patched = |i: usize| (0x5C..0x64).contains(&i) || i == 0x64 || (0x66..0x68).contains(&i);
+    for i in (0..0x1B8).filter(|&i| !patched(i)) {
+        assert_eq!(mbr[i], boot_img[i], "MBR byte {i:#x} differs from boot.img");
+    }
+    assert_eq!(mbr[0x64], 0xFF, "boot drive: the one the BIOS booted");
+    assert_eq!(&mbr[0x66..0x68], &[0x90, 0x90], "drive check: NOPs");
+    // The protective MBR, as sfdisk reads it: its signature (0) and its one
+    // entry of type 0xEE over the whole disk, no boot flag by default.
+    let dump = ok(tool("sfdisk")
+        .args(["--json", "--label-nested", "dos"])
+        .arg(&raw));
+    let v: Value = serde_json::from_str(&dump).unwrap();
+    let pt = &v["partitiontable"];
+    assert_eq!(pt["label"], "dos", "{v}");
+    assert_eq!(pt["id"], "0x00000000", "{v}");
+    let parts = pt["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 1, "{v}");
+    assert_eq!(parts[0]["type"], "ee", "{v}");
+    assert_eq!(parts[0]["start"], 1, "{v}");
+    assert_eq!(parts[0]["size"], (2u64 << 30) / 512 - 1, "{v}");
+    assert!(parts[0].get("bootable").is_none(), "{v}");
+    assert_eq!(&mbr[0x1B8..0x1BE], &[0u8; 6]);
+    assert_eq!(&mbr[0x1FE..], &[0x55, 0xAA]);
+    // core.img in the BIOS partition, where the MBR points.
+    let json: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(&raw))).unwrap();
+    let bios = json["partitiontable"]["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "BIOS")
+        .unwrap()
+        .clone();
+    let first = bios["start"].as_u64().unwrap();
+    assert_eq!(
+        u64::from_le_bytes(mbr[0x5C..0x64].try_into().unwrap()),
+        first
+    );
+    let core0 = read_at(&raw, first * 512, 512);
+    let diskboot = std::fs::read(grub.join("diskboot.img")).unwrap();
+    assert_eq!(
+        &core0[..0x1E8],
+        &diskboot[..0x1E8],
+        "core.img starts with diskboot.img"
+    );
+    assert_eq!(&core0[0x1E8..0x1F4], &[0u8; 12], "blocklist terminator");
+    let start = u64::from_le_bytes(core0[0x1F4..0x1FC].try_into().unwrap());
+    let len = u64::from(u16::from_le_bytes([core0[0x1FC], core0[0x1FD]]));
+    let segment = u16::from_le_bytes([core0[0x1FE], core0[0x1FF]]);
+    assert_eq!((start, segment), (first + 1, 0x820));
+    assert!(len >= 1 && len < bios["size"].as_u64().unwrap(), "{len}");
+    // The sector after core.img is still zeros: nothing past it was written.
+    assert!(
+        read_at(&raw, (first + 1 + len) * 512, 512)
+            .iter()
+            .all(|&b| b == 0)
+    );
+}
+
+/// `disk.bios_boot_flag` marks the protective MBR's entry active; OVMF and
+/// SeaBIOS both boot such a disk.
+#[test]
+fn the_bios_boot_flag_is_set_and_both_firmwares_boot() {
+    let p = write_profile("bootflag", |t| {
+        t.replace(
+            "sector_size: 512",
+            "sector_size: 512\n  bios_boot_flag: true",
+        )
+    });
+    let dir = scratch().join("bootflag");
+    let _ = std::fs::remove_dir_all(&dir);
+    ok(imager()
+        .args(["build", "--profile"])
+        .arg(&p)
+        .arg("--out")
+        .arg(&dir));
+    let raw = dir.join("disk.raw");
+    let v: Value = serde_json::from_str(&ok(tool("sfdisk")
+        .args(["--json", "--label-nested", "dos"])
+        .arg(&raw)))
+    .unwrap();
+    let entry = &v["partitiontable"]["partitions"][0];
+    assert_eq!(entry["bootable"], true, "{v}");
+    assert_eq!(entry["type"], "ee", "{v}");
+    for fw in ["bios", "uefi"] {
+        let out = ok(imager()
+            .args([
+                "boot",
+                "--quiet",
+                "--json",
+                "--timeout",
+                "600",
+                "--firmware",
+                fw,
+            ])
+            .arg(&raw));
+        let r: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            (&r["ready"], &r["firmware"]),
+            (&Value::Bool(true), &Value::from(fw))
+        );
+    }
+}
+
+#[test]
+fn missing_grub_directory_or_module_is_refused_before_anything_is_written() {
+    let p = write_profile("nogrub", |t| {
+        t + "boot:\n  grub_dir: /nonexistent/grub/i386-pc\n"
+    });
+    let err = failing_build(&p);
+    assert!(
+        err.contains("/nonexistent/grub/i386-pc")
+            && err.contains("install grub-pc-bin (scripts/setup.sh)")
+            && err.contains("boot.grub_dir"),
+        "{err}"
+    );
+    // GRUB's directory without the Linux loader.
+    let copy = scratch().join("grub-without-linux");
+    let _ = std::fs::remove_dir_all(&copy);
+    std::fs::create_dir_all(&copy).unwrap();
+    for f in std::fs::read_dir("/usr/lib/grub/i386-pc").unwrap() {
+        let f = f.unwrap();
+        if f.file_name() != "linux.mod" {
+            std::fs::copy(f.path(), copy.join(f.file_name())).unwrap();
+        }
+    }
+    let p = write_profile("nolinuxmod", |t| {
+        t + &format!("boot:\n  grub_dir: {}\n", copy.display())
+    });
+    let err = failing_build(&p);
+    assert!(
+        err.contains("GRUB module linux.mod") && err.contains("install grub-pc-bin"),
+        "{err}"
+    );
 }
 
 /// 4096-byte-sector images are laid out right (checked by fdisk), but do not

@@ -169,6 +169,8 @@ fn umoci_unpacks_a_static_installer_that_runs_and_a_payload_that_verifies() {
     assert_eq!(
         listed,
         [
+            ("grub-boot", "grub-boot.img"),
+            ("grub-core", "grub-core.img"),
             ("initramfs", "initramfs.zst"),
             ("boot-loader", "systemd-bootx64.efi"),
             ("kernel", "vmlinuz")

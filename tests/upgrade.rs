@@ -518,6 +518,7 @@ fn install_lays_out_a_blank_disk_that_boots_the_payload() {
         }
         let r: Value = serde_json::from_str(&ok(&mut c)).unwrap();
         assert_eq!((&r["slot"], &r["version"]), (&"A".into(), &"0.2.0".into()));
+        assert_eq!(r["bios_boot"], true, "GRUB from the payload: {r}");
         let want = if size.is_some() { 3u64 << 30 } else { 2 << 30 };
         assert_eq!(std::fs::metadata(disk).unwrap().len(), want);
         let sf: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(disk))).unwrap();
@@ -536,6 +537,22 @@ fn install_lays_out_a_blank_disk_that_boots_the_payload() {
                 .contains("install slot=A version=0.2.0"),
             "{s}"
         );
+        // Under SeaBIOS first (GRUB from the payload, a throw-away
+        // overlay), then under OVMF.
+        let r: Value = serde_json::from_str(&ok(imager()
+            .args([
+                "boot",
+                "--quiet",
+                "--json",
+                "--timeout",
+                "900",
+                "--firmware",
+                "bios",
+            ])
+            .arg(disk)))
+        .unwrap();
+        assert_eq!(slot_of(&r), ("0.2.0".into(), "A".into()));
+        assert_eq!(r["firmware"], "bios");
         let (r, _) = boot(disk, false);
         assert_eq!(slot_of(&r), ("0.2.0".into(), "A".into()));
     }

@@ -13,6 +13,7 @@
 //! or records a fallback) both change them through [`ops`], so the order of
 //! writes that makes every step survive a power cut is written once.
 
+pub mod bios;
 pub mod device;
 pub mod disk;
 pub mod fat;

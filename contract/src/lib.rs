@@ -14,6 +14,7 @@ pub mod cmdline;
 pub mod date;
 pub mod grubcfg;
 pub mod grubenv;
+pub mod grub;
 pub mod guid;
 pub mod le;
 pub mod meta;

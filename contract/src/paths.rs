@@ -101,6 +101,13 @@ pub const PAYLOAD_SIGNATURE: &str = output::SIGNATURE;
 /// The boot loader (systemd-boot) in the payload, for installs on blank disks;
 /// listed in the payload manifest, but not required by readers.
 pub const PAYLOAD_BOOT_LOADER: &str = "systemd-bootx64.efi";
+/// GRUB's `boot.img` in the payload, for the BIOS path of installs; listed
+/// in the payload manifest with [`PAYLOAD_GRUB_CORE`], not required by
+/// readers (without them an install boots under UEFI only).
+pub const PAYLOAD_GRUB_BOOT: &str = "grub-boot.img";
+/// GRUB's `core.img` in the payload, as grub-mkimage made it (the installer
+/// patches its blocklist for the disk it writes).
+pub const PAYLOAD_GRUB_CORE: &str = "grub-core.img";
 /// Every file a payload directory must have.
 pub const PAYLOAD_FILES: [&str; 4] = [
     PAYLOAD_KERNEL,

@@ -16,6 +16,10 @@ pub enum Kind {
     Installer,
     /// systemd-boot, carried in the installer's payload for `imager install`.
     BootLoader,
+    /// GRUB's boot.img, carried in the installer's payload (BIOS path).
+    GrubBoot,
+    /// GRUB's core.img, carried in the installer's payload (BIOS path).
+    GrubCore,
     Manifest,
     Signature,
     PublicKey,
@@ -32,6 +36,8 @@ impl Kind {
             Kind::Iso => "iso",
             Kind::Installer => "installer",
             Kind::BootLoader => "boot-loader",
+            Kind::GrubBoot => "grub-boot",
+            Kind::GrubCore => "grub-core",
             Kind::Manifest => "manifest",
             Kind::Signature => "signature",
             Kind::PublicKey => "public-key",

@@ -5,7 +5,7 @@
 //! named by content hash, and its Boot Loader Specification entry; see
 //! [`contract::boot`]. [`write_raw_image`] puts the pieces on a disk.
 
-use crate::disk::{FatFile, FatParams, Layout, PlacedPartition, format_fat, write_disk};
+use crate::disk::{BiosBoot, FatFile, FatParams, Layout, PlacedPartition, format_fat, write_disk};
 use crate::io::Window;
 use anyhow::{Context, Result, ensure};
 use contract::boot::{Entry, EntryName, loader_conf};
@@ -101,18 +101,23 @@ pub fn entry(
 }
 
 /// The files of `slot` on BOOT: its kernel and initramfs (from these paths)
-/// under the content names entry `e` gives them, and `e` itself.
-pub fn boot_files(slot: Slot, e: &Entry, kernel: &Path, initramfs: &Path) -> Vec<FatFile> {
+/// under the content names entry `e` gives them, `e` itself, and GRUB's
+/// `grub.cfg` booting the same entry (the BIOS path, [`contract::grub`]).
+pub fn boot_files(slot: Slot, e: &Entry, kernel: &Path, initramfs: &Path) -> Result<Vec<FatFile>> {
+    let grub_cfg = contract::grub::render(e)
+        .map_err(anyhow::Error::msg)
+        .context("rendering GRUB's grub.cfg")?;
     let mut files = vec![
         FatFile::file(e.linux.clone(), kernel),
         FatFile::file(e.initrd.clone(), initramfs),
         FatFile::bytes(EntryName::good(1, slot).path(), e.render()),
         FatFile::dir(contract::paths::BOOT_ENTRIES_DIR),
+        FatFile::bytes(contract::grub::CONFIG_PATH, grub_cfg),
     ];
     // Both slot directories exist from the start: an upgrade never has to
     // create a directory (fatfs gets new directories wrong; see fatfix).
     files.extend(Slot::ALL.iter().map(|s| FatFile::dir(s.name())));
-    files
+    Ok(files)
 }
 
 /// How a disk is written.
@@ -129,8 +134,9 @@ pub enum DiskTarget {
 
 /// Writes the raw disk `dest`: the partition table of `layout`, FAT
 /// filesystems on EFI (`esp`) and BOOT (`boot`), the META area at the start
-/// of META. BIOS reads as zeros; STATE and EPHEMERAL are left for the
-/// runtime to format. Every timestamp is `epoch`.
+/// of META, and with `bios` GRUB in the MBR and the BIOS partition (without,
+/// BIOS reads as zeros and the MBR has no boot code); STATE and EPHEMERAL
+/// are left for the runtime to format. Every timestamp is `epoch`.
 #[allow(clippy::too_many_arguments)]
 pub fn write_raw_image(
     dest: &Path,
@@ -140,14 +146,15 @@ pub fn write_raw_image(
     esp: Vec<FatFile>,
     boot: Vec<FatFile>,
     meta: &Meta,
+    bios: Option<BiosBoot>,
     epoch: u64,
 ) -> Result<()> {
     let in_place = target == DiskTarget::InPlace;
     let mut fill = filler(layout, disk_guid, esp, boot, meta, epoch, in_place)?;
     if in_place {
-        crate::disk::write_disk_in_place(dest, layout, disk_guid, |p, w| fill(p, w))
+        crate::disk::write_disk_in_place(dest, layout, disk_guid, bios, |p, w| fill(p, w))
     } else {
-        write_disk(dest, layout, disk_guid, |p, w| fill(p, w))
+        write_disk(dest, layout, disk_guid, bios, |p, w| fill(p, w))
     }
     .with_context(|| format!("writing the disk {}", dest.display()))
 }
@@ -194,7 +201,8 @@ fn filler<'a>(
                 let n = p.len().min(zeros.len() as u64) as usize;
                 w.write_all(&zeros[..n]).context("clearing the partition")?;
             }
-            // Sparse: unwritten space reads as zeros.
+            // Sparse: unwritten space reads as zeros. The BIOS partition
+            // gets GRUB's core image after the table (bootstate::bios).
             Content::Raw | Content::Unformatted => {}
         }
         Ok(())
@@ -233,7 +241,7 @@ mod tests {
             "machined.slot=B"
         );
         let e = entry(Slot::A, KSHA, ISHA, "Imager", "1.2.0", "console=ttyS0");
-        let files = boot_files(Slot::A, &e, Path::new("/k"), Path::new("/i"));
+        let files = boot_files(Slot::A, &e, Path::new("/k"), Path::new("/i")).unwrap();
         let paths: Vec<_> = files.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(
             paths,
@@ -242,10 +250,17 @@ mod tests {
                 "A/initramfs-fedcba9876543210.zst",
                 "loader/entries/g00000001-slot-a.conf",
                 "loader/entries",
+                "grub/grub.cfg",
                 "A",
                 "B"
             ]
         );
+        let e = entry(Slot::A, KSHA, ISHA, "Imager", "1.2.0", "a=\"b\"");
+        let err = format!(
+            "{:#}",
+            boot_files(Slot::A, &e, Path::new("/k"), Path::new("/i")).unwrap_err()
+        );
+        assert!(err.contains("grub.cfg") && err.contains("`\"`"), "{err}");
         let e = format!(
             "{:#}",
             esp_files(Path::new("/nonexistent/sd-boot.efi")).unwrap_err()
@@ -285,13 +300,18 @@ mod tests {
             .render(),
         );
         let guid = contract::guid::disk_guid("test 1.2.0");
+        let grub = crate::grub::make(Path::new(crate::grub::DEFAULT_DIR)).unwrap();
 
         for ss in SECTOR_SIZES {
             let layout = Layout::new(DEFAULT_DISK_SIZE, ss, &BTreeMap::new()).unwrap();
             let img = dir.path().join(format!("disk-{ss}.raw"));
             let esp = esp_files(sd_boot).unwrap();
             let e = entry(Slot::A, &ksha, &isha, "Test", "1.2.0", "console=ttyS0");
-            let boot = boot_files(Slot::A, &e, &kernel, &initramfs);
+            let boot = boot_files(Slot::A, &e, &kernel, &initramfs).unwrap();
+            let bios = (ss == 512).then_some(BiosBoot {
+                grub: &grub,
+                boot_flag: false,
+            });
             write_raw_image(
                 &img,
                 DiskTarget::NewImage,
@@ -300,6 +320,7 @@ mod tests {
                 esp,
                 boot,
                 &meta,
+                bios,
                 1_700_000_000,
             )
             .unwrap();
@@ -351,7 +372,18 @@ mod tests {
                 read_file(bootp(), &e.initrd).unwrap(),
                 std::fs::read(&initramfs).unwrap()
             );
-            assert_eq!(list_files(bootp()).unwrap().len(), 3);
+            assert_eq!(list_files(bootp()).unwrap().len(), 4);
+            let cfg = read_file(bootp(), contract::grub::CONFIG_PATH).unwrap();
+            assert_eq!(cfg, contract::grub::render(&e).unwrap().as_bytes());
+            // GRUB in the MBR and the BIOS partition at 512-byte sectors;
+            // no boot code at 4096.
+            let mut f = std::fs::File::open(&img).unwrap();
+            let installed = bootstate::bios::inspect(&mut f, &t).unwrap();
+            if ss == 512 {
+                bootstate::bios::check(&mut f, &t, &grub, false).unwrap();
+            } else {
+                assert_eq!(installed, bootstate::bios::Installed::None);
+            }
 
             let mut area = vec![0u8; contract::meta::AREA_LEN];
             open_partition(&img, "META")

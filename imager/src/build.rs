@@ -84,7 +84,12 @@ fn build(
     let out = &opts.out_dir;
     let _lock = lock_output(out)?;
     let epoch = describe_build(p, out)?;
-    let (layout, esp) = preflight(p)?;
+    let Preflight {
+        layout,
+        esp,
+        grub,
+        raw_bios,
+    } = preflight(p)?;
     let installer_wanted = p.installer.is_some() && p.outputs.contains(&Output::Installer);
     let mut files = vec![
         names::KERNEL,
@@ -134,9 +139,17 @@ fn build(
         initramfs: &initramfs_out,
         boot: &boot_info,
         epoch,
+        grub: grub.as_ref(),
     };
     if let Some(layout) = &layout {
-        let raw = write_disk(p, dir, layout, esp, &payload, signer)?;
+        let bios = grub
+            .as_ref()
+            .filter(|_| raw_bios)
+            .map(|grub| disk::BiosBoot {
+                grub,
+                boot_flag: p.disk.bios_boot_flag,
+            });
+        let raw = write_disk(p, dir, layout, esp, bios, &payload, signer)?;
         artifacts.push((Kind::Raw, raw));
     }
     if let Some(bin) = &installer_bin {
@@ -218,8 +231,9 @@ fn commit(out: &Path, stage: &Staging, names: &[&str]) -> Result<()> {
 }
 
 /// The cheap checks, before anything is built or written: the disk layout
-/// (if the profile makes a disk) and the ESP's files.
-fn preflight(p: &Profile) -> Result<(Option<disk::Layout>, Vec<disk::FatFile>)> {
+/// (if the profile makes a disk), the ESP's files, and GRUB's images made
+/// and checked against the BIOS partition.
+fn preflight(p: &Profile) -> Result<Preflight> {
     let layout = if p.outputs.contains(&Output::Raw) {
         Some(layout(p)?)
     } else {
@@ -232,8 +246,47 @@ fn preflight(p: &Profile) -> Result<(Option<disk::Layout>, Vec<disk::FatFile>)> 
              XBOOTLDR on 4096-byte-sector disks (systemd/systemd#32535): this image will not \
              boot under UEFI until that is fixed; see docs/design.md",
         );
+        step(
+            "WARNING: a 4096-byte-sector image has no BIOS boot (BIOS firmware reads \
+             512-byte sectors): the MBR gets no boot code and the BIOS partition stays empty",
+        );
     }
-    Ok((layout, esp))
+    // GRUB for the raw image's BIOS path, and for the installer's payload
+    // (an install lays out 512-byte sectors).
+    let raw_bios = layout.is_some() && p.bios_boot();
+    let installer = p.installer.is_some() && p.outputs.contains(&Output::Installer);
+    let grub = if raw_bios || installer {
+        Some(
+            crate::grub::make(&p.boot.grub_dir)
+                .with_context(|| format!("{}: boot.grub_dir", p.path.display()))?,
+        )
+    } else {
+        None
+    };
+    if let (Some(l), Some(g), true) = (&layout, &grub, raw_bios) {
+        let bios = l
+            .partitions
+            .iter()
+            .find(|part| part.spec.role == contract::PartitionRole::Bios)
+            .context("internal: the layout has no BIOS partition")?;
+        crate::grub::check_fits(g, bios.len())?;
+    }
+    Ok(Preflight {
+        layout,
+        esp,
+        grub,
+        raw_bios,
+    })
+}
+
+/// What the checks before any work found and made: the disk layout, the
+/// ESP's files, GRUB's images (for a raw image at 512-byte sectors, and for
+/// the installer's payload) and whether the raw image gets GRUB.
+struct Preflight {
+    layout: Option<disk::Layout>,
+    esp: Vec<disk::FatFile>,
+    grub: Option<disk::Grub>,
+    raw_bios: bool,
 }
 
 /// The disk layout of the profile; refused with the profile's file and
@@ -426,6 +479,7 @@ fn write_disk(
     out: &Path,
     layout: &disk::Layout,
     esp: Vec<disk::FatFile>,
+    bios: Option<disk::BiosBoot>,
     payload: &PayloadInput,
     signer: &dyn sign::Signer,
 ) -> Result<PathBuf> {
@@ -443,7 +497,7 @@ fn write_disk(
         &p.version,
         &p.cmdline(),
     );
-    let boot_files = boot::boot_files(Slot::A, &entry, kernel_out, initramfs_out);
+    let boot_files = boot::boot_files(Slot::A, &entry, kernel_out, initramfs_out)?;
     let meta = bootstate::meta::initial(
         &p.name,
         &p.version,
@@ -459,6 +513,7 @@ fn write_disk(
         esp,
         boot_files,
         &meta,
+        bios,
         payload.epoch,
     )?;
     Ok(raw)

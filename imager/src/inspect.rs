@@ -108,6 +108,20 @@ pub struct TableInfo {
     pub primary_error: Option<String>,
 }
 
+/// The BIOS path: what the MBR's boot code loads (`bootstate::bios::inspect`).
+#[derive(Debug, Serialize)]
+pub struct BiosInfo {
+    /// `grub` (GRUB's boot.img pointing to core.img in the BIOS partition),
+    /// `none` (no boot code: the disk boots under UEFI only), or `invalid`.
+    pub boot_code: String,
+    /// Sectors of core.img its blocklist loads, with GRUB.
+    pub core_sectors: Option<u64>,
+    /// Whether the protective MBR's entry is marked active.
+    pub boot_flag: Option<bool>,
+    /// What is wrong, when `invalid`.
+    pub error: Option<String>,
+}
+
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub image: String,
@@ -119,6 +133,7 @@ pub struct Report {
     /// unknown).
     pub boot_error: Option<String>,
     pub partitions: Vec<PartitionInfo>,
+    pub bios: BiosInfo,
     pub loader_default: Option<String>,
     pub entries: Vec<EntryInfo>,
     pub slots: SlotsInfo,
@@ -143,6 +158,7 @@ pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
         })
         .collect();
 
+    let bios = bios_info(image, table);
     let loader_default = disk
         .partition(PartitionRole::Efi)
         .ok()
@@ -205,12 +221,44 @@ pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
         },
         boot_error,
         partitions,
+        bios,
         loader_default,
         entries,
         slots,
         meta,
         manifest,
     })
+}
+
+/// What the MBR and the BIOS partition hold for the BIOS path.
+fn bios_info(image: &Path, table: &bootstate::gpt::Table) -> BiosInfo {
+    use bootstate::bios::Installed;
+    let read = std::fs::File::open(image)
+        .map_err(anyhow::Error::from)
+        .and_then(|mut f| bootstate::bios::inspect(&mut f, table));
+    match read {
+        Ok(Installed::None) => BiosInfo {
+            boot_code: "none".into(),
+            core_sectors: None,
+            boot_flag: None,
+            error: None,
+        },
+        Ok(Installed::Grub {
+            core_sectors,
+            active,
+        }) => BiosInfo {
+            boot_code: "grub".into(),
+            core_sectors: Some(core_sectors),
+            boot_flag: Some(active),
+            error: None,
+        },
+        Err(e) => BiosInfo {
+            boot_code: "invalid".into(),
+            core_sectors: None,
+            boot_flag: None,
+            error: Some(format!("{e:#}")),
+        },
+    }
 }
 
 /// An entry file as inspect shows it.
@@ -340,6 +388,7 @@ pub fn run(image: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
     let code = i32::from(
         r.meta.valid_copy.is_none()
             || r.boot_error.is_some()
+            || r.bios.error.is_some()
             || r.manifest
                 .as_ref()
                 .is_some_and(|m| m.checked && !(m.verified && m.lists_image)),
@@ -436,6 +485,19 @@ fn print_table(r: &Report) {
     }
     if let Some(e) = &r.partition_table.primary_error {
         println!("\nthe primary partition table is damaged ({e}): the backup was read");
+    }
+    let b = &r.bios;
+    match (b.boot_code.as_str(), b.core_sectors, &b.error) {
+        ("grub", Some(n), _) => println!(
+            "\nBIOS boot: GRUB (core image of {n} sectors in BIOS{})",
+            if b.boot_flag == Some(true) {
+                ", boot flag set"
+            } else {
+                ""
+            }
+        ),
+        (_, _, Some(e)) => println!("\nBIOS boot: INVALID: {e}"),
+        _ => println!("\nBIOS boot: none (no boot code in the MBR: UEFI only)"),
     }
 }
 

@@ -368,6 +368,9 @@ pub struct InstallReport {
     pub version: String,
     pub slot: String,
     pub key_id: String,
+    /// Whether GRUB was written (the payload carries it): the disk boots
+    /// under BIOS too.
+    pub bios_boot: bool,
 }
 
 /// Lays out `disk` (an image file, replaced atomically; or a block device,
@@ -421,7 +424,7 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         &entry,
         &p.payload.kernel.path,
         &p.payload.initramfs.path,
-    );
+    )?;
     let identity = paths::image_identity(
         &p.manifest.name,
         &p.manifest.version,
@@ -440,8 +443,15 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     } else {
         boot::DiskTarget::NewImage
     };
+    // GRUB from the payload (the installer container has no grub-mkimage);
+    // a payload without it installs a disk that boots under UEFI only.
+    let grub = grub_for(&p)?;
+    let bios = grub.as_ref().map(|grub| disk::BiosBoot {
+        grub,
+        boot_flag: false,
+    });
     boot::write_raw_image(
-        &a.disk, target, &layout, guid, esp, boot_files, &meta, epoch,
+        &a.disk, target, &layout, guid, esp, boot_files, &meta, bios, epoch,
     )?;
     drop(lock);
     // Read back what was written against the signed digests.
@@ -463,7 +473,36 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         version: p.payload.version.clone(),
         slot: Slot::A.to_string(),
         key_id: sign::key_id(&key),
+        bios_boot: grub.is_some(),
     })
+}
+
+/// GRUB's images from the payload (verified against the signed manifest
+/// with the rest of it), checked; `None` when the manifest lists neither.
+fn grub_for(p: &VerifiedPayload) -> Result<Option<disk::Grub>> {
+    let find = |kind: Kind| {
+        p.manifest
+            .artifacts
+            .iter()
+            .find(|a| a.kind == kind)
+            .map(|a| p.payload.kernel.path.with_file_name(&a.path))
+    };
+    match (find(Kind::GrubBoot), find(Kind::GrubCore)) {
+        (None, None) => Ok(None),
+        (Some(boot_img), Some(core_img)) => {
+            // Bounded: boot.img is one sector, core.img at most GRUB's limit.
+            let max = bootstate::bios::MAX_CORE_SECTORS * bootstate::bios::SECTOR as u64 + 1;
+            let boot_img = crate::input::read_head(&boot_img, "GRUB's boot.img", 4096)?;
+            let core_img = crate::input::read_head(&core_img, "GRUB's core.img", max)?;
+            disk::Grub::new(&boot_img, &core_img)
+                .context("the payload's GRUB images")
+                .map(Some)
+        }
+        _ => bail!(
+            "the payload manifest lists one of GRUB's two images (grub-boot, grub-core) \
+             without the other: rebuild the installer image"
+        ),
+    }
 }
 
 /// Why the image does not fit on the install target, and what to do about

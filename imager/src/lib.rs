@@ -9,6 +9,7 @@ pub mod boot;
 pub mod build;
 pub mod closure;
 pub mod disk;
+pub mod grub;
 pub mod initramfs;
 pub mod input;
 pub mod inspect;

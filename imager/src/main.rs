@@ -33,7 +33,8 @@ enum Command {
     Keygen(cli::sign::KeygenArgs),
     /// Check a manifest's signature and the digests of its artifacts.
     Verify(cli::sign::VerifyArgs),
-    /// Boot an image in QEMU under UEFI firmware and wait for the ready line.
+    /// Boot an image in QEMU under UEFI (OVMF) or BIOS (SeaBIOS) firmware and
+    /// wait for the ready line.
     Boot(BootArgs),
     /// Show an image's partitions, boot entries, META and manifest status.
     Inspect(InspectArgs),
@@ -147,6 +148,9 @@ struct BuildArgs {
 struct BootArgs {
     /// Raw disk image.
     image: PathBuf,
+    /// Firmware: `uefi` (OVMF, systemd-boot) or `bios` (SeaBIOS, GRUB).
+    #[arg(long, value_enum, default_value_t = FirmwareArg::Uefi)]
+    firmware: FirmwareArg,
     /// Seconds to wait for the ready line.
     #[arg(long, default_value_t = 300)]
     timeout: u64,
@@ -179,6 +183,12 @@ struct BootArgs {
     /// then falls back to the other slot by boot counting).
     #[arg(long)]
     reboots: bool,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum FirmwareArg {
+    Uefi,
+    Bios,
 }
 
 fn jobs(j: Option<usize>) -> usize {
@@ -332,6 +342,10 @@ fn run() -> Result<ExitCode> {
 fn boot(a: BootArgs) -> Result<ExitCode> {
     let mut o = qemu::BootOptions::new(&a.image);
     o.timeout = Duration::from_secs(a.timeout);
+    o.firmware = match a.firmware {
+        FirmwareArg::Uefi => qemu::Firmware::Uefi,
+        FirmwareArg::Bios => qemu::Firmware::Bios,
+    };
     o.shutdown = a.shutdown;
     o.write = a.write;
     o.kvm = a.kvm;
@@ -354,9 +368,10 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         eprintln!(
-            "boot: ready version={} slot={} in {:.1} s{}",
+            "boot: ready version={} slot={} under {} in {:.1} s{}",
             r.version,
             r.slot,
+            r.firmware.name(),
             r.seconds,
             if r.failed_boots > 0 {
                 format!(" after {} failed boot(s)", r.failed_boots)

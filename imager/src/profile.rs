@@ -154,6 +154,13 @@ pub struct BootSection {
     /// systemd-boot's EFI binary.
     #[serde(default = "default_systemd_boot")]
     pub systemd_boot: PathBuf,
+    /// GRUB's i386-pc directory (boot.img, the modules, for the BIOS path).
+    #[serde(default = "default_grub_dir")]
+    pub grub_dir: PathBuf,
+}
+
+fn default_grub_dir() -> PathBuf {
+    PathBuf::from(crate::grub::DEFAULT_DIR)
 }
 
 fn default_systemd_boot() -> PathBuf {
@@ -164,6 +171,7 @@ impl Default for BootSection {
     fn default() -> Self {
         BootSection {
             systemd_boot: default_systemd_boot(),
+            grub_dir: default_grub_dir(),
         }
     }
 }
@@ -178,6 +186,11 @@ pub struct DiskSection {
     /// Size overrides of the resizable partitions.
     #[serde(default)]
     pub partitions: PartitionSizes,
+    /// Set the boot indicator (0x80) on the protective MBR's partition
+    /// entry: some BIOSes boot only a disk with an active partition, some
+    /// UEFI firmware refuses a protective MBR with one.
+    #[serde(default)]
+    pub bios_boot_flag: bool,
 }
 
 /// Sizes of the partitions a profile may resize (labels as on disk; BIOS and
@@ -206,6 +219,7 @@ impl Default for DiskSection {
             size: default_disk_size(),
             sector_size: default_sector_size(),
             partitions: PartitionSizes::default(),
+            bios_boot_flag: false,
         }
     }
 }
@@ -407,6 +421,7 @@ impl Profile {
             }
         }
         abs(&mut self.boot.systemd_boot);
+        abs(&mut self.boot.grub_dir);
         if let Some(k) = self.signing.key.as_mut() {
             abs(k);
         }
@@ -503,6 +518,13 @@ impl Profile {
                 format!("{}: must be 512 or 4096", self.disk.sector_size),
             );
         }
+        if self.disk.bios_boot_flag && !self.bios_boot() {
+            return invalid(
+                "disk.bios_boot_flag",
+                "a 4096-byte-sector image has no BIOS boot (BIOS firmware reads 512-byte \
+                 sectors; see docs/design.md): remove the flag or use disk.sector_size 512",
+            );
+        }
         for (i, w) in self.kernel.waivers.iter().enumerate() {
             if w.option.is_empty() || w.option.chars().any(|c| c.is_control()) {
                 return invalid(
@@ -572,6 +594,19 @@ impl Profile {
                     ),
                 );
             }
+            // grub.cfg is on every BOOT (and installs lay out 512-byte
+            // sectors, which boot under BIOS), whatever this image's sectors.
+            if let Some(c) = contract::grub::unpassable(arg) {
+                return invalid(
+                    key(),
+                    format!(
+                        "{}: GRUB, which boots the image under BIOS, passes `{c}` to the \
+                         kernel escaped with a backslash, so the kernel would see another \
+                         argument: remove it",
+                        excerpt(arg)
+                    ),
+                );
+            }
         }
         let cmdline = self.cmdline();
         let loaded = crate::boot::loaded_cmdline_len(&cmdline);
@@ -593,6 +628,12 @@ impl Profile {
             );
         }
         Ok(())
+    }
+
+    /// Whether the raw image boots under BIOS too (GRUB): at 512-byte
+    /// sectors only.
+    pub fn bios_boot(&self) -> bool {
+        self.disk.sector_size == 512
     }
 
     /// The kernel command line as one string.

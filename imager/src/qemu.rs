@@ -23,9 +23,31 @@ pub const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
 pub const READY_PREFIX: &str = "machined: ready ";
 const LAST_LINES: usize = 40;
 
+/// The firmware a machine boots with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Firmware {
+    /// OVMF: systemd-boot from the ESP.
+    #[default]
+    Uefi,
+    /// SeaBIOS, QEMU's default firmware: GRUB from the MBR.
+    Bios,
+}
+
+impl Firmware {
+    pub fn name(self) -> &'static str {
+        match self {
+            Firmware::Uefi => "uefi",
+            Firmware::Bios => "bios",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct BootOptions {
     pub image: PathBuf,
+    /// UEFI (OVMF, the default) or BIOS (SeaBIOS).
+    pub firmware: Firmware,
     pub timeout: Duration,
     pub memory_mib: u32,
     /// Write guest changes to the image instead of a throw-away overlay.
@@ -50,6 +72,7 @@ impl BootOptions {
     pub fn new(image: impl Into<PathBuf>) -> Self {
         BootOptions {
             image: image.into(),
+            firmware: Firmware::Uefi,
             timeout: Duration::from_secs(300),
             memory_mib: 512,
             write: false,
@@ -75,6 +98,8 @@ pub struct Ready {
 #[derive(Debug, Clone, Serialize)]
 pub struct BootReport {
     pub ready: bool,
+    /// The firmware it booted under.
+    pub firmware: Firmware,
     pub version: String,
     pub slot: String,
     /// Seconds from QEMU's start to the ready line.
@@ -117,7 +142,7 @@ const RECOVERABLE: [&str; 2] = ["the kernel panicked", "the runtime failed"];
 
 /// Console lines that end a boot as failed.
 fn fatal_line(line: &str) -> Option<&'static str> {
-    const FATAL: [(&str, &str); 8] = [
+    const FATAL: [(&str, &str); 10] = [
         ("Kernel panic", "the kernel panicked"),
         ("machined: fatal:", "the runtime failed"),
         ("No bootable option", "the firmware found nothing to boot"),
@@ -131,6 +156,14 @@ fn fatal_line(line: &str) -> Option<&'static str> {
             "the boot loader could not start the kernel",
         ),
         ("No loader found", "systemd-boot found no boot entry"),
+        (
+            "Boot failed: not a bootable disk",
+            "the firmware found nothing to boot",
+        ),
+        (
+            "Press any key to continue",
+            "GRUB could not boot its entry (see its error above)",
+        ),
         (
             "\"UiApp\"",
             "the firmware gave up and started its setup menu",
@@ -194,15 +227,20 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
     if !image.is_file() {
         bail!("image {} not found", image.display());
     }
-    for fw in [OVMF_CODE, OVMF_VARS] {
-        if !Path::new(fw).is_file() {
-            bail!("UEFI firmware {fw} not found: install ovmf (scripts/setup.sh)");
+    let uefi = opts.firmware == Firmware::Uefi;
+    if uefi {
+        for fw in [OVMF_CODE, OVMF_VARS] {
+            if !Path::new(fw).is_file() {
+                bail!("UEFI firmware {fw} not found: install ovmf (scripts/setup.sh)");
+            }
         }
     }
     let qemu = find_qemu()?;
     let dir = tempfile::tempdir().context("creating a directory for the VM")?;
     let vars = dir.path().join("OVMF_VARS.fd");
-    std::fs::copy(OVMF_VARS, &vars).context("copying the OVMF variable store")?;
+    if uefi {
+        std::fs::copy(OVMF_VARS, &vars).context("copying the OVMF variable store")?;
+    }
     let qmp = dir.path().join("qmp.sock");
     let image_abs =
         std::fs::canonicalize(image).with_context(|| format!("resolving {}", image.display()))?;
@@ -215,17 +253,21 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
         } else {
             &["-no-reboot"][..]
         })
-        .args(["-accel", if opts.kvm { "kvm" } else { "tcg" }])
-        .arg("-drive")
-        .arg(format!(
-            "if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"
-        ))
-        .arg("-drive")
-        .arg(format!(
-            "if=pflash,format=raw,unit=1,file={}",
-            vars.display().to_string().replace(',', ",,")
-        ))
-        .arg("-drive")
+        .args(["-accel", if opts.kvm { "kvm" } else { "tcg" }]);
+    if uefi {
+        cmd.arg("-drive")
+            .arg(format!(
+                "if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"
+            ))
+            .arg("-drive")
+            .arg(format!(
+                "if=pflash,format=raw,unit=1,file={}",
+                vars.display().to_string().replace(',', ",,")
+            ));
+    }
+    // Without pflash, QEMU boots its default firmware, SeaBIOS. GRUB's
+    // grub.cfg turns its serial terminal on first thing.
+    cmd.arg("-drive")
         .arg(format!(
             "if=none,id=disk0,format=raw,file={},snapshot={}",
             // QEMU's option syntax doubles a comma inside a value.
@@ -237,8 +279,17 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
             "virtio-blk-pci,drive=disk0,logical_block_size={0},physical_block_size={0}",
             opts.sector_size
         ))
-        .args(["-serial", "stdio", "-monitor", "none"])
-        .arg("-qmp")
+        .args(["-monitor", "none"]);
+    if uefi {
+        cmd.args(["-serial", "stdio"]);
+    } else {
+        // SeaBIOS says what it boots (and why it cannot) on its debug port
+        // only: that port and the serial port share the console.
+        cmd.args(["-chardev", "stdio,id=con,mux=on,signal=off"])
+            .args(["-serial", "chardev:con"])
+            .args(["-device", "isa-debugcon,iobase=0x402,chardev=con"]);
+    }
+    cmd.arg("-qmp")
         .arg(format!("unix:{},server=on,wait=off", qmp.display()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -391,6 +442,7 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
     };
     Ok(BootReport {
         ready: true,
+        firmware: opts.firmware,
         version: ready.version,
         slot: ready.slot,
         seconds,
@@ -486,6 +538,8 @@ mod tests {
         assert!(fatal_line("[ 1.0] Kernel panic - not syncing: x").is_some());
         assert!(fatal_line("machined: fatal: no META").is_some());
         assert!(fatal_line("No loader found. Configuration files in").is_some());
+        assert!(fatal_line("Boot failed: not a bootable disk").is_some());
+        assert!(fatal_line("Press any key to continue...").is_some());
         assert!(fatal_line("machined: ready version=1 slot=A uptime=1").is_none());
     }
 }

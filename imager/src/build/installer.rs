@@ -17,6 +17,8 @@ pub struct PayloadInput<'a> {
     pub initramfs: &'a Path,
     pub boot: &'a sign::Boot,
     pub epoch: u64,
+    /// GRUB's images for the BIOS path of installs.
+    pub grub: Option<&'a crate::disk::Grub>,
 }
 
 /// Hard-links `src` to `dest`, or copies it where links cannot be made.
@@ -54,19 +56,24 @@ pub fn write_installer(
     link_or_copy(payload.kernel, &dir.join(paths::PAYLOAD_KERNEL))?;
     link_or_copy(payload.initramfs, &dir.join(paths::PAYLOAD_INITRAMFS))?;
     link_or_copy(&p.boot.systemd_boot, &dir.join(paths::PAYLOAD_BOOT_LOADER))?;
+    let mut listed = vec![
+        sign::describe(dir, Kind::Kernel, paths::PAYLOAD_KERNEL)?,
+        sign::describe(dir, Kind::Initramfs, paths::PAYLOAD_INITRAMFS)?,
+        sign::describe(dir, Kind::BootLoader, paths::PAYLOAD_BOOT_LOADER)?,
+    ];
+    if let Some(g) = payload.grub {
+        for (name, kind, bytes) in [
+            (paths::PAYLOAD_GRUB_BOOT, Kind::GrubBoot, g.boot_img()),
+            (paths::PAYLOAD_GRUB_CORE, Kind::GrubCore, g.core_img()),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+            listed.push(sign::describe(dir, kind, name)?);
+        }
+    }
     let manifest = sign::Manifest {
         boot: Some(payload.boot.clone()),
-        ..sign::Manifest::new(
-            &p.name,
-            &p.version,
-            profile_name(p),
-            payload.epoch,
-            vec![
-                sign::describe(dir, Kind::Kernel, paths::PAYLOAD_KERNEL)?,
-                sign::describe(dir, Kind::Initramfs, paths::PAYLOAD_INITRAMFS)?,
-                sign::describe(dir, Kind::BootLoader, paths::PAYLOAD_BOOT_LOADER)?,
-            ],
-        )
+        ..sign::Manifest::new(&p.name, &p.version, profile_name(p), payload.epoch, listed)
     };
     sign::write_signed_manifest(dir, &manifest, signer)
         .context("signing the installer's payload manifest")?;

@@ -127,8 +127,13 @@ pub fn check_written(table: &Table, layout: &Layout, disk_guid: contract::Guid) 
 }
 
 /// Reads the partition table of the disk image `path` and checks it
-/// ([`check_table`]).
+/// ([`check_table`]), and the BIOS path: no boot code in the MBR, or GRUB's
+/// pointing to its core image in the BIOS partition
+/// ([`bootstate::bios::inspect`]).
 pub fn check_image(path: &Path) -> Result<()> {
     let table = super::read_table(path)?;
-    check_table(&table)
+    check_table(&table)?;
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| anyhow::anyhow!("opening {}: {e}", path.display()))?;
+    bootstate::bios::inspect(&mut f, &table).map(|_| ())
 }

@@ -17,6 +17,7 @@ pub mod layout;
 pub use self::check::{check_image, check_table, check_written};
 pub use self::gpt::{Table, TablePartition, read_table, read_table_from, write_table};
 pub use self::layout::{Layout, LayoutError, PlacedPartition};
+pub use bootstate::bios::Grub;
 pub use bootstate::fatformat::{FatFile, FatParams, FatSource, format_fat};
 
 use crate::io::{AtomicFile, Window};
@@ -25,12 +26,26 @@ use contract::Guid;
 use std::fs::File;
 use std::path::Path;
 
+/// GRUB for the BIOS path ([`bootstate::bios`]) and whether the protective
+/// MBR's entry carries the boot flag (the profile's `disk.bios_boot_flag`).
+#[derive(Debug, Clone, Copy)]
+pub struct BiosBoot<'a> {
+    pub grub: &'a Grub,
+    pub boot_flag: bool,
+}
+
 /// Creates the disk image `dest` (atomically): a sparse file of
 /// `layout.disk_size` bytes with a protective MBR and both GPTs, then calls
-/// `fill` once per partition, in layout order, with a window on it. Nothing
-/// else is written: what `fill` leaves alone reads as zeros and takes no
-/// space.
-pub fn write_disk<F>(dest: &Path, layout: &Layout, disk_guid: Guid, mut fill: F) -> Result<()>
+/// `fill` once per partition, in layout order, with a window on it, then
+/// writes GRUB (`bios`). Nothing else is written: what `fill` leaves alone
+/// reads as zeros and takes no space.
+pub fn write_disk<F>(
+    dest: &Path,
+    layout: &Layout,
+    disk_guid: Guid,
+    bios: Option<BiosBoot>,
+    mut fill: F,
+) -> Result<()>
 where
     F: FnMut(&PlacedPartition, &mut Window<&mut File>) -> Result<()>,
 {
@@ -40,7 +55,8 @@ where
         .with_context(|| format!("sizing {} to {} bytes", dest.display(), layout.disk_size))?;
     write_table(out.file(), layout, disk_guid).context("writing partition table")?;
     fill_partitions(out.file(), layout, &mut fill)?;
-    read_back(out.file(), layout, disk_guid)?;
+    write_bios(out.file(), bios)?;
+    read_back(out.file(), layout, disk_guid, bios)?;
     out.commit()
         .with_context(|| format!("writing {}", dest.display()))?;
     Ok(())
@@ -62,11 +78,14 @@ where
 /// Lays out an existing device (a block device, or a file kept where it
 /// is) in place: fills every partition first, syncs, then writes the
 /// partition table and syncs again, so that the disk only looks like one of
-/// ours once everything else is on it.
+/// ours once everything else is on it; then GRUB (`bios`), core image
+/// before the MBR code that loads it. A cut before GRUB is complete leaves
+/// a disk that boots under UEFI and not under BIOS.
 pub fn write_disk_in_place<F>(
     dest: &Path,
     layout: &Layout,
     disk_guid: Guid,
+    bios: Option<BiosBoot>,
     mut fill: F,
 ) -> Result<()>
 where
@@ -83,16 +102,39 @@ where
     write_table(&mut f, layout, disk_guid).context("writing partition table")?;
     f.sync_all()
         .with_context(|| format!("syncing {}", dest.display()))?;
-    read_back(&mut f, layout, disk_guid)
+    write_bios(&mut f, bios)?;
+    read_back(&mut f, layout, disk_guid, bios)
+}
+
+/// Writes GRUB to a disk whose partition table is written (core image,
+/// sync, MBR code, sync: `bootstate::bios::write`).
+fn write_bios(f: &mut File, bios: Option<BiosBoot>) -> Result<()> {
+    let Some(b) = bios else {
+        return Ok(());
+    };
+    let table = read_table_from(f).context("reading the partition table for GRUB")?;
+    bootstate::bios::write(f, &table, b.grub, b.boot_flag).context("writing GRUB for BIOS boot")
 }
 
 /// Reads the table just written back from the disk and checks it against
 /// the layout: a table that is not what was laid out (overlapping, out of
-/// order, off the disk) is never renamed into place or signed.
-fn read_back(f: &mut File, layout: &Layout, disk_guid: Guid) -> Result<()> {
+/// order, off the disk) is never renamed into place or signed. So is a disk
+/// whose MBR and BIOS partition do not hold GRUB as `bios` asked (or hold
+/// boot code when it did not).
+fn read_back(f: &mut File, layout: &Layout, disk_guid: Guid, bios: Option<BiosBoot>) -> Result<()> {
     let table = read_table_from(f).context("reading back the partition table just written")?;
     check_written(&table, layout, disk_guid)
-        .context("the partition table read back is not the one laid out")
+        .context("the partition table read back is not the one laid out")?;
+    match bios {
+        Some(b) => bootstate::bios::check(f, &table, b.grub, b.boot_flag)
+            .context("GRUB read back from the disk is not the one written"),
+        None => match bootstate::bios::inspect(f, &table)
+            .context("reading back the protective MBR")?
+        {
+            bootstate::bios::Installed::None => Ok(()),
+            other => anyhow::bail!("the MBR holds boot code ({other:?}) though none was written"),
+        },
+    }
 }
 
 /// The paths of all regular files on the FAT filesystem in `dev`, sorted

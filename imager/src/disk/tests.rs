@@ -51,7 +51,7 @@ fn image(dir: &Path, name: &str, sector_size: u64) -> (PathBuf, Layout) {
     let layout = Layout::new(DISK, sector_size, &BTreeMap::new()).unwrap();
     let dest = dir.join(name);
     let (esp, boot) = (esp(), boot(dir));
-    write_disk(&dest, &layout, guid(), |p, w| {
+    write_disk(&dest, &layout, guid(), None, |p, w| {
         let params = FatParams {
             label: p.label().to_string(),
             volume_id: volume_id(guid(), p.label()),
@@ -239,7 +239,7 @@ fn failed_fill_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let layout = Layout::new(DISK, 512, &BTreeMap::new()).unwrap();
     let dest = dir.path().join("disk.raw");
-    let e = write_disk(&dest, &layout, guid(), |p, _| {
+    let e = write_disk(&dest, &layout, guid(), None, |p, _| {
         anyhow::ensure!(p.role() != PartitionRole::Boot, "no kernel");
         Ok(())
     })
@@ -305,6 +305,17 @@ fn written_tables_pass_the_check_and_match_their_layout() {
     for ss in SECTOR_SIZES {
         let (img, layout) = image(dir.path(), &format!("disk-{ss}.raw"), ss);
         check_image(&img).unwrap();
+        if ss == 512 {
+            // Boot code in the MBR that does not load GRUB's core image
+            // from the BIOS partition: refused.
+            let mut bytes = std::fs::read(&img).unwrap();
+            bytes[..0x60].fill(0x90);
+            let copy = dir.path().join("code.raw");
+            std::fs::write(&copy, &bytes).unwrap();
+            let e = check_error(&copy);
+            assert!(e.contains("the MBR's boot code loads LBA"), "{e}");
+            std::fs::remove_file(&copy).unwrap();
+        }
         let table = read_table(&img).unwrap();
         check_written(&table, &layout, guid()).unwrap();
         // Another layout of the same disk is not what was written.

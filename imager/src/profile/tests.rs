@@ -383,6 +383,31 @@ fn checks_name_the_line_and_the_key() {
     );
     let e = refused(&format!("{GOOD}  sector_size: 1024\n"));
     assert!(e.contains("line 16: disk.sector_size:"), "{e}");
+    // The BIOS path (GRUB): no boot flag without it, no argument GRUB
+    // would pass escaped.
+    assert!(
+        parse(&format!("{GOOD}  bios_boot_flag: true\n"))
+            .unwrap()
+            .disk
+            .bios_boot_flag
+    );
+    assert!(!parse(GOOD).unwrap().disk.bios_boot_flag);
+    let e = refused(&format!(
+        "{GOOD}  sector_size: 4096\n  bios_boot_flag: true\n"
+    ));
+    assert!(
+        e.contains("disk.bios_boot_flag:") && e.contains("no BIOS boot"),
+        "{e}"
+    );
+    for arg in ["\"a=\\\"b\\\"\"", "a='b'", "'a\\b'"] {
+        let text = with_line("  cmdline:", &format!("  cmdline: [x, {arg}]"));
+        let e = refused(&text);
+        assert!(
+            e.contains("line 7: kernel.cmdline[1]:") && e.contains("escaped with a backslash"),
+            "{arg}: {e}"
+        );
+        assert!(refused(&format!("{text}  sector_size: 4096\n")).contains("GRUB"));
+    }
     let e = refused(&with_line(
         "  rules:",
         "  rules: r.yaml\n  waivers:\n    - option: CONFIG_X\n      reason: \" \"",
