@@ -136,9 +136,16 @@ struct Output2 {
 /// Boots `disk`, keeping what the guest writes; returns the report and the
 /// whole console.
 fn boot(disk: &Path, reboots: bool) -> (Value, String) {
+    boot_under(disk, reboots, "uefi")
+}
+
+/// [`boot`] under `firmware` (`uefi`: OVMF and systemd-boot; `bios`:
+/// SeaBIOS and GRUB).
+fn boot_under(disk: &Path, reboots: bool, firmware: &str) -> (Value, String) {
     let log = disk.with_extension("console.log");
     let mut c = imager();
     c.args(["boot", "--write", "--quiet", "--json", "--timeout", "900"])
+        .args(["--firmware", firmware])
         .arg("--console-log")
         .arg(&log)
         .arg(disk);
@@ -291,6 +298,55 @@ fn upgrade_bless_manual_rollback_and_fallback_from_a_broken_version() {
     assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
     var_kept(&console);
     let _ = rb.stdout;
+}
+
+/// The same state under both boot loaders: an upgrade tried and blessed
+/// under SeaBIOS (GRUB) boots on under OVMF (systemd-boot) on the same slot,
+/// a rollback made after it boots the same slot under either, and a broken
+/// upgrade falls back by itself under GRUB after its tries.
+#[test]
+fn upgrade_rollback_and_fallback_under_seabios_agree_with_ovmf() {
+    let i = images();
+    let disk = disk_copy("upgrade-bios");
+    let (r, console) = boot_under(&disk, false, "bios");
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+    assert!(console.contains("machined.trial=0"), "{console}");
+
+    upgrade(&disk, &payload(&i.v2));
+    let (r, console) = boot_under(&disk, false, "bios");
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
+    assert!(console.contains("machined.trial=1"), "{console}");
+    assert!(
+        console.contains("machined: blessed slot B (0.2.0): the upgrade from 0.1.0 succeeded"),
+        "{console}"
+    );
+    let s = inspect(&disk);
+    assert_eq!(slot_status(&s, "B"), "good");
+    // Blessed under GRUB, the same slot under systemd-boot, not a trial.
+    let (r, console) = boot_under(&disk, false, "uefi");
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
+    assert!(!console.contains("on trial"), "{console}");
+
+    // A rollback: slot A under either firmware.
+    assert!(rollback(&disk, false).ok);
+    let (r, _) = boot_under(&disk, false, "bios");
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+    let (r, _) = boot_under(&disk, false, "uefi");
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+
+    // A broken upgrade: GRUB counts its tries down and boots A again.
+    upgrade(&disk, &payload(&i.v3));
+    let (r, console) = boot_under(&disk, true, "bios");
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+    assert_eq!(r["failed_boots"], 3, "{console}");
+    assert!(
+        console.contains("machined: rollback: the upgrade to slot B (0.3.0) failed"),
+        "{console}"
+    );
+    let s = inspect(&disk);
+    assert_eq!(slot_status(&s, "B"), "bad");
+    let (r, _) = boot_under(&disk, false, "uefi");
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
 }
 
 #[test]

@@ -184,7 +184,7 @@ fn word(s: &str) -> String {
 /// files outside `X/`), has no kernel, or its options hold a character
 /// GRUB would pass escaped ([`ESCAPED_BY_GRUB`]).
 pub fn slot_config(slot: Slot, entry: &Entry) -> Result<String, String> {
-    if let Some(c) = entry.options.chars().find(|c| ESCAPED_BY_GRUB.contains(c)) {
+    if let Some(c) = crate::grub::unpassable(&entry.options) {
         return Err(format!(
             "the kernel command line holds `{c}`, which GRUB (the BIOS boot path) passes to \
              the kernel escaped with a backslash: remove it"

@@ -12,9 +12,9 @@
 pub mod boot;
 pub mod cmdline;
 pub mod date;
+pub mod grub;
 pub mod grubcfg;
 pub mod grubenv;
-pub mod grub;
 pub mod guid;
 pub mod le;
 pub mod meta;

@@ -104,15 +104,26 @@ pub fn entry(
 /// under the content names entry `e` gives them, `e` itself, and GRUB's
 /// `grub.cfg` booting the same entry (the BIOS path, [`contract::grub`]).
 pub fn boot_files(slot: Slot, e: &Entry, kernel: &Path, initramfs: &Path) -> Result<Vec<FatFile>> {
-    let grub_cfg = contract::grub::render(e)
+    // GRUB's rendering of the same state (contract::grubcfg): the script
+    // with `slot` good, no trial in the block, and the slot's own lines.
+    let slot_cfg = contract::grubcfg::slot_config(slot, e)
         .map_err(anyhow::Error::msg)
-        .context("rendering GRUB's grub.cfg")?;
+        .context("rendering GRUB's lines of the slot")?;
+    let env = contract::grubenv::GrubEnv::none()
+        .render()
+        .map_err(anyhow::Error::msg)
+        .context("rendering GRUB's environment block")?;
     let mut files = vec![
         FatFile::file(e.linux.clone(), kernel),
         FatFile::file(e.initrd.clone(), initramfs),
         FatFile::bytes(EntryName::good(1, slot).path(), e.render()),
         FatFile::dir(contract::paths::BOOT_ENTRIES_DIR),
-        FatFile::bytes(contract::grub::CONFIG_PATH, grub_cfg),
+        FatFile::bytes(
+            contract::paths::BOOT_GRUB_CFG,
+            contract::grubcfg::render(slot),
+        ),
+        FatFile::bytes(contract::paths::BOOT_GRUB_ENV, env),
+        FatFile::bytes(contract::grubcfg::slot_config_path(slot), slot_cfg),
     ];
     // Both slot directories exist from the start: an upgrade never has to
     // create a directory (fatfs gets new directories wrong; see fatfix).
@@ -251,6 +262,8 @@ mod tests {
                 "loader/entries/g00000001-slot-a.conf",
                 "loader/entries",
                 "grub/grub.cfg",
+                "grub/env/grubenv",
+                "A/grub.cfg",
                 "A",
                 "B"
             ]
@@ -260,7 +273,7 @@ mod tests {
             "{:#}",
             boot_files(Slot::A, &e, Path::new("/k"), Path::new("/i")).unwrap_err()
         );
-        assert!(err.contains("grub.cfg") && err.contains("`\"`"), "{err}");
+        assert!(err.contains("GRUB") && err.contains("`\"`"), "{err}");
         let e = format!(
             "{:#}",
             esp_files(Path::new("/nonexistent/sd-boot.efi")).unwrap_err()
@@ -372,9 +385,16 @@ mod tests {
                 read_file(bootp(), &e.initrd).unwrap(),
                 std::fs::read(&initramfs).unwrap()
             );
-            assert_eq!(list_files(bootp()).unwrap().len(), 4);
-            let cfg = read_file(bootp(), contract::grub::CONFIG_PATH).unwrap();
-            assert_eq!(cfg, contract::grub::render(&e).unwrap().as_bytes());
+            assert_eq!(list_files(bootp()).unwrap().len(), 6);
+            let cfg = read_file(bootp(), contract::paths::BOOT_GRUB_CFG).unwrap();
+            assert_eq!(cfg, contract::grubcfg::render(Slot::A));
+            let lines = read_file(bootp(), &contract::grubcfg::slot_config_path(Slot::A)).unwrap();
+            assert_eq!(
+                lines,
+                contract::grubcfg::slot_config(Slot::A, &e)
+                    .unwrap()
+                    .as_bytes()
+            );
             // GRUB in the MBR and the BIOS partition at 512-byte sectors;
             // no boot code at 4096.
             let mut f = std::fs::File::open(&img).unwrap();

@@ -27,9 +27,19 @@ pub const DEFAULT_DIR: &str = "/usr/lib/grub/i386-pc";
 /// `save_env`) and conditions (`test`: `[ … ]`) for the A-B rendering;
 /// `echo`; the serial console (`serial`) and `terminal_input`/`_output`
 /// (`terminal`). No `search`: the prefix names BOOT's partition.
-pub const MODULES: [&str; 10] = [
-    "biosdisk", "part_gpt", "fat", "normal", "linux", "loadenv", "test", "echo", "serial",
+pub const MODULES: [&str; 11] = [
+    "biosdisk",
+    "part_gpt",
+    "fat",
+    "normal",
+    "linux",
+    "loadenv",
+    "test",
+    "echo",
+    "serial",
     "terminal",
+    // `source`, with which grub.cfg loads a slot's lines (contract::grubcfg).
+    "configfile",
 ];
 
 const MKIMAGE: &str = "grub-mkimage";

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use bootstate::Window;
 use bootstate::disk::Access;
 use bootstate::fat::BootFs;
-use bootstate::ops::{self, BootOutcome};
+use bootstate::ops::{self, BootOutcome, GrubOutcome};
 use contract::Slot;
 use contract::partition::PartitionRole;
 use std::fs::File;
@@ -86,10 +86,35 @@ impl Disk {
 
     /// Records what this boot of `booted` means and says it; returns
     /// whether it is a trial to bless once ready.
-    pub fn assess(&mut self, booted: Slot, version: &str) -> Result<bool> {
-        let outcome = self
-            .with(|boot, meta| ops::assess(boot, meta, booted))
-            .context("assessing the boot")?;
+    /// `by_grub`: GRUB booted it (`machined.trial` on the command line), so
+    /// GRUB's rendering is assessed too: a switch cut between the two boot
+    /// loaders is finished (docs/design.md, "Two renderings of one state").
+    pub fn assess(&mut self, booted: Slot, version: &str, by_grub: bool) -> Result<bool> {
+        let outcome = if by_grub {
+            let g = self
+                .with(|boot, meta| ops::assess_grub(boot, meta, booted))
+                .context("assessing the boot (GRUB)")?;
+            match g {
+                GrubOutcome::As(o) => o,
+                GrubOutcome::SwitchFinished { slot, tries } => {
+                    say(format!(
+                        "slots: GRUB's switch to slot {slot} finished ({tries} tries): it boots next"
+                    ));
+                    BootOutcome::Steady
+                }
+                GrubOutcome::FollowedMeta => {
+                    say("slots: GRUB's rendering brought in line with META");
+                    BootOutcome::Steady
+                }
+                GrubOutcome::BlessingFinished(_) => {
+                    say(format!("slots: the blessing of slot {booted} finished"));
+                    BootOutcome::Steady
+                }
+            }
+        } else {
+            self.with(|boot, meta| ops::assess(boot, meta, booted))
+                .context("assessing the boot")?
+        };
         match &outcome {
             BootOutcome::Steady => {}
             BootOutcome::Trial => say(format!(

@@ -53,7 +53,8 @@ pub fn run() -> Result<Infallible> {
         .with_context(|| format!("{ROOTFS_OS_RELEASE} has no VERSION_ID"))?;
 
     let mut disk = slots::Disk::open(&meta_part, &all)?;
-    let trial = disk.assess(slot, &version)?;
+    let by_grub = cmdline::trial(&cmdline).is_some();
+    let trial = disk.assess(slot, &version, by_grub)?;
 
     storage::setup(&meta_part, slot, &version)?;
     failure::breakpoint(&cmdline, "ready")?;
