@@ -391,6 +391,18 @@ fn inspect_and_verify_from_another_directory_use_the_build_key() {
     assert!(!out.contains("DOES NOT VERIFY"), "{out}");
 }
 
+/// Builds `profile` into a fresh `target/e2e/NAME`; returns the directory.
+fn build_profile_into(profile: &Path, name: &str) -> PathBuf {
+    let dir = scratch().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    ok(imager()
+        .args(["build", "--profile"])
+        .arg(profile)
+        .arg("--out")
+        .arg(&dir));
+    dir
+}
+
 /// Runs a build expected to fail; returns its stderr and checks that the
 /// output directory holds no file under a final name.
 fn failing_build(profile: &Path) -> String {
@@ -648,13 +660,7 @@ fn the_bios_boot_flag_is_set_and_both_firmwares_boot() {
             "sector_size: 512\n  bios_boot_flag: true",
         )
     });
-    let dir = scratch().join("bootflag");
-    let _ = std::fs::remove_dir_all(&dir);
-    ok(imager()
-        .args(["build", "--profile"])
-        .arg(&p)
-        .arg("--out")
-        .arg(&dir));
+    let dir = build_profile_into(&p, "bootflag");
     let raw = dir.join("disk.raw");
     let v: Value = serde_json::from_str(&ok(tool("sfdisk")
         .args(["--json", "--label-nested", "dos"])
@@ -723,13 +729,7 @@ fn a_4096_byte_sector_image_is_laid_out_and_the_boot_loader_limit_is_reported() 
     let p = write_profile("sector4k", |t| {
         t.replace("sector_size: 512", "sector_size: 4096")
     });
-    let dir = scratch().join("sector4k");
-    let _ = std::fs::remove_dir_all(&dir);
-    ok(imager()
-        .args(["build", "--profile"])
-        .arg(&p)
-        .arg("--out")
-        .arg(&dir));
+    let dir = build_profile_into(&p, "sector4k");
     let raw = dir.join("disk.raw");
     // The primary GPT header sits in the second 4096-byte sector.
     let mut header = [0u8; 8];
@@ -770,13 +770,7 @@ fn failing_boot(name: &str, options: &[&str]) -> String {
     let p = write_profile(name, |t| {
         t.replace("    - vdso32=0\n", &format!("    - vdso32=0\n{extra}"))
     });
-    let dir = scratch().join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    ok(imager()
-        .args(["build", "--profile"])
-        .arg(&p)
-        .arg("--out")
-        .arg(&dir));
+    let dir = build_profile_into(&p, name);
     let out = run(imager()
         .args(["boot", "--quiet", "--timeout", "600"])
         .arg(dir.join("disk.raw")));

@@ -53,6 +53,18 @@ fn extract(archive: &Path, dest: &Path) -> PathBuf {
     imager::oci::extract_payload(archive, dest, &verify).unwrap()
 }
 
+/// Each of `names` is the same in `want` and in `got` (extracted from `copy`).
+fn same_files(want: &Path, got: &Path, names: &[&str], copy: &Path) {
+    for name in names {
+        assert_eq!(
+            std::fs::read(want.join(name)).unwrap(),
+            std::fs::read(got.join(name)).unwrap(),
+            "{name} of {}",
+            copy.display()
+        );
+    }
+}
+
 /// The archive unpacked into an OCI layout directory (umoci reads those).
 fn layout() -> &'static Path {
     static L: OnceLock<PathBuf> = OnceLock::new();
@@ -229,19 +241,17 @@ fn extract_payload_gives_the_payload_bytes() {
     for (i, copy) in [gzip, zstd].iter().enumerate() {
         let d = copies.join(format!("payload-{i}"));
         let got = extract(copy, &d);
-        for name in [
-            "vmlinuz",
-            "initramfs.zst",
-            "manifest.json",
-            "manifest.json.sig",
-        ] {
-            assert_eq!(
-                std::fs::read(dir.join(name)).unwrap(),
-                std::fs::read(got.join(name)).unwrap(),
-                "{name} of {}",
-                copy.display()
-            );
-        }
+        same_files(
+            &dir,
+            &got,
+            &[
+                "vmlinuz",
+                "initramfs.zst",
+                "manifest.json",
+                "manifest.json.sig",
+            ],
+            copy,
+        );
     }
     // From the layout directory too, with the same bytes.
     let dest2 = scratch().join("installer-extracted-layout");
@@ -362,20 +372,18 @@ fn skopeo_and_umoci_read_the_three_layers_and_copies_extract_the_same_payload() 
         .arg(format!("oci:{}:{TAG}", zstd.display())));
     for (i, copy) in [gzip, zstd].iter().enumerate() {
         let got = extract_with(copy, &dir.join(format!("payload-{}", i + 1)), &key);
-        for name in [
-            "vmlinuz",
-            "initramfs.zst",
-            "systemd-bootx64.efi",
-            "manifest.json",
-            "manifest.json.sig",
-        ] {
-            assert_eq!(
-                std::fs::read(want.join(name)).unwrap(),
-                std::fs::read(got.join(name)).unwrap(),
-                "{name} of {}",
-                copy.display()
-            );
-        }
+        same_files(
+            &want,
+            &got,
+            &[
+                "vmlinuz",
+                "initramfs.zst",
+                "systemd-bootx64.efi",
+                "manifest.json",
+                "manifest.json.sig",
+            ],
+            copy,
+        );
     }
 }
 

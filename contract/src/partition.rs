@@ -30,7 +30,8 @@ pub enum PartitionRole {
 pub enum Content {
     /// FAT32 EFI System Partition: systemd-boot and loader.conf.
     EspFat,
-    /// Raw space for GRUB's core image (BIOS path); zero-filled.
+    /// GRUB's core image (the BIOS path, `bootstate::bios`); zeros where no
+    /// GRUB is written (4096-byte sectors).
     Raw,
     /// FAT XBOOTLDR: the kernels, initramfs and boot entries of both slots.
     BootFat,

@@ -9,6 +9,19 @@ use std::io::Cursor;
 
 type Dev = Cursor<Vec<u8>>;
 
+/// An upgrade of copies of `b0` and `m0` to `to` (3 tries), its power cut
+/// before write `fail_at` (none: counted to the end): whether it finished,
+/// how many writes it made, and the disks it left.
+fn cut_upgrade(b0: &Dev, m0: &Dev, to: &Payload, fail_at: Option<u64>) -> (bool, u64, Dev, Dev) {
+    let mut b = match fail_at {
+        Some(n) => Faulty::failing_at(b0.clone(), n),
+        None => Faulty::counting(b0.clone()),
+    };
+    let mut m = b.share(m0.clone());
+    let r = upgrade(&mut BootFs::new(&mut b, 0), &mut m, to, 3);
+    (r.is_ok(), b.writes(), b.into_inner(), m.into_inner())
+}
+
 /// A BOOT filesystem with slot A installed (version 1) and its META.
 fn disk(boot_mib: usize) -> (Dev, Dev) {
     let mut dev = Cursor::new(vec![0u8; boot_mib << 20]);
@@ -230,15 +243,7 @@ fn an_upgrade_cut_at_any_write_boots_one_of_the_two() {
     let dir = tempfile::tempdir().unwrap();
     let (b0, m0) = disk(16);
     let v2 = payload(dir.path(), "2", 20_000);
-    let run = |fail_at: Option<u64>| {
-        let mut b = match fail_at {
-            Some(n) => Faulty::failing_at(b0.clone(), n),
-            None => Faulty::counting(b0.clone()),
-        };
-        let mut m = b.share(m0.clone());
-        let r = upgrade(&mut BootFs::new(&mut b, 0), &mut m, &v2, 3);
-        (r.is_ok(), b.writes(), b.into_inner(), m.into_inner())
-    };
+    let run = |fail_at| cut_upgrade(&b0, &m0, &v2, fail_at);
     let (done, total, ..) = run(None);
     assert!(done && total > 10, "{total} writes");
     let mut saw = [false, false];
@@ -507,15 +512,7 @@ fn an_upgrade_with_grub_cut_at_any_write_keeps_both_loaders_bootable() {
     let dir = tempfile::tempdir().unwrap();
     let (b0, m0) = disk_with_grub(16);
     let v2 = payload(dir.path(), "2", 20_000);
-    let run = |fail_at: Option<u64>| {
-        let mut b = match fail_at {
-            Some(n) => Faulty::failing_at(b0.clone(), n),
-            None => Faulty::counting(b0.clone()),
-        };
-        let mut m = b.share(m0.clone());
-        let r = upgrade(&mut BootFs::new(&mut b, 0), &mut m, &v2, 3);
-        (r.is_ok(), b.writes(), b.into_inner(), m.into_inner())
-    };
+    let run = |fail_at| cut_upgrade(&b0, &m0, &v2, fail_at);
     let (done, total, ..) = run(None);
     assert!(done, "{total} writes");
     let mut disagree = Vec::new();
