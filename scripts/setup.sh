@@ -16,6 +16,8 @@ packages=(
   xfsprogs
   # readers of the installer's OCI image, used by the tests
   skopeo umoci
+  # reader of the ISO images, used by the tests (the ISO is written by imager)
+  xorriso
   # the build's epoch (git), benchmarks (python3), static linking (libc6-dev)
   git python3 libc6-dev
 )
