@@ -167,7 +167,7 @@ pub const ESCAPED_BY_GRUB: [char; 3] = ['"', '\'', '\\'];
 /// One word for GRUB's script parser: as it is when it holds only
 /// characters the parser takes literally, else in single quotes (nothing
 /// is expanded inside them).
-fn word(s: &str) -> String {
+pub fn word(s: &str) -> String {
     let plain = !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_.,:=/+@%".contains(c));

@@ -16,6 +16,7 @@ pub mod grub;
 pub mod grubcfg;
 pub mod grubenv;
 pub mod guid;
+pub mod iso;
 pub mod le;
 pub mod meta;
 pub mod partition;

@@ -89,6 +89,11 @@ pub const INSTALLER_LINK: &str = "usr/bin/installer";
 /// The directory of the payload the installer writes to a disk: the four
 /// `PAYLOAD_*` files, the manifest signed by the build's key.
 pub const INSTALLER_PAYLOAD_DIR: &str = "usr/install/amd64";
+/// TEMP(main): reconciled with h-live at merge.
+pub const LIVE_DIR: &str = "live";
+pub const LIVE_PAYLOAD_DIR: &str = "live/payload";
+pub const LIVE_INSTALLER: &str = "live/installer";
+pub const LIVE_TRUSTED_KEY: &str = "live/trusted.pub";
 /// The payload's kernel.
 pub const PAYLOAD_KERNEL: &str = "vmlinuz";
 /// The payload's initramfs.
@@ -130,6 +135,8 @@ pub mod output {
     pub const RAW: &str = "disk.raw";
     /// The installer container image, an OCI archive.
     pub const INSTALLER: &str = "installer.tar";
+    /// The hybrid live ISO (`contract::iso`).
+    pub const ISO: &str = "live.iso";
     /// The signed manifest of the build: every other artifact's name, size
     /// and SHA-256.
     pub const MANIFEST: &str = "manifest.json";

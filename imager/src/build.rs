@@ -29,9 +29,11 @@ use contract::{Slot, paths};
 use std::path::{Path, PathBuf};
 
 mod installer;
+mod iso;
 mod skeleton;
 
-pub use installer::{PayloadInput, installer_spec, relative_link, write_installer};
+pub use installer::{PayloadInput, installer_spec, relative_link, write_installer, write_payload};
+pub use iso::live_options;
 pub use skeleton::rootfs_spec;
 
 /// File names in the output directory.
@@ -89,6 +91,7 @@ fn build(
         esp,
         grub,
         raw_bios,
+        eltorito,
     } = preflight(p)?;
     let installer_wanted = p.installer.is_some() && p.outputs.contains(&Output::Installer);
     let mut files = vec![
@@ -102,6 +105,9 @@ fn build(
     }
     if installer_wanted {
         files.push(names::INSTALLER);
+    }
+    if eltorito.is_some() {
+        files.push(names::ISO);
     }
     crate::io::check_replaceable(
         out,
@@ -127,7 +133,7 @@ fn build(
     let mut artifacts = vec![
         (Kind::Kernel, kernel_out.clone()),
         (Kind::KernelConfig, config_out),
-        (Kind::Rootfs, rootfs_out),
+        (Kind::Rootfs, rootfs_out.clone()),
         (Kind::Initramfs, initramfs_out.clone()),
     ];
     let boot_info = sign::Boot {
@@ -152,10 +158,20 @@ fn build(
         let raw = write_disk(p, dir, layout, esp, bios, &payload, signer)?;
         artifacts.push((Kind::Raw, raw));
     }
-    if let Some(bin) = &installer_bin {
+    if let (Some(bin), true) = (&installer_bin, installer_wanted) {
         step("installer: payload manifest and OCI archive");
         let image = write_installer(p, dir, bin, &payload, signer)?;
         artifacts.push((Kind::Installer, image));
+    }
+    if let (Some(bin), Some(eltorito)) = (&installer_bin, &eltorito) {
+        let input = iso::IsoInput {
+            machined: &machined,
+            rootfs: &rootfs_out,
+            installer: bin,
+            eltorito,
+        };
+        let image = iso::write_iso(p, dir, &payload, &input, signer)?;
+        artifacts.push((Kind::Iso, image));
     }
     let mut listed = sign_manifest(p, dir, &artifacts, boot_info, signer, epoch)?;
     commit(out, &stage, &files)?;
@@ -254,7 +270,8 @@ fn preflight(p: &Profile) -> Result<Preflight> {
     // GRUB for the raw image's BIOS path, and for the installer's payload
     // (an install lays out 512-byte sectors).
     let raw_bios = layout.is_some() && p.bios_boot();
-    let installer = p.installer.is_some() && p.outputs.contains(&Output::Installer);
+    let installer = p.installer.is_some()
+        && (p.outputs.contains(&Output::Installer) || p.outputs.contains(&Output::Iso));
     let grub = if raw_bios || installer {
         Some(
             crate::grub::make(&p.boot.grub_dir)
@@ -271,11 +288,20 @@ fn preflight(p: &Profile) -> Result<Preflight> {
             .context("internal: the layout has no BIOS partition")?;
         crate::grub::check_fits(g, bios.len())?;
     }
+    let eltorito = if p.outputs.contains(&Output::Iso) {
+        Some(
+            crate::grub::make_eltorito(&p.boot.grub_dir)
+                .with_context(|| format!("{}: boot.grub_dir", p.path.display()))?,
+        )
+    } else {
+        None
+    };
     Ok(Preflight {
         layout,
         esp,
         grub,
         raw_bios,
+        eltorito,
     })
 }
 
@@ -287,6 +313,8 @@ struct Preflight {
     esp: Vec<disk::FatFile>,
     grub: Option<disk::Grub>,
     raw_bios: bool,
+    /// GRUB's El Torito image, for the ISO.
+    eltorito: Option<crate::grub::Eltorito>,
 }
 
 /// The disk layout of the profile; refused with the profile's file and
@@ -426,7 +454,7 @@ fn installer_binary(p: &Profile) -> Result<Option<PathBuf>> {
     let Some(i) = &p.installer else {
         return Ok(None);
     };
-    if !p.outputs.contains(&Output::Installer) {
+    if !p.outputs.contains(&Output::Installer) && !p.outputs.contains(&Output::Iso) {
         return Ok(None);
     }
     Ok(Some(match (&i.cargo_package, &i.binary) {

@@ -59,6 +59,15 @@ fn find_mkimage() -> Result<PathBuf> {
 /// with `dir`'s boot.img, both checked ([`Grub::new`]). Writes nothing but a
 /// temporary file.
 pub fn make(dir: &Path) -> Result<Grub> {
+    check_dir(dir, &MODULES, "BIOS boot")?;
+    let core_img = mkimage(dir, "i386-pc", &contract::grub::core_prefix(), &MODULES)?;
+    let boot_img = crate::input::read_head(&dir.join("boot.img"), "GRUB's boot.img", 4096)?;
+    Grub::new(&boot_img, &core_img).with_context(|| format!("GRUB's images from {}", dir.display()))
+}
+
+/// Refuses `dir` unless it is GRUB's i386-pc directory with `modules`
+/// (needed for `what`).
+fn check_dir(dir: &Path, modules: &[&str], what: &str) -> Result<()> {
     ensure!(
         dir.is_dir(),
         "GRUB's i386-pc directory {} not found: {INSTALL_HINT}, or set boot.grub_dir in the \
@@ -77,24 +86,30 @@ pub fn make(dir: &Path) -> Result<Grub> {
             dir.display()
         );
     }
-    for m in MODULES {
+    for m in modules {
         ensure!(
             dir.join(format!("{m}.mod")).is_file(),
-            "GRUB module {m}.mod, needed for BIOS boot, is missing from {}: {INSTALL_HINT}",
+            "GRUB module {m}.mod, needed for {what}, is missing from {}: {INSTALL_HINT}",
             dir.display()
         );
     }
+    Ok(())
+}
+
+/// Runs grub-mkimage for `format` with `prefix` and `modules` from `dir`;
+/// returns the image.
+fn mkimage(dir: &Path, format: &str, prefix: &str, modules: &[&str]) -> Result<Vec<u8>> {
     let mkimage = find_mkimage()?;
     let work = tempfile::tempdir().context("creating a directory for GRUB's core image")?;
     let core = work.path().join("core.img");
     let out = Command::new(&mkimage)
-        .args(["-O", "i386-pc", "-d"])
+        .args(["-O", format, "-d"])
         .arg(dir)
         .arg("-p")
-        .arg(contract::grub::core_prefix())
+        .arg(prefix)
         .arg("-o")
         .arg(&core)
-        .args(MODULES)
+        .args(modules)
         .output()
         .with_context(|| format!("running {}", mkimage.display()))?;
     if !out.status.success() {
@@ -107,9 +122,77 @@ pub fn make(dir: &Path) -> Result<Grub> {
             said.into_iter().rev().collect::<Vec<_>>().join("; ")
         );
     }
-    let core_img = std::fs::read(&core).context("reading GRUB's core image")?;
-    let boot_img = crate::input::read_head(&dir.join("boot.img"), "GRUB's boot.img", 4096)?;
-    Grub::new(&boot_img, &core_img).with_context(|| format!("GRUB's images from {}", dir.display()))
+    std::fs::read(&core).context("reading GRUB's core image")
+}
+
+/// The modules of the ISO's El Torito core image: the BIOS disks (a CD
+/// and, written to a USB stick, a hard disk: `biosdisk`), ISO 9660 (where
+/// grub.cfg is), `loopback` and `fat` (the FAT image holding the kernel
+/// and the initramfs), the script and the Linux loader, `echo`, the serial
+/// console ([`contract::iso::grub_cfg`]).
+pub const ISO_MODULES: [&str; 9] = [
+    "biosdisk", "iso9660", "loopback", "fat", "normal", "linux", "echo", "serial", "terminal",
+];
+
+/// GRUB's images for a hybrid ISO (BIOS side).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Eltorito {
+    /// `cdboot.img` followed by a core image (`diskboot.img`, the
+    /// decompressor, the kernel and [`ISO_MODULES`]), with the prefix
+    /// [`contract::iso::GRUB_PREFIX`]: the El Torito no-emulation boot image.
+    /// The ISO writer patches its boot-info table and blocklist.
+    pub image: Vec<u8>,
+    /// `boot_hybrid.img`: the MBR code of the ISO written to a disk, which
+    /// loads the core image's first sector from the LBA the writer patches
+    /// in.
+    pub hybrid_mbr: Vec<u8>,
+}
+
+/// The size of `cdboot.img`, which starts the El Torito image: one CD
+/// sector.
+pub const CDBOOT_LEN: usize = 2048;
+
+/// Checks `dir` and makes GRUB's El Torito image (`grub-mkimage -O
+/// i386-pc-eltorito`) with [`ISO_MODULES`]; returns it with `dir`'s
+/// `boot_hybrid.img`, both checked.
+pub fn make_eltorito(dir: &Path) -> Result<Eltorito> {
+    check_dir(dir, &ISO_MODULES, "booting the ISO under BIOS")?;
+    for name in ["cdboot.img", "boot_hybrid.img"] {
+        ensure!(
+            dir.join(name).is_file(),
+            "{} has no {name}, needed for the ISO's BIOS boot: {INSTALL_HINT}",
+            dir.display()
+        );
+    }
+    let image = mkimage(
+        dir,
+        "i386-pc-eltorito",
+        contract::iso::GRUB_PREFIX,
+        &ISO_MODULES,
+    )?;
+    let cdboot = crate::input::read_head(&dir.join("cdboot.img"), "GRUB's cdboot.img", 4096)?;
+    ensure!(
+        cdboot.len() == CDBOOT_LEN && image.starts_with(&cdboot),
+        "{MKIMAGE} made an El Torito image that does not start with {}'s cdboot.img: \
+         {INSTALL_HINT}",
+        dir.display()
+    );
+    let core_sectors = (image.len() - CDBOOT_LEN).div_ceil(SECTOR) as u64;
+    ensure!(
+        core_sectors < bootstate::bios::MAX_CORE_SECTORS,
+        "GRUB's El Torito core image is {core_sectors} sectors, over GRUB's limit of {}: \
+         check {}",
+        bootstate::bios::MAX_CORE_SECTORS,
+        dir.display()
+    );
+    let hybrid_mbr =
+        crate::input::read_head(&dir.join("boot_hybrid.img"), "GRUB's boot_hybrid.img", 4096)?;
+    ensure!(
+        hybrid_mbr.len() == SECTOR && hybrid_mbr[510..] == [0x55, 0xAA],
+        "{}/boot_hybrid.img is not a 512-byte boot sector: {INSTALL_HINT}",
+        dir.display()
+    );
+    Ok(Eltorito { image, hybrid_mbr })
 }
 
 /// Refuses a BIOS partition of `bios_bytes` too small for `grub`'s core.
@@ -149,6 +232,17 @@ mod tests {
         // core.img is LZMA-compressed past its first two sectors: the
         // modules and the prefix show only when GRUB boots (tests/e2e.rs).
         assert_eq!(a.patched_core(2048).len() as u64, a.core_sectors() * 512);
+    }
+
+    /// The real El Torito image: deterministic, cdboot.img first, the
+    /// core's blocklist with GRUB's load segment, boot_hybrid.img beside.
+    #[test]
+    fn eltorito_image_is_deterministic() {
+        let a = make_eltorito(grub_dir()).unwrap();
+        assert_eq!(a, make_eltorito(grub_dir()).unwrap());
+        let seg = u16::from_le_bytes([a.image[CDBOOT_LEN + 0x1FE], a.image[CDBOOT_LEN + 0x1FF]]);
+        assert_eq!(seg, 0x820, "diskboot's blocklist loads at 0x8200");
+        assert_eq!(a.hybrid_mbr.len(), SECTOR);
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! The `imager` command: a thin layer over the `imager` library.
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, Subcommand};
 use imager::{build, kernel, profile::Profile, qemu, sign};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -146,8 +146,20 @@ struct BuildArgs {
 
 #[derive(clap::Args)]
 struct BootArgs {
-    /// Raw disk image.
+    /// Raw disk image, or ISO (attached as a CD-ROM unless --usb).
     image: PathBuf,
+    /// Attach an ISO as a disk (the ISO written to a USB stick) instead of
+    /// a CD-ROM.
+    #[arg(long)]
+    usb: bool,
+    /// Serial number of the image's drive, as the guest sees it.
+    #[arg(long)]
+    serial: Option<String>,
+    /// Attach another disk: SIZE (a blank disk for this boot, e.g. 4GiB) or
+    /// an image FILE the guest writes to; `,serial=S` gives it a serial
+    /// number. Repeatable.
+    #[arg(long = "disk", value_name = "SIZE|FILE[,serial=S]")]
+    disks: Vec<String>,
     /// Firmware: `uefi` (OVMF, systemd-boot) or `bios` (SeaBIOS, GRUB).
     #[arg(long, value_enum, default_value_t = FirmwareArg::Uefi)]
     firmware: FirmwareArg,
@@ -350,8 +362,11 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
     o.write = a.write;
     o.kvm = a.kvm;
     o.memory_mib = a.memory;
+    let iso = qemu::is_iso(&a.image)?;
     o.sector_size = match a.sector_size {
         Some(s) => s,
+        // An ISO on a disk is read in 512-byte sectors (its system area).
+        None if iso => 512,
         None => {
             let mut f = std::fs::File::open(&a.image)
                 .with_context(|| format!("opening {}", a.image.display()))?;
@@ -363,6 +378,23 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
     o.echo = !a.quiet;
     o.console_log = a.console_log;
     o.reboots = a.reboots;
+    o.serial = a.serial;
+    o.media = match (iso, a.usb) {
+        (true, false) => qemu::Media::Cdrom,
+        (true, true) => qemu::Media::Disk,
+        (false, true) => bail!(
+            "--usb attaches an ISO as a disk: {} is not an ISO (a raw image is always a disk)",
+            a.image.display()
+        ),
+        (false, false) => qemu::Media::Disk,
+    };
+    let blanks = tempfile::tempdir().context("creating a directory for blank disks")?;
+    for (i, spec) in a.disks.iter().enumerate() {
+        o.disks.push(extra_disk(
+            spec,
+            &blanks.path().join(format!("blank{i}.raw")),
+        )?);
+    }
     let r = qemu::boot(&o).with_context(|| format!("booting {}", a.image.display()))?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
@@ -380,10 +412,58 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
             }
         );
     }
+    if let Some(i) = &r.install {
+        if !a.json {
+            eprintln!("boot: {}", i.message);
+        }
+        if !i.installed {
+            eprintln!(
+                "imager: error: the live system did not install: {}",
+                i.message
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+    }
     Ok(if r.clean_poweroff == Some(false) {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    })
+}
+
+/// An extra disk of `imager boot --disk`: `SIZE` (a blank sparse file
+/// created at `blank`, gone after the boot) or an existing image `FILE`,
+/// either followed by `,serial=S`.
+fn extra_disk(spec: &str, blank: &Path) -> Result<qemu::ExtraDisk> {
+    let (what, serial) = match spec.rsplit_once(",serial=") {
+        Some((w, s)) => (w, Some(s.to_string())),
+        None => (spec, None),
+    };
+    if let Some(s) = &serial {
+        qemu::check_serial(s).with_context(|| format!("--disk {spec}"))?;
+    }
+    let path = Path::new(what);
+    if path.exists() {
+        ensure!(path.is_file(), "--disk {spec}: {what} is not an image file",);
+        return Ok(qemu::ExtraDisk {
+            path: path.to_path_buf(),
+            serial,
+        });
+    }
+    let size = imager::profile::Size::parse(what).map_err(|e| {
+        anyhow::anyhow!("--disk {spec}: {what} is neither an existing image file nor a size ({e})")
+    })?;
+    ensure!(
+        size.0 > 0 && size.0 % 512 == 0,
+        "--disk {spec}: a disk's size is a positive multiple of 512 bytes"
+    );
+    let f =
+        std::fs::File::create(blank).with_context(|| format!("creating {}", blank.display()))?;
+    f.set_len(size.0)
+        .with_context(|| format!("sizing {}", blank.display()))?;
+    Ok(qemu::ExtraDisk {
+        path: blank.to_path_buf(),
+        serial,
     })
 }
 

@@ -239,6 +239,9 @@ pub enum Output {
     Raw,
     /// The installer container image, an OCI archive (`installer.tar`).
     Installer,
+    /// The hybrid live ISO (`live.iso`): boots from CD and USB under BIOS
+    /// and UEFI, and installs.
+    Iso,
 }
 
 impl Output {
@@ -247,9 +250,28 @@ impl Output {
         match self {
             Output::Raw => "raw",
             Output::Installer => "installer",
+            Output::Iso => "iso",
         }
     }
 }
+
+/// The live system of the ISO.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveSection {
+    /// Install onto this disk when the ISO boots (`machined.install=`): a
+    /// kernel name (`vdb`), `/dev/NAME`, `serial:S`, `wwn:W` or a
+    /// `/dev/disk/by-id/` path.
+    #[serde(default)]
+    pub install: Option<String>,
+    /// Wipe the install target even if it holds data
+    /// (`machined.install.wipe=1`).
+    #[serde(default)]
+    pub wipe: bool,
+}
+
+/// The longest `live.install`.
+pub const MAX_INSTALL_TARGET: usize = 255;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -297,6 +319,9 @@ pub struct Profile {
     pub signing: SigningSection,
     #[serde(default)]
     pub compression: CompressionSection,
+    /// The live system of the output `iso`.
+    #[serde(default)]
+    pub live: LiveSection,
     #[serde(default = "default_outputs")]
     pub outputs: Vec<Output>,
     /// Where the profile was read from (not a YAML key).
@@ -486,7 +511,7 @@ impl Profile {
             _ => {}
         }
         if self.outputs.is_empty() {
-            return invalid("outputs", "name at least one output (raw, installer)");
+            return invalid("outputs", "name at least one output (raw, installer, iso)");
         }
         let mut seen = std::collections::BTreeSet::new();
         if let Some(i) = self.outputs.iter().position(|o| !seen.insert(*o)) {
@@ -504,6 +529,13 @@ impl Profile {
                     "outputs",
                     "installer needs an installer section naming the installer binary: \
                      installer: { cargo_package: ../imager }",
+                );
+            }
+            None if self.outputs.contains(&Output::Iso) => {
+                return invalid(
+                    "outputs",
+                    "iso needs an installer section naming the installer binary (the live \
+                     system installs with it): installer: { cargo_package: ../imager }",
                 );
             }
             _ => {}
@@ -540,6 +572,7 @@ impl Profile {
             }
         }
         self.check_cmdline()?;
+        self.check_live()?;
         let c = &self.compression;
         let levels = [
             (
@@ -556,6 +589,39 @@ impl Profile {
         for (key, level, max) in levels {
             if !(1..=max).contains(&level) {
                 return invalid(key, format!("{level} is out of range: use 1 to {max}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// `live`: only with the output `iso`; the install target one plain
+    /// kernel argument value.
+    fn check_live(&self) -> Result<(), Invalid> {
+        let l = &self.live;
+        if (l.install.is_some() || l.wipe) && !self.outputs.contains(&Output::Iso) {
+            return invalid(
+                "live",
+                "the live section is for the output iso: add iso to outputs, or remove it",
+            );
+        }
+        if l.wipe && l.install.is_none() {
+            return invalid("live.wipe", "wipe without live.install: name the disk");
+        }
+        if let Some(t) = &l.install {
+            let ok = !t.is_empty()
+                && t.len() <= MAX_INSTALL_TARGET
+                && t.bytes()
+                    .all(|b| b.is_ascii_graphic() && !b"\"'\\$`".contains(&b));
+            if !ok {
+                return invalid(
+                    "live.install",
+                    format!(
+                        "{}: name a disk as vdb, /dev/vdb, serial:SERIAL, wwn:WWN or \
+                         /dev/disk/by-id/NAME (1 to {MAX_INSTALL_TARGET} printable ASCII \
+                         characters, no spaces, quotes, backslashes, $ or `)",
+                        excerpt(t)
+                    ),
+                );
             }
         }
         Ok(())

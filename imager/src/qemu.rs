@@ -66,6 +66,66 @@ pub struct BootOptions {
     /// failure or kernel panic then does not end the boot (systemd-boot's
     /// boot counting may fall back to the other slot).
     pub reboots: bool,
+    /// How the image is attached: a disk (virtio) or a CD-ROM (AHCI).
+    pub media: Media,
+    /// Serial number of the image's drive, as the guest sees it.
+    pub serial: Option<String>,
+    /// More disks, attached after the image (virtio, written to).
+    pub disks: Vec<ExtraDisk>,
+}
+
+/// How the booted image is attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Media {
+    /// A virtio disk: a raw image, or an ISO written to a USB stick.
+    #[default]
+    Disk,
+    /// A CD-ROM drive on the AHCI controller (an ISO).
+    Cdrom,
+}
+
+/// An extra disk: an image file the guest may write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtraDisk {
+    pub path: PathBuf,
+    /// Serial number the guest sees (`/sys/block/vdX/serial`).
+    pub serial: Option<String>,
+}
+
+/// The longest drive serial number QEMU gives virtio-blk (20, as ATA).
+pub const MAX_SERIAL: usize = 20;
+
+/// Refuses a serial number QEMU would cut or that its option syntax cannot
+/// carry.
+pub fn check_serial(serial: &str) -> Result<()> {
+    if serial.is_empty()
+        || serial.len() > MAX_SERIAL
+        || !serial
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        bail!(
+            "serial {serial:?}: use 1 to {MAX_SERIAL} letters, digits, '-' and '_' (QEMU gives \
+             a drive at most {MAX_SERIAL} characters)"
+        );
+    }
+    Ok(())
+}
+
+/// Whether `path` holds an ISO 9660 volume (`CD001` in its first volume
+/// descriptor, at byte 32769).
+pub fn is_iso(path: &Path) -> Result<bool> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut magic = [0u8; 5];
+    if f.metadata()?.len() < 32774 {
+        return Ok(false);
+    }
+    f.seek(SeekFrom::Start(32769))?;
+    f.read_exact(&mut magic)
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok(&magic == b"CD001")
 }
 
 impl BootOptions {
@@ -82,6 +142,9 @@ impl BootOptions {
             sector_size: 512,
             console_log: None,
             reboots: false,
+            media: Media::Disk,
+            serial: None,
+            disks: Vec::new(),
         }
     }
 }
@@ -113,6 +176,8 @@ pub struct BootReport {
     /// Boots that failed (runtime failure or panic) before the ready one,
     /// with `reboots`.
     pub failed_boots: u32,
+    /// What a live system asked to install did.
+    pub install: Option<InstallOutcome>,
     #[serde(skip)]
     pub console: Vec<String>,
 }
@@ -266,20 +331,58 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
             ));
     }
     // Without pflash, QEMU boots its default firmware, SeaBIOS. GRUB's
-    // grub.cfg turns its serial terminal on first thing.
-    cmd.arg("-drive")
-        .arg(format!(
-            "if=none,id=disk0,format=raw,file={},snapshot={}",
-            // QEMU's option syntax doubles a comma inside a value.
-            image_abs.display().to_string().replace(',', ",,"),
-            if opts.write { "off" } else { "on" }
-        ))
-        .arg("-device")
-        .arg(format!(
-            "virtio-blk-pci,drive=disk0,logical_block_size={0},physical_block_size={0}",
-            opts.sector_size
-        ))
-        .args(["-monitor", "none"]);
+    // grub.cfg turns its serial terminal on first thing. The image boots
+    // first (bootindex 0); extra disks have no boot index.
+    let quoted = |p: &Path| p.display().to_string().replace(',', ",,");
+    let serial = opts
+        .serial
+        .as_ref()
+        .map(|s| format!(",serial={s}"))
+        .unwrap_or_default();
+    match opts.media {
+        Media::Disk => {
+            cmd.arg("-drive")
+                .arg(format!(
+                    "if=none,id=disk0,format=raw,file={},snapshot={}",
+                    // QEMU's option syntax doubles a comma inside a value.
+                    quoted(&image_abs),
+                    if opts.write { "off" } else { "on" }
+                ))
+                .arg("-device")
+                .arg(format!(
+                    "virtio-blk-pci,drive=disk0,bootindex=0,logical_block_size={0},\
+                     physical_block_size={0}{serial}",
+                    opts.sector_size
+                ));
+        }
+        Media::Cdrom => {
+            cmd.arg("-drive")
+                .arg(format!(
+                    "if=none,id=disk0,format=raw,media=cdrom,readonly=on,file={}",
+                    quoted(&image_abs)
+                ))
+                .arg("-device")
+                .arg(format!("ide-cd,drive=disk0,bus=ide.0,bootindex=0{serial}"));
+        }
+    }
+    for (i, d) in opts.disks.iter().enumerate() {
+        let path = std::fs::canonicalize(&d.path)
+            .with_context(|| format!("resolving the extra disk {}", d.path.display()))?;
+        cmd.arg("-drive")
+            .arg(format!(
+                "if=none,id=extra{i},format=raw,file={}",
+                quoted(&path)
+            ))
+            .arg("-device")
+            .arg(format!(
+                "virtio-blk-pci,drive=extra{i}{}",
+                d.serial
+                    .as_ref()
+                    .map(|s| format!(",serial={s}"))
+                    .unwrap_or_default()
+            ));
+    }
+    cmd.args(["-monitor", "none"]);
     if uefi {
         cmd.args(["-serial", "stdio"]);
     } else {
@@ -368,75 +471,169 @@ impl Console {
     }
 }
 
+/// What the live system did with `machined.install=`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InstallOutcome {
+    /// It installed and powered off.
+    pub installed: bool,
+    /// Its line saying so, or why not.
+    pub message: String,
+}
+
+/// The runtime's line after a live install, before it powers off.
+pub const INSTALLED_PREFIX: &str = "machined: installed ";
+/// The start of the runtime's lines about an install that did not happen.
+pub const INSTALL_FAILED_PREFIX: &str = "machined: install: ";
+
+/// A running machine and its console.
+struct Session {
+    guest: Guest,
+    rx: mpsc::Receiver<String>,
+    con: Console,
+    deadline: Instant,
+    reboots: bool,
+    cmdline: Option<String>,
+    failed_boots: u32,
+}
+
+impl Session {
+    /// Waits for the first console line for which `want` gives a value;
+    /// fails on a line that ends the boot ([`fatal_line`]; with `reboots`,
+    /// a runtime failure or panic is counted and waited past), when QEMU
+    /// exits, and at the deadline.
+    fn wait_line<T>(&mut self, what: &str, mut want: impl FnMut(&str) -> Option<T>) -> Result<T> {
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(c) = line.strip_prefix("machined: cmdline ") {
+                        self.cmdline = Some(c.to_string());
+                    }
+                    let fatal = fatal_line(&line);
+                    let found = want(&line);
+                    self.con.push(line);
+                    if let Some(why) = fatal {
+                        if self.reboots && RECOVERABLE.contains(&why) {
+                            self.failed_boots += 1;
+                            continue;
+                        }
+                        let hint = if RECOVERABLE.contains(&why) && !self.reboots {
+                            " (on an upgrade's trial boot, `imager boot --write --reboots` \
+                             lets the machine retry and fall back)"
+                        } else {
+                            ""
+                        };
+                        let lines = if self.con.echo {
+                            "the console is above".to_string()
+                        } else {
+                            format!("last console lines:\n{}", self.con.tail())
+                        };
+                        bail!("boot failed: {why}{hint}; {lines}");
+                    }
+                    if let Some(v) = found {
+                        return Ok(v);
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => bail!(
+                    "timed out without {what}; last console lines:\n{}",
+                    self.con.tail()
+                ),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = self.guest.child.wait().context("waiting for qemu")?;
+                    bail!(
+                        "qemu exited ({status}) before {what}; last console lines:\n{}",
+                        self.con.tail()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Waits for QEMU to exit (the guest powered off), keeping the console.
+    fn wait_exit(&mut self, what: &str) -> Result<std::process::ExitStatus> {
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(line) => self.con.push(line),
+                Err(mpsc::RecvTimeoutError::Timeout) => bail!(
+                    "timed out waiting for {what}; last console lines:\n{}",
+                    self.con.tail()
+                ),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return self.guest.child.wait().context("waiting for qemu");
+                }
+            }
+        }
+    }
+}
+
 /// Boots the image and waits for the ready line (and, with `shutdown`, for a
-/// clean power-off after the ACPI power button).
+/// clean power-off after the ACPI power button). A live system asked to
+/// install (`machined.install=` on its command line) is followed until it
+/// powered off after installing, or said why it did not.
 pub fn boot(opts: &BootOptions) -> Result<BootReport> {
     let started = Instant::now();
-    let (mut guest, rx) = start(opts)?;
+    if let Some(s) = &opts.serial {
+        check_serial(s)?;
+    }
+    for d in &opts.disks {
+        if let Some(s) = &d.serial {
+            check_serial(s)?;
+        }
+    }
+    let (guest, rx) = start(opts)?;
     let log = match &opts.console_log {
         Some(p) => {
             Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)
         }
         None => None,
     };
-    let mut con = Console {
-        last: VecDeque::new(),
-        all: Vec::new(),
-        echo: opts.echo,
-        log,
+    let mut session = Session {
+        guest,
+        rx,
+        con: Console {
+            last: VecDeque::new(),
+            all: Vec::new(),
+            echo: opts.echo,
+            log,
+        },
+        deadline: started + opts.timeout,
+        reboots: opts.reboots,
+        cmdline: None,
+        failed_boots: 0,
     };
-    let deadline = started + opts.timeout;
-    let mut cmdline = None;
-    let mut failed_boots = 0;
-    let ready = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) => {
-                if let Some(c) = line.strip_prefix("machined: cmdline ") {
-                    cmdline = Some(c.to_string());
-                }
-                let fatal = fatal_line(&line);
-                let ready = parse_ready(&line);
-                con.push(line);
-                if let Some(why) = fatal {
-                    if opts.reboots && RECOVERABLE.contains(&why) {
-                        failed_boots += 1;
-                        continue;
-                    }
-                    let hint = if RECOVERABLE.contains(&why) && !opts.reboots {
-                        " (on an upgrade's trial boot, `imager boot --write --reboots` lets \
-                         the machine retry and fall back)"
-                    } else {
-                        ""
-                    };
-                    let lines = if opts.echo {
-                        "the console is above".to_string()
-                    } else {
-                        format!("last console lines:\n{}", con.tail())
-                    };
-                    bail!("boot failed: {why}{hint}; {lines}");
-                }
-                if let Some(r) = ready {
-                    break r;
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => bail!(
-                "boot timed out after {} s without the ready line; last console lines:\n{}",
-                opts.timeout.as_secs(),
-                con.tail()
-            ),
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                let status = guest.child.wait().context("waiting for qemu")?;
-                bail!(
-                    "qemu exited ({status}) before the ready line; last console lines:\n{}",
-                    con.tail()
-                );
+    let ready = session
+        .wait_line("the ready line", parse_ready)
+        .with_context(|| format!("booting (timeout {} s)", opts.timeout.as_secs()))?;
+    let seconds = started.elapsed().as_secs_f64();
+    let installs = session
+        .cmdline
+        .as_deref()
+        .is_some_and(|c| contract::cmdline::get(c, contract::cmdline::INSTALL).is_some());
+    let install = if installs {
+        let message = session.wait_line("the live install's outcome", |l| {
+            [INSTALLED_PREFIX, INSTALL_FAILED_PREFIX]
+                .iter()
+                .find_map(|p| l.find(p).map(|at| l[at..].to_string()))
+        })?;
+        let installed = message.starts_with(INSTALLED_PREFIX);
+        if installed {
+            let status = session.wait_exit("the power-off after the install")?;
+            if !status.success() {
+                bail!("qemu exited ({status}) after the install");
             }
         }
+        Some(InstallOutcome { installed, message })
+    } else {
+        None
     };
-    let seconds = started.elapsed().as_secs_f64();
-    let clean_poweroff = if opts.shutdown {
-        Some(power_button(&mut guest, &rx, &mut con, deadline)?)
+    let clean_poweroff = if opts.shutdown && install.as_ref().is_none_or(|i| !i.installed) {
+        Some(power_button(
+            &mut session.guest,
+            &session.rx,
+            &mut session.con,
+            session.deadline,
+        )?)
     } else {
         None
     };
@@ -447,10 +644,11 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
         slot: ready.slot,
         seconds,
         uptime: ready.uptime,
-        cmdline,
+        cmdline: session.cmdline,
         clean_poweroff,
-        failed_boots,
-        console: con.all,
+        failed_boots: session.failed_boots,
+        install,
+        console: session.con.all,
     })
 }
 

@@ -53,6 +53,24 @@ pub fn write_installer(
         .tempdir_in(out)
         .with_context(|| format!("creating a staging directory in {}", out.display()))?;
     let dir = stage.path();
+    let manifest = write_payload(p, dir, payload, signer)?;
+    let listed: Vec<&str> = manifest.artifacts.iter().map(|a| a.path.as_str()).collect();
+    let spec = installer_spec(dir, &listed, binary, &p.version, payload.epoch);
+    let dest = out.join(names::INSTALLER);
+    oci::write_image(&dest, &spec).with_context(|| format!("writing {}", dest.display()))?;
+    Ok(dest)
+}
+
+/// Writes the payload of an install into the directory `dir`: the kernel,
+/// the initramfs, systemd-boot, GRUB's images (with `payload.grub`) and the
+/// manifest listing them (with the boot title and command line), signed by
+/// `signer`. The installer image and the live ISO carry it.
+pub fn write_payload(
+    p: &Profile,
+    dir: &Path,
+    payload: &PayloadInput,
+    signer: &dyn sign::Signer,
+) -> Result<sign::Manifest> {
     link_or_copy(payload.kernel, &dir.join(paths::PAYLOAD_KERNEL))?;
     link_or_copy(payload.initramfs, &dir.join(paths::PAYLOAD_INITRAMFS))?;
     link_or_copy(&p.boot.systemd_boot, &dir.join(paths::PAYLOAD_BOOT_LOADER))?;
@@ -77,11 +95,7 @@ pub fn write_installer(
     };
     sign::write_signed_manifest(dir, &manifest, signer)
         .context("signing the installer's payload manifest")?;
-    let listed: Vec<&str> = manifest.artifacts.iter().map(|a| a.path.as_str()).collect();
-    let spec = installer_spec(dir, &listed, binary, &p.version, payload.epoch);
-    let dest = out.join(names::INSTALLER);
-    oci::write_image(&dest, &spec).with_context(|| format!("writing {}", dest.display()))?;
-    Ok(dest)
+    Ok(manifest)
 }
 
 /// The image of an installer: the signed payload in `dir` (its manifest and

@@ -107,7 +107,33 @@ fn installer_output_needs_its_binary() {
         .to_string();
     assert!(e.contains("line 17") && e.contains("cargo"), "{e}");
     let e = with("outputs: [iso]\n").unwrap_err().to_string();
-    assert!(e.contains("line 16") && e.contains("iso"), "{e}");
+    assert!(e.contains("iso needs an installer section"), "{e}");
+    let e = with("outputs: [isoo]\n").unwrap_err().to_string();
+    assert!(e.contains("line 16") && e.contains("isoo"), "{e}");
+    // The live section: only with the ISO, a target that is one argument.
+    let iso = "outputs: [iso]\ninstaller: { binary: /bin/imager }\n";
+    with(&format!(
+        "{iso}live: {{ install: serial:T1, wipe: true }}\n"
+    ))
+    .unwrap();
+    let e = with("live: { install: vdb }\n").unwrap_err().to_string();
+    assert!(e.contains("add iso to outputs"), "{e}");
+    let e = with(&format!("{iso}live: {{ wipe: true }}\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("live.wipe") && e.contains("name the disk"),
+        "{e}"
+    );
+    for bad in ["'a b'", "'x\"y'", "''", "'$x'"] {
+        let e = with(&format!("{iso}live: {{ install: {bad} }}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("live.install") && e.contains("serial:SERIAL"),
+            "{bad}: {e}"
+        );
+    }
     let e = with("outputs: [raw, raw]\n").unwrap_err().to_string();
     assert!(e.contains("raw is listed twice"), "{e}");
     let e = with("outputs: []\n").unwrap_err().to_string();
@@ -138,6 +164,17 @@ fn installer_profile_is_metal_plus_the_installer() {
     inst.outputs = metal.outputs.clone();
     inst.path = metal.path.clone();
     assert_eq!(format!("{inst:?}"), format!("{metal:?}"));
+    // And profiles/iso.yaml: metal plus the installer and the ISO.
+    let mut iso = Profile::load(&dir.join("iso.yaml")).unwrap();
+    assert_eq!(iso.outputs, vec![Output::Raw, Output::Iso]);
+    assert!(iso.installer.take().unwrap().cargo_package.is_some());
+    assert!(
+        iso.live.install.is_none(),
+        "the default ISO installs nothing by itself"
+    );
+    iso.outputs = metal.outputs.clone();
+    iso.path = metal.path.clone();
+    assert_eq!(format!("{iso:?}"), format!("{metal:?}"));
 }
 
 #[test]
