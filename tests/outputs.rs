@@ -111,6 +111,25 @@ impl Fixture {
         Profile::load(&path).unwrap()
     }
 
+    /// A profile making the live ISO, with `boot` lines as its boot
+    /// section (GRUB's real directory unless they say otherwise).
+    fn iso_profile(&self, boot: &str) -> Profile {
+        let text = format!(
+            "name: outputs\nversion: 1.0.0\n\
+             kernel:\n  prebuilt: bzImage\n  prebuilt_config: config\n  rules: rules.yaml\n  \
+             cmdline: [console=ttyS0]\n\
+             runtime:\n  binary: machined\n  skeleton: skel\n  manifest: skeleton.txt\n\
+             installer:\n  binary: machined\n\
+             boot:\n{boot}\
+             signing:\n  key: test.key\n\
+             compression:\n  rootfs_zstd_level: 1\n  initramfs_zstd_level: 1\n\
+             outputs: [iso]\n"
+        );
+        let path = self.root.join("outputs-iso.yaml");
+        std::fs::write(&path, text).unwrap();
+        Profile::load(&path).unwrap()
+    }
+
     fn opts(&self, out: &Path) -> BuildOptions {
         BuildOptions {
             out_dir: out.to_path_buf(),
@@ -404,4 +423,83 @@ fn patch_entry_last_lba(disk: &Path, index: usize, last: u64) {
         let at = index * u32_at(&c.header, 84) as usize + 40;
         c.entries[at..at + 8].copy_from_slice(&last.to_le_bytes());
     });
+}
+
+/// An ISO build (stand-in kernel and runtime, Debian's GRUB and a stand-in
+/// systemd-boot): listed in the signed manifest, read by xorriso.
+#[test]
+fn an_iso_build_is_signed_and_read_by_xorriso() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let out = f.out("iso");
+    let p = f.iso_profile("  systemd_boot: systemd-bootx64.efi\n");
+    let r = build::run(&p, &f.opts(&out)).unwrap();
+    assert!(r.artifacts.iter().any(|a| a.kind == imager::artifact::Kind::Iso));
+    assert_eq!(verify_ok(&f, &out), "1.0.0");
+    let iso = out.join(names::ISO);
+    let report = common::ok(
+        common::tool("xorriso")
+            .arg("-indev")
+            .arg(&iso)
+            .args(["-report_el_torito", "plain"]),
+    );
+    assert!(report.contains("BIOS") && report.contains("UEFI"), "{report}");
+}
+
+/// The ISO's bad inputs: no systemd-boot, GRUB's directory without a module
+/// the ISO needs or without boot_hybrid.img; each refused before anything
+/// is written, naming the profile key.
+#[test]
+fn an_iso_without_systemd_boot_or_grub_modules_is_refused_before_any_work() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let out = f.out("iso-bad");
+    let copy = |without: &str| {
+        let dir = f.root.join(format!("grub-without-{without}"));
+        std::fs::create_dir(&dir).unwrap();
+        for e in std::fs::read_dir(imager::grub::DEFAULT_DIR).unwrap() {
+            let e = e.unwrap();
+            if e.file_name() != without {
+                std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+            }
+        }
+        dir
+    };
+    let no_iso9660 = copy("iso9660.mod");
+    let no_hybrid = copy("boot_hybrid.img");
+    let cases = [
+        (
+            "  systemd_boot: missing.efi\n".to_string(),
+            vec!["systemd-boot not found", "boot.systemd_boot"],
+        ),
+        (
+            format!(
+                "  systemd_boot: systemd-bootx64.efi\n  grub_dir: {}\n",
+                no_iso9660.display()
+            ),
+            vec![
+                "GRUB module iso9660.mod, needed for booting the ISO under BIOS",
+                "boot.grub_dir",
+            ],
+        ),
+        (
+            format!(
+                "  systemd_boot: systemd-bootx64.efi\n  grub_dir: {}\n",
+                no_hybrid.display()
+            ),
+            vec!["has no boot_hybrid.img", "boot.grub_dir"],
+        ),
+    ];
+    for (boot, wants) in cases {
+        let p = f.iso_profile(&boot);
+        let e = format!("{:#}", build::run(&p, &f.opts(&out)).unwrap_err());
+        for want in wants {
+            assert!(e.contains(want), "{want:?} not in {e}");
+        }
+        assert!(
+            std::fs::read_dir(&out).map_or(true, |mut d| d.next().is_none()),
+            "something was written into {}",
+            out.display()
+        );
+    }
 }
