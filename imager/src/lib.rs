@@ -15,6 +15,7 @@ pub mod input;
 pub mod inspect;
 pub mod install;
 pub mod io;
+pub mod iso;
 pub mod kernel;
 pub mod oci;
 pub mod profile;
