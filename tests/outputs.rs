@@ -434,7 +434,11 @@ fn an_iso_build_is_signed_and_read_by_xorriso() {
     let out = f.out("iso");
     let p = f.iso_profile("  systemd_boot: systemd-bootx64.efi\n");
     let r = build::run(&p, &f.opts(&out)).unwrap();
-    assert!(r.artifacts.iter().any(|a| a.kind == imager::artifact::Kind::Iso));
+    assert!(
+        r.artifacts
+            .iter()
+            .any(|a| a.kind == imager::artifact::Kind::Iso)
+    );
     assert_eq!(verify_ok(&f, &out), "1.0.0");
     let iso = out.join(names::ISO);
     let report = common::ok(
@@ -443,7 +447,10 @@ fn an_iso_build_is_signed_and_read_by_xorriso() {
             .arg(&iso)
             .args(["-report_el_torito", "plain"]),
     );
-    assert!(report.contains("BIOS") && report.contains("UEFI"), "{report}");
+    assert!(
+        report.contains("BIOS") && report.contains("UEFI"),
+        "{report}"
+    );
 }
 
 /// The ISO's bad inputs: no systemd-boot, GRUB's directory without a module

@@ -63,6 +63,27 @@ pub fn volume_id(name: &str, version: &str) -> String {
         .collect()
 }
 
+/// The longest publisher identifier of a primary volume descriptor.
+pub const PUBLISHER_LEN: usize = 128;
+
+/// The ISO's publisher identifier: `pretty_name` in a-characters (upper
+/// case; anything else becomes `_`), at most [`PUBLISHER_LEN`] characters.
+pub fn publisher(pretty_name: &str) -> String {
+    pretty_name
+        .chars()
+        .map(|c| {
+            let c = c.to_ascii_uppercase();
+            if c.is_ascii_uppercase() || c.is_ascii_digit() || " !\"%&'()*+,-./:;<=>?_".contains(c)
+            {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(PUBLISHER_LEN)
+        .collect()
+}
+
 /// The live entry systemd-boot boots from the FAT image.
 pub fn live_entry(title: &str, version: &str, options: &str) -> Entry {
     Entry {
@@ -110,6 +131,7 @@ mod tests {
     #[test]
     fn volume_id_is_d_characters() {
         assert_eq!(volume_id("metal", "0.1.0"), "METAL_0_1_0");
+        assert_eq!(publisher("Imager ü-1"), "IMAGER _-1");
         let long = volume_id(&"n".repeat(40), "1");
         assert_eq!(long.len(), VOLUME_ID_LEN);
         assert!(

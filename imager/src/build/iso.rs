@@ -4,7 +4,8 @@
 //! image for UEFI, GRUB's El Torito image for BIOS, written as one hybrid
 //! image by [`crate::iso`].
 //!
-//! The ISO is named by an ID, the first 32 hex digits of the SHA-256 of its
+//! The ISO is named by an ID, the first 32 hex digits (upper case: ISO 9660
+//! a-characters) of the SHA-256 of its
 //! payload's signed manifest: the kernel gets `machined.live=<ID>` and the
 //! primary volume descriptor carries it as its volume set identifier, so
 //! the live system recognises its own boot medium and never installs onto
@@ -69,7 +70,7 @@ pub fn write_iso(
     let manifest = write_payload(p, &payload_dir, payload, signer)?;
     let manifest_bytes = std::fs::read(payload_dir.join(paths::PAYLOAD_MANIFEST))
         .context("reading the payload manifest")?;
-    let id = hex::encode(Sha256::digest(&manifest_bytes))[..32].to_string();
+    let id = hex::encode_upper(Sha256::digest(&manifest_bytes))[..32].to_string();
     let key = work.join("trusted.pub");
     std::fs::write(&key, sign::public_key_pem(&signer.public_key())?)
         .context("writing the trusted key")?;
@@ -117,7 +118,7 @@ pub fn write_iso(
     let spec = IsoSpec {
         volume_id: layout::volume_id(&p.name, &p.version),
         volume_set_id: id,
-        publisher: p.pretty_name.clone(),
+        publisher: layout::publisher(&p.pretty_name),
         epoch: payload.epoch,
         files: vec![
             IsoFile {
