@@ -657,3 +657,66 @@ fn plain_names() {
     idents.sort();
     assert_eq!(idents, ["A_B.TXT;1", "A_B_1.TXT;1", "A_B_2.TXT;1"]);
 }
+
+/// Directories over several blocks, a path table over several blocks and
+/// continuation areas over several blocks still read back.
+#[test]
+fn large_directories_and_tables() {
+    if run("xorriso", &["-version"]).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for i in 0..120 {
+        // 120 directories with 31-character identifiers: a path table of
+        // about 5 KiB; the root's records pass one block.
+        files.push(IsoFile {
+            path: format!("directory-with-a-long-name-{i:04}/f"),
+            source: IsoSource::Bytes(format!("file {i}\n").into_bytes()),
+        });
+    }
+    for i in 0..40 {
+        // 40 names of 255 bytes: their NM entries fill several
+        // continuation blocks.
+        let mut name = format!("{i:03}-{}", long_name());
+        name.truncate(MAX_NAME);
+        files.push(IsoFile {
+            path: format!("many/{name}"),
+            source: IsoSource::Bytes(vec![i as u8; 3000 + i]),
+        });
+    }
+    let spec = IsoSpec {
+        volume_id: "BIG".into(),
+        volume_set_id: String::new(),
+        publisher: String::new(),
+        epoch: 0,
+        files: files.clone(),
+        bios: None,
+        efi_image: None,
+    };
+    let p = plan(&spec).unwrap();
+    assert!(p.pt_size > 2 * 2048, "path table of {} bytes", p.pt_size);
+    assert!(p.ce_blocks >= 3, "{} continuation blocks", p.ce_blocks);
+    let iso = dir.path().join("big.iso");
+    write(&spec, &iso).unwrap();
+    let dest = dir.path().join("x");
+    ok(
+        "xorriso",
+        &[
+            "-osirrox",
+            "on",
+            "-indev",
+            iso.to_str().unwrap(),
+            "-extract",
+            "/",
+            dest.to_str().unwrap(),
+        ],
+    );
+    for f in &files {
+        let IsoSource::Bytes(b) = &f.source else {
+            unreachable!()
+        };
+        assert_eq!(&std::fs::read(dest.join(&f.path)).unwrap(), b, "{}", f.path);
+    }
+    ok("chmod", &["-R", "u+w", dest.to_str().unwrap()]);
+}
