@@ -58,7 +58,8 @@
 //! (modify, access, attribute change = `epoch`) and, but for "." and "..",
 //! NM with the real name; when a record would pass 255 bytes, its NM moves
 //! into a continuation area (in pieces of at most 250 bytes with the
-//! CONTINUE flag). Empty files have extent 0.
+//! CONTINUE flag). Empty files have extent 0. There is no Joliet tree:
+//! Windows shows the plain names.
 //!
 //! # El Torito
 //!
@@ -113,6 +114,9 @@
 //! Copied to a stick larger than the image, the backup GPT is not at the
 //! disk's end; firmware and Linux then use the primary (and may complain),
 //! as with every hybrid ISO.
+//! The system area is laid out for 512-byte sectors only (as xorriso's):
+//! on a stick with 4096-byte logical sectors UEFI finds no GPT, and boots
+//! only through El Torito if at all.
 //!
 //! # Identifiers seen by the runtime
 //!

@@ -720,3 +720,36 @@ fn large_directories_and_tables() {
     }
     ok("chmod", &["-R", "u+w", dest.to_str().unwrap()]);
 }
+
+/// A volume without files: the root alone.
+#[test]
+fn empty_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = IsoSpec {
+        volume_id: "EMPTY".into(),
+        volume_set_id: String::new(),
+        publisher: String::new(),
+        epoch: 0,
+        files: Vec::new(),
+        bios: None,
+        efi_image: None,
+    };
+    let iso = dir.path().join("e.iso");
+    let r = write(&spec, &iso).unwrap();
+    assert_eq!(r.catalog_lba, None);
+    let Some(list) = ok(
+        "xorriso",
+        &[
+            "-indev",
+            iso.to_str().unwrap(),
+            "-find",
+            "/",
+            "-exec",
+            "lsdl",
+        ],
+    ) else {
+        return;
+    };
+    assert!(list.contains("dr-xr-xr-x"), "{list}");
+    assert!(list.contains("Jan  1  1970 '/'"), "{list}");
+}
