@@ -753,3 +753,66 @@ fn empty_volume() {
     assert!(list.contains("dr-xr-xr-x"), "{list}");
     assert!(list.contains("Jan  1  1970 '/'"), "{list}");
 }
+
+/// With Debian's real eltorito.img: the MBR's pointer reaches the sector
+/// that holds diskboot.img, whose patched blocklist loads the rest of
+/// core.img from the sector after it; cdboot.img is the first 2048 bytes.
+#[test]
+fn real_grub_eltorito() {
+    let Ok(hybrid) = std::fs::read(HYBRID) else {
+        eprintln!("SKIPPED: {HYBRID} is missing (install grub-pc-bin)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("eltorito.img");
+    let Some(_) = ok(
+        "grub-mkimage",
+        &[
+            "-O",
+            "i386-pc-eltorito",
+            "-d",
+            "/usr/lib/grub/i386-pc",
+            "-p",
+            "/boot/grub",
+            "-o",
+            img.to_str().unwrap(),
+            "biosdisk",
+            "iso9660",
+            "normal",
+        ],
+    ) else {
+        return;
+    };
+    let len = std::fs::metadata(&img).unwrap().len() as usize;
+    let spec = IsoSpec {
+        volume_id: "GRUB".into(),
+        volume_set_id: String::new(),
+        publisher: String::new(),
+        epoch: 0,
+        files: vec![IsoFile {
+            path: ELTORITO.into(),
+            source: IsoSource::File(img),
+        }],
+        bios: Some(BiosBoot {
+            image: ELTORITO.into(),
+            hybrid_mbr: hybrid,
+        }),
+        efi_image: None,
+    };
+    let iso = dir.path().join("g.iso");
+    let r = write(&spec, &iso).unwrap();
+    let image = std::fs::read(&iso).unwrap();
+    let lba = u64::from(r.bios_image_lba.unwrap());
+    let cdboot = std::fs::read("/usr/lib/grub/i386-pc/cdboot.img").unwrap();
+    let diskboot = std::fs::read("/usr/lib/grub/i386-pc/diskboot.img").unwrap();
+    let start = lba as usize * 2048;
+    assert_eq!(&image[start + 64..start + cdboot.len()], &cdboot[64..]);
+    let pointed = u64_at(&image, 0x1B0) as usize * 512;
+    assert_eq!(pointed, start + 2048);
+    assert_eq!(&image[pointed..pointed + 0x1F4], &diskboot[..0x1F4]);
+    let list = &image[pointed + 0x1F4..pointed + 0x200];
+    assert_eq!(u64_at(list, 0), lba * 4 + 5, "blocklist start");
+    let sectors = u16::from_le_bytes([list[8], list[9]]) as usize;
+    assert_eq!(sectors, (len - 2560).div_ceil(512), "blocklist length");
+    assert_eq!(u16::from_le_bytes([list[10], list[11]]), 0x820);
+}
