@@ -58,7 +58,8 @@
 //! (modify, access, attribute change = `epoch`) and, but for "." and "..",
 //! NM with the real name; when a record would pass 255 bytes, its NM moves
 //! into a continuation area (in pieces of at most 250 bytes with the
-//! CONTINUE flag). Empty files have extent 0.
+//! CONTINUE flag). Empty files have extent 0. There is no Joliet tree:
+//! Windows shows the plain names.
 //!
 //! # El Torito
 //!
@@ -84,8 +85,9 @@
 //! 0x1F4: the first blocklist entry of `diskboot.img`, which follows the
 //! 2048-byte `cdboot.img`) the u64 LE `image LBA × 4 + 5`: in 512-byte
 //! sectors, the sector after `diskboot.img`. The checksum is of the bytes
-//! as stored (after the 2548 patch); xorriso may compute it before that
-//! patch. GRUB's cdboot does not check it.
+//! as stored (after the 2548 patch), as xorriso 1.5.4 computes it (checked
+//! against `xorriso -as mkisofs -boot-info-table --grub2-boot-info` on
+//! Debian's eltorito.img); GRUB's cdboot does not check it.
 //!
 //! # The system area: booting from a USB stick
 //!
@@ -112,6 +114,17 @@
 //! Copied to a stick larger than the image, the backup GPT is not at the
 //! disk's end; firmware and Linux then use the primary (and may complain),
 //! as with every hybrid ISO.
+//! The system area is laid out for 512-byte sectors only (as xorriso's):
+//! on a stick with 4096-byte logical sectors UEFI finds no GPT, and boots
+//! only through El Torito if at all.
+//!
+//! # Identifiers seen by the runtime
+//!
+//! `blkid` reports the volume identifier as `LABEL`, the volume set
+//! identifier as `VOLUME_SET_ID` and, as for every ISO 9660 volume, the
+//! PVD's modification date as `UUID` (`2023-11-14-22-13-20-00`): it comes
+//! from `epoch`, so two images built with the same epoch share it. Use the
+//! volume set identifier (a digest) to tell images apart, not the UUID.
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use bootstate::gpt::{self, NewPartition};

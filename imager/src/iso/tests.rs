@@ -657,3 +657,162 @@ fn plain_names() {
     idents.sort();
     assert_eq!(idents, ["A_B.TXT;1", "A_B_1.TXT;1", "A_B_2.TXT;1"]);
 }
+
+/// Directories over several blocks, a path table over several blocks and
+/// continuation areas over several blocks still read back.
+#[test]
+fn large_directories_and_tables() {
+    if run("xorriso", &["-version"]).is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for i in 0..120 {
+        // 120 directories with 31-character identifiers: a path table of
+        // about 5 KiB; the root's records pass one block.
+        files.push(IsoFile {
+            path: format!("directory-with-a-long-name-{i:04}/f"),
+            source: IsoSource::Bytes(format!("file {i}\n").into_bytes()),
+        });
+    }
+    for i in 0..40 {
+        // 40 names of 255 bytes: their NM entries fill several
+        // continuation blocks.
+        let mut name = format!("{i:03}-{}", long_name());
+        name.truncate(MAX_NAME);
+        files.push(IsoFile {
+            path: format!("many/{name}"),
+            source: IsoSource::Bytes(vec![i as u8; 3000 + i]),
+        });
+    }
+    let spec = IsoSpec {
+        volume_id: "BIG".into(),
+        volume_set_id: String::new(),
+        publisher: String::new(),
+        epoch: 0,
+        files: files.clone(),
+        bios: None,
+        efi_image: None,
+    };
+    let p = plan(&spec).unwrap();
+    assert!(p.pt_size > 2 * 2048, "path table of {} bytes", p.pt_size);
+    assert!(p.ce_blocks >= 3, "{} continuation blocks", p.ce_blocks);
+    let iso = dir.path().join("big.iso");
+    write(&spec, &iso).unwrap();
+    let dest = dir.path().join("x");
+    ok(
+        "xorriso",
+        &[
+            "-osirrox",
+            "on",
+            "-indev",
+            iso.to_str().unwrap(),
+            "-extract",
+            "/",
+            dest.to_str().unwrap(),
+        ],
+    );
+    for f in &files {
+        let IsoSource::Bytes(b) = &f.source else {
+            unreachable!()
+        };
+        assert_eq!(&std::fs::read(dest.join(&f.path)).unwrap(), b, "{}", f.path);
+    }
+    ok("chmod", &["-R", "u+w", dest.to_str().unwrap()]);
+}
+
+/// A volume without files: the root alone.
+#[test]
+fn empty_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = IsoSpec {
+        volume_id: "EMPTY".into(),
+        volume_set_id: String::new(),
+        publisher: String::new(),
+        epoch: 0,
+        files: Vec::new(),
+        bios: None,
+        efi_image: None,
+    };
+    let iso = dir.path().join("e.iso");
+    let r = write(&spec, &iso).unwrap();
+    assert_eq!(r.catalog_lba, None);
+    let Some(list) = ok(
+        "xorriso",
+        &[
+            "-indev",
+            iso.to_str().unwrap(),
+            "-find",
+            "/",
+            "-exec",
+            "lsdl",
+        ],
+    ) else {
+        return;
+    };
+    assert!(list.contains("dr-xr-xr-x"), "{list}");
+    assert!(list.contains("Jan  1  1970 '/'"), "{list}");
+}
+
+/// With Debian's real eltorito.img: the MBR's pointer reaches the sector
+/// that holds diskboot.img, whose patched blocklist loads the rest of
+/// core.img from the sector after it; cdboot.img is the first 2048 bytes.
+#[test]
+fn real_grub_eltorito() {
+    let Ok(hybrid) = std::fs::read(HYBRID) else {
+        eprintln!("SKIPPED: {HYBRID} is missing (install grub-pc-bin)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("eltorito.img");
+    let Some(_) = ok(
+        "grub-mkimage",
+        &[
+            "-O",
+            "i386-pc-eltorito",
+            "-d",
+            "/usr/lib/grub/i386-pc",
+            "-p",
+            "/boot/grub",
+            "-o",
+            img.to_str().unwrap(),
+            "biosdisk",
+            "iso9660",
+            "normal",
+        ],
+    ) else {
+        return;
+    };
+    let len = std::fs::metadata(&img).unwrap().len() as usize;
+    let spec = IsoSpec {
+        volume_id: "GRUB".into(),
+        volume_set_id: String::new(),
+        publisher: String::new(),
+        epoch: 0,
+        files: vec![IsoFile {
+            path: ELTORITO.into(),
+            source: IsoSource::File(img),
+        }],
+        bios: Some(BiosBoot {
+            image: ELTORITO.into(),
+            hybrid_mbr: hybrid,
+        }),
+        efi_image: None,
+    };
+    let iso = dir.path().join("g.iso");
+    let r = write(&spec, &iso).unwrap();
+    let image = std::fs::read(&iso).unwrap();
+    let lba = u64::from(r.bios_image_lba.unwrap());
+    let cdboot = std::fs::read("/usr/lib/grub/i386-pc/cdboot.img").unwrap();
+    let diskboot = std::fs::read("/usr/lib/grub/i386-pc/diskboot.img").unwrap();
+    let start = lba as usize * 2048;
+    assert_eq!(&image[start + 64..start + cdboot.len()], &cdboot[64..]);
+    let pointed = u64_at(&image, 0x1B0) as usize * 512;
+    assert_eq!(pointed, start + 2048);
+    assert_eq!(&image[pointed..pointed + 0x1F4], &diskboot[..0x1F4]);
+    let list = &image[pointed + 0x1F4..pointed + 0x200];
+    assert_eq!(u64_at(list, 0), lba * 4 + 5, "blocklist start");
+    let sectors = u16::from_le_bytes([list[8], list[9]]) as usize;
+    assert_eq!(sectors, (len - 2560).div_ceil(512), "blocklist length");
+    assert_eq!(u16::from_le_bytes([list[10], list[11]]), 0x820);
+}
