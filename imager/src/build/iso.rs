@@ -186,7 +186,12 @@ fn live_entries(payload_dir: &Path, names: &[String], installer: &Path, key: &Pa
 /// last cluster of each file.
 const EFI_IMAGE_SLACK: u64 = 2 * contract::partition::MIB;
 
-/// Formats the FAT image `dest` holding `files`, sized to them (whole MiB).
+/// The smallest FAT image: FAT16 (BOOT's FAT code, `bootstate::fat`, does
+/// not do FAT12).
+const EFI_IMAGE_MIN: u64 = 8 * contract::partition::MIB;
+
+/// Formats the FAT image `dest` holding `files`, sized to them (whole MiB,
+/// at least [`EFI_IMAGE_MIN`]).
 fn write_efi_image(dest: &Path, files: &[FatFile], id: &str, epoch: u64) -> Result<()> {
     let mut total = 0u64;
     for f in files {
@@ -199,7 +204,7 @@ fn write_efi_image(dest: &Path, files: &[FatFile], id: &str, epoch: u64) -> Resu
         }
     }
     let mib = contract::partition::MIB;
-    let size = (total + total / 50 + EFI_IMAGE_SLACK).div_ceil(mib) * mib;
+    let size = ((total + total / 50 + EFI_IMAGE_SLACK).div_ceil(mib) * mib).max(EFI_IMAGE_MIN);
     let mut file = std::fs::File::options()
         .read(true)
         .write(true)
