@@ -96,6 +96,11 @@ struct InstallArgs {
     /// trusts it for upgrades (default: the development key).
     #[arg(long)]
     key: Option<PathBuf>,
+    /// Overwrite a disk that holds data (any non-zero byte in its first or
+    /// last MiB: a partition table, a filesystem, an ISO); without it such a
+    /// disk, block device or image file, is refused.
+    #[arg(long)]
+    wipe: bool,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -231,6 +236,7 @@ fn install(a: &InstallArgs) -> Result<ExitCode> {
         disk: a.disk.clone(),
         size: a.size.clone(),
         key: a.key.clone(),
+        wipe: a.wipe,
     })?;
     let line = format!(
         "install: {} installed into slot {} of {} (signed by {})",
