@@ -159,7 +159,8 @@ struct BootArgs {
     /// Seconds to wait for the ready line.
     #[arg(long, default_value_t = 300)]
     timeout: u64,
-    /// Print `ready`, `version`, `slot` and `seconds` as JSON on stdout.
+    /// Print `ready`, `version`, `slot` (`null` on a live boot), `live` and
+    /// `seconds` as JSON on stdout.
     #[arg(long)]
     json: bool,
     /// After ready, press the ACPI power button and wait for a clean power-off.
@@ -374,9 +375,12 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         eprintln!(
-            "boot: ready version={} slot={} under {} in {:.1} s{}",
+            "boot: ready version={} {} under {} in {:.1} s{}",
             r.version,
-            r.slot,
+            match &r.slot {
+                Some(s) => format!("slot={s}"),
+                None => "live".into(),
+            },
             r.firmware.name(),
             r.seconds,
             if r.failed_boots > 0 {
