@@ -187,13 +187,17 @@ fn install(
         .spawn()
         .with_context(|| format!("start {installer}"))?;
     let stderr = child.stderr.take();
+    // Whether the installer said it wrote nothing (its refusals do).
     let errors = std::thread::spawn(move || {
         use std::io::BufRead;
+        let mut untouched = false;
         if let Some(e) = stderr {
             for line in std::io::BufReader::new(e).lines().map_while(Result::ok) {
+                untouched |= line.contains("nothing was written");
                 say(format!("installer: {line}"));
             }
         }
+        untouched
     });
     let mut report = String::new();
     if let Some(out) = child.stdout.take() {
@@ -207,13 +211,17 @@ fn install(
         }
     }
     let status = child.wait().context("wait for the installer")?;
-    let _ = errors.join();
+    let untouched = errors.join().unwrap_or(false);
     if !status.success() {
-        anyhow::bail!(
-            "the installer failed on {shown} ({status}; its messages are above); the disk \
-             may be partly written (another try needs {}=1)",
-            cmdline::INSTALL_WIPE
-        );
+        let disk = if untouched {
+            "the disk was not changed".to_string()
+        } else {
+            format!(
+                "the disk may be partly written (another try needs {}=1)",
+                cmdline::INSTALL_WIPE
+            )
+        };
+        anyhow::bail!("the installer failed on {shown} ({status}; its messages are above); {disk}");
     }
     let version = live::report_version(&report).unwrap_or_else(|| "(unknown version)".into());
     Ok((version, node))
