@@ -415,3 +415,118 @@ fn install_refuses_an_image_signed_by_another_key_before_unpacking_it() {
     );
     assert!(!disk.exists());
 }
+
+/// `imager install` refuses a disk that holds data (a non-zero byte in its
+/// first or last MiB) unless `--wipe`, and leaves it as it was; an all-zero
+/// image file is installed onto without it, and `--wipe` overwrites.
+#[test]
+fn install_refuses_a_disk_holding_data_unless_wipe() {
+    use imager::artifact::Kind;
+    use imager::sign;
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = scratch().join("installer-wipe");
+    let _ = std::fs::remove_dir_all(&dir);
+    // A payload directory: stand-in kernel and initramfs (nothing boots
+    // them here), the host's systemd-boot, a manifest signed by a test key.
+    let payload = dir.join("payload");
+    std::fs::create_dir_all(&payload).unwrap();
+    std::fs::write(payload.join("vmlinuz"), b"not really vmlinuz").unwrap();
+    std::fs::write(payload.join("initramfs.zst"), b"not really an initramfs").unwrap();
+    std::fs::copy(
+        imager::boot::DEFAULT_SYSTEMD_BOOT,
+        payload.join("systemd-bootx64.efi"),
+    )
+    .unwrap();
+    let artifacts = [
+        ("vmlinuz", Kind::Kernel),
+        ("initramfs.zst", Kind::Initramfs),
+        ("systemd-bootx64.efi", Kind::BootLoader),
+    ]
+    .iter()
+    .map(|(name, kind)| sign::describe(&payload, *kind, name).unwrap())
+    .collect();
+    let m = sign::Manifest {
+        boot: Some(sign::Boot {
+            title: "Imager 0.1.0".into(),
+            cmdline: "console=ttyS0".into(),
+        }),
+        ..sign::Manifest::new("metal", TAG, "p", 1_700_000_000, artifacts)
+    };
+    struct TestKey(ed25519_dalek::SigningKey);
+    impl sign::Signer for TestKey {
+        fn public_key(&self) -> sign::VerifyingKey {
+            self.0.verifying_key()
+        }
+        fn sign(&self, message: &[u8]) -> anyhow::Result<sign::Signature> {
+            Ok(ed25519_dalek::Signer::sign(&self.0, message))
+        }
+    }
+    let signer = TestKey(ed25519_dalek::SigningKey::from_bytes(&[7; 32]));
+    sign::write_signed_manifest(&payload, &m, &signer).unwrap();
+    let key_pub = dir.join("key.pub");
+    std::fs::write(
+        &key_pub,
+        sign::public_key_pem(&sign::Signer::public_key(&signer)).unwrap(),
+    )
+    .unwrap();
+    let disk = dir.join("disk.raw");
+    let install = |wipe: bool| {
+        let mut c = imager();
+        c.args(["install", "--json", "--installer"])
+            .arg(&payload)
+            .arg("--disk")
+            .arg(&disk)
+            .arg("--key")
+            .arg(&key_pub);
+        if wipe {
+            c.arg("--wipe");
+        }
+        run(&mut c)
+    };
+    // Data in the last MiB only (a backup GPT, say).
+    let f = std::fs::File::create(&disk).unwrap();
+    f.set_len(1 << 30).unwrap();
+    let mut f = std::fs::OpenOptions::new().write(true).open(&disk).unwrap();
+    f.seek(SeekFrom::Start((1 << 30) - 512)).unwrap();
+    f.write_all(b"EFI PART").unwrap();
+    drop(f);
+    let before = std::fs::read(&disk).unwrap();
+    let out = install(false);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("holds data: a backup GPT partition table at the end")
+            && err.contains("--wipe")
+            && err.contains("nothing was written"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read(&disk).unwrap() == before,
+        "the disk was written"
+    );
+    // --wipe: installed.
+    let out = install(true);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["slot"], "A");
+    // Now it holds the install: a second one is refused without --wipe.
+    let out = install(false);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("holds data: "),
+        "{err}"
+    );
+    // All zeros: no --wipe needed.
+    std::fs::remove_file(&disk).unwrap();
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let out = install(false);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

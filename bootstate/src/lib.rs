@@ -14,6 +14,7 @@
 //! writes that makes every step survive a power cut is written once.
 
 pub mod bios;
+pub mod blank;
 pub mod device;
 pub mod disk;
 pub mod fat;

@@ -25,6 +25,26 @@ pub const INSTALL_WIPE: &str = "machined.install.wipe";
 /// The default of [`READY_TIMEOUT`].
 pub const DEFAULT_READY_TIMEOUT_S: u64 = 300;
 
+/// A live boot (from the ISO): `machined.live=<ID>`, in place of
+/// [`SLOT`]. ID is lowercase or uppercase hex, 1 to [`MAX_LIVE_ID_LEN`]
+/// characters, and the same string is the ISO's Volume Set Identifier
+/// (ECMA-119 Primary Volume Descriptor): the runtime recognises its own boot
+/// medium by it and never installs onto it.
+pub const LIVE: &str = "machined.live";
+/// The longest live ID: the Volume Set Identifier's field is 128 bytes.
+pub const MAX_LIVE_ID_LEN: usize = 128;
+/// Install from the live system onto a disk, after ready:
+/// `machined.install=<TARGET>`. TARGET is a kernel name (`vdb`,
+/// `nvme0n1`), a `/dev/NAME` path, `serial:<S>`, `wwn:<W>` or a
+/// `/dev/disk/by-id/<NAME>` path (see [`InstallTarget`]).
+pub const INSTALL: &str = "machined.install";
+/// Let the install overwrite a disk that holds data:
+/// `machined.install.wipe=1` (`0` or absent: refuse such a disk).
+pub const INSTALL_WIPE: &str = "machined.install.wipe";
+/// The longest install target value accepted (kernel names are at most 31
+/// bytes, serials 20, WWNs and by-id names longer; 255 is a file name).
+pub const MAX_TARGET_LEN: usize = 255;
+
 /// The longest kernel command line the boot path carries whole, in bytes:
 /// the x86 kernel's `COMMAND_LINE_SIZE` (2048, `arch/x86/include/asm/setup.h`)
 /// less its terminating NUL. The EFI stub (`efi_convert_cmdline`,
@@ -127,9 +147,237 @@ pub fn trial(cmdline: &str) -> Option<bool> {
     }
 }
 
+/// The live ID of a live boot: `Ok(None)` when the line has no
+/// [`LIVE`]; an error saying what is wrong with a value that is not 1 to
+/// [`MAX_LIVE_ID_LEN`] hex digits.
+pub fn live(cmdline: &str) -> Result<Option<String>, String> {
+    let Some(v) = get(cmdline, LIVE) else {
+        return Ok(None);
+    };
+    if v.is_empty() {
+        return Err(format!("{LIVE}= is empty: it must be the ISO's hex ID"));
+    }
+    if v.len() > MAX_LIVE_ID_LEN {
+        return Err(format!(
+            "{LIVE}= is {} characters long: the ID is at most {MAX_LIVE_ID_LEN} hex digits",
+            v.len()
+        ));
+    }
+    if !v.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("{LIVE}={} is not a hex ID (0-9, a-f)", excerpt(&v)));
+    }
+    Ok(Some(v))
+}
+
+/// A disk named by [`INSTALL`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InstallTarget {
+    /// A kernel name, `vdb`, from `vdb` or `/dev/vdb`.
+    Name(String),
+    /// `serial:<S>`: the disk whose sysfs serial is S.
+    Serial(String),
+    /// `wwn:<W>`: the disk whose sysfs wwid is W (with or without `0x`,
+    /// `naa.` and the like as sysfs prints it).
+    Wwn(String),
+    /// `/dev/disk/by-id/<NAME>`: udev's name, worked out from sysfs.
+    ById(String),
+}
+
+impl std::fmt::Display for InstallTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Name(n) => write!(f, "/dev/{n}"),
+            Self::Serial(s) => write!(f, "serial:{s}"),
+            Self::Wwn(w) => write!(f, "wwn:{w}"),
+            Self::ById(n) => write!(f, "{BY_ID_DIR}/{n}"),
+        }
+    }
+}
+
+/// Where udev puts its by-id names (the runtime has no udev: the names are
+/// worked out from sysfs).
+pub const BY_ID_DIR: &str = "/dev/disk/by-id";
+
+/// A short, printable excerpt of a command-line value for messages.
+fn excerpt(v: &str) -> String {
+    let short: String = v.chars().take(40).collect();
+    let more = if v.chars().count() > 40 { "…" } else { "" };
+    format!("{:?}", format!("{short}{more}"))
+}
+
+/// A name that may be one path component: not empty, not `.` or `..`, no
+/// `/`, no control character or space.
+fn component(v: &str) -> bool {
+    !v.is_empty()
+        && v != "."
+        && v != ".."
+        && !v
+            .chars()
+            .any(|c| c == '/' || c.is_control() || c.is_whitespace())
+}
+
+/// Parses an install target value (see [`INSTALL`]).
+pub fn parse_install_target(v: &str) -> Result<InstallTarget, String> {
+    let bad = |why: &str| format!("{INSTALL}={} {why}", excerpt(v));
+    if v.is_empty() {
+        return Err(format!(
+            "{INSTALL}= is empty: name a disk (vdb, /dev/sda, serial:<S>, wwn:<W> or \
+             {BY_ID_DIR}/<NAME>)"
+        ));
+    }
+    if v.len() > MAX_TARGET_LEN {
+        return Err(bad(&format!(
+            "is {} bytes long, more than {MAX_TARGET_LEN}",
+            v.len()
+        )));
+    }
+    if let Some(s) = v.strip_prefix("serial:") {
+        return if component(s) {
+            Ok(InstallTarget::Serial(s.to_string()))
+        } else {
+            Err(bad(
+                "is not a serial number (empty, or has /, spaces or control characters)",
+            ))
+        };
+    }
+    if let Some(w) = v.strip_prefix("wwn:") {
+        return if component(w) {
+            Ok(InstallTarget::Wwn(w.to_string()))
+        } else {
+            Err(bad(
+                "is not a WWN (empty, or has /, spaces or control characters)",
+            ))
+        };
+    }
+    if let Some(n) = v.strip_prefix(&format!("{BY_ID_DIR}/")) {
+        return if component(n) {
+            Ok(InstallTarget::ById(n.to_string()))
+        } else {
+            Err(bad(&format!("is not a name in {BY_ID_DIR}")))
+        };
+    }
+    let name = v.strip_prefix("/dev/").unwrap_or(v);
+    if component(name)
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:!".contains(&b))
+    {
+        return Ok(InstallTarget::Name(name.to_string()));
+    }
+    Err(bad(&format!(
+        "is not a disk: give a kernel name (vdb), /dev/NAME, serial:<S>, wwn:<W> or \
+         {BY_ID_DIR}/<NAME>"
+    )))
+}
+
+/// The install asked for: `Ok(None)` without [`INSTALL`]; the target and
+/// whether [`INSTALL_WIPE`] allows overwriting data.
+pub fn install(cmdline: &str) -> Result<Option<(InstallTarget, bool)>, String> {
+    let Some(v) = get(cmdline, INSTALL) else {
+        return Ok(None);
+    };
+    let target = parse_install_target(&v)?;
+    let wipe = match get(cmdline, INSTALL_WIPE).as_deref() {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(w) => {
+            return Err(format!("{INSTALL_WIPE}={} is neither 1 nor 0", excerpt(w)));
+        }
+    };
+    Ok(Some((target, wipe)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn live_ids() {
+        assert_eq!(live("console=ttyS0"), Ok(None));
+        assert_eq!(
+            live("machined.live=0123abcDEF").unwrap().as_deref(),
+            Some("0123abcDEF")
+        );
+        assert!(live("machined.live=").unwrap_err().contains("empty"));
+        assert!(live("machined.live").unwrap_err().contains("empty"));
+        assert!(
+            live("machined.live=..")
+                .unwrap_err()
+                .contains("not a hex ID")
+        );
+        assert!(
+            live("machined.live=12g4")
+                .unwrap_err()
+                .contains("not a hex ID")
+        );
+        let long = format!("machined.live={}", "a".repeat(MAX_LIVE_ID_LEN + 1));
+        assert!(live(&long).unwrap_err().contains("at most 128"));
+        let max = format!("machined.live={}", "a".repeat(MAX_LIVE_ID_LEN));
+        assert!(live(&max).unwrap().is_some());
+        // Messages show an excerpt of hostile values, never all of them.
+        let junk = format!("machined.live={}", "\u{7}x".repeat(60));
+        let e = live(&junk).unwrap_err();
+        assert!(e.len() < 200, "{e}");
+    }
+
+    #[test]
+    fn install_targets() {
+        use InstallTarget::*;
+        let t = |v: &str| parse_install_target(v);
+        assert_eq!(t("vdb"), Ok(Name("vdb".into())));
+        assert_eq!(t("/dev/nvme0n1"), Ok(Name("nvme0n1".into())));
+        assert_eq!(t("serial:ABC-123"), Ok(Serial("ABC-123".into())));
+        assert_eq!(
+            t("wwn:0x5000c500a1b2c3d4"),
+            Ok(Wwn("0x5000c500a1b2c3d4".into()))
+        );
+        assert_eq!(
+            t("/dev/disk/by-id/virtio-live-target"),
+            Ok(ById("virtio-live-target".into()))
+        );
+        for bad in [
+            "",
+            "..",
+            ".",
+            "/dev/..",
+            "/dev/",
+            "/dev/disk/by-id/..",
+            "/dev/disk/by-id/",
+            "/dev/disk/by-id/a/b",
+            "serial:",
+            "wwn:",
+            "serial:a/b",
+            "/etc/passwd",
+            "../vda",
+            "vd a",
+        ] {
+            assert!(t(bad).is_err(), "{bad:?}");
+        }
+        assert!(
+            t(&"v".repeat(MAX_TARGET_LEN + 1))
+                .unwrap_err()
+                .contains("bytes long")
+        );
+        assert_eq!(Serial("S1".into()).to_string(), "serial:S1");
+        assert_eq!(Name("vdb".into()).to_string(), "/dev/vdb");
+
+        assert_eq!(install("machined.live=ab"), Ok(None));
+        assert_eq!(
+            install("machined.install=vdb"),
+            Ok(Some((Name("vdb".into()), false)))
+        );
+        assert_eq!(
+            install("machined.install=vdb machined.install.wipe=1"),
+            Ok(Some((Name("vdb".into()), true)))
+        );
+        assert_eq!(
+            install("machined.install=vdb machined.install.wipe=0"),
+            Ok(Some((Name("vdb".into()), false)))
+        );
+        assert!(install("machined.install=vdb machined.install.wipe=yes").is_err());
+        assert!(install("machined.install=").unwrap_err().contains("empty"));
+        assert!(install("machined.install").unwrap_err().contains("empty"));
+    }
 
     #[test]
     fn parses_quotes_and_last_value_wins() {

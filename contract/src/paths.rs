@@ -52,6 +52,28 @@ pub fn etc_overlay_dirs(name: &str) -> (String, String) {
     )
 }
 
+/// The live system (an ISO booted with `machined.live=<ID>`): what its
+/// initramfs carries besides the normal entries, relative to the initramfs
+/// root. Stage 1 copies the whole directory into `/run` (tmpfs, moved into
+/// the new root), so stage 2 finds it under [`LIVE_RUN_DIR`].
+pub const LIVE_DIR: &str = "live";
+/// The signed installer payload: the same files as
+/// [`INSTALLER_PAYLOAD_DIR`] in the installer image.
+pub const LIVE_PAYLOAD_DIR: &str = "live/payload";
+/// The installer: the static `imager` binary, run as
+/// `installer install --installer <payload> --disk /dev/X --key <key>`.
+pub const LIVE_INSTALLER: &str = "live/installer";
+/// The PEM public key the live system trusts: the payload must be signed by
+/// it, and the installed disk trusts it for upgrades.
+pub const LIVE_TRUSTED_KEY: &str = "live/trusted.pub";
+/// Where stage 2 finds [`LIVE_DIR`]: `/run/live`.
+pub const LIVE_RUN_DIR: &str = "/run/live";
+
+/// `/run/<rel>` for a `live/...` path: where stage 2 sees it.
+pub fn live_run_path(rel: &str) -> String {
+    format!("/run/{rel}")
+}
+
 /// The removable-media boot path on the ESP, where systemd-boot goes.
 pub const ESP_BOOT_LOADER: &str = "EFI/BOOT/BOOTX64.EFI";
 /// systemd-boot's configuration, on the ESP.

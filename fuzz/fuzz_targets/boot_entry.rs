@@ -11,5 +11,9 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = contract::boot::slot_of_entry(&text);
     let _ = contract::cmdline::parse(&text);
+    // The live system's keys: a value is accepted or refused, never a panic.
+    let _ = contract::cmdline::live(&text);
+    let _ = contract::cmdline::install(&text);
+    let _ = contract::cmdline::parse_install_target(&text);
     let _ = contract::skeleton::parse(&text);
 });

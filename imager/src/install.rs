@@ -57,6 +57,9 @@ pub struct InstallOptions {
     /// Public key the payload must be signed with (default: the
     /// development key).
     pub key: Option<PathBuf>,
+    /// Overwrite a disk that holds data ([`bootstate::blank`]); without it
+    /// such a disk (block device or image file) is refused.
+    pub wipe: bool,
 }
 
 /// What `imager rollback` is asked to do.
@@ -414,6 +417,9 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         }
         (None, None) => contract::partition::DEFAULT_DISK_SIZE,
     };
+    if let Some(f) = &lock {
+        refuse_data(f, &a.disk, a.wipe)?;
+    }
     let layout = Layout::new(size, 512, &BTreeMap::new())
         .map_err(|e| install_layout_error(e, &a.disk, is_block, a.size.is_some()))?;
     let esp = boot::esp_files(&systemd_boot_for(&p))?;
@@ -475,6 +481,25 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         key_id: sign::key_id(&key),
         bios_boot: grub.is_some(),
     })
+}
+
+/// Refuses a disk (block device or existing image file) that holds data
+/// ([`bootstate::blank::find_data`]: its first or last MiB is not all
+/// zeros) unless `wipe`: an install replaces everything on it.
+fn refuse_data(f: &File, disk_path: &Path, wipe: bool) -> Result<()> {
+    let mut f = f;
+    let size = disk::gpt::device_size(&mut f)
+        .with_context(|| format!("finding the size of {}", disk_path.display()))?;
+    let found = bootstate::blank::find_data(&mut f, size)
+        .with_context(|| format!("reading {}", disk_path.display()))?;
+    match found {
+        Some(d) if !wipe => bail!(
+            "{} holds data: {d}; an install overwrites the whole disk: pass --wipe to \
+             overwrite it, or name another disk; nothing was written",
+            disk_path.display()
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// GRUB's images from the payload (verified against the signed manifest
@@ -662,5 +687,32 @@ mod tests {
         // No key at all: refused before the archive is opened.
         let e = format!("{:#}", load_payload(&tar, &[]).unwrap_err());
         assert!(e.contains("no trusted key"), "{e}");
+    }
+
+    #[test]
+    fn a_disk_holding_data_is_refused_without_wipe() {
+        let t = tempfile::tempdir().unwrap();
+        let disk = t.path().join("disk.raw");
+        let f = File::create(&disk).unwrap();
+        f.set_len(8 << 20).unwrap();
+        // All zeros: installed onto without --wipe.
+        refuse_data(&File::open(&disk).unwrap(), &disk, false).unwrap();
+        {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut f = std::fs::OpenOptions::new().write(true).open(&disk).unwrap();
+            f.seek(SeekFrom::Start(512)).unwrap();
+            f.write_all(b"EFI PART").unwrap();
+        }
+        let e = format!(
+            "{:#}",
+            refuse_data(&File::open(&disk).unwrap(), &disk, false).unwrap_err()
+        );
+        assert!(
+            e.contains("holds data: a GPT partition table")
+                && e.contains("--wipe")
+                && e.contains("nothing was written"),
+            "{e}"
+        );
+        refuse_data(&File::open(&disk).unwrap(), &disk, true).unwrap();
     }
 }

@@ -96,6 +96,11 @@ struct InstallArgs {
     /// trusts it for upgrades (default: the development key).
     #[arg(long)]
     key: Option<PathBuf>,
+    /// Overwrite a disk that holds data (any non-zero byte in its first or
+    /// last MiB: a partition table, a filesystem, an ISO); without it such a
+    /// disk, block device or image file, is refused.
+    #[arg(long)]
+    wipe: bool,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -166,7 +171,8 @@ struct BootArgs {
     /// Seconds to wait for the ready line.
     #[arg(long, default_value_t = 300)]
     timeout: u64,
-    /// Print `ready`, `version`, `slot` and `seconds` as JSON on stdout.
+    /// Print `ready`, `version`, `slot` (`null` on a live boot), `live` and
+    /// `seconds` as JSON on stdout.
     #[arg(long)]
     json: bool,
     /// After ready, press the ACPI power button and wait for a clean power-off.
@@ -243,6 +249,7 @@ fn install(a: &InstallArgs) -> Result<ExitCode> {
         disk: a.disk.clone(),
         size: a.size.clone(),
         key: a.key.clone(),
+        wipe: a.wipe,
     })?;
     let line = format!(
         "install: {} installed into slot {} of {} (signed by {})",
@@ -400,9 +407,12 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         eprintln!(
-            "boot: ready version={} slot={} under {} in {:.1} s{}",
+            "boot: ready version={} {} under {} in {:.1} s{}",
             r.version,
-            r.slot,
+            match &r.slot {
+                Some(s) => format!("slot={s}"),
+                None => "live".into(),
+            },
             r.firmware.name(),
             r.seconds,
             if r.failed_boots > 0 {

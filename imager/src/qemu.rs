@@ -153,7 +153,10 @@ impl BootOptions {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Ready {
     pub version: String,
-    pub slot: String,
+    /// The slot booted; `None` on a live boot.
+    pub slot: Option<String>,
+    /// A live boot (`machined.live=`, from the ISO): `ready … live …`.
+    pub live: bool,
     pub uptime: f64,
 }
 
@@ -164,7 +167,10 @@ pub struct BootReport {
     /// The firmware it booted under.
     pub firmware: Firmware,
     pub version: String,
-    pub slot: String,
+    /// The slot booted (`null` on a live boot).
+    pub slot: Option<String>,
+    /// A live boot: the ready line said `live` in place of `slot=`.
+    pub live: bool,
     /// Seconds from QEMU's start to the ready line.
     pub seconds: f64,
     /// Guest uptime the runtime reported.
@@ -182,21 +188,28 @@ pub struct BootReport {
     pub console: Vec<String>,
 }
 
-/// Parses a ready line: `machined: ready version=1.0 slot=A uptime=2.31`.
+/// Parses a ready line: `machined: ready version=1.0 slot=A uptime=2.31`,
+/// or a live system's `machined: ready version=1.0 live uptime=2.31`. One
+/// of `slot=` and `live` is required.
 pub fn parse_ready(line: &str) -> Option<Ready> {
     let rest = &line[line.find(READY_PREFIX)? + READY_PREFIX.len()..];
-    let (mut version, mut slot, mut uptime) = (None, None, None);
+    let (mut version, mut slot, mut uptime, mut live) = (None, None, None, false);
     for word in rest.split_whitespace() {
         match word.split_once('=') {
             Some(("version", v)) => version = Some(v.to_string()),
             Some(("slot", v)) => slot = Some(v.to_string()),
             Some(("uptime", v)) => uptime = v.parse().ok(),
+            None if word == "live" => live = true,
             _ => {}
         }
     }
+    if slot.is_some() == live {
+        return None;
+    }
     Some(Ready {
         version: version?,
-        slot: slot?,
+        slot,
+        live,
         uptime: uptime?,
     })
 }
@@ -642,6 +655,7 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
         firmware: opts.firmware,
         version: ready.version,
         slot: ready.slot,
+        live: ready.live,
         seconds,
         uptime: ready.uptime,
         cmdline: session.cmdline,
@@ -722,10 +736,23 @@ mod tests {
             r,
             Ready {
                 version: "1.0.0".into(),
-                slot: "A".into(),
+                slot: Some("A".into()),
+                live: false,
                 uptime: 2.31
             }
         );
+        let r = parse_ready("machined: ready version=0.2.0 live uptime=3.5").unwrap();
+        assert_eq!(
+            r,
+            Ready {
+                version: "0.2.0".into(),
+                slot: None,
+                live: true,
+                uptime: 3.5
+            }
+        );
+        assert!(parse_ready("machined: ready version=1.0.0 uptime=1").is_none());
+        assert!(parse_ready("machined: ready version=1 slot=A live uptime=1").is_none());
         assert!(parse_ready("machined: ready version=1.0.0 slot=A").is_none());
         assert!(parse_ready("machined: readying").is_none());
     }

@@ -5,6 +5,7 @@
 mod console;
 mod failure;
 mod input;
+mod live;
 mod loopdev;
 mod mount;
 mod osrelease;

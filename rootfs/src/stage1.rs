@@ -4,10 +4,12 @@
 
 use crate::console::{self, say};
 use crate::failure;
-use crate::{loopdev, mount, skeleton, sys};
+use crate::{live, loopdev, mount, skeleton, sys};
 use anyhow::{Context, Result, anyhow, bail};
+use contract::cmdline;
 use contract::paths::{
-    GENERATED_ETC_FILES, INITRAMFS_NEWROOT, INITRAMFS_ROOTFS, ROOTFS_INIT, SYSTEM_DIR, SYSTEM_ETC,
+    GENERATED_ETC_FILES, INITRAMFS_NEWROOT, INITRAMFS_ROOTFS, LIVE_DIR, LIVE_RUN_DIR, ROOTFS_INIT,
+    SYSTEM_DIR, SYSTEM_ETC,
 };
 use std::convert::Infallible;
 use std::path::Path;
@@ -50,6 +52,9 @@ pub fn run() -> Result<Infallible> {
     let cmdline = std::fs::read_to_string("/proc/cmdline").context("read /proc/cmdline")?;
     failure::configure(&cmdline);
     failure::breakpoint(&cmdline, "stage1")?;
+    if cmdline::get(&cmdline, cmdline::LIVE).is_some() {
+        carry_live();
+    }
 
     let newroot = format!("/{INITRAMFS_NEWROOT}");
     let image = format!("/{INITRAMFS_ROOTFS}");
@@ -80,6 +85,41 @@ pub fn run() -> Result<Infallible> {
     switch_root(&newroot)?;
     say(format!("stage1: switched root, executing {ROOTFS_INIT}"));
     Err(sys::execv(ROOTFS_INIT))
+}
+
+/// A live boot: the initramfs's `/live` (installer, payload, trusted key)
+/// is copied into `/run/live` (the tmpfs moved into the new root, so stage 2
+/// finds it there), modes kept, and removed from the initramfs to give its
+/// memory back. Not fatal: a live system without it boots, and an install
+/// asked of it says what is missing.
+fn carry_live() {
+    let src = Path::new("/").join(LIVE_DIR);
+    if !src.is_dir() {
+        say(format!(
+            "stage1: warning: live boot, but the initramfs has no /{LIVE_DIR}: no install is \
+             possible"
+        ));
+        return;
+    }
+    match live::copy_tree(&src, Path::new(LIVE_RUN_DIR)) {
+        Ok(bytes) => {
+            say(format!(
+                "stage1: live: copied /{LIVE_DIR} to {LIVE_RUN_DIR} ({} KiB)",
+                bytes.div_ceil(1024)
+            ));
+            if let Err(e) = std::fs::remove_dir_all(&src) {
+                say(format!("stage1: warning: remove /{LIVE_DIR}: {e}"));
+            }
+        }
+        Err(e) => {
+            // A partial copy must not look like an installer.
+            let _ = std::fs::remove_dir_all(LIVE_RUN_DIR);
+            say(format!(
+                "stage1: warning: live: copying /{LIVE_DIR} to {LIVE_RUN_DIR}: {e:#}; no \
+                 install is possible"
+            ))
+        }
+    }
 }
 
 /// The runtime layers over the read-only root: tmpfs on /system and /tmp, and

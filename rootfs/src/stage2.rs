@@ -3,7 +3,7 @@
 
 use crate::console::{self, say};
 use crate::partitions::{self, Partition};
-use crate::{failure, osrelease, power, slots, storage};
+use crate::{failure, live, osrelease, power, slots, storage};
 use anyhow::{Context, Result};
 use contract::cmdline;
 use contract::meta::{Meta, SlotRecord, Tag};
@@ -27,6 +27,16 @@ pub fn run() -> Result<Infallible> {
     failure::arm_ready_timeout(&cmdline, uptime()?.parse().unwrap_or(0.0));
     failure::breakpoint(&cmdline, "stage2")?;
 
+    if cmdline::get(&cmdline, cmdline::LIVE).is_some() {
+        return run_live(&cmdline);
+    }
+    if cmdline::get(&cmdline, cmdline::INSTALL).is_some() {
+        say(format!(
+            "stage2: warning: {} is only for a live system ({}=<ID>); ignored",
+            cmdline::INSTALL,
+            cmdline::LIVE
+        ));
+    }
     let slot = cmdline::slot(&cmdline)
         .with_context(|| format!("no valid {}=A|B on the kernel command line", cmdline::SLOT))?;
     let label = PartitionRole::Meta.label();
@@ -46,11 +56,7 @@ pub fn run() -> Result<Infallible> {
         summary(&meta, slot)
     ));
 
-    let os_release = std::fs::read_to_string(ROOTFS_OS_RELEASE)
-        .with_context(|| format!("read {ROOTFS_OS_RELEASE}"))?;
-    let version = osrelease::get(&os_release, "VERSION_ID")
-        .filter(|v| !v.is_empty())
-        .with_context(|| format!("{ROOTFS_OS_RELEASE} has no VERSION_ID"))?;
+    let version = version()?;
 
     let mut disk = slots::Disk::open(&meta_part, &all)?;
     let by_grub = cmdline::trial(&cmdline).is_some();
@@ -69,6 +75,156 @@ pub fn run() -> Result<Infallible> {
         uptime()?
     ));
     power::supervise(supervisor)
+}
+
+/// The running version: os-release's VERSION_ID.
+fn version() -> Result<String> {
+    let os_release = std::fs::read_to_string(ROOTFS_OS_RELEASE)
+        .with_context(|| format!("read {ROOTFS_OS_RELEASE}"))?;
+    osrelease::get(&os_release, "VERSION_ID")
+        .filter(|v| !v.is_empty())
+        .with_context(|| format!("{ROOTFS_OS_RELEASE} has no VERSION_ID"))
+}
+
+/// The live system: no META, STATE or EPHEMERAL, no slot to assess or
+/// bless; ready, then the install asked for (if any), then supervision.
+/// An install that is refused or fails says why and leaves the system up.
+fn run_live(cmdline: &str) -> Result<Infallible> {
+    let id = match cmdline::live(cmdline) {
+        Ok(id) => id,
+        Err(e) => {
+            say(format!(
+                "stage2: warning: {e}; the boot medium cannot be recognised, so no install \
+                 will be done"
+            ));
+            None
+        }
+    };
+    if cmdline::slot(cmdline).is_some() {
+        say(format!(
+            "stage2: warning: both {} and {} given: this is a live boot; the slot is ignored",
+            cmdline::LIVE,
+            cmdline::SLOT
+        ));
+    }
+    say(format!(
+        "stage2: live system{}: no disk is used",
+        id.as_deref()
+            .map(|i| format!(" (ID {i})"))
+            .unwrap_or_default()
+    ));
+    let version = version()?;
+    failure::breakpoint(cmdline, "ready")?;
+    failure::ready();
+    let supervisor = power::prepare()?;
+    say(format!("cmdline {}", cmdline.trim()));
+    say(format!("ready version={version} live uptime={}", uptime()?));
+    match cmdline::install(cmdline) {
+        Ok(None) => {}
+        Ok(Some((target, wipe))) => match install(id.as_deref(), &target, wipe) {
+            Ok((installed, dev)) => {
+                say(format!(
+                    "installed {installed} on {} (slot A); powering off",
+                    dev.display()
+                ));
+                crate::sys::sync();
+                power::shutdown(power::Action::PowerOff)
+            }
+            Err(e) => say(format!("install: {e:#}; the live system stays up")),
+        },
+        Err(e) => say(format!("install: {e}; the live system stays up")),
+    }
+    power::supervise(supervisor)
+}
+
+/// How long an install waits for its target disk to appear.
+const INSTALL_DISK_TIMEOUT: Duration = Duration::from_secs(30);
+const INSTALL_DISK_POLL: Duration = Duration::from_millis(100);
+
+/// Finds and checks the target, then runs the installer on it, its output
+/// streamed to the console. Returns the version installed and the device.
+fn install(
+    id: Option<&str>,
+    target: &cmdline::InstallTarget,
+    wipe: bool,
+) -> Result<(String, std::path::PathBuf)> {
+    use contract::paths::{LIVE_INSTALLER, LIVE_PAYLOAD_DIR, LIVE_TRUSTED_KEY, live_run_path};
+    let Some(id) = id else {
+        anyhow::bail!(
+            "refusing to install: {} has no valid ID, so the boot medium cannot be told \
+             from the target",
+            cmdline::LIVE
+        );
+    };
+    let installer = live_run_path(LIVE_INSTALLER);
+    for p in [
+        installer.clone(),
+        live_run_path(LIVE_PAYLOAD_DIR),
+        live_run_path(LIVE_TRUSTED_KEY),
+    ] {
+        if !Path::new(&p).exists() {
+            anyhow::bail!(
+                "this live system has no {p}: it cannot install (was the ISO built with its installer?)"
+            );
+        }
+    }
+    say(format!("install: looking for {target}"));
+    let (info, node) = live::wait_for_disk(
+        Path::new("/sys"),
+        Path::new("/dev"),
+        target,
+        INSTALL_DISK_TIMEOUT,
+        INSTALL_DISK_POLL,
+    )?;
+    let shown = format!("{} ({})", node.display(), info.ids());
+    live::check_target(&node, &shown, id, wipe)?;
+    say(format!("install: installing onto {shown} with {installer}"));
+    let mut child = std::process::Command::new(&installer)
+        .args(live::installer_args(&node, wipe))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("start {installer}"))?;
+    let stderr = child.stderr.take();
+    // Whether the installer said it wrote nothing (its refusals do).
+    let errors = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut untouched = false;
+        if let Some(e) = stderr {
+            for line in std::io::BufReader::new(e).lines().map_while(Result::ok) {
+                untouched |= line.contains("nothing was written");
+                say(format!("installer: {line}"));
+            }
+        }
+        untouched
+    });
+    let mut report = String::new();
+    if let Some(out) = child.stdout.take() {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            say(format!("installer: {line}"));
+            if report.len() < 1 << 16 {
+                report.push_str(&line);
+                report.push('\n');
+            }
+        }
+    }
+    let status = child.wait().context("wait for the installer")?;
+    let untouched = errors.join().unwrap_or(false);
+    if !status.success() {
+        let disk = if untouched {
+            "the disk was not changed".to_string()
+        } else {
+            format!(
+                "the disk may be partly written (another try needs {}=1)",
+                cmdline::INSTALL_WIPE
+            )
+        };
+        anyhow::bail!("the installer failed on {shown} ({status}; its messages are above); {disk}");
+    }
+    let version = live::report_version(&report).unwrap_or_else(|| "(unknown version)".into());
+    Ok((version, node))
 }
 
 /// One line naming the partitions found on META's disk, and any other disk
