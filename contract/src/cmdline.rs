@@ -18,10 +18,6 @@ pub const BREAK: &str = "machined.break";
 /// Seconds from boot to ready before the runtime gives up and applies its
 /// failure policy (so a boot that hangs is counted as failed); 0: never.
 pub const READY_TIMEOUT: &str = "machined.ready_timeout";
-/// TEMP(main): reconciled with h-live at merge.
-pub const LIVE: &str = "machined.live";
-pub const INSTALL: &str = "machined.install";
-pub const INSTALL_WIPE: &str = "machined.install.wipe";
 /// The default of [`READY_TIMEOUT`].
 pub const DEFAULT_READY_TIMEOUT_S: u64 = 300;
 

@@ -42,6 +42,13 @@ pub const LIVE_ENTRY: &str = "loader/entries/live.conf";
 /// GRUB's name for the FAT image once it is attached with `loopback`.
 const LOOP: &str = "efi";
 
+/// How the live system's console line after an install starts (after
+/// `machined: `): `installed 0.1.0 on /dev/vda (slot A); powering off`.
+pub const INSTALLED: &str = "installed ";
+/// How the live system's console line about an install that was refused or
+/// failed ends: `install: …; the live system stays up`.
+pub const INSTALL_NOT_DONE: &str = "; the live system stays up";
+
 /// The longest volume identifier of a primary volume descriptor.
 pub const VOLUME_ID_LEN: usize = 32;
 

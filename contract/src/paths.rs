@@ -111,11 +111,6 @@ pub const INSTALLER_LINK: &str = "usr/bin/installer";
 /// The directory of the payload the installer writes to a disk: the four
 /// `PAYLOAD_*` files, the manifest signed by the build's key.
 pub const INSTALLER_PAYLOAD_DIR: &str = "usr/install/amd64";
-/// TEMP(main): reconciled with h-live at merge.
-pub const LIVE_DIR: &str = "live";
-pub const LIVE_PAYLOAD_DIR: &str = "live/payload";
-pub const LIVE_INSTALLER: &str = "live/installer";
-pub const LIVE_TRUSTED_KEY: &str = "live/trusted.pub";
 /// The payload's kernel.
 pub const PAYLOAD_KERNEL: &str = "vmlinuz";
 /// The payload's initramfs.

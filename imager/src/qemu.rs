@@ -493,10 +493,17 @@ pub struct InstallOutcome {
     pub message: String,
 }
 
-/// The runtime's line after a live install, before it powers off.
-pub const INSTALLED_PREFIX: &str = "machined: installed ";
-/// The start of the runtime's lines about an install that did not happen.
-pub const INSTALL_FAILED_PREFIX: &str = "machined: install: ";
+
+/// The runtime's line saying what became of a live install (from
+/// `machined: `), if `line` is one.
+fn install_outcome(line: &str) -> Option<String> {
+    let at = line.find("machined: ")?;
+    let said = &line[at..];
+    let done = said.starts_with(&format!("machined: {}", contract::iso::INSTALLED));
+    let not_done = said.starts_with("machined: install: ")
+        && said.ends_with(contract::iso::INSTALL_NOT_DONE);
+    (done || not_done).then(|| said.to_string())
+}
 
 /// A running machine and its console.
 struct Session {
@@ -624,12 +631,8 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
         .as_deref()
         .is_some_and(|c| contract::cmdline::get(c, contract::cmdline::INSTALL).is_some());
     let install = if installs {
-        let message = session.wait_line("the live install's outcome", |l| {
-            [INSTALLED_PREFIX, INSTALL_FAILED_PREFIX]
-                .iter()
-                .find_map(|p| l.find(p).map(|at| l[at..].to_string()))
-        })?;
-        let installed = message.starts_with(INSTALLED_PREFIX);
+        let message = session.wait_line("the live install's outcome", install_outcome)?;
+        let installed = !message.ends_with(contract::iso::INSTALL_NOT_DONE);
         if installed {
             let status = session.wait_exit("the power-off after the install")?;
             if !status.success() {
@@ -755,6 +758,20 @@ mod tests {
         assert!(parse_ready("machined: ready version=1 slot=A live uptime=1").is_none());
         assert!(parse_ready("machined: ready version=1.0.0 slot=A").is_none());
         assert!(parse_ready("machined: readying").is_none());
+    }
+
+    #[test]
+    fn install_outcomes() {
+        let done = "[ 9.1] machined: installed 0.1.0 on /dev/vda (slot A); powering off";
+        assert_eq!(
+            install_outcome(done).as_deref(),
+            Some("machined: installed 0.1.0 on /dev/vda (slot A); powering off")
+        );
+        let refused = "machined: install: refusing /dev/vda: it is the boot medium; the live \
+                       system stays up";
+        assert!(install_outcome(refused).is_some());
+        assert!(install_outcome("machined: install: looking for serial:T").is_none());
+        assert!(install_outcome("machined: installer: installed").is_none());
     }
 
     #[test]

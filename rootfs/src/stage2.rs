@@ -124,15 +124,16 @@ fn run_live(cmdline: &str) -> Result<Infallible> {
         Ok(Some((target, wipe))) => match install(id.as_deref(), &target, wipe) {
             Ok((installed, dev)) => {
                 say(format!(
-                    "installed {installed} on {} (slot A); powering off",
+                    "{}{installed} on {} (slot A); powering off",
+                    contract::iso::INSTALLED,
                     dev.display()
                 ));
                 crate::sys::sync();
                 power::shutdown(power::Action::PowerOff)
             }
-            Err(e) => say(format!("install: {e:#}; the live system stays up")),
+            Err(e) => say(format!("install: {e:#}{}", contract::iso::INSTALL_NOT_DONE)),
         },
-        Err(e) => say(format!("install: {e}; the live system stays up")),
+        Err(e) => say(format!("install: {e}{}", contract::iso::INSTALL_NOT_DONE)),
     }
     power::supervise(supervisor)
 }
