@@ -493,15 +493,14 @@ pub struct InstallOutcome {
     pub message: String,
 }
 
-
 /// The runtime's line saying what became of a live install (from
 /// `machined: `), if `line` is one.
 fn install_outcome(line: &str) -> Option<String> {
     let at = line.find("machined: ")?;
     let said = &line[at..];
     let done = said.starts_with(&format!("machined: {}", contract::iso::INSTALLED));
-    let not_done = said.starts_with("machined: install: ")
-        && said.ends_with(contract::iso::INSTALL_NOT_DONE);
+    let not_done =
+        said.starts_with("machined: install: ") && said.ends_with(contract::iso::INSTALL_NOT_DONE);
     (done || not_done).then(|| said.to_string())
 }
 

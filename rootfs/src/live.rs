@@ -330,8 +330,10 @@ pub fn wait_for_disk(
             Lookup::Missing(names) => names,
         };
         if start.elapsed() >= timeout {
+            // Loop and RAM devices are never install targets: not listed.
             let described: Vec<String> = seen
                 .iter()
+                .filter(|n| !n.starts_with("loop") && !n.starts_with("ram"))
                 .map(|n| {
                     let i = disk_info(sys, n);
                     if i.serial.is_some() || i.wwid.is_some() {

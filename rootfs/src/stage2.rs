@@ -188,17 +188,21 @@ fn install(
         .spawn()
         .with_context(|| format!("start {installer}"))?;
     let stderr = child.stderr.take();
-    // Whether the installer said it wrote nothing (its refusals do).
+    // Whether the installer said it wrote nothing (its refusals do), and
+    // its error message.
     let errors = std::thread::spawn(move || {
         use std::io::BufRead;
-        let mut untouched = false;
+        let (mut untouched, mut error) = (false, None);
         if let Some(e) = stderr {
             for line in std::io::BufReader::new(e).lines().map_while(Result::ok) {
                 untouched |= line.contains("nothing was written");
+                if let Some(m) = line.strip_prefix("imager: error: ") {
+                    error = Some(m.chars().take(1024).collect::<String>());
+                }
                 say(format!("installer: {line}"));
             }
         }
-        untouched
+        (untouched, error)
     });
     let mut report = String::new();
     if let Some(out) = child.stdout.take() {
@@ -212,7 +216,7 @@ fn install(
         }
     }
     let status = child.wait().context("wait for the installer")?;
-    let untouched = errors.join().unwrap_or(false);
+    let (untouched, error) = errors.join().unwrap_or((false, None));
     if !status.success() {
         let disk = if untouched {
             "the disk was not changed".to_string()
@@ -222,7 +226,10 @@ fn install(
                 cmdline::INSTALL_WIPE
             )
         };
-        anyhow::bail!("the installer failed on {shown} ({status}; its messages are above); {disk}");
+        let said = error.map_or("its messages are above".to_string(), |e| {
+            format!("it said: {e}")
+        });
+        anyhow::bail!("the installer failed on {shown} ({status}; {said}); {disk}");
     }
     let version = live::report_version(&report).unwrap_or_else(|| "(unknown version)".into());
     Ok((version, node))
