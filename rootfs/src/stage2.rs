@@ -1,5 +1,8 @@
 //! Stage 2: PID 1 in the root filesystem. Finds the booted slot and META,
-//! reports ready, then supervises until power-off.
+//! reports ready, then supervises until power-off. A live boot
+//! (`machined.live=`) uses no disk: it reports ready, installs onto the disk
+//! `machined.install=` names (if any; see [`crate::live`]) and powers off,
+//! or supervises.
 
 use crate::console::{self, say};
 use crate::partitions::{self, Partition};

@@ -1,0 +1,361 @@
+//! The live system's install path end to end, without the ISO: QEMU boots
+//! the installer build's kernel directly with its initramfs followed by a
+//! second archive holding `/live` (what the live ISO's initramfs adds: the
+//! installer, the payload, the trusted key), a stand-in boot medium (a disk
+//! whose ISO 9660 Primary Volume Descriptor carries the live ID) and a
+//! target disk. The ISO itself is built and booted by the ISO tests.
+
+// Test helpers panic on unexpected failures: that is how a test fails.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const ID: &str = "5e1f0a11";
+const TIMEOUT: Duration = Duration::from_secs(600);
+
+struct Live {
+    dir: PathBuf,
+    kernel: PathBuf,
+    initramfs: PathBuf,
+    cmdline: String,
+    /// The build's raw disk: a disk holding data (a GPT, partitions).
+    raw: PathBuf,
+}
+
+/// The installer build, unpacked, and its initramfs with `/live` appended.
+fn live() -> &'static Live {
+    static L: OnceLock<Live> = OnceLock::new();
+    L.get_or_init(|| {
+        let out = scratch().join("live-build");
+        let _ = std::fs::remove_dir_all(&out);
+        let json: Value = serde_json::from_str(&ok(imager()
+            .args(["build", "--profile", "installer", "--json", "--out"])
+            .arg(&out)))
+        .unwrap();
+        let b = Build { dir: out, json };
+        let dir = scratch().join("live");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("layout")).unwrap();
+        ok(tool("tar")
+            .arg("-xf")
+            .arg(b.artifact("installer"))
+            .arg("-C")
+            .arg(dir.join("layout")));
+        let tag = b.json["version"].as_str().unwrap();
+        ok(tool("umoci")
+            .args(["unpack", "--image"])
+            .arg(format!("{}:{tag}", dir.join("layout").display()))
+            .arg(dir.join("bundle")));
+        let root = dir.join("bundle/rootfs");
+        let payload = root.join(contract::paths::INSTALLER_PAYLOAD_DIR);
+        let manifest: Value =
+            serde_json::from_slice(&std::fs::read(payload.join("manifest.json")).unwrap()).unwrap();
+        let cmdline = manifest["boot"]["cmdline"].as_str().unwrap().to_string();
+
+        // The live archive: live/, live/installer, live/payload/*, live/trusted.pub.
+        let mut w = imager::initramfs::CpioWriter::new(Vec::new(), 1_700_000_000);
+        w.dir(contract::paths::LIVE_DIR, 0o755).unwrap();
+        let add = |w: &mut imager::initramfs::CpioWriter<Vec<u8>>, path: &str, src: &Path, mode| {
+            let data = std::fs::read(src).unwrap();
+            w.file(path, mode, data.len() as u64, &mut data.as_slice())
+                .unwrap();
+        };
+        add(
+            &mut w,
+            contract::paths::LIVE_INSTALLER,
+            &root.join(contract::paths::INSTALLER_BINARY),
+            0o755,
+        );
+        w.dir(contract::paths::LIVE_PAYLOAD_DIR, 0o755).unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(&payload)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        for n in names {
+            let path = format!("{}/{n}", contract::paths::LIVE_PAYLOAD_DIR);
+            add(&mut w, &path, &payload.join(&n), 0o644);
+        }
+        add(
+            &mut w,
+            contract::paths::LIVE_TRUSTED_KEY,
+            &repo().join("out/keys/dev.pub"),
+            0o644,
+        );
+        let cpio = w.finish().unwrap();
+        let mut initramfs = std::fs::read(payload.join("initramfs.zst")).unwrap();
+        // The kernel unpacks concatenated archives; the next one starts at
+        // a multiple of 4 (zeros in between are skipped).
+        initramfs.resize(initramfs.len().next_multiple_of(4), 0);
+        initramfs.extend_from_slice(&zstd::encode_all(cpio.as_slice(), 3).unwrap());
+        let live_initramfs = dir.join("live-initramfs");
+        std::fs::write(&live_initramfs, initramfs).unwrap();
+
+        // The stand-in boot medium: a PVD at 32768, the ID as its Volume
+        // Set Identifier (space padded).
+        let mut iso = vec![0u8; 4 << 20];
+        let p = 32768;
+        iso[p] = 1;
+        iso[p + 1..p + 6].copy_from_slice(b"CD001");
+        iso[p + 6] = 1;
+        iso[p + 190..p + 318].fill(b' ');
+        iso[p + 190..p + 190 + ID.len()].copy_from_slice(ID.to_uppercase().as_bytes());
+        std::fs::write(dir.join("iso.raw"), iso).unwrap();
+        Live {
+            kernel: payload.join("vmlinuz"),
+            initramfs: live_initramfs,
+            cmdline,
+            raw: b.artifact("raw"),
+            dir,
+        }
+    })
+}
+
+/// A sparse blank disk image of `size` bytes.
+fn blank(name: &str, size: u64) -> PathBuf {
+    let p = live().dir.join(format!("{name}.raw"));
+    let _ = std::fs::remove_file(&p);
+    std::fs::File::create(&p).unwrap().set_len(size).unwrap();
+    p
+}
+
+/// Boots the live system with the boot medium (serial `live-iso`) and
+/// `target` (serial `target1`; read-only with `read_only`) and `append` on
+/// the command line, until QEMU exits or a console line contains `until`
+/// (then QEMU is stopped). Returns the console and whether QEMU exited by
+/// itself.
+fn boot(target: &Path, read_only: bool, append: &str, until: &str) -> (Vec<String>, bool) {
+    let l = live();
+    let mut child = Command::new("qemu-system-x86_64")
+        .args([
+            "-machine",
+            "q35",
+            "-m",
+            "768",
+            "-nodefaults",
+            "-display",
+            "none",
+        ])
+        .args(["-no-reboot", "-serial", "stdio", "-kernel"])
+        .arg(&l.kernel)
+        .arg("-initrd")
+        .arg(&l.initramfs)
+        .arg("-append")
+        .arg(format!("{} {append}", l.cmdline))
+        .arg("-drive")
+        .arg(format!(
+            "if=none,id=iso,format=raw,snapshot=on,file={}",
+            l.dir.join("iso.raw").display()
+        ))
+        .args(["-device", "virtio-blk-pci,drive=iso,serial=live-iso"])
+        .arg("-drive")
+        .arg(format!(
+            "if=none,id=t,format=raw,file={}{}",
+            target.display(),
+            if read_only { ",readonly=on" } else { "" }
+        ))
+        .args(["-device", "virtio-blk-pci,drive=t,serial=target1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + TIMEOUT;
+    let mut console = Vec::new();
+    let exited = loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => {
+                let line = line.trim_end_matches('\r').to_string();
+                let hit = line.contains(until);
+                eprintln!("{line}");
+                console.push(line);
+                if hit {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break false;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let _ = child.wait();
+                break true;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                panic!("no {until:?} within {TIMEOUT:?}:\n{}", console.join("\n"));
+            }
+        }
+    };
+    let _ = std::io::stderr().flush();
+    (console, exited)
+}
+
+/// SHA-256 of a file, read in pieces (the disks are sparse gigabytes).
+fn digest(p: &Path) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    std::io::copy(&mut std::fs::File::open(p).unwrap(), &mut h).unwrap();
+    hex::encode(h.finalize())
+}
+
+/// SHA-256 of `len` zero bytes.
+fn zero_digest(len: u64) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    std::io::copy(&mut std::io::repeat(0).take(len), &mut h).unwrap();
+    hex::encode(h.finalize())
+}
+
+fn has(console: &[String], text: &str) -> bool {
+    console.iter().any(|l| l.contains(text))
+}
+
+const STAYS_UP: &str = "the live system stays up";
+
+/// A blank disk named by serial: the live system reaches ready (the live
+/// ready line, which `imager boot` parses), installs, powers off; the disk
+/// then boots the installed version from slot A under UEFI and BIOS.
+#[test]
+fn live_install_onto_a_blank_disk_then_the_disk_boots() {
+    let disk = blank("install-ok", 2 << 30);
+    let (console, exited) = boot(
+        &disk,
+        false,
+        &format!("machined.live={ID} machined.install=serial:target1"),
+        "machined: fatal",
+    );
+    let all = console.join("\n");
+    assert!(exited, "{all}");
+    assert!(
+        has(
+            &console,
+            "machined: stage1: live: copied /live to /run/live"
+        ),
+        "{all}"
+    );
+    let ready = console
+        .iter()
+        .find_map(|l| imager::qemu::parse_ready(l))
+        .unwrap_or_else(|| panic!("no ready line:\n{all}"));
+    assert!(ready.live && ready.slot.is_none(), "{ready:?}");
+    assert!(
+        has(
+            &console,
+            "machined: installed 0.1.0 on /dev/vdb (slot A); powering off"
+        ),
+        "{all}"
+    );
+    for fw in ["uefi", "bios"] {
+        let r: Value = serde_json::from_str(&ok(imager()
+            .args([
+                "boot",
+                "--quiet",
+                "--json",
+                "--timeout",
+                "600",
+                "--firmware",
+                fw,
+            ])
+            .arg(&disk)))
+        .unwrap();
+        assert_eq!((&r["version"], &r["slot"]), (&"0.1.0".into(), &"A".into()));
+        assert_eq!(r["live"], false);
+    }
+}
+
+/// Every refusal says why on a `machined: install:` line and leaves the
+/// live system up (QEMU is still running when the line appears), the
+/// target unchanged.
+#[test]
+fn live_install_refusals_leave_the_system_up_and_the_disk_unchanged() {
+    let l = live();
+    let data = l.dir.join("refuse-data.raw");
+    ok(Command::new("cp")
+        .arg("--sparse=always")
+        .arg(&l.raw)
+        .arg(&data));
+    let before = digest(&data);
+    let small = blank("refuse-small", 100 << 20);
+    let empty = blank("refuse-blank", 1 << 30);
+    let cases: [(&Path, bool, String, &str); 7] = [
+        (
+            &data,
+            false,
+            format!("machined.live={ID} machined.install=vdb"),
+            "refusing /dev/vdb (serial:target1): it holds data: a GPT partition table",
+        ),
+        (
+            &data,
+            false,
+            format!("machined.live={ID} machined.install=/dev/disk/by-id/virtio-target1-part2"),
+            "is a partition (of /dev/vdb)",
+        ),
+        (
+            &empty,
+            false,
+            format!("machined.live={ID} machined.install=serial:live-iso machined.install.wipe=1"),
+            "refusing /dev/vda (serial:live-iso): it is the boot medium",
+        ),
+        (
+            &empty,
+            true,
+            format!("machined.live={ID} machined.install=serial:target1"),
+            "(serial:target1) is read-only",
+        ),
+        (
+            &small,
+            false,
+            format!("machined.live={ID} machined.install=/dev/vdb"),
+            "install onto a disk of at least",
+        ),
+        (
+            &empty,
+            false,
+            "machined.live=.. machined.install=vdb".to_string(),
+            "machined.live has no valid ID",
+        ),
+        (
+            &empty,
+            false,
+            format!("machined.live={ID} machined.install=../vdb"),
+            "machined.install=\"../vdb\" is not a disk",
+        ),
+    ];
+    for (disk, ro, append, want) in cases {
+        let (console, exited) = boot(disk, ro, &append, STAYS_UP);
+        let all = console.join("\n");
+        assert!(!exited, "{append}: QEMU exited:\n{all}");
+        assert!(
+            has(&console, "machined: ready version=0.1.0 live uptime="),
+            "{all}"
+        );
+        let line = console.iter().find(|l| l.contains(STAYS_UP)).unwrap();
+        assert!(
+            line.contains(want) || has(&console, want),
+            "{append}: want {want:?}:\n{all}"
+        );
+        assert!(!has(&console, "powering off"), "{all}");
+    }
+    assert_eq!(digest(&data), before, "the disk was written");
+    for p in [&small, &empty] {
+        assert_eq!(digest(p), zero_digest(std::fs::metadata(p).unwrap().len()));
+    }
+}
