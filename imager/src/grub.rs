@@ -179,7 +179,7 @@ pub fn make_eltorito(dir: &Path) -> Result<Eltorito> {
     );
     let core_sectors = (image.len() - CDBOOT_LEN).div_ceil(SECTOR) as u64;
     ensure!(
-        core_sectors < bootstate::bios::MAX_CORE_SECTORS,
+        core_sectors <= bootstate::bios::MAX_CORE_SECTORS,
         "GRUB's El Torito core image is {core_sectors} sectors, over GRUB's limit of {}: \
          check {}",
         bootstate::bios::MAX_CORE_SECTORS,
