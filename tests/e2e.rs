@@ -670,18 +670,7 @@ fn the_bios_boot_flag_is_set_and_both_firmwares_boot() {
     assert_eq!(entry["bootable"], true, "{v}");
     assert_eq!(entry["type"], "ee", "{v}");
     for fw in ["bios", "uefi"] {
-        let out = ok(imager()
-            .args([
-                "boot",
-                "--quiet",
-                "--json",
-                "--timeout",
-                "600",
-                "--firmware",
-                fw,
-            ])
-            .arg(&raw));
-        let r: Value = serde_json::from_str(&out).unwrap();
+        let r = boot_report(&raw, &["--firmware", fw]).unwrap();
         assert_eq!(
             (&r["ready"], &r["firmware"]),
             (&Value::Bool(true), &Value::from(fw))

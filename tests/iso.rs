@@ -18,7 +18,7 @@ const TARGET: &str = "TARGET01";
 /// The default ISO build.
 fn iso() -> &'static Build {
     static B: OnceLock<Build> = OnceLock::new();
-    B.get_or_init(|| build_profile("iso", &repo().join("profiles/iso.yaml")))
+    B.get_or_init(|| build_profile("iso", &repo().join("profiles/iso.yaml"), &[]))
 }
 
 /// The ISO whose live system installs onto the disk with serial [`TARGET`].
@@ -28,36 +28,8 @@ fn install_iso() -> &'static Build {
         let profile = write_profile_from("iso", "iso-install", |t| {
             format!("{t}\nlive:\n  install: serial:{TARGET}\n")
         });
-        build_profile("iso-install", &profile)
+        build_profile("iso-install", &profile, &[])
     })
-}
-
-fn build_profile(name: &str, profile: &Path) -> Build {
-    let dir = scratch().join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    let out = ok(imager()
-        .args(["build", "--json", "--profile"])
-        .arg(profile)
-        .arg("--out")
-        .arg(&dir));
-    Build {
-        dir,
-        json: serde_json::from_str(&out).unwrap(),
-    }
-}
-
-/// `imager boot ISO --json` with `args`; the report, or the failure's
-/// stderr.
-fn boot(image: &Path, args: &[&str]) -> Result<Value, String> {
-    let out = run(imager()
-        .args(["boot", "--json", "--quiet", "--timeout", "600"])
-        .args(args)
-        .arg(image));
-    if out.status.success() {
-        Ok(serde_json::from_slice(&out.stdout).unwrap())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
 }
 
 #[test]
@@ -116,7 +88,7 @@ fn xorriso_lists_a_bios_and_a_uefi_boot_image_and_sfdisk_reads_the_table() {
 #[test]
 fn two_builds_give_the_same_iso() {
     let first = std::fs::read(iso().artifact("iso")).unwrap();
-    let again = build_profile("iso-again", &repo().join("profiles/iso.yaml"));
+    let again = build_profile("iso-again", &repo().join("profiles/iso.yaml"), &[]);
     let second = std::fs::read(again.artifact("iso")).unwrap();
     assert!(first == second, "the ISO differs between two builds");
 }
@@ -132,7 +104,8 @@ fn the_iso_reaches_ready_live_from_cd_and_usb_under_both_firmwares() {
             if usb {
                 args.push("--usb");
             }
-            let r = boot(&iso, &args).unwrap_or_else(|e| panic!("{firmware} usb={usb}: {e}"));
+            let r =
+                boot_report(&iso, &args).unwrap_or_else(|e| panic!("{firmware} usb={usb}: {e}"));
             assert_eq!(r["live"], true, "{firmware} usb={usb}: {r}");
             assert_eq!(r["version"], "0.1.0", "{r}");
             assert_eq!(r["firmware"], firmware, "{r}");
@@ -160,22 +133,18 @@ fn the_live_system_installs_a_disk_that_boots_on_slot_a_under_both_firmwares() {
     let iso = install_iso().artifact("iso");
     let disk = blank("iso-target.raw", 4 << 30);
     let spec = format!("{},serial={TARGET}", disk.display());
-    let r = boot(&iso, &["--firmware", "bios", "--disk", &spec]).unwrap();
+    let r = boot_report(&iso, &["--firmware", "bios", "--disk", &spec]).unwrap();
     assert_eq!(r["live"], true, "{r}");
     assert_eq!(r["install"]["installed"], true, "{r}");
     let msg = r["install"]["message"].as_str().unwrap();
     assert!(msg.contains("0.1.0") && msg.contains("slot A"), "{msg}");
     // Six partitions, read by sfdisk.
-    let json: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(&disk))).unwrap();
-    let names: Vec<_> = json["partitiontable"]["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(names, ["EFI", "BIOS", "BOOT", "META", "STATE", "EPHEMERAL"]);
+    assert_eq!(
+        partition_names(&disk),
+        ["EFI", "BIOS", "BOOT", "META", "STATE", "EPHEMERAL"]
+    );
     for firmware in ["uefi", "bios"] {
-        let r = boot(&disk, &["--firmware", firmware]).unwrap();
+        let r = boot_report(&disk, &["--firmware", firmware]).unwrap();
         assert_eq!(r["slot"], "A", "{firmware}: {r}");
         assert_eq!(r["version"], "0.1.0", "{firmware}: {r}");
         assert_eq!(r["live"], false, "{firmware}: {r}");
@@ -188,7 +157,7 @@ fn the_live_system_installs_a_disk_that_boots_on_slot_a_under_both_firmwares() {
 fn the_live_system_refuses_its_boot_medium_a_disk_with_data_and_a_small_disk() {
     let iso = install_iso().artifact("iso");
     // The ISO written to a USB stick that has the target's serial.
-    let e = boot(&iso, &["--usb", "--serial", TARGET]).unwrap_err();
+    let e = boot_report(&iso, &["--usb", "--serial", TARGET]).unwrap_err();
     assert!(e.contains("boot medium"), "{e}");
 
     // A disk holding data (a FAT filesystem on the whole disk).
@@ -197,7 +166,7 @@ fn the_live_system_refuses_its_boot_medium_a_disk_with_data_and_a_small_disk() {
     let sum = |p: &Path| ok(tool("sha256sum").arg(p));
     let was = sum(&data);
     let spec = format!("{},serial={TARGET}", data.display());
-    let e = boot(&iso, &["--disk", &spec]).unwrap_err();
+    let e = boot_report(&iso, &["--disk", &spec]).unwrap_err();
     assert!(
         e.contains("holds data") && e.contains("machined.install.wipe=1"),
         "{e}"
@@ -207,11 +176,11 @@ fn the_live_system_refuses_its_boot_medium_a_disk_with_data_and_a_small_disk() {
     // Too small for the layout: the installer's own message.
     let small = blank("iso-small.raw", 64 << 20);
     let spec = format!("{},serial={TARGET}", small.display());
-    let e = boot(&iso, &["--disk", &spec]).unwrap_err();
+    let e = boot_report(&iso, &["--disk", &spec]).unwrap_err();
     assert!(e.contains("too small"), "{e}");
 
     // No disk with that serial.
-    let e = boot(&iso, &["--disk", "1GiB,serial=OTHER"]).unwrap_err();
+    let e = boot_report(&iso, &["--disk", "1GiB,serial=OTHER"]).unwrap_err();
     assert!(
         e.contains(&format!("no disk serial:{TARGET} appeared")) && e.contains("serial:OTHER"),
         "{e}"

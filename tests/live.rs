@@ -264,18 +264,7 @@ fn live_install_onto_a_blank_disk_then_the_disk_boots() {
         "{all}"
     );
     for fw in ["uefi", "bios"] {
-        let r: Value = serde_json::from_str(&ok(imager()
-            .args([
-                "boot",
-                "--quiet",
-                "--json",
-                "--timeout",
-                "600",
-                "--firmware",
-                fw,
-            ])
-            .arg(&disk)))
-        .unwrap();
+        let r = boot_report(&disk, &["--firmware", fw]).unwrap();
         assert_eq!((&r["version"], &r["slot"]), (&"0.1.0".into(), &"A".into()));
         assert_eq!(r["live"], false);
     }

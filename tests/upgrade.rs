@@ -40,19 +40,7 @@ fn build_variant(name: &str, edit: impl Fn(String) -> String, key: &Path) -> Bui
 
 fn build_variant_of(base: &str, name: &str, edit: impl Fn(String) -> String, key: &Path) -> Build {
     let profile = write_profile_from(base, name, edit);
-    let dir = scratch().join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    let stdout = ok(imager()
-        .args(["build", "--json", "--profile"])
-        .arg(&profile)
-        .arg("--key")
-        .arg(key)
-        .arg("--out")
-        .arg(&dir));
-    Build {
-        dir,
-        json: serde_json::from_str(&stdout).unwrap(),
-    }
+    build_profile(name, &profile, &["--key", &key.display().to_string()])
 }
 
 fn version(v: &'static str) -> impl Fn(String) -> String {

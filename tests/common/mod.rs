@@ -94,6 +94,47 @@ pub fn build_with(name: &str, cargo_target: Option<&Path>) -> Build {
     Build { dir, json }
 }
 
+/// Builds `profile` into target/e2e/NAME with `args` added (`--key K`).
+pub fn build_profile(name: &str, profile: &Path, args: &[&str]) -> Build {
+    let dir = scratch().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = ok(imager()
+        .args(["build", "--json", "--profile"])
+        .arg(profile)
+        .args(args)
+        .arg("--out")
+        .arg(&dir));
+    Build {
+        dir,
+        json: serde_json::from_str(&stdout).unwrap(),
+    }
+}
+
+/// `imager boot IMAGE --json --quiet --timeout 600` with `args`: the
+/// report, or the failure's stderr.
+pub fn boot_report(image: &Path, args: &[&str]) -> Result<Value, String> {
+    let out = run(imager()
+        .args(["boot", "--json", "--quiet", "--timeout", "600"])
+        .args(args)
+        .arg(image));
+    if out.status.success() {
+        Ok(serde_json::from_slice(&out.stdout).unwrap())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// The partition names of `disk`, as sfdisk reads them.
+pub fn partition_names(disk: &Path) -> Vec<String> {
+    let json: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(disk))).unwrap();
+    json["partitiontable"]["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
 /// Copies the byte range of partition `label` out of the image.
 pub fn extract_partition(img: &Path, label: &str, dest: &Path) {
     let json: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(img))).unwrap();
