@@ -270,7 +270,7 @@ pub(crate) fn find<T: Read + Seek>(dev: &mut T, g: &Geometry, path: &str) -> Res
 /// Removes the file `path` so that a power cut at any write leaves a
 /// consistent filesystem: first its short entry is marked deleted (one
 /// 32-byte write: from then on the file is gone), then its long-name
-/// entries, then its clusters are freed in every FAT. A cut between the
+/// entries (last to first), then its clusters are freed in every FAT. A cut between the
 /// first write and the last leaves at worst clusters that nothing uses.
 /// (fatfs frees the clusters first, which leaves an entry pointing to free
 /// clusters that a later file may take.) Returns false when there is no
@@ -283,7 +283,11 @@ pub fn remove_file<T: Read + Write + Seek>(dev: &mut T, path: &str) -> Result<bo
     if f.is_dir {
         bail!("{path} is a directory");
     }
-    for at in std::iter::once(f.short).chain(f.long.iter().copied()) {
+    // The long-name entries from the one next to the short entry back to
+    // the first: a cut then leaves the start of the sequence, which
+    // fsck.fat deletes by itself as an orphan, never a middle fragment
+    // without its start, which it will not correct.
+    for at in std::iter::once(f.short).chain(f.long.iter().rev().copied()) {
         dev.seek(SeekFrom::Start(at))?;
         dev.write_all(&[0xE5])?;
     }
