@@ -270,6 +270,37 @@ fn live_install_onto_a_blank_disk_then_the_disk_boots() {
     }
 }
 
+/// A disk named by its udev by-id path (there is no udev: the runtime
+/// works the name out from sysfs) and by its kernel name installs as well.
+#[test]
+fn live_install_by_id_path_and_by_kernel_name() {
+    for (name, target) in [
+        ("install-by-id", "/dev/disk/by-id/virtio-target1"),
+        ("install-by-name", "vdb"),
+    ] {
+        let disk = blank(name, 2 << 30);
+        let (console, exited) = boot(
+            &disk,
+            false,
+            &format!("machined.live={ID} machined.install={target}"),
+            "machined: fatal",
+        );
+        let all = console.join("\n");
+        assert!(exited, "{target}: {all}");
+        assert!(
+            has(
+                &console,
+                "machined: installed 0.1.0 on /dev/vdb (slot A); powering off"
+            ),
+            "{target}: {all}"
+        );
+        assert_eq!(
+            partition_names(&disk),
+            ["EFI", "BIOS", "BOOT", "META", "STATE", "EPHEMERAL"]
+        );
+    }
+}
+
 /// Every refusal says why on a `machined: install:` line and leaves the
 /// live system up (QEMU is still running when the line appears), the
 /// target unchanged.
