@@ -1,8 +1,11 @@
 //! El Torito: the Boot Record volume descriptor, the boot catalog, and the
 //! boot-info table and GRUB blocklist patches of the BIOS boot image.
 
+use super::IsoFile;
 use super::encoding::put;
+use super::source::copy_patched;
 use super::{BLOCK, BOOT_INFO_OFFSET, GRUB2_BOOT_INFO_OFFSET, PVD_LBA};
+use anyhow::Result;
 
 /// The El Torito boot catalog (one block).
 pub(super) fn boot_catalog(bios: Option<u32>, efi: Option<(u32, u16)>) -> Vec<u8> {
@@ -61,4 +64,34 @@ pub(super) fn bios_patches(lba: u32, size: u64, checksum: u32) -> Vec<(u64, Vec<
             (u64::from(lba) * 4 + 5).to_le_bytes().to_vec(),
         ),
     ]
+}
+
+/// The patches of the BIOS boot image `f` stored at `lba`: reads it once
+/// for the boot-info checksum, which is of the bytes as stored (GRUB's
+/// patch applied), from offset 64 on.
+pub(super) fn bios_image_patches(f: &IsoFile, lba: u32, size: u64) -> Result<Vec<(u64, Vec<u8>)>> {
+    let pre = bios_patches(lba, size, 0);
+    let grub = &pre[1..];
+    let mut sum = 0u32;
+    let mut off = 0u64;
+    let mut carry: Vec<u8> = Vec::new();
+    copy_patched(f, size, grub, |chunk| {
+        for &b in chunk {
+            if off >= 64 {
+                carry.push(b);
+                if carry.len() == 4 {
+                    sum = sum
+                        .wrapping_add(u32::from_le_bytes([carry[0], carry[1], carry[2], carry[3]]));
+                    carry.clear();
+                }
+            }
+            off += 1;
+        }
+        Ok(())
+    })?;
+    if !carry.is_empty() {
+        carry.resize(4, 0);
+        sum = sum.wrapping_add(u32::from_le_bytes([carry[0], carry[1], carry[2], carry[3]]));
+    }
+    Ok(bios_patches(lba, size, sum))
 }

@@ -179,3 +179,18 @@ pub(super) fn susp_bytes(s: &Susp) -> Vec<u8> {
     }
     b
 }
+
+/// The bytes of the `blocks` continuation-area blocks placed from
+/// `first_lba` on by [`place_continuations`].
+pub(super) fn continuation_areas(l: &Layout, first_lba: u32, blocks: u32) -> Vec<u8> {
+    let mut ce = vec![0u8; blocks as usize * BLOCK as usize];
+    for n in &l.nodes {
+        for s in [&n.susp, &n.dot_susp] {
+            if s.ce_at.is_some() {
+                let at = (s.cont_at.0 - first_lba) as usize * BLOCK as usize + s.cont_at.1 as usize;
+                put(&mut ce, at, &s.cont);
+            }
+        }
+    }
+    ce
+}
