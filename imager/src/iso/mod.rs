@@ -125,6 +125,15 @@
 //! PVD's modification date as `UUID` (`2023-11-14-22-13-20-00`): it comes
 //! from `epoch`, so two images built with the same epoch share it. Use the
 //! volume set identifier (a digest) to tell images apart, not the UUID.
+//!
+//! # Modules
+//!
+//! `plan` validates the spec and allocates every block;
+//! `writer` writes them in order. The structures come from
+//! `tree` (names, identifiers, orders), `rockridge` (SUSP entries and
+//! continuation areas), `records` (directory records, path tables, volume
+//! descriptors), `eltorito` (boot record, catalog, boot image patches) and
+//! `system_area` (GPT and hybrid MBR); `encoding` and `source` are shared.
 
 mod eltorito;
 mod encoding;

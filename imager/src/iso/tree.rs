@@ -69,7 +69,7 @@ pub(super) struct Node {
     pub(super) ident: Vec<u8>,
     pub(super) kind: Kind,
     /// System use bytes of this node's record in its parent, and of its own
-    /// "." record (directories), laid out by [`layout_susp`].
+    /// "." record (directories), laid out by [`layout_susp`](super::rockridge::layout_susp).
     pub(super) susp: Susp,
     pub(super) dot_susp: Susp,
 }
