@@ -1,3 +1,8 @@
+use super::eltorito::boot_catalog;
+use super::encoding::Date;
+use super::plan::plan;
+use super::tree::{build_tree, iso_ident};
+use super::writer::write_plan;
 use super::*;
 
 #[test]
