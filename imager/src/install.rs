@@ -417,11 +417,12 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         }
         (None, None) => contract::partition::DEFAULT_DISK_SIZE,
     };
+    // Too small first: --wipe would not help.
+    let layout = Layout::new(size, 512, &BTreeMap::new())
+        .map_err(|e| install_layout_error(e, &a.disk, is_block, a.size.is_some()))?;
     if let Some(f) = &lock {
         refuse_data(f, &a.disk, a.wipe)?;
     }
-    let layout = Layout::new(size, 512, &BTreeMap::new())
-        .map_err(|e| install_layout_error(e, &a.disk, is_block, a.size.is_some()))?;
     let esp = boot::esp_files(&systemd_boot_for(&p))?;
     // The entry as an upgrade writes it (title from the manifest's boot.title).
     let entry = p.payload.entry(Slot::A);

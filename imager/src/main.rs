@@ -179,6 +179,7 @@ struct BootArgs {
     #[arg(long)]
     shutdown: bool,
     /// Let the guest write to the image (default: a throw-away overlay).
+    /// Extra disks (--disk FILE) are always written.
     #[arg(long)]
     write: bool,
     /// Use KVM (default TCG: /dev/kvm may exist and still hang).
@@ -387,6 +388,10 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
     o.reboots = a.reboots;
     o.serial = a.serial;
     o.media = match (iso, a.usb) {
+        (true, false) if a.write => bail!(
+            "--write: a CD-ROM is read-only; add --usb to attach {} as a disk the guest writes",
+            a.image.display()
+        ),
         (true, false) => qemu::Media::Cdrom,
         (true, true) => qemu::Media::Disk,
         (false, true) => bail!(
@@ -453,6 +458,13 @@ fn extra_disk(spec: &str, blank: &Path) -> Result<qemu::ExtraDisk> {
         qemu::check_serial(s).with_context(|| format!("--disk {spec}"))?;
     }
     let path = Path::new(what);
+    let size = imager::profile::Size::parse(what);
+    if path.exists() && size.is_ok() {
+        bail!(
+            "--disk {spec}: {what} is both a size and an existing file: write ./{what} for the \
+             file"
+        );
+    }
     if path.exists() {
         ensure!(path.is_file(), "--disk {spec}: {what} is not an image file",);
         return Ok(qemu::ExtraDisk {
@@ -460,7 +472,7 @@ fn extra_disk(spec: &str, blank: &Path) -> Result<qemu::ExtraDisk> {
             serial,
         });
     }
-    let size = imager::profile::Size::parse(what).map_err(|e| {
+    let size = size.map_err(|e| {
         anyhow::anyhow!("--disk {spec}: {what} is neither an existing image file nor a size ({e})")
     })?;
     ensure!(

@@ -270,9 +270,6 @@ pub struct LiveSection {
     pub wipe: bool,
 }
 
-/// The longest `live.install`.
-pub const MAX_INSTALL_TARGET: usize = 255;
-
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CompressionSection {
@@ -608,17 +605,20 @@ impl Profile {
             return invalid("live.wipe", "wipe without live.install: name the disk");
         }
         if let Some(t) = &l.install {
-            let ok = !t.is_empty()
-                && t.len() <= MAX_INSTALL_TARGET
-                && t.bytes()
-                    .all(|b| b.is_ascii_graphic() && !b"\"'\\$`".contains(&b));
-            if !ok {
+            // The runtime's own parser; and one plain kernel argument.
+            let plain = t
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && !b"\"'\\$`".contains(&b));
+            let parsed = contract::cmdline::parse_install_target(t);
+            if !plain || parsed.is_err() {
+                let why = parsed.err().unwrap_or_else(|| {
+                    "no spaces, quotes, backslashes, $ or ` in a kernel argument".to_string()
+                });
                 return invalid(
                     "live.install",
                     format!(
-                        "{}: name a disk as vdb, /dev/vdb, serial:SERIAL, wwn:WWN or \
-                         /dev/disk/by-id/NAME (1 to {MAX_INSTALL_TARGET} printable ASCII \
-                         characters, no spaces, quotes, backslashes, $ or `)",
+                        "{}: {why}; name a disk as vdb, /dev/vdb, serial:SERIAL, wwn:WWN or \
+                         /dev/disk/by-id/NAME",
                         excerpt(t)
                     ),
                 );
@@ -632,6 +632,18 @@ impl Profile {
     fn check_cmdline(&self) -> Result<(), Invalid> {
         for (i, arg) in self.kernel.cmdline.iter().enumerate() {
             let key = || format!("kernel.cmdline[{i}]");
+            // Keys the boot path sets: given here, they would override it
+            // (the last value on the line wins).
+            let name = arg.split('=').next().unwrap_or(arg);
+            if RESERVED_CMDLINE.contains(&name) {
+                return invalid(
+                    key(),
+                    format!(
+                        "{name} is set by the boot entries (the slot, GRUB's trial) or by the \
+                         live section (live.install, live.wipe): remove it"
+                    ),
+                );
+            }
             if arg.is_empty() || arg.chars().any(char::is_whitespace) {
                 return invalid(
                     key(),
@@ -716,6 +728,16 @@ impl Profile {
             .collect()
     }
 }
+
+/// Kernel command-line keys the profile's `kernel.cmdline` may not carry:
+/// the boot entries and the live ISO set them.
+const RESERVED_CMDLINE: [&str; 5] = [
+    contract::cmdline::SLOT,
+    contract::cmdline::TRIAL,
+    contract::cmdline::LIVE,
+    contract::cmdline::INSTALL,
+    contract::cmdline::INSTALL_WIPE,
+];
 
 /// The longest `name`.
 pub const MAX_NAME: usize = 64;

@@ -113,19 +113,13 @@ pub fn check_serial(serial: &str) -> Result<()> {
     Ok(())
 }
 
-/// Whether `path` holds an ISO 9660 volume (`CD001` in its first volume
-/// descriptor, at byte 32769).
+/// Whether `path` holds an ISO 9660 volume (a Primary Volume Descriptor,
+/// as the live runtime reads it: [`bootstate::blank::iso_volume_set_id`]).
 pub fn is_iso(path: &Path) -> Result<bool> {
-    use std::io::{Seek, SeekFrom};
     let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut magic = [0u8; 5];
-    if f.metadata()?.len() < 32774 {
-        return Ok(false);
-    }
-    f.seek(SeekFrom::Start(32769))?;
-    f.read_exact(&mut magic)
+    let id = bootstate::blank::iso_volume_set_id(&mut f)
         .with_context(|| format!("reading {}", path.display()))?;
-    Ok(&magic == b"CD001")
+    Ok(id.is_some())
 }
 
 impl BootOptions {
@@ -625,10 +619,12 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
         .wait_line("the ready line", parse_ready)
         .with_context(|| format!("booting (timeout {} s)", opts.timeout.as_secs()))?;
     let seconds = started.elapsed().as_secs_f64();
-    let installs = session
-        .cmdline
-        .as_deref()
-        .is_some_and(|c| contract::cmdline::get(c, contract::cmdline::INSTALL).is_some());
+    // Only a live system installs (a disk's runtime ignores the key).
+    let installs = ready.live
+        && session
+            .cmdline
+            .as_deref()
+            .is_some_and(|c| contract::cmdline::get(c, contract::cmdline::INSTALL).is_some());
     let install = if installs {
         let message = session.wait_line("the live install's outcome", install_outcome)?;
         let installed = !message.ends_with(contract::iso::INSTALL_NOT_DONE);

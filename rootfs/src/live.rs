@@ -13,10 +13,13 @@ use contract::cmdline::{self, BY_ID_DIR, InstallTarget};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// Copies the directory tree `src` to `dst` (created), keeping every
-/// file's and directory's mode and symbolic links as links; anything else
-/// (device nodes, FIFOs) is refused. Returns the bytes of file data copied.
-pub fn copy_tree(src: &Path, dst: &Path) -> Result<u64> {
+/// Moves the directory tree `src` to `dst` (created) across filesystems:
+/// each file is copied, then removed from `src`, so that the memory needed
+/// (both are in RAM) is the tree plus one file, not twice the tree. Every
+/// file's and directory's mode is kept, symbolic links stay links;
+/// anything else (device nodes, FIFOs) is refused. Returns the bytes of
+/// file data moved.
+pub fn move_tree(src: &Path, dst: &Path) -> Result<u64> {
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::symlink_metadata(src).with_context(|| format!("{}", src.display()))?;
     if !meta.is_dir() {
@@ -36,16 +39,18 @@ pub fn copy_tree(src: &Path, dst: &Path) -> Result<u64> {
             .file_type()
             .with_context(|| format!("{}", from.display()))?;
         if t.is_dir() {
-            bytes += copy_tree(&from, &to)?;
+            bytes += move_tree(&from, &to)?;
         } else if t.is_symlink() {
             let target =
                 std::fs::read_link(&from).with_context(|| format!("{}", from.display()))?;
             std::os::unix::fs::symlink(&target, &to)
                 .with_context(|| format!("symlink {}", to.display()))?;
+            std::fs::remove_file(&from).with_context(|| format!("remove {}", from.display()))?;
         } else if t.is_file() {
             // std::fs::copy keeps the permission bits.
             bytes += std::fs::copy(&from, &to)
                 .with_context(|| format!("copy {} to {}", from.display(), to.display()))?;
+            std::fs::remove_file(&from).with_context(|| format!("remove {}", from.display()))?;
         } else {
             bail!(
                 "{} is neither a file, a directory nor a link",
@@ -366,8 +371,8 @@ pub fn check_target(path: &Path, shown: &str, live_id: &str, wipe: bool) -> Resu
         .with_context(|| format!("read {}", path.display()))?;
     if iso.is_some_and(|id| id.eq_ignore_ascii_case(live_id)) {
         bail!(
-            "refusing {shown}: it is the boot medium (the ISO this system booted from); name \
-             another disk"
+            "refusing {shown}: it is the boot medium (or a copy of it: it holds the ISO this \
+             system booted from); name another disk"
         );
     }
     let size = bootstate::gpt::device_size(&mut f)
@@ -663,7 +668,7 @@ mod tests {
     }
 
     #[test]
-    fn the_live_tree_is_copied_with_its_modes() {
+    fn the_live_tree_is_moved_with_its_modes() {
         use std::os::unix::fs::PermissionsExt;
         let root = tempdir("live-copy");
         let src = root.join("live");
@@ -675,7 +680,10 @@ mod tests {
         fs::write(src.join("payload/vmlinuz"), vec![1u8; 1000]).unwrap();
         symlink("vmlinuz", src.join("payload/kernel")).unwrap();
         let dst = root.join("run/live");
-        assert_eq!(copy_tree(&src, &dst).unwrap(), 1000 + 4 + 3);
+        assert_eq!(move_tree(&src, &dst).unwrap(), 1000 + 4 + 3);
+        // Only the (empty) directories are left behind.
+        assert!(!src.join("installer").exists() && !src.join("payload/vmlinuz").exists());
+        assert!(fs::read_dir(src.join("payload")).unwrap().next().is_none());
         let mode = |p: &str| fs::metadata(dst.join(p)).unwrap().permissions().mode() & 0o7777;
         assert_eq!(mode("installer"), 0o755);
         assert_eq!(mode("trusted.pub"), 0o644);
@@ -687,8 +695,8 @@ mod tests {
             fs::read_link(dst.join("payload/kernel")).unwrap(),
             Path::new("vmlinuz")
         );
-        assert!(copy_tree(&root.join("nope"), &root.join("x")).is_err());
-        assert!(copy_tree(&src.join("installer"), &root.join("x")).is_err());
+        assert!(move_tree(&root.join("nope"), &root.join("x")).is_err());
+        assert!(move_tree(&dst.join("installer"), &root.join("x")).is_err());
         fs::remove_dir_all(&root).unwrap();
     }
 

@@ -88,9 +88,9 @@ pub fn run() -> Result<Infallible> {
 }
 
 /// A live boot: the initramfs's `/live` (installer, payload, trusted key)
-/// is copied into `/run/live` (the tmpfs moved into the new root, so stage 2
-/// finds it there), modes kept, and removed from the initramfs to give its
-/// memory back. Not fatal: a live system without it boots, and an install
+/// is moved into `/run/live` (the tmpfs moved into the new root, so stage 2
+/// finds it there), modes kept, file by file so that the memory it takes is
+/// not needed twice. Not fatal: a live system without it boots, and an install
 /// asked of it says what is missing.
 fn carry_live() {
     let src = Path::new("/").join(LIVE_DIR);
@@ -101,10 +101,10 @@ fn carry_live() {
         ));
         return;
     }
-    match live::copy_tree(&src, Path::new(LIVE_RUN_DIR)) {
+    match live::move_tree(&src, Path::new(LIVE_RUN_DIR)) {
         Ok(bytes) => {
             say(format!(
-                "stage1: live: copied /{LIVE_DIR} to {LIVE_RUN_DIR} ({} KiB)",
+                "stage1: live: moved /{LIVE_DIR} to {LIVE_RUN_DIR} ({} KiB)",
                 bytes.div_ceil(1024)
             ));
             if let Err(e) = std::fs::remove_dir_all(&src) {

@@ -125,13 +125,36 @@ fn installer_output_needs_its_binary() {
         e.contains("live.wipe") && e.contains("name the disk"),
         "{e}"
     );
-    for bad in ["'a b'", "'x\"y'", "''", "'$x'"] {
+    for bad in [
+        "'a b'",
+        "'x\"y'",
+        "''",
+        "'$x'",
+        "foo/bar",
+        "'serial:'",
+        "../vdb",
+    ] {
         let e = with(&format!("{iso}live: {{ install: {bad} }}\n"))
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("live.install") && e.contains("serial:SERIAL"),
             "{bad}: {e}"
+        );
+    }
+    // Keys the boot path sets are not the profile's.
+    for key in [
+        "machined.install.wipe=1",
+        "machined.live=AB",
+        "machined.slot=B",
+    ] {
+        let e = refused(&with_line(
+            "  cmdline:",
+            &format!("  cmdline: [console=ttyS0, {key}]"),
+        ));
+        assert!(
+            e.contains("kernel.cmdline[1]") && e.contains("remove it"),
+            "{key}: {e}"
         );
     }
     let e = with("outputs: [raw, raw]\n").unwrap_err().to_string();
