@@ -24,3 +24,4 @@ pub mod rootfs;
 pub mod runtime;
 pub mod secret;
 pub mod sign;
+pub mod uki;

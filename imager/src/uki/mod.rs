@@ -1,0 +1,313 @@
+//! Unified Kernel Images: systemd's stub with the kernel, the initramfs,
+//! os-release and the command line as PE/COFF sections, written by this
+//! module (no objcopy, no ukify). See `docs/uki.md`.
+//!
+//! # What the stub (systemd 252, Debian 12) reads
+//!
+//! Debian's `linuxx64.efi.stub` (systemd 252) looks its sections up by name
+//! in the section table of the loaded image (the headers as the firmware
+//! mapped them, so a section header must lie within `SizeOfHeaders`) and
+//! takes each section's size from its `VirtualSize`. It knows `.linux` (the
+//! bzImage, started through the EFI handover protocol), `.initrd`,
+//! `.cmdline`, `.osrel` (measured, and read by systemd-boot for its menu),
+//! `.splash`, `.dtb`, `.pcrsig` and `.pcrpkey`; 252 has no `.uname` (253
+//! added it). We write `.osrel`, `.cmdline`, `.linux` and `.initrd`, in that
+//! order; no splash, no device tree, and no PCR signature yet.
+//!
+//! - **Command line.** 252 replaces the embedded `.cmdline` by one passed
+//!   at boot (the load options) whenever Secure Boot is off *or the embedded
+//!   one is empty*: an empty or blank command line is refused here, so that
+//!   with Secure Boot on nothing typed at boot reaches the kernel. (With
+//!   Secure Boot off, 252 still lets a boot-time command line win.)
+//! - **Extra files.** The stub packs unsigned files from the ESP into extra
+//!   cpio archives appended to the initramfs: `*.cred` next to the UKI
+//!   (`<uki>.extra.d/`) under `/.extra/credentials/`, `\loader\credentials\`
+//!   under `/.extra/global_credentials/`, `*.raw` system extensions under
+//!   `/.extra/sysext/` (and the `.pcrsig`/`.pcrpkey` contents under
+//!   `/.extra/`). They are measured, not signed: the runtime must ignore
+//!   `/.extra` entirely.
+//! - **Kernel.** The stub refuses a bzImage older than boot protocol 2.11,
+//!   one that is not relocatable, or one without the 64-bit EFI handover
+//!   entry (`CONFIG_EFI_HANDOVER_PROTOCOL`, which 6.2 and later can leave
+//!   out): [`write_uki`] refuses the same at build time, and a command line
+//!   longer than the kernel's `cmdline_size`.
+//!
+//! # How the sections are placed
+//!
+//! - New section headers go after the stub's section table, in the room
+//!   before `SizeOfHeaders` and before the first section's raw data; that
+//!   room must be zero. Debian's stub has room for 7 more; a stub without
+//!   room for 4 is refused (the headers are never moved: moving the raw data
+//!   would break the stub's file offsets, and the firmware maps only
+//!   `SizeOfHeaders`).
+//! - Each new section's `VirtualAddress` follows the previous section,
+//!   aligned to the larger of the stub's `SectionAlignment` (512 in Debian's
+//!   stub) and the 4 KiB page, so that the initramfs and kernel start on a
+//!   page of their own; `VirtualSize` is the exact content length (the stub
+//!   reads that many bytes). Raw data follows the stub's last section in the
+//!   file, each section at a `FileAlignment` boundary, `SizeOfRawData`
+//!   rounded up to it and zero-padded. The kernel relocates itself out of
+//!   the image when started through the handover entry (since 5.8), so
+//!   `.initrd` may follow `.linux` directly.
+//! - `SizeOfImage` is the end of the last section rounded up to
+//!   `SectionAlignment`; `SizeOfInitializedData` grows by the new raw sizes;
+//!   `NumberOfSections` by 4. Section flags: initialized, read-only data.
+//! - **COFF symbol table.** Debian's stub carries a COFF symbol table and
+//!   its string table after the last section's raw data (`PointerToSymbolTable`).
+//!   It is dropped: `PointerToSymbolTable` and `NumberOfSymbols` become 0 and
+//!   the file ends with the last new section. A symbol table is deprecated
+//!   for images, never loaded, and keeping it would mean moving it behind
+//!   the multi-megabyte sections; without trailing data, every byte after
+//!   the headers belongs to a section, which is what an Authenticode
+//!   signature appended later expects. Any other data after the sections
+//!   (an attached signature, unknown bytes) makes the stub refused.
+//! - **Determinism.** `TimeDateStamp` is kept as the stub has it (0 in
+//!   Debian's): the stub is an input, so the same inputs give the same bytes.
+//! - **Checksum.** The optional header's `CheckSum` is recomputed (the PE
+//!   algorithm, as the stub's linker did): firmware does not check it, but a
+//!   tool that does finds it right. Authenticode leaves it out of its digest.
+//!
+//! The parser takes the stub as hostile: every offset and size is checked
+//! before use, and a truncated or lying header is an error, never a panic
+//! nor an allocation larger than the stub (which is read whole, at most
+//! [`MAX_STUB`] bytes). The kernel and the initramfs are streamed.
+
+use crate::io::AtomicFile;
+use anyhow::{Context, Result, ensure};
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+mod pe;
+#[cfg(test)]
+mod tests;
+
+use pe::{OPT_CHECKSUM, PeChecksum, Summing, u16_at, u32_at};
+pub use pe::{
+    SECTION_FLAGS, SECTIONS, StubLayout, UkiSection, parse_stub, pe_checksum, uki_headers,
+};
+
+/// Where Debian's systemd-boot-efi package puts the x86-64 UKI stub.
+pub const DEFAULT_STUB: &str = "/usr/lib/systemd/boot/efi/linuxx64.efi.stub";
+
+/// The largest stub read (Debian's is 83 KB).
+pub const MAX_STUB: u64 = 16 << 20;
+
+/// What a UKI is made of.
+#[derive(Debug, Clone, Copy)]
+pub struct UkiInput<'a> {
+    /// systemd's stub, `linuxx64.efi.stub` ([`DEFAULT_STUB`]).
+    pub stub: &'a Path,
+    /// The bzImage.
+    pub kernel: &'a Path,
+    /// The initramfs (newc cpio, raw or compressed).
+    pub initramfs: &'a Path,
+    /// os-release, as the `.osrel` section.
+    pub os_release: &'a [u8],
+    /// The kernel command line, as the `.cmdline` section: never empty.
+    pub cmdline: &'a str,
+}
+
+/// What [`write_uki`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UkiReport {
+    pub path: PathBuf,
+    /// The file's length.
+    pub size: u64,
+    /// The added sections, in order.
+    pub sections: Vec<UkiSection>,
+    pub size_of_image: u32,
+    pub checksum: u32,
+    /// The bytes of COFF symbol and string table of the stub left out.
+    pub symbol_table_dropped: u64,
+}
+
+/// Checks the kernel's boot header as the 252 stub will: a bzImage of
+/// boot protocol 2.11 or later, relocatable, with the 64-bit EFI handover
+/// entry; returns its `cmdline_size`.
+fn check_kernel(path: &Path) -> Result<u32> {
+    crate::kernel::check_bzimage(path)?;
+    let head = crate::input::read_head(path, "kernel image", 0x270)?;
+    let shown = path.display();
+    let version = u16_at(&head, 0x206).unwrap_or(0);
+    ensure!(
+        version >= 0x20b,
+        "{shown}: boot protocol {}.{:02} is older than 2.11, which systemd's stub needs",
+        version >> 8,
+        version & 0xff
+    );
+    ensure!(
+        head.get(0x234).is_some_and(|&r| r != 0),
+        "{shown} is not relocatable: systemd's stub cannot start it"
+    );
+    let xloadflags = u16_at(&head, 0x236).unwrap_or(0);
+    ensure!(
+        xloadflags & (1 << 3) != 0 && u32_at(&head, 0x264).is_some_and(|o| o != 0),
+        "{shown} has no 64-bit EFI handover entry (CONFIG_EFI_HANDOVER_PROTOCOL): systemd \
+         252's stub starts the kernel through it"
+    );
+    Ok(u32_at(&head, 0x238).unwrap_or(255))
+}
+
+/// Refuses an initramfs that is empty or neither a newc cpio archive nor
+/// one compressed with zstd, gzip or xz (a wrong path must not put another
+/// file, perhaps a secret, into a published image).
+fn check_initramfs(path: &Path) -> Result<()> {
+    let head = crate::input::read_head(path, "initramfs", 6)?;
+    let known = head.starts_with(b"07070")
+        || head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd])
+        || head.starts_with(&[0x1f, 0x8b])
+        || head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]);
+    ensure!(
+        known,
+        "{} is not an initramfs (a newc cpio archive, raw or compressed with zstd, gzip or \
+         xz)",
+        path.display()
+    );
+    Ok(())
+}
+
+fn check_text(what: &str, text: &[u8]) -> Result<()> {
+    ensure!(
+        !text.iter().all(u8::is_ascii_whitespace),
+        "the UKI's {what} is empty"
+    );
+    ensure!(!text.contains(&0), "the UKI's {what} contains a NUL byte");
+    Ok(())
+}
+
+fn read_stub(path: &Path) -> Result<Vec<u8>> {
+    let shown = path.display();
+    let f = File::open(path).with_context(|| {
+        format!("opening the UKI stub {shown}: install systemd-boot-efi (scripts/setup.sh)")
+    })?;
+    ensure!(
+        f.metadata()
+            .with_context(|| format!("reading {shown}"))?
+            .is_file(),
+        "{shown} is not a regular file: give the path of linuxx64.efi.stub"
+    );
+    let mut b = Vec::new();
+    f.take(MAX_STUB + 1)
+        .read_to_end(&mut b)
+        .with_context(|| format!("reading the UKI stub {shown}"))?;
+    ensure!(
+        b.len() as u64 <= MAX_STUB,
+        "{shown} is larger than {MAX_STUB} bytes: not systemd's stub"
+    );
+    Ok(b)
+}
+
+/// An input streamed into a section: opened once, its length taken from
+/// the open file.
+fn open_sized(path: &Path, what: &str) -> Result<(File, u64)> {
+    let f = File::open(path).with_context(|| format!("opening the {what} {}", path.display()))?;
+    let len = f
+        .metadata()
+        .with_context(|| format!("reading the {what} {}", path.display()))?
+        .len();
+    Ok((f, len))
+}
+
+/// Writes `headers`, then each source into its section (zero-padded to
+/// its raw size), returning the checksum of what was written.
+fn write_body(
+    file: &mut File,
+    headers: &[u8],
+    sources: [(Box<dyn Read + '_>, &str); 4],
+    sections: &[UkiSection],
+) -> Result<PeChecksum> {
+    let mut w = Summing {
+        inner: io::BufWriter::with_capacity(1 << 20, file),
+        sum: PeChecksum::default(),
+    };
+    w.write_all(headers)?;
+    for ((src, what), s) in sources.into_iter().zip(sections) {
+        let want = u64::from(s.virtual_size);
+        let n =
+            io::copy(&mut src.take(want), &mut w).with_context(|| format!("copying the {what}"))?;
+        ensure!(
+            n == want,
+            "the {what} shrank from {want} to {n} bytes while it was read"
+        );
+        let pad = u64::from(s.size_of_raw_data) - want;
+        io::copy(&mut io::repeat(0).take(pad), &mut w)?;
+    }
+    let Summing { inner, sum } = w;
+    inner.into_inner().map_err(|e| e.into_error())?;
+    Ok(sum)
+}
+
+/// Writes the UKI `dest` (atomically) from `input`: see the module
+/// documentation for what is checked and how the sections are placed.
+pub fn write_uki(input: &UkiInput, dest: &Path) -> Result<UkiReport> {
+    check_text("command line", input.cmdline.as_bytes()).context(
+        "systemd's stub takes a command line typed at boot when the embedded one is empty: \
+         give the image's command line",
+    )?;
+    check_text("os-release", input.os_release)?;
+    let cmdline_size = check_kernel(input.kernel)?;
+    ensure!(
+        input.cmdline.len() as u64 <= u64::from(cmdline_size),
+        "the command line has {} bytes, more than the kernel takes ({cmdline_size})",
+        input.cmdline.len()
+    );
+    check_initramfs(input.initramfs)?;
+    let stub = read_stub(input.stub)?;
+    let (kernel, kernel_len) = open_sized(input.kernel, "kernel image")?;
+    let (initrd, initrd_len) = open_sized(input.initramfs, "initramfs")?;
+    let lens = [
+        input.os_release.len() as u64,
+        input.cmdline.len() as u64,
+        kernel_len,
+        initrd_len,
+    ];
+    let (headers, sections, size_of_image) = uki_headers(&stub, lens)
+        .with_context(|| format!("{} is not a usable UKI stub", input.stub.display()))?;
+    let layout = parse_stub(&stub)?;
+    let checksum_at = layout.optional_header + OPT_CHECKSUM;
+    let symbol_table_dropped = layout.symbol_table.map_or(0, |(_, n)| n);
+    drop(stub);
+
+    let mut out = AtomicFile::create(dest)?;
+    let shown = dest.display().to_string();
+    let sum = write_body(
+        out.file(),
+        &headers,
+        [
+            (Box::new(input.os_release), "os-release"),
+            (Box::new(input.cmdline.as_bytes()), "command line"),
+            (Box::new(&kernel), "kernel image"),
+            (Box::new(&initrd), "initramfs"),
+        ],
+        &sections,
+    )
+    .with_context(|| format!("writing {shown}"))?;
+    // A file that grew while it was read is caught too: its length no
+    // longer matches the section written from it.
+    for (f, len, what) in [
+        (&kernel, kernel_len, "kernel image"),
+        (&initrd, initrd_len, "initramfs"),
+    ] {
+        let now = f.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+        ensure!(
+            now == len,
+            "the {what} changed size while it was read: try again"
+        );
+    }
+    let size = sum.len;
+    let checksum = sum.finish();
+    let f = out.file();
+    f.seek(SeekFrom::Start(checksum_at as u64))
+        .and_then(|_| f.write_all(&checksum.to_le_bytes()))
+        .with_context(|| format!("writing the checksum of {shown}"))?;
+    let path = out.commit()?;
+    Ok(UkiReport {
+        path,
+        size,
+        sections,
+        size_of_image,
+        checksum,
+        symbol_table_dropped,
+    })
+}
