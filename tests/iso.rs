@@ -187,3 +187,76 @@ fn the_live_system_refuses_its_boot_medium_a_disk_with_data_and_a_small_disk() {
     );
     assert!(!e.contains("loop0"), "{e}");
 }
+
+/// The live ISO's kernel and initramfs as a Unified Kernel Image made by
+/// `imager::uki` from systemd's stub, with the live entry's command line:
+/// `EFI/BOOT/BOOTX64.EFI` on a small FAT disk (no systemd-boot) reaches
+/// ready under OVMF, live, with exactly that command line.
+#[test]
+fn a_uki_of_the_live_system_reaches_ready_under_ovmf() {
+    let iso = iso().artifact("iso");
+    let dir = scratch().join("uki");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let efi = dir.join("efi.img");
+    ok(tool("xorriso")
+        .args(["-osirrox", "on", "-indev"])
+        .arg(&iso)
+        .args(["-extract", &format!("/{}", contract::iso::EFI_IMAGE)])
+        .arg(&efi));
+    let get = |from: &str, to: &str| {
+        ok(tool("mcopy")
+            .arg("-i")
+            .arg(&efi)
+            .arg(format!("::{from}"))
+            .arg(dir.join(to)));
+        dir.join(to)
+    };
+    let kernel = get(contract::iso::LIVE_KERNEL, "vmlinuz");
+    let initramfs = get(contract::iso::LIVE_INITRAMFS, "initramfs.zst");
+    let entry = std::fs::read_to_string(get(contract::iso::LIVE_ENTRY, "live.conf")).unwrap();
+    let cmdline = entry
+        .lines()
+        .find_map(|l| l.strip_prefix("options "))
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(cmdline.contains("machined.live="), "{entry}");
+
+    let uki = dir.join("live.efi");
+    let r = imager::uki::write_uki(
+        &imager::uki::UkiInput {
+            stub: Path::new(imager::uki::DEFAULT_STUB),
+            kernel: &kernel,
+            initramfs: &initramfs,
+            os_release: b"NAME=Imager\nID=imager\nVERSION_ID=0.1.0\n",
+            cmdline: &cmdline,
+        },
+        &uki,
+    )
+    .unwrap();
+    assert_eq!(r.sections.len(), 4);
+
+    let disk = dir.join("esp.img");
+    ok(tool("mkfs.vfat")
+        .args(["-C", "-n", "UKI"])
+        .arg(&disk)
+        .arg("65536"));
+    ok(tool("mmd")
+        .arg("-i")
+        .arg(&disk)
+        .args(["::EFI", "::EFI/BOOT"]));
+    ok(tool("mcopy")
+        .arg("-i")
+        .arg(&disk)
+        .arg(&uki)
+        .arg("::EFI/BOOT/BOOTX64.EFI"));
+
+    let mut opts = imager::qemu::BootOptions::new(&disk);
+    opts.timeout = std::time::Duration::from_secs(180);
+    opts.echo = false;
+    let report = imager::qemu::boot(&opts).unwrap_or_else(|e| panic!("the UKI: {e:#}"));
+    assert!(report.ready && report.live, "{report:?}");
+    assert_eq!(report.version, "0.1.0");
+    assert_eq!(report.cmdline.as_deref(), Some(cmdline.as_str()));
+}
