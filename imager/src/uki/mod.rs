@@ -27,10 +27,11 @@
 //!   `/.extra/`). They are measured, not signed: the runtime must ignore
 //!   `/.extra` entirely.
 //! - **Kernel.** The stub refuses a bzImage older than boot protocol 2.11,
-//!   one that is not relocatable, or one without the 64-bit EFI handover
+//!   one that is not relocatable, one without the 64-bit EFI handover
 //!   entry (`CONFIG_EFI_HANDOVER_PROTOCOL`, which 6.2 and later can leave
-//!   out): [`write_uki`] refuses the same at build time, and a command line
-//!   longer than the kernel's `cmdline_size`.
+//!   out), and one that cannot run above 4 GiB when firmware loaded the
+//!   UKI there: [`write_uki`] refuses the same at build time, and a command
+//!   line longer than the kernel's `cmdline_size`.
 //!
 //! # How the sections are placed
 //!
@@ -124,7 +125,7 @@ pub struct UkiReport {
 
 /// Checks the kernel's boot header as the 252 stub will: a bzImage of
 /// boot protocol 2.11 or later, relocatable, with the 64-bit EFI handover
-/// entry; returns its `cmdline_size`.
+/// entry, loadable above 4 GiB; returns its `cmdline_size`.
 fn check_kernel(path: &Path) -> Result<u32> {
     crate::kernel::check_bzimage(path)?;
     let head = crate::input::read_head(path, "kernel image", 0x270)?;
@@ -145,6 +146,11 @@ fn check_kernel(path: &Path) -> Result<u32> {
         xloadflags & (1 << 3) != 0 && u32_at(&head, 0x264).is_some_and(|o| o != 0),
         "{shown} has no 64-bit EFI handover entry (CONFIG_EFI_HANDOVER_PROTOCOL): systemd \
          252's stub starts the kernel through it"
+    );
+    ensure!(
+        xloadflags & (1 << 1) != 0,
+        "{shown} cannot be loaded above 4 GiB (XLF_CAN_BE_LOADED_ABOVE_4G): systemd's stub \
+         refuses it when firmware loads the UKI there"
     );
     Ok(u32_at(&head, 0x238).unwrap_or(255))
 }

@@ -439,6 +439,19 @@ fn kernels_the_stub_cannot_start_are_refused() {
     std::fs::write(&inp.kernel, &k).unwrap();
     let e = inp.refusal(&inp.input(CMDLINE));
     assert!(e.contains("EFI handover"), "{e}");
+    let refused = |edit: &dyn Fn(&mut Vec<u8>), want: &str| {
+        let mut k = kernel_bytes();
+        edit(&mut k);
+        std::fs::write(&inp.kernel, &k).unwrap();
+        let e = inp.refusal(&inp.input(CMDLINE));
+        assert!(e.contains(want), "{e} (wanted {want:?})");
+    };
+    refused(&|k| k[0x236] = 0b1001, "above 4 GiB");
+    refused(&|k| k[0x234] = 0, "not relocatable");
+    refused(
+        &|k| k[0x206..0x208].copy_from_slice(&0x20au16.to_le_bytes()),
+        "2.10 is older",
+    );
     k[0x202] = b'X';
     std::fs::write(&inp.kernel, &k).unwrap();
     let e = inp.refusal(&inp.input(CMDLINE));
