@@ -12,8 +12,8 @@ packages=(
   ovmf systemd-boot-efi grub-pc-bin qemu-system-x86
   # independent checkers used by the tests and the benchmark
   fdisk dosfstools mtools squashfs-tools openssl file time util-linux coreutils
-  # objdump: reads the UKI's PE sections back in the tests
-  binutils
+  # objdump and sbverify: read the UKI's PE sections back in the tests
+  binutils sbsigntool
   # shipped in the root filesystem with their libraries (STATE and EPHEMERAL)
   xfsprogs
   # readers of the installer's OCI image, used by the tests

@@ -239,6 +239,22 @@ fn objdump_lists_the_sections_at_their_addresses_and_they_read_back() {
     assert_eq!(field("CheckSum"), u64::from(r.checksum));
     assert_eq!(field("SizeOfImage"), u64::from(size_of_image));
 
+    // sbverify (sbsigntool) parses it without a warning: sections inside
+    // the file, checksum areas within the image.
+    let v = Command::new("sbverify")
+        .arg("--list")
+        .arg(&r.path)
+        .output()
+        .expect("sbverify (sbsigntool) runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&v.stdout),
+        String::from_utf8_lossy(&v.stderr)
+    );
+    assert!(v.status.success(), "{said}");
+    assert!(!said.contains("warning"), "{said}");
+    assert!(said.contains("No signature table present"), "{said}");
+
     // The UKI parses as a PE image again (as a stub it is refused: it is a UKI).
     let again = parse_stub(&uki).unwrap_err();
     assert!(format!("{again}").contains("it is a UKI"), "{again}");
