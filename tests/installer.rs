@@ -277,16 +277,7 @@ fn extract_payload_gives_the_payload_bytes() {
 fn small_image(dir: &Path) -> (PathBuf, imager::sign::VerifyingKey) {
     use imager::artifact::Kind;
     use imager::sign::{self, Manifest};
-    struct TestKey(ed25519_dalek::SigningKey);
-    impl sign::Signer for TestKey {
-        fn public_key(&self) -> sign::VerifyingKey {
-            self.0.verifying_key()
-        }
-        fn sign(&self, message: &[u8]) -> anyhow::Result<sign::Signature> {
-            Ok(ed25519_dalek::Signer::sign(&self.0, message))
-        }
-    }
-    let signer = TestKey(ed25519_dalek::SigningKey::from_bytes(&[5; 32]));
+    let signer = TestKey::from_seed(5);
     let _ = std::fs::remove_dir_all(dir);
     let payload = dir.join("payload");
     std::fs::create_dir_all(&payload).unwrap();
@@ -452,16 +443,7 @@ fn install_refuses_a_disk_holding_data_unless_wipe() {
         }),
         ..sign::Manifest::new("metal", TAG, "p", 1_700_000_000, artifacts)
     };
-    struct TestKey(ed25519_dalek::SigningKey);
-    impl sign::Signer for TestKey {
-        fn public_key(&self) -> sign::VerifyingKey {
-            self.0.verifying_key()
-        }
-        fn sign(&self, message: &[u8]) -> anyhow::Result<sign::Signature> {
-            Ok(ed25519_dalek::Signer::sign(&self.0, message))
-        }
-    }
-    let signer = TestKey(ed25519_dalek::SigningKey::from_bytes(&[7; 32]));
+    let signer = TestKey::from_seed(7);
     sign::write_signed_manifest(&payload, &m, &signer).unwrap();
     let key_pub = dir.join("key.pub");
     std::fs::write(
@@ -529,4 +511,22 @@ fn install_refuses_a_disk_holding_data_unless_wipe() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A signing key made from a repeated byte, for payloads signed in tests.
+struct TestKey(ed25519_dalek::SigningKey);
+
+impl TestKey {
+    fn from_seed(byte: u8) -> TestKey {
+        TestKey(ed25519_dalek::SigningKey::from_bytes(&[byte; 32]))
+    }
+}
+
+impl imager::sign::Signer for TestKey {
+    fn public_key(&self) -> imager::sign::VerifyingKey {
+        self.0.verifying_key()
+    }
+    fn sign(&self, message: &[u8]) -> anyhow::Result<imager::sign::Signature> {
+        Ok(ed25519_dalek::Signer::sign(&self.0, message))
+    }
 }
