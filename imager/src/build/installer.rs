@@ -47,11 +47,7 @@ pub fn write_installer(
     payload: &PayloadInput,
     signer: &dyn sign::Signer,
 ) -> Result<PathBuf> {
-    let stage = tempfile::Builder::new()
-        .prefix(".installer-payload.")
-        .suffix(".partial")
-        .tempdir_in(out)
-        .with_context(|| format!("creating a staging directory in {}", out.display()))?;
+    let stage = crate::io::Staging::create(out, "installer-payload")?;
     let dir = stage.path();
     let manifest = write_payload(p, dir, payload, signer)?;
     let listed: Vec<&str> = manifest.artifacts.iter().map(|a| a.path.as_str()).collect();

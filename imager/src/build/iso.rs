@@ -58,11 +58,7 @@ pub fn write_iso(
     input: &IsoInput,
     signer: &dyn sign::Signer,
 ) -> Result<PathBuf> {
-    let stage = tempfile::Builder::new()
-        .prefix(".iso.")
-        .suffix(".partial")
-        .tempdir_in(out)
-        .with_context(|| format!("creating a staging directory in {}", out.display()))?;
+    let stage = crate::io::Staging::create(out, "iso")?;
     let work = stage.path();
     step("iso: payload, live initramfs");
     let payload_dir = work.join("payload");
