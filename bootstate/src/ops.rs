@@ -25,10 +25,9 @@ use crate::fat::BootFs;
 use crate::fatscan::Scan;
 use crate::{grubenv, meta};
 use anyhow::{Context, Result, bail};
-use contract::boot::{DEFAULT_TRIES, Entry, EntryName, boot_order};
+use contract::boot::{DEFAULT_TRIES, Entry, EntryKind, EntryName, boot_order};
 use contract::grubcfg::{self, Tries};
 use contract::meta::{Meta, SlotStatus};
-use contract::paths::BOOT_ENTRIES_DIR;
 use contract::state::{Assessment, BootState, FallbackReason, Pending, best_entry};
 use contract::{Slot, state};
 use std::fs::File;
@@ -37,6 +36,9 @@ use std::path::PathBuf;
 
 /// Largest entry file read.
 const ENTRY_LIMIT: u64 = 64 * 1024;
+/// Largest UKI entry copied (a rollback or a blessing copies a slot's UKI
+/// under its new name, through memory).
+pub const UKI_LIMIT: u64 = 256 << 20;
 /// Most entry files of ours read (each is read and its files looked up).
 const MAX_ENTRIES: usize = 64;
 
@@ -113,21 +115,25 @@ impl EntryFile {
     }
 }
 
-/// Our entries on BOOT (other files in `loader/entries` are not ours),
-/// sorted by name, each with what keeps it from booting: it is empty (a
-/// creation cut short, removed by the next change), it does not parse, or a
-/// file it names is not on BOOT.
+/// Our entries on BOOT (other files in `loader/entries` and `EFI/Linux`
+/// are not ours), sorted by name, each with what keeps it from booting: it
+/// is empty (a creation cut short, removed by the next change), it does not
+/// parse, or a file it names is not on BOOT. A UKI entry is bootable when it
+/// is not empty (its length is written last); firmware checks the rest.
 pub fn entry_files<B: Read + Seek>(boot: &mut BootFs<B>) -> Result<Vec<EntryFile>> {
-    let mut files: Vec<(EntryName, String, u64)> = boot
-        .list(BOOT_ENTRIES_DIR)?
-        .into_iter()
-        .filter_map(|f| EntryName::parse(&f.name.to_lowercase()).map(|n| (n, f.name, f.size)))
-        .collect();
+    let mut files: Vec<(EntryName, String, u64)> = Vec::new();
+    for kind in EntryKind::ALL {
+        files.extend(boot.list(kind.dir())?.into_iter().filter_map(|f| {
+            EntryName::parse(&f.name.to_lowercase())
+                .filter(|n| n.kind == kind)
+                .map(|n| (n, f.name, f.size))
+        }));
+    }
     files.sort();
     if files.len() > MAX_ENTRIES {
         bail!(
-            "BOOT has {} boot entries of ours in {BOOT_ENTRIES_DIR}, more than the {MAX_ENTRIES} \
-             two slots ever need: the disk was tampered with; reinstall it",
+            "BOOT has {} boot entries of ours, more than the {MAX_ENTRIES} two slots ever need: \
+             the disk was tampered with; reinstall it",
             files.len()
         );
     }
@@ -142,6 +148,8 @@ pub fn entry_files<B: Read + Seek>(boot: &mut BootFs<B>) -> Result<Vec<EntryFile
                         .to_string(),
                 ),
             )
+        } else if name.kind == EntryKind::Uki {
+            (None, None)
         } else {
             match entry_of(boot, &name) {
                 Err(e) => (None, Some(format!("unreadable: {e:#}"))),
@@ -210,21 +218,34 @@ fn write_state<M: Device>(meta_dev: &mut M, st: &Status, new: &BootState) -> Res
     meta::write(meta_dev, &meta_with(st, new)?)
 }
 
-/// Before a change that creates one entry file (rollback, blessing): BOOT
-/// holds together and has a cluster for it, counting what a reclaim frees;
-/// the reclaim is made (its writes are safe at any cut) when it is needed.
-fn room_for_an_entry<B: Device>(boot: &mut BootFs<B>) -> Result<()> {
+/// Before a change that creates one entry file of `len` bytes (rollback,
+/// blessing): BOOT holds together and has the clusters for it, counting
+/// what a reclaim frees; the reclaim is made (its writes are safe at any
+/// cut) when it is needed.
+fn room_for_an_entry<B: Device>(boot: &mut BootFs<B>, len: u64) -> Result<()> {
     let scan = boot.scan()?.clone();
-    if scan.room() < scan.cluster_size {
+    let need = clusters(len, scan.cluster_size);
+    if scan.room() < need {
         bail!(
-            "BOOT is full: there is no room for a boot entry; nothing was written. Remove \
-             files from BOOT or reinstall the disk"
+            "BOOT is full: there is no room for a boot entry of {} KiB; nothing was written. \
+             Remove files from BOOT or reinstall the disk",
+            need.div_ceil(1024)
         );
     }
-    if u64::from(scan.free) * scan.cluster_size < scan.cluster_size {
+    if u64::from(scan.free) * scan.cluster_size < need {
         boot.reclaim()?;
     }
     Ok(())
+}
+
+/// An entry file's bytes: a `.conf` (at most [`ENTRY_LIMIT`]) or a UKI (at
+/// most [`UKI_LIMIT`]), to be written again under another name.
+fn read_entry<B: Read + Seek>(boot: &mut BootFs<B>, name: &EntryName) -> Result<Vec<u8>> {
+    let limit = match name.kind {
+        EntryKind::Conf => ENTRY_LIMIT,
+        EntryKind::Uki => UKI_LIMIT,
+    };
+    boot.read(&name.path(), limit)
 }
 
 /// A file of the payload: where it is, its SHA-256 (hex) and length.
@@ -244,6 +265,26 @@ pub struct Payload {
     pub cmdline: String,
     pub kernel: PayloadFile,
     pub initramfs: PayloadFile,
+    /// A UKI per slot (its command line names the slot): the slot gets the
+    /// UKI as its entry in `EFI/Linux` instead of a `.conf` entry and the
+    /// kernel and initramfs files (`contract::boot`, "UKI entries").
+    pub ukis: Option<SlotUkis>,
+}
+
+/// The UKIs of a payload, one per slot.
+#[derive(Debug, Clone)]
+pub struct SlotUkis {
+    pub a: PayloadFile,
+    pub b: PayloadFile,
+}
+
+impl SlotUkis {
+    pub fn for_slot(&self, slot: Slot) -> &PayloadFile {
+        match slot {
+            Slot::A => &self.a,
+            Slot::B => &self.b,
+        }
+    }
 }
 
 impl Payload {
@@ -281,6 +322,8 @@ struct UpgradePlan {
     fallback: Slot,
     entry: Entry,
     entry_text: String,
+    /// The kind of the new entry: a UKI when the payload has UKIs.
+    kind: EntryKind,
     /// The target slot directory's files before the upgrade.
     old_files: Vec<crate::fat::FileInfo>,
     /// Whether BOOT has clusters that no file holds, to free first.
@@ -321,9 +364,20 @@ fn plan_upgrade<B: Device, M: Device>(
     }
     let entry = payload.entry(target);
     let entry_text = entry.render();
+    let kind = match payload.ukis {
+        Some(_) => EntryKind::Uki,
+        None => EntryKind::Conf,
+    };
     // GRUB's rendering, when BOOT has it: ours, and the entry one GRUB can
     // boot as systemd-boot does.
     let grub_slot_cfg = if grubenv::installed(boot)? {
+        if kind == EntryKind::Uki {
+            bail!(
+                "BOOT carries GRUB's rendering (the BIOS path), and this payload boots slots \
+                 from UKIs, which GRUB cannot run: nothing was written. Upgrade with a payload \
+                 without UKIs, or reinstall the disk from the UKI image (`imager install`)"
+            );
+        }
         if grubenv::read(boot)?.good.is_none() {
             bail!(
                 "{} on BOOT was not written by this version of imager: the upgrade would \
@@ -339,17 +393,25 @@ fn plan_upgrade<B: Device, M: Device>(
     // loops) and counts the clusters a cut upgrade left behind.
     let scan = boot.scan()?.clone();
     let old_files = boot.list(target.name())?;
-    let small_files: Vec<&str> = std::iter::once(entry_text.as_str())
-        .chain(grub_slot_cfg.as_deref())
-        .collect();
+    let small_files: Vec<&str> = match kind {
+        EntryKind::Conf => std::iter::once(entry_text.as_str())
+            .chain(grub_slot_cfg.as_deref())
+            .collect(),
+        EntryKind::Uki => Vec::new(),
+    };
+    let old_entries = entry_sizes(boot, &st, target)?;
+    // What takes room: the slot's files, or its UKI.
+    let mut room_files = slot_files(payload, &entry);
+    if let Some(u) = &payload.ukis {
+        room_files.push((EntryKind::Uki.dir().to_string(), u.for_slot(target)));
+    }
     check_room(
-        &st,
         &scan,
         &old_files,
+        old_entries,
         target,
-        &entry,
+        &room_files,
         &small_files,
-        payload,
     )?;
     let from_version = st.state.version(fallback).to_string();
     let mut new = st.state.clone();
@@ -375,32 +437,69 @@ fn plan_upgrade<B: Device, M: Device>(
         fallback,
         entry,
         entry_text,
+        kind,
         old_files,
         reclaim: !scan.lost.is_empty(),
         from_version,
     })
 }
 
-/// Space: what the slot's old files and entries free, and the clusters cut
-/// upgrades left behind (reclaimed first), against what comes.
-fn check_room(
+/// The files an upgrade writes for `target` before its switch, with their
+/// paths on BOOT: the kernel and initramfs of a `.conf` entry; none for a
+/// UKI (the UKI is the entry, written at the switch).
+fn slot_files<'a>(payload: &'a Payload, entry: &Entry) -> Vec<(String, &'a PayloadFile)> {
+    match payload.ukis {
+        Some(_) => Vec::new(),
+        None => vec![
+            (entry.linux.clone(), &payload.kernel),
+            (entry.initrd.clone(), &payload.initramfs),
+        ],
+    }
+}
+
+/// The lengths of `target`'s entries on BOOT (they go in an upgrade).
+fn entry_sizes<B: Read + Seek>(
+    boot: &mut BootFs<B>,
     st: &Status,
+    target: Slot,
+) -> Result<Vec<u64>> {
+    let mut sizes = Vec::new();
+    for kind in EntryKind::ALL {
+        for f in boot.list(kind.dir())? {
+            if st.entries.iter().any(|e| {
+                e.slot == target && e.kind == kind && e.file_name() == f.name.to_lowercase()
+            }) {
+                sizes.push(f.size);
+            }
+        }
+    }
+    Ok(sizes)
+}
+
+/// Space: what the slot's old files and entries free, and the clusters cut
+/// upgrades left behind (reclaimed first), against what comes: the slot's
+/// files (`files`, which may reuse an old file of the same name and
+/// length), its entry (a small file, or the UKI) and GRUB's `X/grub.cfg`.
+fn check_room(
     scan: &Scan,
     old_files: &[crate::fat::FileInfo],
+    old_entries: Vec<u64>,
     target: Slot,
-    entry: &Entry,
+    files: &[(String, &PayloadFile)],
     small_files: &[&str],
-    payload: &Payload,
 ) -> Result<()> {
     let (free, cluster) = (scan.room(), scan.cluster_size);
     let mut freed: u64 = old_files
         .iter()
-        .filter(|f| f.name != file_name(&entry.linux) && f.name != file_name(&entry.initrd))
+        .filter(|f| !files.iter().any(|(p, _)| f.name == file_name(p)))
         .map(|f| clusters(f.size, cluster))
         .sum();
     // (Entries the boot loader passes over go too, but may be empty: not
     // counted.)
-    freed += st.entries.iter().filter(|e| e.slot == target).count() as u64 * cluster;
+    freed += old_entries
+        .iter()
+        .map(|&len| clusters(len, cluster))
+        .sum::<u64>();
     let reused = |name: &str, len: u64| {
         old_files
             .iter()
@@ -411,10 +510,7 @@ fn check_room(
         .iter()
         .map(|t| clusters(t.len() as u64, cluster))
         .sum();
-    for (path, f) in [
-        (&entry.linux, &payload.kernel),
-        (&entry.initrd, &payload.initramfs),
-    ] {
+    for (path, f) in files {
         if !reused(path, f.len) {
             needed += clusters(f.len, cluster);
         }
@@ -441,11 +537,8 @@ pub fn upgrade<B: Device, M: Device>(
     tries: u32,
 ) -> Result<Upgraded> {
     let plan = plan_upgrade(boot, meta_dev, payload, tries)?;
-    let (target, fallback, entry) = (plan.target, plan.fallback, &plan.entry);
-    let files = [
-        (&entry.linux, &payload.kernel),
-        (&entry.initrd, &payload.initramfs),
-    ];
+    let (target, fallback) = (plan.target, plan.fallback);
+    let files = slot_files(payload, &plan.entry);
     // 0. Clusters that no file holds (left by cut upgrades) are freed.
     if plan.reclaim {
         boot.reclaim()?;
@@ -466,6 +559,10 @@ pub fn upgrade<B: Device, M: Device>(
         boot.remove(&e.path())?;
     }
     boot.ensure_dir(target.name())?;
+    if plan.kind == EntryKind::Uki {
+        boot.ensure_dir("EFI")?;
+        boot.ensure_dir(EntryKind::Uki.dir())?;
+    }
     // 2. Its old files, and new-named files that are not what we expect.
     for f in &plan.old_files {
         let path = format!("{}/{}", target.name(), f.name);
@@ -479,7 +576,7 @@ pub fn upgrade<B: Device, M: Device>(
     }
     // 3. The new files, then read back against the signed digests.
     let mut bytes_written = 0;
-    for (path, pf) in files {
+    for (path, pf) in &files {
         if !boot.exists(path)? {
             let mut src =
                 File::open(&pf.path).with_context(|| format!("opening {}", pf.path.display()))?;
@@ -507,10 +604,35 @@ pub fn upgrade<B: Device, M: Device>(
     }
     // 4. META: the intent, before the switch.
     meta::write(meta_dev, &plan.new_meta)?;
-    // 5. The switch: the new entry, generation above all.
-    let name = EntryName::trial(plan.generation, target, tries);
-    let text = plan.entry_text.as_bytes();
-    boot.create(&name.path(), &mut &text[..], text.len() as u64)?;
+    // 5. The switch: the new entry, generation above all. A UKI is read
+    //    back after it: when it does not read back as signed, it is
+    //    removed again (until then the slot's tries run out on it).
+    let name = EntryName::trial(plan.generation, target, tries).of_kind(plan.kind);
+    match &payload.ukis {
+        None => {
+            let text = plan.entry_text.as_bytes();
+            boot.create(&name.path(), &mut &text[..], text.len() as u64)?;
+        }
+        Some(ukis) => {
+            let pf = ukis.for_slot(target);
+            let mut src =
+                File::open(&pf.path).with_context(|| format!("opening {}", pf.path.display()))?;
+            boot.create(&name.path(), &mut src, pf.len)?;
+            bytes_written += pf.len;
+            let (sha, len) = boot.hash(&name.path())?;
+            if sha != pf.sha256 || len != pf.len {
+                boot.remove(&name.path())?;
+                bail!(
+                    "{} on BOOT read back as sha256 {sha} ({len} bytes), not the signed {} \
+                     ({} bytes): the disk does not keep what is written to it; the entry was \
+                     removed again, slot {fallback} still boots",
+                    name.path(),
+                    pf.sha256,
+                    pf.len
+                );
+            }
+        }
+    }
     // 6. GRUB's switch: its block names the target with the same tries.
     if plan.grub_slot_cfg.is_some() {
         grubenv::sync(boot, &plan.new_state, Tries::Arm(tries))?;
@@ -565,12 +687,14 @@ pub fn rollback<B: Device, M: Device>(
     let Some(current) = best_entry(&st.entries, to) else {
         bail!("slot {to} has no boot entry: it cannot be booted");
     };
-    let text = boot.read(&current.path(), ENTRY_LIMIT)?;
-    let text = String::from_utf8(text).context("slot entry is not UTF-8")?;
-    let e = Entry::parse(&text).map_err(anyhow::Error::msg)?;
-    for f in [&e.linux, &e.initrd] {
-        if !f.is_empty() && !boot.exists(f)? {
-            bail!("slot {to}'s entry names {f}, which is not on BOOT: it cannot be booted");
+    let text = read_entry(boot, &current)?;
+    if current.kind == EntryKind::Conf {
+        let text = std::str::from_utf8(&text).context("slot entry is not UTF-8")?;
+        let e = Entry::parse(text).map_err(anyhow::Error::msg)?;
+        for f in [&e.linux, &e.initrd] {
+            if !f.is_empty() && !boot.exists(f)? {
+                bail!("slot {to}'s entry names {f}, which is not on BOOT: it cannot be booted");
+            }
         }
     }
     let trial = status != SlotStatus::Good;
@@ -596,7 +720,7 @@ pub fn rollback<B: Device, M: Device>(
     ));
     let new_meta = meta_with(&st, &new)?;
     let generation = st.next_generation()?;
-    room_for_an_entry(boot)?;
+    room_for_an_entry(boot, text.len() as u64)?;
     let grub = grubenv::installed(boot)?;
     if grub {
         check_grub(boot, to)?;
@@ -606,8 +730,9 @@ pub fn rollback<B: Device, M: Device>(
         EntryName::trial(generation, to, DEFAULT_TRIES)
     } else {
         EntryName::good(generation, to)
-    };
-    boot.create(&name.path(), &mut text.as_bytes(), text.len() as u64)?;
+    }
+    .of_kind(current.kind);
+    boot.create(&name.path(), &mut &text[..], text.len() as u64)?;
     if grub {
         let tries = if trial {
             Tries::Arm(DEFAULT_TRIES)
@@ -832,17 +957,17 @@ pub fn bless<B: Device, M: Device>(
         None => format!("blessed slot={booted} version={version}"),
     });
     let new_meta = meta_with(&st, &new)?;
-    room_for_an_entry(boot)?;
     let mut redone = None;
     if let Some(counting) = best_entry(&st.entries, booted).filter(|e| e.tries.is_some()) {
         let good = counting.blessed();
         if !st.entries.contains(&good) {
+            let text = read_entry(boot, &counting)?;
+            room_for_an_entry(boot, text.len() as u64)?;
             // An empty file of that name is a blessing cut short: redo it.
             if st.broken.contains(&good) {
                 boot.remove(&good.path())?;
                 redone = Some(good);
             }
-            let text = boot.read(&counting.path(), ENTRY_LIMIT)?;
             boot.create(&good.path(), &mut &text[..], text.len() as u64)?;
         }
     }

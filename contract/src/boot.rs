@@ -13,6 +13,21 @@
 //! Boot files are named by their content hash, so that writing a new version
 //! never overwrites a file an existing entry points to.
 //!
+//! A disk whose payload is a Unified Kernel Image per slot (Secure Boot
+//! images, `docs/uki.md`) has type #2 entries instead: the UKI itself is the
+//! entry, named as a `.conf` would be, in `EFI/Linux/` on BOOT:
+//!
+//! ```text
+//! /EFI/Linux/g00000001-slot-a.efi               slot A's UKI (its command line names slot A)
+//! /EFI/Linux/g00000002-slot-b+3-0.efi           slot B's, on trial
+//! ```
+//!
+//! systemd-boot counts tries in those names as in `.conf` names, and orders
+//! both kinds by the same rule as long as the UKIs' `.osrel` has no `ID` or
+//! `IMAGE_ID` (with those, 252 would order by the os-release `VERSION`
+//! first, and a rollback to an older version would never boot: see
+//! [`uki_os_release`]).
+//!
 //! ## Which entry boots
 //!
 //! `loader.conf` names no default: systemd-boot then boots the first entry
@@ -26,7 +41,7 @@
 //! its entry sorts last and the previous slot, next in line, boots again.
 //! See [`EntryName`] and `docs/design.md`.
 
-use crate::paths::BOOT_ENTRIES_DIR;
+use crate::paths::{BOOT_ENTRIES_DIR, BOOT_UKI_DIR};
 use crate::slot::Slot;
 use std::fmt;
 
@@ -37,7 +52,8 @@ pub const MAX_TRIES: u32 = 99;
 /// The highest generation an entry name can carry (8 digits).
 pub const MAX_GENERATION: u32 = 99_999_999;
 
-/// The name of a boot entry file: `g<generation>-slot-<a|b>[+LEFT[-DONE]].conf`.
+/// The name of a boot entry file: `g<generation>-slot-<a|b>[+LEFT[-DONE]].conf`
+/// (or `.efi`, a UKI: [`EntryKind`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct EntryName {
     /// Higher boots first; 8 decimal digits on disk.
@@ -45,6 +61,38 @@ pub struct EntryName {
     pub slot: Slot,
     /// systemd-boot's boot counting: tries left, and tries done when given.
     pub tries: Option<Tries>,
+    pub kind: EntryKind,
+}
+
+/// The two kinds of entry of the Boot Loader Specification that we write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EntryKind {
+    /// Type #1: a `.conf` file in `loader/entries` naming the slot's
+    /// kernel and initramfs, with the command line in its `options`.
+    Conf,
+    /// Type #2: the slot's Unified Kernel Image itself, `.efi` in
+    /// `EFI/Linux`, its command line inside it (signed, with Secure Boot).
+    Uki,
+}
+
+impl EntryKind {
+    /// The directory on BOOT that holds entries of this kind.
+    pub fn dir(self) -> &'static str {
+        match self {
+            EntryKind::Conf => BOOT_ENTRIES_DIR,
+            EntryKind::Uki => BOOT_UKI_DIR,
+        }
+    }
+
+    /// The file name extension of an entry of this kind.
+    pub fn extension(self) -> &'static str {
+        match self {
+            EntryKind::Conf => ".conf",
+            EntryKind::Uki => ".efi",
+        }
+    }
+
+    pub const ALL: [EntryKind; 2] = [EntryKind::Conf, EntryKind::Uki];
 }
 
 /// Boot counting of an entry: `+LEFT-DONE` (or `+LEFT`) in its file name.
@@ -55,16 +103,23 @@ pub struct Tries {
 }
 
 impl EntryName {
-    /// An entry without boot counting (a blessed or known-good slot).
+    /// A `.conf` entry without boot counting (a blessed or known-good slot).
     pub fn good(generation: u32, slot: Slot) -> EntryName {
         EntryName {
             generation,
             slot,
             tries: None,
+            kind: EntryKind::Conf,
         }
     }
 
-    /// An entry on trial: `tries` boots before systemd-boot gives up on it.
+    /// The same name for an entry of `kind`.
+    pub fn of_kind(self, kind: EntryKind) -> EntryName {
+        EntryName { kind, ..self }
+    }
+
+    /// A `.conf` entry on trial: `tries` boots before systemd-boot gives up
+    /// on it.
     pub fn trial(generation: u32, slot: Slot, tries: u32) -> EntryName {
         EntryName {
             generation,
@@ -73,31 +128,36 @@ impl EntryName {
                 left: tries,
                 done: 0,
             }),
+            kind: EntryKind::Conf,
         }
     }
 
-    /// The file name, `g00000002-slot-b+3-0.conf`.
+    /// The file name, `g00000002-slot-b+3-0.conf` (or `.efi`).
     pub fn file_name(&self) -> String {
         let counter = match self.tries {
             None => String::new(),
             Some(t) => format!("+{}-{}", t.left, t.done),
         };
         format!(
-            "g{:08}-{}{counter}.conf",
+            "g{:08}-{}{counter}{}",
             self.generation,
-            entry_id(self.slot)
+            entry_id(self.slot),
+            self.kind.extension()
         )
     }
 
     /// Path on BOOT, relative to the partition root.
     pub fn path(&self) -> String {
-        format!("{BOOT_ENTRIES_DIR}/{}", self.file_name())
+        format!("{}/{}", self.kind.dir(), self.file_name())
     }
 
-    /// Parses a file name of `loader/entries`; `None` for files that are not
-    /// entries of ours (other names are left alone).
+    /// Parses a file name of `loader/entries` (`.conf`) or `EFI/Linux`
+    /// (`.efi`); `None` for files that are not entries of ours (other names
+    /// are left alone).
     pub fn parse(file_name: &str) -> Option<EntryName> {
-        let stem = file_name.strip_suffix(".conf")?;
+        let (stem, kind) = EntryKind::ALL
+            .into_iter()
+            .find_map(|k| file_name.strip_suffix(k.extension()).map(|s| (s, k)))?;
         let (id, counter) = match stem.split_once('+') {
             Some((id, c)) => (id, Some(c)),
             None => (stem, None),
@@ -126,6 +186,7 @@ impl EntryName {
             generation: generation.parse().ok()?,
             slot,
             tries,
+            kind,
         })
     }
 
@@ -137,7 +198,7 @@ impl EntryName {
 
     /// The same entry with boot counting dropped (blessed).
     pub fn blessed(&self) -> EntryName {
-        EntryName::good(self.generation, self.slot)
+        EntryName::good(self.generation, self.slot).of_kind(self.kind)
     }
 }
 
@@ -164,6 +225,7 @@ pub fn boot_order(entries: &[EntryName]) -> Vec<EntryName> {
             .then_with(|| b.slot.cmp(&a.slot))
             .then_with(|| b.tries.is_some().cmp(&a.tries.is_some()))
             .then_with(|| left(b).cmp(&left(a)))
+            .then_with(|| a.kind.cmp(&b.kind))
     });
     v
 }
@@ -199,6 +261,22 @@ pub fn kernel_path(slot: Slot, sha256_hex: &str) -> String {
 /// Path of a slot's initramfs on BOOT, relative to the partition root.
 pub fn initramfs_path(slot: Slot, sha256_hex: &str) -> String {
     format!("{slot}/initramfs-{}.zst", short(sha256_hex))
+}
+
+/// The `.osrel` section of a slot's UKI: `NAME`, `PRETTY_NAME` (the menu
+/// title, [`entry_title`]: `Imager 0.1.0 (slot A)`) and `VERSION_ID`,
+/// nothing else. Without `ID` and `IMAGE_ID` systemd-boot (252,
+/// `boot_entry_compare`) has no sort key for the entry and orders it by its
+/// file name, as it does our `.conf` entries: by generation. With them it
+/// would order by sort key, then os-release version, highest first, and a
+/// rollback to the older version could never become the default.
+/// `name` and `image_title` are checked by the profile (no quotes or
+/// control characters).
+pub fn uki_os_release(name: &str, image_title: &str, version: &str, slot: Slot) -> String {
+    format!(
+        "NAME=\"{name}\"\nPRETTY_NAME=\"{}\"\nVERSION_ID={version}\n",
+        entry_title(image_title, slot)
+    )
 }
 
 /// A Boot Loader Specification type #1 entry.
@@ -353,6 +431,42 @@ mod tests {
             assert_eq!(EntryName::parse(bad), None, "{bad}");
         }
         assert_eq!(slot_of_entry("g00000003-slot-b+1-2.conf"), Some(Slot::B));
+    }
+
+    #[test]
+    fn uki_entries_are_named_like_conf_entries_in_efi_linux() {
+        let t = EntryName::trial(2, Slot::B, 3).of_kind(EntryKind::Uki);
+        assert_eq!(t.file_name(), "g00000002-slot-b+3-0.efi");
+        assert_eq!(t.path(), "EFI/Linux/g00000002-slot-b+3-0.efi");
+        assert_eq!(EntryName::parse(&t.file_name()), Some(t));
+        assert_eq!(t.blessed().path(), "EFI/Linux/g00000002-slot-b.efi");
+        assert_eq!(
+            EntryName::parse("g00000002-slot-b+0-3.efi").map(|e| (e.is_exhausted(), e.kind)),
+            Some((true, EntryKind::Uki))
+        );
+        for bad in [
+            "g00000001-slot-a.EFI",
+            "g00000001-slot-a.efi.conf",
+            "g00000001-slot-a.exe",
+        ] {
+            assert_eq!(EntryName::parse(bad), None, "{bad}");
+        }
+        // Both kinds order alike: by generation, used-up tries last.
+        let a1 = EntryName::good(1, Slot::A).of_kind(EntryKind::Uki);
+        assert_eq!(boot_order(&[a1, t])[0], t);
+        let tx = EntryName::parse("g00000002-slot-b+0-3.efi").unwrap();
+        assert_eq!(boot_order(&[tx, a1])[0], a1);
+        // No ID or IMAGE_ID: systemd-boot orders by file name.
+        let osrel = uki_os_release("Imager", "Imager 0.1.0", "0.1.0", Slot::A);
+        assert_eq!(
+            osrel,
+            "NAME=\"Imager\"\nPRETTY_NAME=\"Imager 0.1.0 (slot A)\"\nVERSION_ID=0.1.0\n"
+        );
+        assert!(
+            !osrel
+                .lines()
+                .any(|l| l.starts_with("ID=") || l.starts_with("IMAGE_ID="))
+        );
     }
 
     #[test]

@@ -80,6 +80,9 @@ pub const ESP_BOOT_LOADER: &str = "EFI/BOOT/BOOTX64.EFI";
 pub const ESP_LOADER_CONF: &str = "loader/loader.conf";
 /// Boot Loader Specification type #1 entries, on BOOT (XBOOTLDR).
 pub const BOOT_ENTRIES_DIR: &str = "loader/entries";
+/// Boot Loader Specification type #2 entries (Unified Kernel Images), on
+/// BOOT, for images whose slots boot UKIs (`contract::boot::EntryKind`).
+pub const BOOT_UKI_DIR: &str = "EFI/Linux";
 /// GRUB's configuration on BOOT, the BIOS path (`contract::grubcfg`); the
 /// core image's prefix is its directory, `grub`.
 pub const BOOT_GRUB_CFG: &str = "grub/grub.cfg";

@@ -240,6 +240,7 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
         cmdline: boot.cmdline,
         kernel: file(Kind::Kernel)?,
         initramfs: file(Kind::Initramfs)?,
+        ukis: None,
     };
     Ok(VerifiedPayload {
         payload,

@@ -83,7 +83,70 @@ fn payload(dir: &std::path::Path, version: &str, size: usize) -> Payload {
         cmdline: "console=ttyS0".into(),
         kernel: file("kernel", 7),
         initramfs: file("initramfs", 13),
+        ukis: None,
     }
+}
+
+/// A payload whose slots boot from UKIs (made of `size` bytes, one per slot).
+fn uki_payload(dir: &std::path::Path, version: &str, size: usize) -> Payload {
+    let mut p = payload(dir, version, size);
+    let file = |slot: Slot| {
+        let data: Vec<u8> = format!("MZ uki of {version} for slot {slot}")
+            .bytes()
+            .chain((0..size).map(|i| (i % 251) as u8))
+            .collect();
+        let path = dir.join(format!("uki-{slot}-{version}"));
+        std::fs::write(&path, &data).unwrap();
+        PayloadFile {
+            path,
+            sha256: crate::fat::hex(&Sha256::digest(&data)),
+            len: data.len() as u64,
+        }
+    };
+    p.ukis = Some(SlotUkis {
+        a: file(Slot::A),
+        b: file(Slot::B),
+    });
+    p
+}
+
+/// A BOOT with slot A installed from UKIs (version 1: its UKI is the
+/// entry, `EFI/Linux/g00000001-slot-a.efi`) and its META; and that payload.
+fn uki_disk(boot_mib: usize, dir: &std::path::Path) -> (Dev, Dev, Payload) {
+    let (b, m) = disk(boot_mib);
+    let mut boot = BootFs::new(b, 0);
+    // Start from a BOOT without the `.conf` install.
+    let e = payload(dir, "1", 1000).entry(Slot::A);
+    for f in [
+        e.linux.as_str(),
+        e.initrd.as_str(),
+        &EntryName::good(1, Slot::A).path(),
+    ] {
+        boot.remove(f).unwrap();
+    }
+    let p = uki_payload(dir, "1", 30_000);
+    boot.ensure_dir("EFI").unwrap();
+    boot.ensure_dir("EFI/Linux").unwrap();
+    let a = &p.ukis.as_ref().unwrap().a;
+    let name = EntryName::good(1, Slot::A).of_kind(EntryKind::Uki);
+    boot.create(&name.path(), &mut File::open(&a.path).unwrap(), a.len)
+        .unwrap();
+    (boot.into_inner(), m, p)
+}
+
+/// The slot that boots, checked to boot the UKI of `versions[slot]` made
+/// for that slot (a UKI's command line names its slot).
+fn boots_uki(boot: &mut BootFs<&mut Dev>, v1: &Payload, v2: &Payload, n: u64) -> Slot {
+    let slot = firmware_tries(boot);
+    let best = best_entry(&entries(boot), slot).unwrap();
+    assert_eq!(best.kind, EntryKind::Uki, "cut {n}");
+    let (sha, _) = boot.hash(&best.path()).unwrap();
+    let of = |p: &Payload| p.ukis.as_ref().unwrap().for_slot(slot).sha256.clone();
+    assert!(
+        sha == of(v1) || sha == of(v2),
+        "cut {n}: slot {slot} boots an unknown UKI"
+    );
+    slot
 }
 
 /// What systemd-boot does: picks the first valid entry (its kernel
@@ -99,7 +162,7 @@ fn firmware_tries(boot: &mut BootFs<&mut Dev>) -> Slot {
             left: t.left - 1,
             done: t.done + 1,
         });
-        let text = boot.read(&first.path(), 4096).unwrap();
+        let text = boot.read(&first.path(), UKI_LIMIT).unwrap();
         boot.remove(&first.path()).unwrap();
         boot.create(&next.path(), &mut &text[..], text.len() as u64)
             .unwrap();
@@ -698,5 +761,143 @@ fn after_a_cut_one_boot_under_either_firmware_brings_the_loaders_together() {
             }
         }
         assert!(total > 0, "{name}");
+    }
+}
+
+#[test]
+fn ukis_upgrade_bless_fall_back_and_roll_back_as_entries_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut b, mut m, v1) = uki_disk(16, dir.path());
+    let mut boot = BootFs::new(&mut b, 0);
+    let v2 = uki_payload(dir.path(), "2", 300_000);
+    let up = upgrade(&mut boot, &mut m, &v2, 3).unwrap();
+    assert_eq!(up.entry.path(), "EFI/Linux/g00000002-slot-b+3-0.efi");
+    assert_eq!(up.bytes_written, v2.ukis.as_ref().unwrap().b.len);
+    // Nothing of the `.conf` kind: no entry, no kernel or initramfs.
+    assert!(boot.list("loader/entries").unwrap().is_empty());
+    assert!(boot.list("B").unwrap().is_empty());
+    assert_eq!(boots_uki(&mut boot, &v1, &v2, 0), Slot::B);
+    assert_eq!(
+        assess(&mut boot, &mut m, Slot::B).unwrap(),
+        BootOutcome::Trial
+    );
+    bless(&mut boot, &mut m, Slot::B, "2").unwrap();
+    let uki = |slot, g| EntryName::good(g, slot).of_kind(EntryKind::Uki);
+    assert_eq!(entries(&mut boot), [uki(Slot::A, 1), uki(Slot::B, 2)]);
+    assert_eq!(
+        boot.hash(&uki(Slot::B, 2).path()).unwrap().0,
+        v2.ukis.as_ref().unwrap().b.sha256
+    );
+    // A rollback copies A's UKI under the highest generation.
+    let r = rollback(&mut boot, &mut m, false).unwrap();
+    assert_eq!(r.entry, uki(Slot::A, 3));
+    assert_eq!(entries(&mut boot), [uki(Slot::B, 2), uki(Slot::A, 3)]);
+    assert_eq!(
+        boot.hash(&r.entry.path()).unwrap().0,
+        v1.ukis.as_ref().unwrap().a.sha256
+    );
+    // An upgrade whose tries run out falls back.
+    let v3 = uki_payload(dir.path(), "3", 1000);
+    upgrade(&mut boot, &mut m, &v3, 2).unwrap();
+    for _ in 0..2 {
+        assert_eq!(firmware_tries(&mut boot), Slot::B);
+    }
+    assert_eq!(firmware_tries(&mut boot), Slot::A);
+    assert!(matches!(
+        assess(&mut boot, &mut m, Slot::A).unwrap(),
+        BootOutcome::FellBack {
+            failed: Slot::B,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_uki_upgrade_is_refused_on_a_boot_with_grub_and_without_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut b, mut m) = disk_with_grub(16);
+    let v2 = uki_payload(dir.path(), "2", 1000);
+    let e = upgrade(&mut BootFs::new(&mut b, 0), &mut m, &v2, 3).unwrap_err();
+    assert!(format!("{e:#}").contains("GRUB cannot run"), "{e:#}");
+    let (mut b, mut m, _) = uki_disk(16, dir.path());
+    let big = uki_payload(dir.path(), "2", 17 << 20);
+    let before = b.clone();
+    let e = upgrade(&mut BootFs::new(&mut b, 0), &mut m, &big, 3).unwrap_err();
+    assert!(format!("{e:#}").contains("no room"), "{e:#}");
+    assert!(b.get_ref() == before.get_ref(), "nothing written");
+}
+
+#[test]
+fn uki_upgrade_bless_and_rollback_cut_at_any_write_boot_one_of_the_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b0, m0, v1) = uki_disk(16, dir.path());
+    let v2 = uki_payload(dir.path(), "2", 40_000);
+    let run = |fail_at| cut_upgrade(&b0, &m0, &v2, fail_at);
+    let (done, total, ..) = run(None);
+    assert!(done && total > 5, "{total} writes");
+    let mut saw = [false, false];
+    for n in 1..=total + 1 {
+        let (done, _, mut bd, mut md) = run(Some(n));
+        assert_eq!(done, n > total, "cut {n}");
+        let mut boot = BootFs::new(&mut bd, 0);
+        let slot = boots_uki(&mut boot, &v1, &v2, n);
+        saw[(slot == Slot::B) as usize] = true;
+        let out = assess(&mut boot, &mut md, slot).unwrap();
+        if slot == Slot::B {
+            assert_eq!(out, BootOutcome::Trial, "cut {n}");
+            bless(&mut boot, &mut md, slot, "2").unwrap();
+        }
+        let st = status(&mut boot, &mut md).unwrap();
+        assert_eq!(st.state.default, slot, "cut {n}");
+        if slot == Slot::A {
+            upgrade(&mut boot, &mut md, &v2, 3).unwrap();
+            assert_eq!(boots_uki(&mut boot, &v1, &v2, n), Slot::B, "cut {n}");
+        }
+    }
+    assert_eq!(saw, [true, true]);
+
+    // The blessing and a rollback, cut at each of their writes.
+    let (mut b0, mut m0) = (b0.clone(), m0.clone());
+    upgrade(&mut BootFs::new(&mut b0, 0), &mut m0, &v2, 3).unwrap();
+    assert_eq!(firmware_tries(&mut BootFs::new(&mut b0, 0)), Slot::B);
+    for op in ["bless", "rollback"] {
+        if op == "rollback" {
+            let mut boot = BootFs::new(&mut b0, 0);
+            assess(&mut boot, &mut m0, Slot::B).unwrap();
+            bless(&mut boot, &mut m0, Slot::B, "2").unwrap();
+        }
+        let step = |b: &mut Faulty<Dev>, m: &mut Faulty<Dev>| -> Result<()> {
+            let mut boot = BootFs::new(b, 0);
+            if op == "bless" {
+                assess(&mut boot, m, Slot::B)?;
+                bless(&mut boot, m, Slot::B, "2").map(|_| ())
+            } else {
+                rollback(&mut boot, m, false).map(|_| ())
+            }
+        };
+        let mut b = Faulty::counting(b0.clone());
+        let mut m = b.share(m0.clone());
+        step(&mut b, &mut m).unwrap();
+        let total = b.writes();
+        for n in 1..=total {
+            let mut b = Faulty::failing_at(b0.clone(), n);
+            let mut m = b.share(m0.clone());
+            assert!(step(&mut b, &mut m).is_err(), "{op} cut {n}");
+            let (mut bd, mut md) = (b.into_inner(), m.into_inner());
+            let mut boot = BootFs::new(&mut bd, 0);
+            let slot = boots_uki(&mut boot, &v1, &v2, n);
+            if op == "bless" {
+                assert_eq!(slot, Slot::B, "bless cut {n}");
+            }
+            assess(&mut boot, &mut md, slot).unwrap();
+            if op == "bless" {
+                bless(&mut boot, &mut md, slot, "2").unwrap();
+                let st = status(&mut boot, &mut md).unwrap();
+                assert_eq!(st.state.status(Slot::B), SlotStatus::Good, "cut {n}");
+            } else if slot == Slot::B {
+                rollback(&mut boot, &mut md, false).unwrap();
+                assert_eq!(boots_uki(&mut boot, &v1, &v2, n), Slot::A, "cut {n}");
+            }
+        }
     }
 }
