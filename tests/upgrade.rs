@@ -288,6 +288,79 @@ fn upgrade_bless_manual_rollback_and_fallback_from_a_broken_version() {
     let _ = rb.stdout;
 }
 
+/// Profile edit: the slots boot UKIs (`boot.uki`).
+fn uki_slots(t: String) -> String {
+    t.replace("\noutputs: [", "\nboot:\n  uki: true\n\noutputs: [")
+}
+
+/// Slots that boot UKIs (type #2 entries in BOOT's EFI/Linux, the command
+/// line inside): the A-B model as with `.conf` entries, under OVMF. v1 boots
+/// slot A's UKI; an upgrade from an installer image writes slot B's UKI as
+/// the switch, blessed at its first boot; a rollback boots A's again; an
+/// upgrade that never reaches ready falls back by itself.
+#[test]
+fn uki_slots_upgrade_bless_roll_back_and_fall_back() {
+    let v1 = build_variant("uki-v1", uki_slots, &dev_key());
+    let v2 = build_variant_of(
+        "installer",
+        "uki-v2",
+        |t| uki_slots(version("0.2.0")(t)),
+        &dev_key(),
+    );
+    let v3 = build_variant(
+        "uki-v3",
+        |t| {
+            uki_slots(version("0.3.0")(t)).replace(
+                "    - vdso32=0\n",
+                "    - vdso32=0\n    - machined.break=ready\n",
+            )
+        },
+        &dev_key(),
+    );
+    for slot in ["a", "b"] {
+        assert!(v1.dir.join(format!("uki-{slot}.efi")).is_file());
+    }
+    let disk = scratch().join("uki-scenario.raw");
+    ok(Command::new("cp")
+        .arg("--sparse=always")
+        .arg(v1.artifact("raw"))
+        .arg(&disk));
+    let s = inspect(&disk);
+    let entries = s["entries"].to_string();
+    assert!(
+        entries.contains("EFI/Linux/g00000001-slot-a.efi") && !entries.contains(".conf"),
+        "{entries}"
+    );
+    let (r, _) = boot(&disk, false);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+
+    let up = upgrade(&disk, &payload(&v2));
+    assert_eq!(up["entry"], "g00000002-slot-b+3-0.efi");
+    let (r, console) = boot(&disk, false);
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
+    assert!(
+        console.contains("machined: blessed slot B (0.2.0): the upgrade from 0.1.0 succeeded"),
+        "{console}"
+    );
+    assert!(
+        inspect(&disk)["entries"]
+            .to_string()
+            .contains("g00000002-slot-b.efi")
+    );
+
+    let rb = rollback(&disk, false);
+    assert!(rb.ok, "{}", rb.stderr);
+    let (r, _) = boot(&disk, false);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+
+    let up = upgrade(&disk, &payload(&v3));
+    assert_eq!(up["to_slot"], "B");
+    let (r, console) = boot(&disk, true);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+    assert_eq!(r["failed_boots"], 3, "{console}");
+    assert_eq!(slot_status(&inspect(&disk), "B"), "bad");
+}
+
 /// The same state under both boot loaders: an upgrade tried and blessed
 /// under SeaBIOS (GRUB) boots on under OVMF (systemd-boot) on the same slot,
 /// a rollback made after it boots the same slot under either, and a broken

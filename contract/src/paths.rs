@@ -157,6 +157,19 @@ pub mod output {
     pub const INSTALLER: &str = "installer.tar";
     /// The hybrid live ISO (`contract::iso`).
     pub const ISO: &str = "live.iso";
+    /// The Unified Kernel Image of slot A (its command line names slot A).
+    pub const UKI_A: &str = "uki-a.efi";
+    /// The Unified Kernel Image of slot B.
+    pub const UKI_B: &str = "uki-b.efi";
+
+    /// The UKI of `slot`: [`UKI_A`] or [`UKI_B`], in the output directory
+    /// and in an installer's payload.
+    pub fn uki(slot: crate::Slot) -> &'static str {
+        match slot {
+            crate::Slot::A => UKI_A,
+            crate::Slot::B => UKI_B,
+        }
+    }
     /// The signed manifest of the build: every other artifact's name, size
     /// and SHA-256.
     pub const MANIFEST: &str = "manifest.json";

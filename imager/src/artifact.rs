@@ -20,6 +20,9 @@ pub enum Kind {
     GrubBoot,
     /// GRUB's core.img, carried in the installer's payload (BIOS path).
     GrubCore,
+    /// A slot's Unified Kernel Image (`uki-a.efi`, `uki-b.efi`): the
+    /// output `uki`, and the payload of images whose slots boot UKIs.
+    Uki,
     Manifest,
     Signature,
     PublicKey,
@@ -38,6 +41,7 @@ impl Kind {
             Kind::BootLoader => "boot-loader",
             Kind::GrubBoot => "grub-boot",
             Kind::GrubCore => "grub-core",
+            Kind::Uki => "uki",
             Kind::Manifest => "manifest",
             Kind::Signature => "signature",
             Kind::PublicKey => "public-key",

@@ -8,7 +8,8 @@
 use crate::disk::{BiosBoot, FatFile, FatParams, Layout, PlacedPartition, format_fat, write_disk};
 use crate::io::Window;
 use anyhow::{Context, Result, ensure};
-use contract::boot::{Entry, EntryName, loader_conf};
+use bootstate::ops::Payload;
+use contract::boot::{Entry, EntryKind, EntryName, loader_conf};
 use contract::guid::volume_id;
 use contract::meta::Meta;
 use contract::partition::Content;
@@ -129,6 +130,65 @@ pub fn boot_files(slot: Slot, e: &Entry, kernel: &Path, initramfs: &Path) -> Res
     // create a directory (fatfs gets new directories wrong; see fatfix).
     files.extend(Slot::ALL.iter().map(|s| FatFile::dir(s.name())));
     Ok(files)
+}
+
+/// The files of BOOT on a new disk with `payload` in slot A: the slot's
+/// UKI as its entry when the payload has UKIs ([`uki_boot_files`]), else
+/// its kernel, initramfs and `.conf` entry with GRUB's rendering
+/// ([`boot_files`]).
+pub fn initial_boot_files(payload: &Payload) -> Result<Vec<FatFile>> {
+    match &payload.ukis {
+        Some(u) => Ok(uki_boot_files(Slot::A, &u.a.path)),
+        None => boot_files(
+            Slot::A,
+            &payload.entry(Slot::A),
+            &payload.kernel.path,
+            &payload.initramfs.path,
+        ),
+    }
+}
+
+/// The files of BOOT with `slot` booting the UKI `uki`: the UKI as the
+/// slot's first entry in `EFI/Linux` (`contract::boot`, UKI entries), and
+/// the directories an upgrade writes into. No GRUB: UKIs boot under UEFI.
+pub fn uki_boot_files(slot: Slot, uki: &Path) -> Vec<FatFile> {
+    let name = EntryName::good(1, slot).of_kind(EntryKind::Uki);
+    let mut files = vec![
+        FatFile::dir("EFI"),
+        FatFile::dir(EntryKind::Uki.dir()),
+        FatFile::file(name.path(), uki),
+        FatFile::dir(contract::paths::BOOT_ENTRIES_DIR),
+    ];
+    files.extend(Slot::ALL.iter().map(|s| FatFile::dir(s.name())));
+    files
+}
+
+/// Reads back what [`initial_boot_files`] put on BOOT for slot A against
+/// the payload's signed digests.
+pub fn check_initial_boot<D: std::io::Read + std::io::Seek>(
+    fs: &mut bootstate::fat::BootFs<D>,
+    payload: &Payload,
+) -> Result<()> {
+    let e = payload.entry(Slot::A);
+    let files: Vec<(String, &bootstate::ops::PayloadFile)> = match &payload.ukis {
+        Some(u) => vec![(
+            EntryName::good(1, Slot::A).of_kind(EntryKind::Uki).path(),
+            &u.a,
+        )],
+        None => vec![
+            (e.linux.clone(), &payload.kernel),
+            (e.initrd.clone(), &payload.initramfs),
+        ],
+    };
+    for (path, f) in files {
+        let (sha, _) = fs.hash(&path)?;
+        ensure!(
+            sha == f.sha256,
+            "{path} reads back as {sha}, not the signed {}",
+            f.sha256
+        );
+    }
+    Ok(())
 }
 
 /// How a disk is written.

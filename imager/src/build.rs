@@ -31,6 +31,7 @@ use std::path::{Path, PathBuf};
 mod installer;
 mod iso;
 mod skeleton;
+mod uki;
 
 pub use installer::{PayloadInput, installer_spec, relative_link, write_installer, write_payload};
 pub use iso::live_options;
@@ -109,6 +110,9 @@ fn build(
     if eltorito.is_some() {
         files.push(names::ISO);
     }
+    if p.makes_ukis() {
+        files.extend(Slot::ALL.map(names::uki));
+    }
     crate::io::check_replaceable(
         out,
         &[&files[..], &[names::SIGNATURE, names::MANIFEST]].concat(),
@@ -136,6 +140,13 @@ fn build(
         (Kind::Rootfs, rootfs_out.clone()),
         (Kind::Initramfs, initramfs_out.clone()),
     ];
+    let ukis = if p.makes_ukis() {
+        let made = uki::write_ukis(p, dir, &kernel_out, &initramfs_out)?;
+        artifacts.extend(made.iter().map(|u| (Kind::Uki, u.clone())));
+        Some(made)
+    } else {
+        None
+    };
     let boot_info = sign::Boot {
         title: boot::image_title(&p.pretty_name, &p.version),
         cmdline: p.cmdline(),
@@ -145,7 +156,8 @@ fn build(
         initramfs: &initramfs_out,
         boot: &boot_info,
         epoch,
-        grub: grub.as_ref(),
+        grub: grub.as_ref().filter(|_| !p.boot.uki),
+        ukis: ukis.as_ref().filter(|_| p.boot.uki),
     };
     if let Some(layout) = &layout {
         let bios = grub
@@ -511,21 +523,15 @@ fn write_disk(
     payload: &PayloadInput,
     signer: &dyn sign::Signer,
 ) -> Result<PathBuf> {
-    let (kernel_out, initramfs_out) = (payload.kernel, payload.initramfs);
-    let (kernel_sha, _) = sha256_file(kernel_out)?;
-    let (initramfs_sha, _) = sha256_file(initramfs_out)?;
     step("disk: raw GPT image");
-    let identity = paths::image_identity(&p.name, &p.version, &[&kernel_sha, &initramfs_sha]);
-    let disk_guid = contract::guid::disk_guid(&identity);
-    let entry = boot::entry(
-        Slot::A,
-        &kernel_sha,
-        &initramfs_sha,
-        &p.pretty_name,
+    let slot_payload = payload.slot_payload(&p.version)?;
+    let identity = paths::image_identity(
+        &p.name,
         &p.version,
-        &p.cmdline(),
+        &[&slot_payload.kernel.sha256, &slot_payload.initramfs.sha256],
     );
-    let boot_files = boot::boot_files(Slot::A, &entry, kernel_out, initramfs_out)?;
+    let disk_guid = contract::guid::disk_guid(&identity);
+    let boot_files = boot::initial_boot_files(&slot_payload)?;
     let meta = bootstate::meta::initial(
         &p.name,
         &p.version,

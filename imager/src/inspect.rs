@@ -264,7 +264,12 @@ fn bios_info(image: &Path, table: &bootstate::gpt::Table) -> BiosInfo {
 /// An entry file as inspect shows it.
 fn entry_info(f: &EntryFile) -> Option<EntryInfo> {
     let slot = slot_of_entry(&f.file.to_lowercase())?;
-    let e = f.entry.clone().unwrap_or_default();
+    let mut e = f.entry.clone().unwrap_or_default();
+    let uki = f.name.kind == contract::boot::EntryKind::Uki;
+    if uki {
+        // A UKI is its own kernel, initramfs and command line.
+        e.linux = format!("{}/{}", f.name.kind.dir(), f.file);
+    }
     Some(EntryInfo {
         slot: slot.to_string(),
         file: f.file.clone(),
@@ -273,7 +278,7 @@ fn entry_info(f: &EntryFile) -> Option<EntryInfo> {
         linux: e.linux,
         initrd: e.initrd,
         options: e.options,
-        files_present: f.entry.is_some() && f.bootable(),
+        files_present: (uki || f.entry.is_some()) && f.bootable(),
         bootable: f.bootable(),
         problem: f.problem.clone(),
     })

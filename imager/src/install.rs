@@ -234,13 +234,36 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
         "the payload manifest has no `boot` section (title, cmdline): it was made by an \
          older imager; rebuild the installer",
     )?;
+    // The slots' UKIs, when the slots boot from them: both, or neither.
+    let uki = |slot: Slot| -> Option<PayloadFile> {
+        let name = paths::output::uki(slot);
+        manifest
+            .artifacts
+            .iter()
+            .find(|a| a.kind == Kind::Uki && a.path == name)
+            .map(|a| PayloadFile {
+                path: dir.join(&a.path),
+                sha256: a.sha256.clone(),
+                len: a.size,
+            })
+    };
+    let ukis = match (uki(Slot::A), uki(Slot::B)) {
+        (Some(a), Some(b)) => Some(bootstate::ops::SlotUkis { a, b }),
+        (None, None) => None,
+        _ => bail!(
+            "the payload manifest lists the UKI of one slot but not the other ({} and {} \
+             go together): rebuild the installer",
+            paths::output::UKI_A,
+            paths::output::UKI_B
+        ),
+    };
     let payload = Payload {
         version: manifest.version.clone(),
         title: boot.title,
         cmdline: boot.cmdline,
         kernel: file(Kind::Kernel)?,
         initramfs: file(Kind::Initramfs)?,
-        ukis: None,
+        ukis,
     };
     Ok(VerifiedPayload {
         payload,
@@ -426,13 +449,7 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     }
     let esp = boot::esp_files(&systemd_boot_for(&p))?;
     // The entry as an upgrade writes it (title from the manifest's boot.title).
-    let entry = p.payload.entry(Slot::A);
-    let boot_files = boot::boot_files(
-        Slot::A,
-        &entry,
-        &p.payload.kernel.path,
-        &p.payload.initramfs.path,
-    )?;
+    let boot_files = boot::initial_boot_files(&p.payload)?;
     let identity = paths::image_identity(
         &p.manifest.name,
         &p.manifest.version,
@@ -452,8 +469,9 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         boot::DiskTarget::NewImage
     };
     // GRUB from the payload (the installer container has no grub-mkimage);
-    // a payload without it installs a disk that boots under UEFI only.
-    let grub = grub_for(&p)?;
+    // a payload without it installs a disk that boots under UEFI only, as
+    // does one whose slots boot UKIs.
+    let grub = grub_for(&p)?.filter(|_| p.payload.ukis.is_none());
     let bios = grub.as_ref().map(|grub| disk::BiosBoot {
         grub,
         boot_flag: false,
@@ -465,16 +483,7 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     // Read back what was written against the signed digests.
     let slots = open_slots(&a.disk)?;
     let mut fs = BootFs::new(slots.boot, epoch);
-    let e = p.payload.entry(Slot::A);
-    for (path, f) in [
-        (&e.linux, &p.payload.kernel),
-        (&e.initrd, &p.payload.initramfs),
-    ] {
-        let (sha, _) = fs.hash(path)?;
-        if sha != f.sha256 {
-            bail!("{path} reads back as {sha}, not the signed {}", f.sha256);
-        }
-    }
+    boot::check_initial_boot(&mut fs, &p.payload)?;
     Ok(InstallReport {
         disk: a.disk.display().to_string(),
         size,

@@ -157,6 +157,19 @@ pub struct BootSection {
     /// GRUB's i386-pc directory (boot.img, the modules, for the BIOS path).
     #[serde(default = "default_grub_dir")]
     pub grub_dir: PathBuf,
+    /// Boot each slot from a Unified Kernel Image (a type #2 entry in
+    /// BOOT's `EFI/Linux`, the command line inside it) rather than a
+    /// `.conf` entry naming the kernel and initramfs. UEFI only: the disk
+    /// gets no BIOS boot.
+    #[serde(default)]
+    pub uki: bool,
+    /// systemd's EFI stub the UKIs are made from.
+    #[serde(default = "default_stub")]
+    pub stub: PathBuf,
+}
+
+fn default_stub() -> PathBuf {
+    PathBuf::from(crate::uki::DEFAULT_STUB)
 }
 
 fn default_grub_dir() -> PathBuf {
@@ -172,6 +185,8 @@ impl Default for BootSection {
         BootSection {
             systemd_boot: default_systemd_boot(),
             grub_dir: default_grub_dir(),
+            uki: false,
+            stub: default_stub(),
         }
     }
 }
@@ -242,6 +257,8 @@ pub enum Output {
     /// The hybrid live ISO (`live.iso`): boots from CD and USB under BIOS
     /// and UEFI, and installs.
     Iso,
+    /// The slots' Unified Kernel Images (`uki-a.efi`, `uki-b.efi`).
+    Uki,
 }
 
 impl Output {
@@ -251,6 +268,7 @@ impl Output {
             Output::Raw => "raw",
             Output::Installer => "installer",
             Output::Iso => "iso",
+            Output::Uki => "uki",
         }
     }
 }
@@ -444,6 +462,7 @@ impl Profile {
         }
         abs(&mut self.boot.systemd_boot);
         abs(&mut self.boot.grub_dir);
+        abs(&mut self.boot.stub);
         if let Some(k) = self.signing.key.as_mut() {
             abs(k);
         }
@@ -536,6 +555,13 @@ impl Profile {
                 );
             }
             _ => {}
+        }
+        if self.boot.uki && self.outputs.contains(&Output::Iso) {
+            return invalid(
+                "boot.uki",
+                "the live ISO does not boot from UKIs yet: build the iso from a profile \
+                 without boot.uki",
+            );
         }
         if self.outputs.contains(&Output::Installer) {
             crate::oci::check_tag(&self.version)
@@ -711,7 +737,13 @@ impl Profile {
     /// Whether the raw image boots under BIOS too (GRUB): at 512-byte
     /// sectors only.
     pub fn bios_boot(&self) -> bool {
-        self.disk.sector_size == 512
+        self.disk.sector_size == 512 && !self.boot.uki
+    }
+
+    /// Whether the build makes the slots' UKIs: for the output `uki`, or
+    /// because the slots boot them.
+    pub fn makes_ukis(&self) -> bool {
+        self.boot.uki || self.outputs.contains(&Output::Uki)
     }
 
     /// The kernel command line as one string.

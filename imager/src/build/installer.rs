@@ -19,6 +19,36 @@ pub struct PayloadInput<'a> {
     pub epoch: u64,
     /// GRUB's images for the BIOS path of installs.
     pub grub: Option<&'a crate::disk::Grub>,
+    /// The slots' UKIs, when the slots boot them (profile `boot.uki`).
+    pub ukis: Option<&'a super::uki::SlotUkis>,
+}
+
+impl PayloadInput<'_> {
+    /// What an install or upgrade puts into a slot, from these files.
+    pub fn slot_payload(&self, version: &str) -> Result<bootstate::ops::Payload> {
+        let file = |path: &Path| -> Result<bootstate::ops::PayloadFile> {
+            let (sha256, len) = crate::io::sha256_file(path)?;
+            Ok(bootstate::ops::PayloadFile {
+                path: path.to_path_buf(),
+                sha256,
+                len,
+            })
+        };
+        Ok(bootstate::ops::Payload {
+            version: version.to_string(),
+            title: self.boot.title.clone(),
+            cmdline: self.boot.cmdline.clone(),
+            kernel: file(self.kernel)?,
+            initramfs: file(self.initramfs)?,
+            ukis: match self.ukis {
+                Some([a, b]) => Some(bootstate::ops::SlotUkis {
+                    a: file(a)?,
+                    b: file(b)?,
+                }),
+                None => None,
+            },
+        })
+    }
 }
 
 /// Hard-links `src` to `dest`, or copies it where links cannot be made.
@@ -75,6 +105,13 @@ pub fn write_payload(
         sign::describe(dir, Kind::Initramfs, paths::PAYLOAD_INITRAMFS)?,
         sign::describe(dir, Kind::BootLoader, paths::PAYLOAD_BOOT_LOADER)?,
     ];
+    if let Some(ukis) = payload.ukis {
+        for (slot, uki) in contract::Slot::ALL.iter().zip(ukis) {
+            let name = paths::output::uki(*slot);
+            link_or_copy(uki, &dir.join(name))?;
+            listed.push(sign::describe(dir, Kind::Uki, name)?);
+        }
+    }
     if let Some(g) = payload.grub {
         for (name, kind, bytes) in [
             (paths::PAYLOAD_GRUB_BOOT, Kind::GrubBoot, g.boot_img()),
