@@ -22,6 +22,8 @@ packages=(
   xorriso
   # the build's epoch (git), benchmarks (python3), static linking (libc6-dev)
   git python3 libc6-dev
+  # pip: virt-firmware (virt-fw-vars) for the Secure Boot tests, below
+  python3-pip
 )
 
 # The Rust toolchain comes from rustup, not Debian (Debian 12's rustc is too old).
@@ -64,4 +66,13 @@ fi
 if ! command -v cargo-fuzz >/dev/null; then
   echo "setup: installing cargo-fuzz"
   cargo install --locked cargo-fuzz --version 0.13.2
+fi
+
+# virt-fw-vars (PyPI: virt-firmware) enrols Secure Boot keys into an OVMF
+# variable store for tests/secureboot.rs. pip honours the machine's pip
+# configuration (find-links); Debian 12's python is externally managed.
+if ! command -v virt-fw-vars >/dev/null; then
+  echo "setup: installing virt-firmware (virt-fw-vars)"
+  python3 -m pip install --quiet --break-system-packages 'virt-firmware>=24' ||
+    { echo "setup: pip install virt-firmware failed (python3-pip missing?)" >&2; exit 1; }
 fi

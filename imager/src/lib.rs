@@ -23,5 +23,6 @@ pub mod qemu;
 pub mod rootfs;
 pub mod runtime;
 pub mod secret;
+pub mod secureboot;
 pub mod sign;
 pub mod uki;

@@ -331,6 +331,19 @@ fn run() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Kernel { command } => cli::kernel::run(&command),
+        Command::Keygen(a) if a.secure_boot.is_some() => {
+            let dir = a.secure_boot.as_deref().unwrap_or(Path::new("."));
+            let r = imager::secureboot::keygen(dir, a.force)?;
+            println!(
+                "keygen: wrote Secure Boot keys to {} (private keys mode 0600), owner GUID {}",
+                r.dir.display(),
+                r.owner
+            );
+            for (name, subject, sha) in &r.certs {
+                println!("  {name}: {subject}, certificate sha256 {sha}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Keygen(a) => {
             sign::run_keygen(&a.options())?;
             Ok(ExitCode::SUCCESS)

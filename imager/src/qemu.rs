@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 pub const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
 pub const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+/// OVMF built with Secure Boot and SMM (needs `smm=on` and a secure pflash).
+pub const OVMF_CODE_SECBOOT: &str = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd";
 /// The runtime's ready line starts with this.
 pub const READY_PREFIX: &str = "machined: ready ";
 const LAST_LINES: usize = 40;
@@ -72,6 +74,11 @@ pub struct BootOptions {
     pub serial: Option<String>,
     /// More disks, attached after the image (virtio, written to).
     pub disks: Vec<ExtraDisk>,
+    /// Secure Boot: OVMF's Secure Boot build (SMM on, the variable store
+    /// behind a secure pflash) with this variable store, used in place and
+    /// not copied, so that keys enrolled during the boot stay in it. TCG
+    /// only. `None`: the plain OVMF with a private copy of its store.
+    pub secure_boot_vars: Option<PathBuf>,
 }
 
 /// How the booted image is attached.
@@ -139,6 +146,7 @@ impl BootOptions {
             media: Media::Disk,
             serial: None,
             disks: Vec::new(),
+            secure_boot_vars: None,
         }
     }
 }
@@ -300,8 +308,19 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
         bail!("image {} not found", image.display());
     }
     let uefi = opts.firmware == Firmware::Uefi;
+    let secure = opts.secure_boot_vars.as_deref();
+    if secure.is_some() && (!uefi || opts.kvm) {
+        bail!(
+            "Secure Boot needs UEFI firmware under TCG (OVMF's SMM build does not run under KVM here)"
+        );
+    }
+    let code = if secure.is_some() {
+        OVMF_CODE_SECBOOT
+    } else {
+        OVMF_CODE
+    };
     if uefi {
-        for fw in [OVMF_CODE, OVMF_VARS] {
+        for fw in [code, secure.and_then(Path::to_str).unwrap_or(OVMF_VARS)] {
             if !Path::new(fw).is_file() {
                 bail!("UEFI firmware {fw} not found: install ovmf (scripts/setup.sh)");
             }
@@ -309,27 +328,42 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
     }
     let qemu = find_qemu()?;
     let dir = tempfile::tempdir().context("creating a directory for the VM")?;
-    let vars = dir.path().join("OVMF_VARS.fd");
-    if uefi {
+    let vars = match secure {
+        Some(v) => std::fs::canonicalize(v)
+            .with_context(|| format!("resolving the variable store {}", v.display()))?,
+        None => dir.path().join("OVMF_VARS.fd"),
+    };
+    if uefi && secure.is_none() {
         std::fs::copy(OVMF_VARS, &vars).context("copying the OVMF variable store")?;
     }
     let qmp = dir.path().join("qmp.sock");
     let image_abs =
         std::fs::canonicalize(image).with_context(|| format!("resolving {}", image.display()))?;
     let mut cmd = Command::new(qemu);
-    cmd.args(["-machine", "q35", "-m"])
-        .arg(opts.memory_mib.to_string())
-        .args(["-smp", "1", "-nodefaults", "-display", "none"])
-        .args(if opts.reboots {
-            &[][..]
+    cmd.args([
+        "-machine",
+        if secure.is_some() {
+            "q35,smm=on"
         } else {
-            &["-no-reboot"][..]
-        })
-        .args(["-accel", if opts.kvm { "kvm" } else { "tcg" }]);
+            "q35"
+        },
+        "-m",
+    ])
+    .arg(opts.memory_mib.to_string())
+    .args(["-smp", "1", "-nodefaults", "-display", "none"])
+    .args(if opts.reboots {
+        &[][..]
+    } else {
+        &["-no-reboot"][..]
+    })
+    .args(["-accel", if opts.kvm { "kvm" } else { "tcg" }]);
+    if secure.is_some() {
+        cmd.args(["-global", "driver=cfi.pflash01,property=secure,value=on"]);
+    }
     if uefi {
         cmd.arg("-drive")
             .arg(format!(
-                "if=pflash,format=raw,unit=0,readonly=on,file={OVMF_CODE}"
+                "if=pflash,format=raw,unit=0,readonly=on,file={code}"
             ))
             .arg("-drive")
             .arg(format!(
@@ -525,6 +559,11 @@ impl Session {
                     let fatal = fatal_line(&line);
                     let found = want(&line);
                     self.con.push(line);
+                    // A line the caller waits for wins over a fatal one
+                    // (a firmware's refusal, when the refusal is the point).
+                    if let Some(v) = found {
+                        return Ok(v);
+                    }
                     if let Some(why) = fatal {
                         if self.reboots && RECOVERABLE.contains(&why) {
                             self.failed_boots += 1;
@@ -542,9 +581,6 @@ impl Session {
                             format!("last console lines:\n{}", self.con.tail())
                         };
                         bail!("boot failed: {why}{hint}; {lines}");
-                    }
-                    if let Some(v) = found {
-                        return Ok(v);
                     }
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => bail!(
@@ -661,6 +697,46 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
         failed_boots: session.failed_boots,
         install,
         console: session.con.all,
+    })
+}
+
+/// Boots and waits for the first console line that contains one of
+/// `patterns` (a firmware's or boot loader's refusal, say), not for the
+/// ready line; returns that line and stops the machine. Fails if the
+/// runtime gets ready first, on a fatal line ([`BootOptions`] as for
+/// [`boot`]), when QEMU exits and at the timeout.
+pub fn boot_until(opts: &BootOptions, patterns: &[&str]) -> Result<String> {
+    let started = Instant::now();
+    let (guest, rx) = start(opts)?;
+    let mut session = Session {
+        guest,
+        rx,
+        con: Console {
+            last: VecDeque::new(),
+            all: Vec::new(),
+            echo: opts.echo,
+            log: None,
+        },
+        deadline: started + opts.timeout,
+        reboots: opts.reboots,
+        cmdline: None,
+        failed_boots: 0,
+    };
+    let what = format!("a line with {patterns:?}");
+    let found = session.wait_line(&what, |l| {
+        if parse_ready(l).is_some() {
+            return Some(Err(l.to_string()));
+        }
+        patterns
+            .iter()
+            .any(|p| l.contains(p))
+            .then(|| Ok(l.to_string()))
+    })?;
+    found.map_err(|ready| {
+        anyhow::anyhow!(
+            "the machine got ready ({ready}) without {what}; last console lines:\n{}",
+            session.con.tail()
+        )
     })
 }
 

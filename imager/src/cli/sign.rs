@@ -18,6 +18,14 @@ pub struct KeygenArgs {
     /// path with the extension .pub].
     #[arg(long = "public", alias = "out-public", value_name = "PATH")]
     pub out_public: Option<PathBuf>,
+    /// Make Secure Boot keys instead, in DIR: PK, KEK and db (RSA-2048 keys,
+    /// mode 0600, with self-signed X.509 certificates) and an owner GUID.
+    #[arg(
+        long = "secure-boot",
+        value_name = "DIR",
+        conflicts_with_all = ["out_private", "out_public"]
+    )]
+    pub secure_boot: Option<PathBuf>,
     /// Replace existing key files.
     #[arg(long)]
     pub force: bool,
@@ -72,6 +80,18 @@ mod tests {
         assert_eq!(k.out_private, Path::new("out/keys/signing.key"));
         assert_eq!(k.options().public_path(), Path::new("out/keys/signing.pub"));
         assert!(!k.force);
+        assert_eq!(k.secure_boot, None);
+        let Command::Keygen(k) = Cli::try_parse_from(["imager", "keygen", "--secure-boot", "sb"])
+            .unwrap()
+            .command
+        else {
+            panic!()
+        };
+        assert_eq!(k.secure_boot.as_deref(), Some(Path::new("sb")));
+        assert!(
+            Cli::try_parse_from(["imager", "keygen", "--secure-boot", "sb", "--private", "k"])
+                .is_err()
+        );
         let Command::Verify(v) =
             Cli::try_parse_from(["imager", "verify", "out", "--key", "k.pub", "--json"])
                 .unwrap()

@@ -1,0 +1,395 @@
+//! Secure Boot keys: generating the PK, KEK and db key pairs with their
+//! self-signed X.509 certificates and an owner GUID, and loading them back.
+//!
+//! A key directory holds `PK.key PK.crt KEK.key KEK.crt db.key db.crt`
+//! (private keys PKCS#8 PEM, mode 0600; certificates PEM, mode 0644) and
+//! `GUID` (the owner GUID of our signature-list entries, one line). Every
+//! key is RSA-2048 with a SHA-256 self-signed certificate: firmware trusts
+//! an entry of PK, KEK or db by itself, not through a chain, so a chain
+//! would add nothing (see docs/secureboot.md).
+
+use anyhow::{Context, Result, bail, ensure};
+use der::pem::LineEnding;
+use der::{Decode, DecodePem, Encode, EncodePem};
+use rsa::pkcs1::DecodeRsaPrivateKey;
+use rsa::pkcs1v15::{Signature, SigningKey, VerifyingKey};
+use rsa::pkcs8::{DecodePrivateKey, EncodePrivateKey, EncodePublicKey};
+use rsa::signature::{Keypair, RandomizedSigner};
+use rsa::{RsaPrivateKey, RsaPublicKey, traits::PublicKeyParts};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+use uuid::Uuid;
+use x509_cert::Certificate;
+use x509_cert::builder::{Builder, CertificateBuilder, Profile};
+use x509_cert::ext::pkix::{BasicConstraints, KeyUsage, KeyUsages, SubjectKeyIdentifier};
+use x509_cert::name::Name;
+use x509_cert::serial_number::SerialNumber;
+use x509_cert::spki::{
+    AlgorithmIdentifierOwned, DynSignatureAlgorithmIdentifier, SubjectPublicKeyInfoOwned,
+};
+use x509_cert::time::Validity;
+
+use crate::io::Staging;
+
+/// The three keys, in the order of the hierarchy.
+pub const NAMES: [&str; 3] = ["PK", "KEK", "db"];
+/// The owner GUID's file in a key directory.
+pub const GUID_FILE: &str = "GUID";
+/// RSA modulus size of generated keys (what OVMF and most firmware take).
+pub const RSA_BITS: usize = 2048;
+/// Key and certificate files are small; anything larger is not one.
+const MAX_FILE: u64 = 64 * 1024;
+/// Generated certificates are valid this long from their creation.
+const VALIDITY: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
+
+/// One Secure Boot key pair: a private key and its certificate.
+pub struct SbKey {
+    /// `PK`, `KEK` or `db`.
+    pub name: String,
+    signing: SigningKey<Sha256>,
+    /// The certificate, parsed.
+    pub cert: Certificate,
+    /// The certificate's DER bytes, as enrolled.
+    pub cert_der: Vec<u8>,
+}
+
+impl std::fmt::Debug for SbKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the private key.
+        f.debug_struct("SbKey")
+            .field("name", &self.name)
+            .field("subject", &self.cert.tbs_certificate.subject.to_string())
+            .finish()
+    }
+}
+
+impl SbKey {
+    /// The certificate's subject, as text (`CN=…`).
+    pub fn subject(&self) -> String {
+        self.cert.tbs_certificate.subject.to_string()
+    }
+}
+
+impl Keypair for SbKey {
+    type VerifyingKey = VerifyingKey<Sha256>;
+    fn verifying_key(&self) -> VerifyingKey<Sha256> {
+        self.signing.verifying_key()
+    }
+}
+
+impl DynSignatureAlgorithmIdentifier for SbKey {
+    fn signature_algorithm_identifier(&self) -> x509_cert::spki::Result<AlgorithmIdentifierOwned> {
+        self.signing.signature_algorithm_identifier()
+    }
+}
+
+/// RSA PKCS#1 v1.5 with SHA-256, computed with blinding (the result is the
+/// same as without: PKCS#1 v1.5 signatures are deterministic, only the
+/// computation's timing is randomized).
+impl rsa::signature::Signer<Signature> for SbKey {
+    fn try_sign(&self, msg: &[u8]) -> Result<Signature, rsa::signature::Error> {
+        self.signing.try_sign_with_rng(&mut rand_core::OsRng, msg)
+    }
+}
+
+/// The three keys of a key directory and the owner GUID.
+#[derive(Debug)]
+pub struct SecureBootKeys {
+    pub pk: SbKey,
+    pub kek: SbKey,
+    pub db: SbKey,
+    /// The owner (`SignatureOwner`) of our signature-list entries.
+    pub owner: Uuid,
+    pub dir: PathBuf,
+}
+
+/// What [`keygen`] wrote.
+#[derive(Debug, Clone)]
+pub struct KeygenReport {
+    pub dir: PathBuf,
+    pub owner: Uuid,
+    /// `(name, subject, SHA-256 of the DER certificate)` for PK, KEK, db.
+    pub certs: Vec<(String, String, String)>,
+}
+
+/// Every file name [`keygen`] writes, in the order they are moved in.
+pub fn file_names() -> Vec<String> {
+    let mut v: Vec<String> = NAMES.iter().map(|n| format!("{n}.crt")).collect();
+    v.push(GUID_FILE.to_string());
+    // The private keys last: a directory with a key always has its certificate.
+    v.extend(NAMES.iter().map(|n| format!("{n}.key")));
+    v
+}
+
+fn make_cert(name: &str, key: &RsaPrivateKey, owner: &Uuid) -> Result<Certificate> {
+    let signing = SigningKey::<Sha256>::new(key.clone());
+    let mut serial = [0u8; 16];
+    rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut serial);
+    serial[0] &= 0x7f;
+    serial[0] |= 0x01;
+    let serial = SerialNumber::new(&serial).context("a certificate serial number")?;
+    let owner_short = &owner.to_string()[..8];
+    let subject = Name::from_str(&format!("CN=imager Secure Boot {name} {owner_short}"))
+        .context("a certificate subject")?;
+    let spki = SubjectPublicKeyInfoOwned::from_der(
+        key.to_public_key()
+            .to_public_key_der()
+            .context("encoding a public key")?
+            .as_bytes(),
+    )
+    .context("a public key")?;
+    let ski = SubjectKeyIdentifier(
+        der::asn1::OctetString::new(&Sha256::digest(spki.subject_public_key.raw_bytes())[..20])
+            .context("a key identifier")?,
+    );
+    let validity = Validity::from_now(VALIDITY).context("a validity period")?;
+    let mut b = CertificateBuilder::new(
+        Profile::Manual { issuer: None },
+        serial,
+        validity,
+        subject,
+        spki,
+        &signing,
+    )
+    .context("starting a certificate")?;
+    // A self-signed certificate that signs code and variable updates (and,
+    // for tools that want it, certificates).
+    b.add_extension(&BasicConstraints {
+        ca: true,
+        path_len_constraint: None,
+    })
+    .context("basicConstraints")?;
+    b.add_extension(&KeyUsage(
+        KeyUsages::DigitalSignature | KeyUsages::KeyCertSign | KeyUsages::CRLSign,
+    ))
+    .context("keyUsage")?;
+    b.add_extension(&ski).context("subjectKeyIdentifier")?;
+    b.build::<Signature>()
+        .map_err(|e| anyhow::anyhow!("signing the {name} certificate: {e}"))
+}
+
+/// Generates a PK, a KEK and a db key (RSA-2048, self-signed SHA-256
+/// certificates) and an owner GUID into `dir`. Refuses to replace any of
+/// the files unless `force`; writes all of them or none (staged in `dir`,
+/// moved in at the end; private keys mode 0600, never printed).
+pub fn keygen(dir: &Path, force: bool) -> Result<KeygenReport> {
+    use std::os::unix::fs::DirBuilderExt;
+    let names = file_names();
+    for n in &names {
+        let p = dir.join(n);
+        match p.symlink_metadata() {
+            Ok(m) if !m.file_type().is_file() => bail!(
+                "{} is not a regular file (a directory, link, device or pipe): refusing to \
+                 replace it; choose another directory",
+                p.display()
+            ),
+            Ok(_) if !force => bail!(
+                "{} already exists: refusing to overwrite Secure Boot keys (pass --force to \
+                 replace all of them; machines enrolled with the old ones then refuse images \
+                 signed with the new)",
+                p.display()
+            ),
+            _ => {}
+        }
+    }
+    if !dir.exists() {
+        if let Some(up) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(up).with_context(|| format!("creating {}", up.display()))?;
+        }
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir)
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => Ok(()),
+                _ => Err(e),
+            })
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut random = [0u8; 16];
+    rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut random);
+    let owner = uuid::Builder::from_random_bytes(random).into_uuid();
+    let staging = Staging::create(dir, "secure-boot-keys")?;
+    let mut certs = Vec::new();
+    for name in NAMES {
+        let key = RsaPrivateKey::new(&mut rand_core::OsRng, RSA_BITS)
+            .with_context(|| format!("generating the {name} key"))?;
+        let cert = make_cert(name, &key, &owner)?;
+        let pem = key
+            .to_pkcs8_pem(LineEnding::LF)
+            .map_err(|e| anyhow::anyhow!("encoding the {name} key: {e}"))?;
+        crate::io::write_atomic(staging.join(&format!("{name}.key")), pem.as_bytes(), 0o600)?;
+        let cert_pem = cert
+            .to_pem(LineEnding::LF)
+            .map_err(|e| anyhow::anyhow!("encoding the {name} certificate: {e}"))?;
+        crate::io::write_atomic(
+            staging.join(&format!("{name}.crt")),
+            cert_pem.as_bytes(),
+            0o644,
+        )?;
+        let der = cert.to_der().context("encoding a certificate")?;
+        certs.push((
+            name.to_string(),
+            cert.tbs_certificate.subject.to_string(),
+            hex::encode(Sha256::digest(&der)),
+        ));
+    }
+    crate::io::write_atomic(
+        staging.join(GUID_FILE),
+        format!("{owner}\n").as_bytes(),
+        0o644,
+    )?;
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    staging.commit(&refs)?;
+    Ok(KeygenReport {
+        dir: dir.to_path_buf(),
+        owner,
+        certs,
+    })
+}
+
+fn read_small(path: &Path, what: &str) -> Result<Vec<u8>> {
+    let meta = std::fs::metadata(path).with_context(|| {
+        format!(
+            "reading the {what} {}: make the key directory with `imager keygen --secure-boot DIR`",
+            path.display()
+        )
+    })?;
+    if !meta.is_file() || meta.len() > MAX_FILE {
+        bail!("{}: not a {what} file", path.display());
+    }
+    std::fs::read(path).with_context(|| format!("reading the {what} {}", path.display()))
+}
+
+/// Loads an X.509 certificate (PEM or DER). Refuses a private key given in
+/// its place without quoting it.
+pub fn load_cert(path: &Path) -> Result<Certificate> {
+    let bytes = read_small(path, "certificate")?;
+    parse_cert(&bytes).with_context(|| format!("{}", path.display()))
+}
+
+/// Parses an X.509 certificate from PEM or DER bytes.
+pub fn parse_cert(bytes: &[u8]) -> Result<Certificate> {
+    if crate::secret::looks_like_private_key(bytes) {
+        bail!("this is a private key, not a certificate: give the .crt file");
+    }
+    let cert = if bytes.starts_with(b"-----BEGIN") || bytes.trim_ascii_start().starts_with(b"-") {
+        let text =
+            std::str::from_utf8(bytes).context("not a certificate (PEM that is not text)")?;
+        Certificate::from_pem(text.trim())
+            .map_err(|e| anyhow::anyhow!("not an X.509 certificate in PEM: {e}"))?
+    } else {
+        Certificate::from_der(bytes)
+            .map_err(|e| anyhow::anyhow!("not an X.509 certificate (PEM or DER): {e}"))?
+    };
+    Ok(cert)
+}
+
+/// The RSA public key of a certificate (RSA is all Secure Boot firmware
+/// takes).
+pub fn cert_public_key(cert: &Certificate) -> Result<RsaPublicKey> {
+    use rsa::pkcs8::DecodePublicKey;
+    let spki = cert
+        .tbs_certificate
+        .subject_public_key_info
+        .to_der()
+        .context("encoding a certificate's public key")?;
+    RsaPublicKey::from_public_key_der(&spki).map_err(|e| {
+        anyhow::anyhow!("the certificate's key is not RSA ({e}): Secure Boot needs RSA keys")
+    })
+}
+
+fn load_private(path: &Path) -> Result<RsaPrivateKey> {
+    use std::os::unix::fs::PermissionsExt;
+    let bytes = der::zeroize::Zeroizing::new(read_small(path, "private key")?);
+    let mode = std::fs::metadata(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        bail!(
+            "{}: the private key is readable by others (mode {:04o}): chmod 600 it (and \
+             consider it exposed if others could log in)",
+            path.display(),
+            mode & 0o7777
+        );
+    }
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|_| anyhow::anyhow!("{}: not a private key in PEM (not text)", path.display()))?
+        .trim();
+    if text.contains("CERTIFICATE") || text.contains("PUBLIC KEY") {
+        bail!(
+            "{}: this is a certificate or public key, not a private key: give the .key file",
+            path.display()
+        );
+    }
+    let key = RsaPrivateKey::from_pkcs8_pem(text)
+        .or_else(|_| RsaPrivateKey::from_pkcs1_pem(text))
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "{}: not an RSA private key in PEM (PKCS#8 `BEGIN PRIVATE KEY` or PKCS#1 `BEGIN \
+                 RSA PRIVATE KEY`)",
+                path.display()
+            )
+        })?;
+    ensure!(
+        key.size() * 8 >= RSA_BITS,
+        "{}: an RSA key of {} bits is too small: use {RSA_BITS} bits or more",
+        path.display(),
+        key.size() * 8
+    );
+    Ok(key)
+}
+
+impl SbKey {
+    /// Loads `dir/NAME.key` and `dir/NAME.crt` and checks they are a pair.
+    pub fn load(dir: &Path, name: &str) -> Result<SbKey> {
+        let key_path = dir.join(format!("{name}.key"));
+        let cert_path = dir.join(format!("{name}.crt"));
+        let key = load_private(&key_path)?;
+        let cert = load_cert(&cert_path)?;
+        let public = cert_public_key(&cert).with_context(|| format!("{}", cert_path.display()))?;
+        if public != key.to_public_key() {
+            bail!(
+                "{} does not belong to {}: the certificate is for another key; regenerate the \
+                 pair or give the matching files",
+                cert_path.display(),
+                key_path.display()
+            );
+        }
+        let cert_der = cert.to_der().context("encoding a certificate")?;
+        Ok(SbKey {
+            name: name.to_string(),
+            signing: SigningKey::<Sha256>::new(key),
+            cert,
+            cert_der,
+        })
+    }
+}
+
+impl SecureBootKeys {
+    /// Loads a key directory made by [`keygen`] (or by hand, with the same
+    /// names): every private key must be mode 0600 or narrower and match
+    /// its certificate.
+    pub fn load(dir: &Path) -> Result<SecureBootKeys> {
+        let guid_path = dir.join(GUID_FILE);
+        let guid = read_small(&guid_path, "owner GUID")?;
+        let owner = std::str::from_utf8(&guid)
+            .ok()
+            .and_then(|t| Uuid::parse_str(t.trim()).ok())
+            .with_context(|| {
+                format!(
+                    "{}: not a GUID (one line like 8be4df61-93ca-11d2-aa0d-00e098032b8c)",
+                    guid_path.display()
+                )
+            })?;
+        Ok(SecureBootKeys {
+            pk: SbKey::load(dir, "PK")?,
+            kek: SbKey::load(dir, "KEK")?,
+            db: SbKey::load(dir, "db")?,
+            owner,
+            dir: dir.to_path_buf(),
+        })
+    }
+}

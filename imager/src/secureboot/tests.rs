@@ -1,0 +1,249 @@
+#![allow(clippy::unwrap_used)]
+
+use super::auth::*;
+use super::authenticode::*;
+use super::keys::*;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+const SD_BOOT: &str = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi";
+
+/// One key directory for the whole test process (RSA key generation is
+/// the slow part).
+fn key_dir() -> &'static Path {
+    static D: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &D.get_or_init(|| {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("sb");
+        keygen(&d, false).unwrap();
+        (t, d)
+    })
+    .1
+}
+
+fn keys() -> &'static SecureBootKeys {
+    static K: OnceLock<SecureBootKeys> = OnceLock::new();
+    K.get_or_init(|| SecureBootKeys::load(key_dir()).unwrap())
+}
+
+fn copy_keys() -> (tempfile::TempDir, PathBuf) {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path().join("k");
+    std::fs::create_dir(&d).unwrap();
+    for n in file_names() {
+        std::fs::copy(key_dir().join(&n), d.join(&n)).unwrap();
+    }
+    (t, d)
+}
+
+fn err<T: std::fmt::Debug>(r: anyhow::Result<T>) -> String {
+    format!("{:#}", r.unwrap_err())
+}
+
+#[test]
+fn keygen_writes_three_pairs_and_a_guid_with_private_keys_0600() {
+    let d = key_dir();
+    for n in NAMES {
+        let key = std::fs::metadata(d.join(format!("{n}.key"))).unwrap();
+        assert_eq!(key.permissions().mode() & 0o777, 0o600, "{n}.key");
+        let crt = std::fs::read_to_string(d.join(format!("{n}.crt"))).unwrap();
+        assert!(crt.starts_with("-----BEGIN CERTIFICATE-----"), "{n}.crt");
+    }
+    let k = keys();
+    assert!(k.pk.subject().contains("PK"), "{}", k.pk.subject());
+    assert!(k.db.subject().contains("db"), "{}", k.db.subject());
+    // Three different keys.
+    assert_ne!(k.pk.cert_der, k.kek.cert_der);
+    assert_ne!(k.kek.cert_der, k.db.cert_der);
+    // Self-signed: issuer = subject.
+    for key in [&k.pk, &k.kek, &k.db] {
+        assert_eq!(
+            key.cert.tbs_certificate.issuer,
+            key.cert.tbs_certificate.subject
+        );
+    }
+    // Nothing half-written is left behind.
+    let names: Vec<String> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 7, "{names:?}");
+}
+
+#[test]
+fn keygen_refuses_to_overwrite_and_leaves_the_keys_alone() {
+    let (_t, d) = copy_keys();
+    let before = std::fs::read(d.join("db.key")).unwrap();
+    let e = err(keygen(&d, false));
+    assert!(e.contains("already exists") && e.contains("--force"), "{e}");
+    assert_eq!(std::fs::read(d.join("db.key")).unwrap(), before);
+}
+
+#[test]
+fn load_refuses_open_keys_mismatched_pairs_and_a_key_for_a_cert() {
+    let (_t, d) = copy_keys();
+    std::fs::set_permissions(d.join("KEK.key"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = err(SecureBootKeys::load(&d));
+    assert!(e.contains("KEK.key") && e.contains("chmod 600"), "{e}");
+    std::fs::set_permissions(d.join("KEK.key"), std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    std::fs::copy(d.join("PK.crt"), d.join("db.crt")).unwrap();
+    let e = err(SecureBootKeys::load(&d));
+    assert!(e.contains("db.crt does not belong to"), "{e}");
+
+    std::fs::copy(d.join("db.key"), d.join("db.crt")).unwrap();
+    let e = err(SecureBootKeys::load(&d));
+    assert!(e.contains("private key, not a certificate"), "{e}");
+    // Never quotes the key.
+    let key = std::fs::read_to_string(d.join("db.key")).unwrap();
+    let line = key.lines().nth(1).unwrap();
+    assert!(!e.contains(line), "{e}");
+
+    std::fs::remove_file(d.join("GUID")).unwrap();
+    let e = err(SecureBootKeys::load(&d));
+    assert!(
+        e.contains("GUID") && e.contains("imager keygen --secure-boot"),
+        "{e}"
+    );
+}
+
+#[test]
+fn signing_systemd_boot_gives_a_signature_verify_accepts_and_the_same_bytes_twice() {
+    let pe = std::fs::read(SD_BOOT).unwrap();
+    let signed = sign_bytes(&pe, &keys().db).unwrap();
+    assert_eq!(
+        signed,
+        sign_bytes(&pe, &keys().db).unwrap(),
+        "deterministic"
+    );
+    assert_eq!(signed.len() % 8, 0);
+    // The original bytes come first, unchanged but for the checksum and the
+    // certificate-table entry.
+    let l = layout(&signed).unwrap();
+    let (at, size) = l.cert_table.unwrap();
+    assert_eq!(at, pe.len().div_ceil(8) * 8);
+    assert_eq!(at + size, signed.len());
+    assert_eq!(&signed[at + 4..at + 8], &[0x00, 0x02, 0x02, 0x00]);
+    // The digest is the unsigned file's (padded) digest.
+    let mut padded = pe.clone();
+    padded.resize(at, 0);
+    assert_eq!(digest(&padded).unwrap(), digest(&signed).unwrap());
+    let v = verify(&signed, &keys().db.cert).unwrap();
+    assert!(v.signer.contains("db"), "{v:?}");
+    assert_eq!(v.digest, hex::encode(digest(&signed).unwrap()));
+}
+
+#[test]
+fn verify_refuses_a_changed_image_another_key_and_an_unsigned_image() {
+    let pe = std::fs::read(SD_BOOT).unwrap();
+    let signed = sign_bytes(&pe, &keys().db).unwrap();
+    let mut flipped = signed.clone();
+    flipped[0x1000] ^= 1;
+    let e = err(verify(&flipped, &keys().db.cert));
+    assert!(e.contains("changed after signing"), "{e}");
+    let e = err(verify(&signed, &keys().kek.cert));
+    assert!(e.contains("another key"), "{e}");
+    let e = err(verify(&pe, &keys().db.cert));
+    assert!(e.contains("not signed"), "{e}");
+    // A flipped byte in the signature itself.
+    let (at, size) = layout(&signed).unwrap().cert_table.unwrap();
+    let mut bad_sig = signed.clone();
+    bad_sig[at + size - 40] ^= 0x80;
+    assert!(verify(&bad_sig, &keys().db.cert).is_err());
+}
+
+#[test]
+fn signing_refuses_a_signed_image_and_what_is_not_a_pe() {
+    let pe = std::fs::read(SD_BOOT).unwrap();
+    let signed = sign_bytes(&pe, &keys().db).unwrap();
+    let e = err(sign_bytes(&signed, &keys().db));
+    assert!(e.contains("already signed"), "{e}");
+    let e = err(sign_bytes(b"#!/bin/sh\n", &keys().db));
+    assert!(e.contains("not a PE"), "{e}");
+    let e = err(sign_bytes(&pe[..300], &keys().db));
+    assert!(e.contains("header") || e.contains("PE"), "{e}");
+    // Two sections that overlap: refused, not hashed twice.
+    let mut bad = pe.clone();
+    let l = layout(&pe).unwrap();
+    let pe_at = u32::from_le_bytes(pe[0x3c..0x40].try_into().unwrap()) as usize;
+    let opt_size = u16::from_le_bytes(pe[pe_at + 20..pe_at + 22].try_into().unwrap()) as usize;
+    let second = pe_at + 24 + opt_size + 40;
+    bad[second + 20..second + 24].copy_from_slice(&(l.sections[0].0 as u32 + 16).to_le_bytes());
+    let e = err(sign_bytes(&bad, &keys().db));
+    assert!(e.contains("does not follow"), "{e}");
+}
+
+#[test]
+fn sign_writes_atomically_and_refuses_without_writing() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("BOOTX64.EFI");
+    let r = sign(Path::new(SD_BOOT), &keys().db, &out).unwrap();
+    assert_eq!(std::fs::metadata(&out).unwrap().len(), r.size);
+    verify_file(&out, &keys().db.cert).unwrap();
+    let again = t.path().join("twice.efi");
+    assert!(sign(&out, &keys().db, &again).is_err());
+    assert!(!again.exists());
+    assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 1);
+}
+
+#[test]
+fn efi_time_of_epochs() {
+    let t = efi_time(0).unwrap();
+    assert_eq!(&t[..7], &[0xb2, 0x07, 1, 1, 0, 0, 0]);
+    // 2023-11-14 22:13:20 UTC
+    let t = efi_time(1_700_000_000).unwrap();
+    assert_eq!(&t[..7], &[0xe7, 0x07, 11, 14, 22, 13, 20]);
+    assert_eq!(&t[7..], &[0; 9]);
+    // 2000-02-29 (a leap day) 12:00:00
+    let t = efi_time(951_825_600).unwrap();
+    assert_eq!(&t[..7], &[0xd0, 0x07, 2, 29, 12, 0, 0]);
+    assert!(efi_time(u64::MAX).is_err());
+}
+
+#[test]
+fn signature_list_layout() {
+    let owner = uuid::Uuid::from_u128(0x11223344_5566_7788_99aa_bbccddeeff00);
+    let l = x509_signature_list(&owner, b"CERT").unwrap();
+    assert_eq!(l.len(), 28 + 16 + 4);
+    // EFI_CERT_X509_GUID in EFI byte order.
+    assert_eq!(&l[..4], &[0xa1, 0x59, 0xc0, 0xa5]);
+    assert_eq!(&l[16..20], &(48u32).to_le_bytes());
+    assert_eq!(&l[20..24], &[0; 4]);
+    assert_eq!(&l[24..28], &(20u32).to_le_bytes());
+    assert_eq!(&l[28..32], &[0x44, 0x33, 0x22, 0x11]);
+    assert_eq!(&l[44..], b"CERT");
+}
+
+#[test]
+fn enrolment_files_are_deterministic_and_laid_out_as_edk2_reads_them() {
+    let a = enrolment_files(keys(), 1_700_000_000).unwrap();
+    let b = enrolment_files(keys(), 1_700_000_000).unwrap();
+    assert_eq!(a, b);
+    let names: Vec<&str> = a.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, ["db.auth", "KEK.auth", "PK.auth"]);
+    for (name, bytes) in &a {
+        assert_eq!(&bytes[..16], &efi_time(1_700_000_000).unwrap(), "{name}");
+        let len = u32::from_le_bytes(bytes[16..20].try_into().unwrap()) as usize;
+        assert_eq!(&bytes[20..24], &[0x00, 0x02, 0xf1, 0x0e], "{name}");
+        assert_eq!(&bytes[24..40], &guid_bytes(&EFI_CERT_TYPE_PKCS7), "{name}");
+        let sd = &bytes[40..16 + len];
+        // EDK2: a bare SignedData with a two-byte length and SHA-256 as its
+        // digest algorithm at offset 13.
+        assert_eq!(sd[0], 0x30, "{name}");
+        assert_eq!(sd[1], 0x82, "{name}");
+        assert_eq!(
+            &sd[13..22],
+            &[0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01],
+            "{name}"
+        );
+        let data = &bytes[16 + len..];
+        let cert = match *name {
+            "db.auth" => &keys().db.cert_der,
+            "KEK.auth" => &keys().kek.cert_der,
+            _ => &keys().pk.cert_der,
+        };
+        assert_eq!(data, x509_signature_list(&keys().owner, cert).unwrap());
+    }
+    assert!(efi_time(300_000_000_000).is_err());
+}

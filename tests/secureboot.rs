@@ -1,0 +1,399 @@
+//! Secure Boot with our own keys (`imager::secureboot`), checked by
+//! independent tools and real firmware: `sbverify` and `objdump` read what
+//! our Authenticode signer wrote; OVMF's Secure Boot build (SMM, TCG) with
+//! our keys enrolled by `virt-fw-vars` boots our signed systemd-boot and
+//! our signed UKI of the live system to ready and refuses an unsigned
+//! systemd-boot and a UKI with one flipped byte; with a store in setup
+//! mode, systemd-boot 252 enrols our `.auth` files itself, resets, and
+//! the next boot runs with Secure Boot on.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use imager::qemu::BootOptions;
+use imager::secureboot::{SecureBootKeys, authenticode, write_enrolment};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+const SD_BOOT: &str = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi";
+const UKI_NAME: &str = "live.efi";
+/// Generous: OVMF's SMM build under TCG is slow, and systemd-boot 252
+/// counts 15 s down before it enrols keys.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
+
+fn dir() -> PathBuf {
+    let d = scratch().join("secureboot");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A fresh key directory made by `imager keygen --secure-boot` (once per
+/// test process).
+fn keys() -> &'static SecureBootKeys {
+    static K: OnceLock<SecureBootKeys> = OnceLock::new();
+    K.get_or_init(|| {
+        let k = dir().join("keys");
+        let _ = std::fs::remove_dir_all(&k);
+        let out = ok(imager().args(["keygen", "--secure-boot"]).arg(&k));
+        assert!(out.contains("owner GUID"), "{out}");
+        SecureBootKeys::load(&k).unwrap()
+    })
+}
+
+/// systemd-boot signed with our db key.
+fn signed_sd_boot() -> &'static Path {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let out = dir().join("systemd-bootx64.signed.efi");
+        imager::secureboot::sign(Path::new(SD_BOOT), &keys().db, &out).unwrap();
+        out
+    })
+}
+
+/// The live system's UKI (`imager::uki` from the default ISO build's
+/// kernel, live initramfs and command line): `(unsigned, signed)`.
+fn ukis() -> &'static (PathBuf, PathBuf) {
+    static U: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    U.get_or_init(|| {
+        let build = build_profile("sb-iso", &repo().join("profiles/iso.yaml"), &[]);
+        let iso = build.artifact("iso");
+        let d = dir().join("uki");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let efi = d.join("efi.img");
+        ok(tool("xorriso")
+            .args(["-osirrox", "on", "-indev"])
+            .arg(&iso)
+            .args(["-extract", &format!("/{}", contract::iso::EFI_IMAGE)])
+            .arg(&efi));
+        let get = |from: &str, to: &str| {
+            ok(tool("mcopy")
+                .arg("-i")
+                .arg(&efi)
+                .arg(format!("::{from}"))
+                .arg(d.join(to)));
+            d.join(to)
+        };
+        let kernel = get(contract::iso::LIVE_KERNEL, "vmlinuz");
+        let initramfs = get(contract::iso::LIVE_INITRAMFS, "initramfs.zst");
+        let entry = std::fs::read_to_string(get(contract::iso::LIVE_ENTRY, "live.conf")).unwrap();
+        let cmdline = entry
+            .lines()
+            .find_map(|l| l.strip_prefix("options "))
+            .unwrap()
+            .trim()
+            .to_string();
+        let unsigned = d.join("live.efi");
+        imager::uki::write_uki(
+            &imager::uki::UkiInput {
+                stub: Path::new(imager::uki::DEFAULT_STUB),
+                kernel: &kernel,
+                initramfs: &initramfs,
+                os_release: b"NAME=Imager\nID=imager\nVERSION_ID=0.1.0\n",
+                cmdline: &cmdline,
+            },
+            &unsigned,
+        )
+        .unwrap();
+        let signed = d.join("live.signed.efi");
+        imager::secureboot::sign(&unsigned, &keys().db, &signed).unwrap();
+        (unsigned, signed)
+    })
+}
+
+/// A copy of `file` with the byte at `at` flipped.
+fn flipped(file: &Path, at: usize, name: &str) -> PathBuf {
+    let mut b = std::fs::read(file).unwrap();
+    b[at] ^= 0x01;
+    let out = dir().join(name);
+    std::fs::write(&out, b).unwrap();
+    out
+}
+
+fn sbverify(file: &Path) -> std::process::Output {
+    run(tool("sbverify")
+        .arg("--cert")
+        .arg(keys().dir.join("db.crt"))
+        .arg(file))
+}
+
+/// What an ESP holds for these tests.
+struct Esp<'a> {
+    loader: &'a Path,
+    uki: Option<&'a Path>,
+    loader_conf: &'a str,
+    /// Write our `.auth` files into `loader/keys/auto/`.
+    auth: bool,
+}
+
+/// A FAT disk (the ESP as a superfloppy, which OVMF boots) with `esp`.
+fn esp_disk(name: &str, esp: &Esp) -> PathBuf {
+    let d = dir().join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let disk = d.join("esp.img");
+    ok(tool("mkfs.vfat")
+        .args(["-C", "-n", "ESP"])
+        .arg(&disk)
+        .arg("98304"));
+    let mut dirs = vec!["::EFI", "::EFI/BOOT", "::EFI/Linux", "::loader"];
+    if esp.auth {
+        dirs.extend(["::loader/keys", "::loader/keys/auto"]);
+        write_enrolment(keys(), EPOCH.parse().unwrap(), &d).unwrap();
+    }
+    ok(tool("mmd").arg("-i").arg(&disk).args(&dirs));
+    let put = |from: &Path, to: &str| {
+        ok(tool("mcopy")
+            .arg("-i")
+            .arg(&disk)
+            .arg(from)
+            .arg(format!("::{to}")));
+    };
+    put(esp.loader, "EFI/BOOT/BOOTX64.EFI");
+    if let Some(uki) = esp.uki {
+        put(uki, &format!("EFI/Linux/{UKI_NAME}"));
+    }
+    let conf = d.join("loader.conf");
+    std::fs::write(&conf, esp.loader_conf).unwrap();
+    put(&conf, "loader/loader.conf");
+    if esp.auth {
+        for f in ["PK.auth", "KEK.auth", "db.auth"] {
+            put(&d.join(f), &format!("loader/keys/auto/{f}"));
+        }
+    }
+    disk
+}
+
+/// A copy of OVMF's empty variable store (setup mode), or, with `enrol`,
+/// one with our PK, KEK and db enrolled by `virt-fw-vars` and Secure Boot
+/// on.
+fn vars(name: &str, enrol: bool) -> PathBuf {
+    let out = dir().join(format!("{name}.vars.fd"));
+    let _ = std::fs::remove_file(&out);
+    if !enrol {
+        std::fs::copy(imager::qemu::OVMF_VARS, &out).unwrap();
+        return out;
+    }
+    let k = keys();
+    let guid = k.owner.to_string();
+    ok(tool("virt-fw-vars")
+        .arg("--input")
+        .arg(imager::qemu::OVMF_VARS)
+        .arg("--output")
+        .arg(&out)
+        .arg("--set-pk")
+        .arg(&guid)
+        .arg(k.dir.join("PK.crt"))
+        .arg("--add-kek")
+        .arg(&guid)
+        .arg(k.dir.join("KEK.crt"))
+        .arg("--add-db")
+        .arg(&guid)
+        .arg(k.dir.join("db.crt"))
+        .arg("--secure-boot"));
+    out
+}
+
+fn sb_opts(disk: &Path, vars: &Path) -> BootOptions {
+    let mut o = BootOptions::new(disk);
+    o.timeout = BOOT_TIMEOUT;
+    o.echo = false;
+    o.secure_boot_vars = Some(vars.to_path_buf());
+    o
+}
+
+#[test]
+fn sbverify_and_verify_accept_our_systemd_boot_and_refuse_a_flipped_byte() {
+    let signed = signed_sd_boot();
+    let out = sbverify(signed);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Signature verification OK"));
+    let list = ok(tool("sbverify").arg("--list").arg(signed));
+    assert_eq!(
+        list.lines().filter(|l| l.starts_with("signature ")).count(),
+        1,
+        "{list}"
+    );
+    authenticode::verify_file(signed, &keys().db.cert).unwrap();
+
+    // One flipped byte in the code: both refuse.
+    let bad = flipped(signed, 0x2000, "sd-boot.flipped.efi");
+    assert!(!sbverify(&bad).status.success());
+    let e = format!(
+        "{:#}",
+        authenticode::verify_file(&bad, &keys().db.cert).unwrap_err()
+    );
+    assert!(e.contains("changed after signing"), "{e}");
+    // The wrong certificate: both refuse.
+    let out = run(tool("sbverify")
+        .arg("--cert")
+        .arg(keys().dir.join("KEK.crt"))
+        .arg(signed));
+    assert!(!out.status.success(), "{out:?}");
+    assert!(authenticode::verify_file(signed, &keys().kek.cert).is_err());
+    // The unsigned original: both refuse.
+    assert!(!sbverify(Path::new(SD_BOOT)).status.success());
+    assert!(authenticode::verify_file(Path::new(SD_BOOT), &keys().db.cert).is_err());
+}
+
+#[test]
+fn the_signed_uki_passes_sbverify_and_objdump_and_a_flipped_byte_fails_both_checkers() {
+    let (unsigned, signed) = ukis();
+    let out = sbverify(signed);
+    assert!(out.status.success(), "{out:?}");
+    let list = ok(tool("sbverify").arg("--list").arg(signed));
+    assert_eq!(
+        list.lines().filter(|l| l.starts_with("signature ")).count(),
+        1,
+        "{list}"
+    );
+    authenticode::verify_file(signed, &keys().db.cert).unwrap();
+    let sections = ok(tool("objdump").arg("-h").arg(signed));
+    for s in [".osrel", ".cmdline", ".linux", ".initrd"] {
+        assert!(sections.contains(s), "{s}: {sections}");
+    }
+    // Signing twice gives the same bytes.
+    let again = dir().join("live.again.efi");
+    imager::secureboot::sign(unsigned, &keys().db, &again).unwrap();
+    assert_eq!(
+        std::fs::read(&again).unwrap(),
+        std::fs::read(signed).unwrap()
+    );
+    // A flipped byte in the kernel section.
+    let bad = flipped(signed, 0x10_0000, "live.flipped.efi");
+    assert!(!sbverify(&bad).status.success());
+    assert!(authenticode::verify_file(&bad, &keys().db.cert).is_err());
+}
+
+#[test]
+fn ovmf_with_our_keys_boots_our_signed_systemd_boot_and_uki_to_ready() {
+    let (_, signed) = ukis();
+    let disk = esp_disk(
+        "boot-signed",
+        &Esp {
+            loader: signed_sd_boot(),
+            uki: Some(signed),
+            loader_conf: "timeout 0\n",
+            auth: false,
+        },
+    );
+    let vars = vars("boot-signed", true);
+    let r = imager::qemu::boot(&sb_opts(&disk, &vars))
+        .unwrap_or_else(|e| panic!("the signed UKI under Secure Boot: {e:#}"));
+    assert!(r.ready && r.live, "{r:?}");
+    // Secure Boot was on: the varstore says so.
+    let print = ok(tool("virt-fw-vars")
+        .arg("--input")
+        .arg(&vars)
+        .arg("--print"));
+    assert!(print.contains("SecureBootEnable"), "{print}");
+}
+
+#[test]
+fn ovmf_with_our_keys_refuses_an_unsigned_systemd_boot() {
+    let disk = esp_disk(
+        "unsigned-loader",
+        &Esp {
+            loader: Path::new(SD_BOOT),
+            uki: None,
+            loader_conf: "timeout 0\n",
+            auth: false,
+        },
+    );
+    let vars = vars("unsigned-loader", true);
+    let line = imager::qemu::boot_until(&sb_opts(&disk, &vars), &["Access Denied"])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(line.contains("failed to load Boot"), "{line}");
+}
+
+#[test]
+fn systemd_boot_refuses_a_uki_with_one_flipped_byte() {
+    let (_, signed) = ukis();
+    let bad = flipped(signed, 0x10_0000, "live.flipped-boot.efi");
+    let disk = esp_disk(
+        "flipped-uki",
+        &Esp {
+            loader: signed_sd_boot(),
+            uki: Some(&bad),
+            loader_conf: "timeout 0\n",
+            auth: false,
+        },
+    );
+    let vars = vars("flipped-uki", true);
+    let line = imager::qemu::boot_until(&sb_opts(&disk, &vars), &["Access Denied"])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(line.contains(UKI_NAME), "{line}");
+}
+
+#[test]
+fn systemd_boot_enrols_our_keys_resets_and_boots_the_signed_uki_with_secure_boot_on() {
+    let (unsigned, signed) = ukis();
+    let disk = esp_disk(
+        "enrol",
+        &Esp {
+            loader: signed_sd_boot(),
+            uki: Some(signed),
+            loader_conf: "timeout 0\nsecure-boot-enroll force\n",
+            auth: true,
+        },
+    );
+    let vars = vars("enrol", false);
+    let mut opts = sb_opts(&disk, &vars);
+    // systemd-boot resets the machine after enrolling.
+    opts.reboots = true;
+    let log = dir().join("enrol.console");
+    opts.console_log = Some(log.clone());
+    let r = imager::qemu::boot(&opts).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(r.ready && r.live, "{r:?}");
+    let console = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        console.contains("Enrolling secure boot keys from directory: \\loader\\keys\\auto"),
+        "{console}"
+    );
+    // The store now holds our PK (by its owner GUID) and the firmware is in
+    // user mode.
+    let print = ok(tool("virt-fw-vars")
+        .arg("--input")
+        .arg(&vars)
+        .arg("--print"));
+    assert!(print.contains(&keys().owner.to_string()), "{print}");
+    // And it enforces: the unsigned UKI is refused with this store.
+    let disk = esp_disk(
+        "enrol-unsigned",
+        &Esp {
+            loader: signed_sd_boot(),
+            uki: Some(unsigned),
+            loader_conf: "timeout 0\n",
+            auth: false,
+        },
+    );
+    let line = imager::qemu::boot_until(&sb_opts(&disk, &vars), &["Access Denied"])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(line.contains(UKI_NAME), "{line}");
+}
+
+#[test]
+fn keygen_cli_refuses_to_overwrite_secure_boot_keys() {
+    let k = keys();
+    let before = std::fs::read(k.dir.join("db.key")).unwrap();
+    let out = run(imager().args(["keygen", "--secure-boot"]).arg(&k.dir));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already exists"), "{err}");
+    assert_eq!(std::fs::read(k.dir.join("db.key")).unwrap(), before);
+    // The certificates are what openssl reads as self-signed RSA-2048.
+    for n in ["PK", "KEK", "db"] {
+        let text = ok(tool("openssl")
+            .args(["x509", "-noout", "-text", "-in"])
+            .arg(k.dir.join(format!("{n}.crt"))));
+        assert!(text.contains("Public-Key: (2048 bit)"), "{text}");
+        assert!(text.contains("sha256WithRSAEncryption"), "{text}");
+        ok(tool("openssl")
+            .args(["verify", "-CAfile"])
+            .arg(k.dir.join(format!("{n}.crt")))
+            .arg(k.dir.join(format!("{n}.crt"))));
+    }
+}
