@@ -295,6 +295,7 @@ fn small_image(dir: &Path) -> (PathBuf, imager::sign::VerifyingKey) {
         boot: Some(sign::Boot {
             title: "Imager 0.1.0".into(),
             cmdline: "console=ttyS0".into(),
+            secure_boot_enroll: None,
         }),
         ..Manifest::new("metal", TAG, "p", 1_700_000_000, artifacts)
     };
@@ -440,6 +441,7 @@ fn install_refuses_a_disk_holding_data_unless_wipe() {
         boot: Some(sign::Boot {
             title: "Imager 0.1.0".into(),
             cmdline: "console=ttyS0".into(),
+            secure_boot_enroll: None,
         }),
         ..sign::Manifest::new("metal", TAG, "p", 1_700_000_000, artifacts)
     };

@@ -269,6 +269,11 @@ pub struct Payload {
     /// UKI as its entry in `EFI/Linux` instead of a `.conf` entry and the
     /// kernel and initramfs files (`contract::boot`, "UKI entries").
     pub ukis: Option<SlotUkis>,
+    /// The db certificate (PEM) the payload's UKIs are signed for: META's
+    /// [`Tag::SecureBoot`](contract::meta::Tag::SecureBoot) after the
+    /// upgrade (removed when `None`). Whether the disk may change it is
+    /// the caller's decision, made before.
+    pub secure_boot: Option<String>,
 }
 
 /// The UKIs of a payload, one per slot.
@@ -427,8 +432,16 @@ fn plan_upgrade<B: Device, M: Device>(
         "upgrade-started from={fallback} to={target} from-version={from_version} to-version={} tries={tries}",
         payload.version
     ));
+    let mut new_meta = meta_with(&st, &new)?;
+    match &payload.secure_boot {
+        Some(db) => new_meta.set(contract::meta::Tag::SecureBoot, db.as_bytes()),
+        None => new_meta.remove(contract::meta::Tag::SecureBoot),
+    }
+    new_meta.encode_block().map_err(|e| {
+        anyhow::anyhow!("META has no room for the db certificate ({e}): nothing was written")
+    })?;
     Ok(UpgradePlan {
-        new_meta: meta_with(&st, &new)?,
+        new_meta,
         new_state: new,
         grub_slot_cfg,
         generation: st.next_generation()?,

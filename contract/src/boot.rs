@@ -379,6 +379,17 @@ pub fn loader_conf() -> String {
     "timeout 0\neditor no\nauto-entries no\nauto-firmware no\nconsole-mode keep\n".to_string()
 }
 
+/// How systemd-boot enrols the Secure Boot keys it finds in
+/// `loader/keys/<name>/` on the ESP when the firmware is in setup mode
+/// (`secure-boot-enroll`, systemd 252: `off`, `manual` (a menu entry),
+/// `force` (at once, after a countdown)).
+pub const ENROLL_MODES: [&str; 3] = ["off", "manual", "force"];
+
+/// [`loader_conf`] of a Secure Boot image: with `secure-boot-enroll MODE`.
+pub fn loader_conf_enrolling(mode: &str) -> String {
+    format!("{}secure-boot-enroll {mode}\n", loader_conf())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

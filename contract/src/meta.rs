@@ -47,10 +47,14 @@ pub enum Tag {
     /// Public keys (PEM, concatenated) whose signatures the installer
     /// accepts for upgrades of this disk.
     TrustedKeys = 0x30,
+    /// The disk boots signed UKIs under Secure Boot: the db certificate
+    /// (PEM) its firmware is enrolled with, which every UKI an upgrade
+    /// installs must be signed for. Absent: no Secure Boot.
+    SecureBoot = 0x31,
 }
 
 impl Tag {
-    pub const ALL: [Tag; 7] = [
+    pub const ALL: [Tag; 8] = [
         Tag::ImageName,
         Tag::DefaultSlot,
         Tag::SlotA,
@@ -58,6 +62,7 @@ impl Tag {
         Tag::PendingUpgrade,
         Tag::History,
         Tag::TrustedKeys,
+        Tag::SecureBoot,
     ];
 
     pub fn name(self) -> &'static str {
@@ -69,6 +74,7 @@ impl Tag {
             Tag::PendingUpgrade => "pending-upgrade",
             Tag::History => "history",
             Tag::TrustedKeys => "trusted-keys",
+            Tag::SecureBoot => "secure-boot",
         }
     }
 

@@ -78,6 +78,14 @@ pub fn live_run_path(rel: &str) -> String {
 pub const ESP_BOOT_LOADER: &str = "EFI/BOOT/BOOTX64.EFI";
 /// systemd-boot's configuration, on the ESP.
 pub const ESP_LOADER_CONF: &str = "loader/loader.conf";
+/// Where systemd-boot looks for Secure Boot keys to enrol: a directory per
+/// key set, holding `PK.auth`, `KEK.auth` and `db.auth`.
+pub const ESP_KEYS_DIR: &str = "loader/keys";
+
+/// The directory of the key set `name` (the image's name) on the ESP.
+pub fn esp_keys(name: &str) -> String {
+    format!("{ESP_KEYS_DIR}/{name}")
+}
 /// Boot Loader Specification type #1 entries, on BOOT (XBOOTLDR).
 pub const BOOT_ENTRIES_DIR: &str = "loader/entries";
 /// Boot Loader Specification type #2 entries (Unified Kernel Images), on
@@ -126,6 +134,9 @@ pub const PAYLOAD_SIGNATURE: &str = output::SIGNATURE;
 /// The boot loader (systemd-boot) in the payload, for installs on blank disks;
 /// listed in the payload manifest, but not required by readers.
 pub const PAYLOAD_BOOT_LOADER: &str = "systemd-bootx64.efi";
+/// The db certificate of a Secure Boot payload (PEM); the payload's
+/// enrolment files are `PK.auth`, `KEK.auth` and `db.auth` beside it.
+pub const PAYLOAD_SECURE_BOOT_DB: &str = "secure-boot-db.crt";
 /// GRUB's `boot.img` in the payload, for the BIOS path of installs; listed
 /// in the payload manifest with [`PAYLOAD_GRUB_CORE`], not required by
 /// readers (without them an install boots under UEFI only).

@@ -23,6 +23,12 @@ pub enum Kind {
     /// A slot's Unified Kernel Image (`uki-a.efi`, `uki-b.efi`): the
     /// output `uki`, and the payload of images whose slots boot UKIs.
     Uki,
+    /// The db certificate (PEM) a Secure Boot payload's UKIs are signed
+    /// for: META's `secure-boot` record after an install.
+    SecureBootDb,
+    /// A signed EFI variable update (`PK.auth`, `KEK.auth`, `db.auth`)
+    /// that systemd-boot enrols from the ESP.
+    SecureBootAuth,
     Manifest,
     Signature,
     PublicKey,
@@ -42,6 +48,8 @@ impl Kind {
             Kind::GrubBoot => "grub-boot",
             Kind::GrubCore => "grub-core",
             Kind::Uki => "uki",
+            Kind::SecureBootDb => "secure-boot-db",
+            Kind::SecureBootAuth => "secure-boot-auth",
             Kind::Manifest => "manifest",
             Kind::Signature => "signature",
             Kind::PublicKey => "public-key",

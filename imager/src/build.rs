@@ -30,8 +30,11 @@ use std::path::{Path, PathBuf};
 
 mod installer;
 mod iso;
+mod secureboot;
 mod skeleton;
 mod uki;
+
+pub use secureboot::esp_files as secure_esp_files;
 
 pub use installer::{PayloadInput, installer_spec, relative_link, write_installer, write_payload};
 pub use iso::live_options;
@@ -89,7 +92,7 @@ fn build(
     let epoch = describe_build(p, out)?;
     let Preflight {
         layout,
-        esp,
+        mut esp,
         grub,
         raw_bios,
         eltorito,
@@ -125,6 +128,10 @@ fn build(
             loaded.as_ref()
         }
     };
+    let sb = match &p.secure_boot {
+        Some(s) => Some(secureboot::load(p, s, epoch)?),
+        None => None,
+    };
     let kernel = kernel_files(p, opts)?;
     let stage = Staging::create(out, "build")?;
     let dir = stage.path();
@@ -142,6 +149,12 @@ fn build(
     ];
     let ukis = if p.makes_ukis() {
         let made = uki::write_ukis(p, dir, &kernel_out, &initramfs_out)?;
+        if let Some(sb) = &sb {
+            step("secure boot: signing the UKIs and systemd-boot with the db key");
+            for u in &made {
+                sb.sign(u, u)?;
+            }
+        }
         artifacts.extend(made.iter().map(|u| (Kind::Uki, u.clone())));
         Some(made)
     } else {
@@ -150,14 +163,26 @@ fn build(
     let boot_info = sign::Boot {
         title: boot::image_title(&p.pretty_name, &p.version),
         cmdline: p.cmdline(),
+        secure_boot_enroll: sb.as_ref().map(|s| s.enroll_mode.clone()),
+    };
+    // systemd-boot, signed for Secure Boot (staged, not an output).
+    let boot_loader = match &sb {
+        Some(sb) => {
+            let signed = sb.sign(&p.boot.systemd_boot, &dir.join(paths::PAYLOAD_BOOT_LOADER))?;
+            esp = sb.esp_files(&signed, &p.name)?;
+            signed
+        }
+        None => p.boot.systemd_boot.clone(),
     };
     let payload = PayloadInput {
+        boot_loader: &boot_loader,
+        secure_boot: sb.as_ref(),
         kernel: &kernel_out,
         initramfs: &initramfs_out,
         boot: &boot_info,
         epoch,
-        grub: grub.as_ref().filter(|_| !p.boot.uki),
-        ukis: ukis.as_ref().filter(|_| p.boot.uki),
+        grub: grub.as_ref().filter(|_| !p.uki_slots()),
+        ukis: ukis.as_ref().filter(|_| p.uki_slots()),
     };
     if let Some(layout) = &layout {
         let bios = grub
@@ -532,12 +557,15 @@ fn write_disk(
     );
     let disk_guid = contract::guid::disk_guid(&identity);
     let boot_files = boot::initial_boot_files(&slot_payload)?;
-    let meta = bootstate::meta::initial(
+    let mut meta = bootstate::meta::initial(
         &p.name,
         &p.version,
         &[sign::public_key_pem(&signer.public_key())?],
         "build",
     );
+    if let Some(sb) = payload.secure_boot {
+        meta.set(contract::meta::Tag::SecureBoot, sb.db_pem.as_bytes());
+    }
     let raw = out.join(names::RAW);
     boot::write_raw_image(
         &raw,

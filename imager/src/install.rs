@@ -16,7 +16,7 @@ use crate::disk::{self, Layout};
 use crate::io::Window;
 use crate::sign::{self, Manifest, VerifyingKey};
 use crate::{boot, oci};
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use bootstate::disk::{Access, Disk};
 use bootstate::fat::BootFs;
 use bootstate::ops::{self, Payload, PayloadFile};
@@ -42,6 +42,9 @@ pub struct UpgradeOptions {
     pub disk: PathBuf,
     /// Boots the new slot is tried before systemd-boot falls back (1 to 99).
     pub tries: u32,
+    /// Let the upgrade move the disk into or out of Secure Boot (META's
+    /// `secure-boot` record follows the payload); refused without.
+    pub change_secure_boot: bool,
 }
 
 /// What `imager install` is asked to do.
@@ -76,6 +79,9 @@ pub struct RollbackOptions {
 pub struct VerifiedPayload {
     pub payload: Payload,
     pub manifest: Manifest,
+    /// A Secure Boot payload's enrolment files (`PK.auth`, `KEK.auth`,
+    /// `db.auth`), checked against their signed digests; empty otherwise.
+    pub enrolment: Vec<(String, Vec<u8>)>,
     /// The trusted key that signed it.
     pub key: VerifyingKey,
     /// Keeps an extracted archive alive while the payload is used.
@@ -257,6 +263,47 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
             paths::output::UKI_B
         ),
     };
+    // Small files read whole, against their signed digests.
+    let read = |a: &crate::artifact::Artifact| -> Result<Vec<u8>> {
+        let path = dir.join(&a.path);
+        let bytes = crate::input::read_head(&path, "payload file", 64 * 1024 + 1)?;
+        ensure!(
+            bytes.len() as u64 == a.size && a.size <= 64 * 1024,
+            "{} in the payload is not the signed file ({} bytes, not {}): the installer \
+             image was changed; nothing was written",
+            a.path,
+            bytes.len(),
+            a.size
+        );
+        let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        ensure!(
+            sha == a.sha256,
+            "{} in the payload is not the signed file (sha256 {sha}, not {}): the installer \
+             image was changed; nothing was written",
+            a.path,
+            a.sha256
+        );
+        Ok(bytes)
+    };
+    let mut secure_boot = None;
+    let mut enrolment = Vec::new();
+    for a in &manifest.artifacts {
+        match a.kind {
+            Kind::SecureBootDb => {
+                let pem = String::from_utf8(read(a)?)
+                    .context("the payload's db certificate is not PEM text")?;
+                crate::secureboot::keys::parse_cert(pem.as_bytes())
+                    .context("the payload's db certificate")?;
+                secure_boot = Some(pem);
+            }
+            Kind::SecureBootAuth => enrolment.push((a.path.clone(), read(a)?)),
+            _ => {}
+        }
+    }
+    ensure!(
+        secure_boot.is_none() || ukis.is_some(),
+        "the payload has a Secure Boot db certificate but no UKIs to boot: rebuild the installer"
+    );
     let payload = Payload {
         version: manifest.version.clone(),
         title: boot.title,
@@ -264,10 +311,12 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
         kernel: file(Kind::Kernel)?,
         initramfs: file(Kind::Initramfs)?,
         ukis,
+        secure_boot,
     };
     Ok(VerifiedPayload {
         payload,
         manifest,
+        enrolment,
         key,
         _work: work,
     })
@@ -312,12 +361,52 @@ pub struct UpgradeReport {
     pub disk_writes: u64,
 }
 
+/// Before an upgrade writes: a disk that boots with Secure Boot (META's
+/// `secure-boot` record: the db certificate its firmware trusts) takes only
+/// a payload whose UKIs that certificate verifies (firmware would refuse
+/// the others after the switch); a move into or out of Secure Boot only
+/// when asked for (`change`).
+fn check_secure_boot(disk_db: Option<&str>, payload: &Payload, change: bool) -> Result<()> {
+    match (disk_db, &payload.secure_boot, change) {
+        (None, None, _) => Ok(()),
+        (Some(_), None, false) => bail!(
+            "this disk boots with Secure Boot and the payload is not signed for it (no UKIs \
+             signed with a db key): firmware would refuse it after the switch; nothing was \
+             written. Upgrade with a secure-boot build, or pass --change-secure-boot to leave \
+             Secure Boot (turn it off in the firmware first)"
+        ),
+        (None, Some(_), false) => bail!(
+            "this disk does not boot with Secure Boot and the payload is a Secure Boot build: \
+             nothing was written. Pass --change-secure-boot to move the disk to Secure Boot \
+             (enrol the payload's keys in the firmware first)"
+        ),
+        (Some(db), Some(_), _) => {
+            let cert = crate::secureboot::keys::parse_cert(db.as_bytes())
+                .context("META's secure-boot record is not a certificate: reinstall the disk")?;
+            let Some(ukis) = &payload.ukis else {
+                bail!("the payload has no UKIs");
+            };
+            for (slot, f) in [(Slot::A, &ukis.a), (Slot::B, &ukis.b)] {
+                crate::secureboot::verify_file(&f.path, &cert).with_context(|| {
+                    format!(
+                        "the payload's UKI of slot {slot} is not signed by the db key this disk \
+                         trusts (firmware would refuse it after the switch); nothing was written"
+                    )
+                })?;
+            }
+            Ok(())
+        }
+        (_, _, true) => Ok(()),
+    }
+}
+
 /// Upgrades the disk whose BOOT and META are `boot_dev` and `meta_dev`.
 pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device>(
     boot_dev: B,
     meta_dev: &mut M,
     installer: &Path,
     tries: u32,
+    change_secure_boot: bool,
 ) -> Result<(ops::Upgraded, VerifiedPayload)> {
     let (meta, _) = bootstate::meta::read(meta_dev).context("reading META")?;
     let keys = sign::parse_trusted_keys(meta.get(Tag::TrustedKeys).unwrap_or_default())?;
@@ -337,6 +426,7 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device>(
             p.manifest.name
         );
     }
+    check_secure_boot(meta.get(Tag::SecureBoot), &p.payload, change_secure_boot)?;
     let mut boot = BootFs::new(boot_dev, p.manifest.source_date_epoch);
     let up = ops::upgrade(&mut boot, meta_dev, &p.payload, tries)?;
     Ok((up, p))
@@ -347,7 +437,7 @@ pub fn run_upgrade(a: &UpgradeOptions) -> Result<UpgradeReport> {
     // Counted, to report what an upgrade costs the disk.
     let boot = bootstate::Faulty::counting(slots.boot);
     let mut meta = boot.share(slots.meta);
-    let (up, p) = upgrade_on(boot, &mut meta, &a.installer, a.tries)?;
+    let (up, p) = upgrade_on(boot, &mut meta, &a.installer, a.tries, a.change_secure_boot)?;
     Ok(UpgradeReport {
         disk: a.disk.display().to_string(),
         from_slot: up.from.to_string(),
@@ -447,7 +537,19 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     if let Some(f) = &lock {
         refuse_data(f, &a.disk, a.wipe)?;
     }
-    let esp = boot::esp_files(&systemd_boot_for(&p))?;
+    let esp = match &p.payload.secure_boot {
+        Some(_) => crate::build::secure_esp_files(
+            &systemd_boot_for(&p),
+            p.manifest
+                .boot
+                .as_ref()
+                .and_then(|b| b.secure_boot_enroll.as_deref())
+                .unwrap_or("force"),
+            &p.manifest.name,
+            &p.enrolment,
+        )?,
+        None => boot::esp_files(&systemd_boot_for(&p))?,
+    };
     // The entry as an upgrade writes it (title from the manifest's boot.title).
     let boot_files = boot::initial_boot_files(&p.payload)?;
     let identity = paths::image_identity(
@@ -455,12 +557,15 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         &p.manifest.version,
         &[&p.payload.kernel.sha256, &p.payload.initramfs.sha256],
     );
-    let meta = bootstate::meta::initial(
+    let mut meta = bootstate::meta::initial(
         &p.manifest.name,
         &p.payload.version,
         &[sign::public_key_pem(&key)?],
         "install",
     );
+    if let Some(db) = &p.payload.secure_boot {
+        meta.set(Tag::SecureBoot, db.as_bytes());
+    }
     let guid = contract::guid::disk_guid(&identity);
     let epoch = p.manifest.source_date_epoch;
     let target = if is_block {
@@ -621,6 +726,7 @@ mod tests {
             boot: Some(sign::Boot {
                 title: "Imager 0.1.0".into(),
                 cmdline: "console=ttyS0".into(),
+                secure_boot_enroll: None,
             }),
             ..Manifest::new("metal", "0.1.0", "p", 1_700_000_000, artifacts)
         };

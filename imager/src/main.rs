@@ -75,6 +75,11 @@ struct UpgradeArgs {
     #[arg(long, default_value_t = contract::boot::DEFAULT_TRIES,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(contract::boot::MAX_TRIES)))]
     tries: u32,
+    /// Let the upgrade move the disk into or out of Secure Boot (refused
+    /// without: a disk whose firmware enforces Secure Boot would refuse an
+    /// unsigned version after the switch).
+    #[arg(long)]
+    change_secure_boot: bool,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -202,6 +207,12 @@ struct BootArgs {
     /// then falls back to the other slot by boot counting).
     #[arg(long)]
     reboots: bool,
+    /// Boot OVMF's Secure Boot firmware (SMM, under TCG) with this UEFI
+    /// variable store, used in place (keys systemd-boot enrols stay in it):
+    /// a copy of /usr/share/OVMF/OVMF_VARS_4M.fd is in setup mode; enrol
+    /// keys into one with virt-fw-vars (docs/secureboot.md).
+    #[arg(long, value_name = "VARS")]
+    secure_boot: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -264,6 +275,7 @@ fn upgrade(a: &UpgradeArgs) -> Result<ExitCode> {
         installer: installer_path(&a.installer)?,
         disk: a.disk.clone(),
         tries: a.tries,
+        change_secure_boot: a.change_secure_boot,
     })?;
     let line = format!(
         "upgrade: slot {} now has {} and is tried next ({} tries, entry {}); \
@@ -400,6 +412,7 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
     o.console_log = a.console_log;
     o.reboots = a.reboots;
     o.serial = a.serial;
+    o.secure_boot_vars = a.secure_boot;
     o.media = match (iso, a.usb) {
         (true, false) if a.write => bail!(
             "--write: a CD-ROM is read-only; add --usb to attach {} as a disk the guest writes",

@@ -273,6 +273,29 @@ impl Output {
     }
 }
 
+/// Secure Boot (`docs/secureboot.md`): the slots boot UKIs signed with the
+/// db key, systemd-boot is signed too, and the ESP carries the signed
+/// variable updates that enrol the keys.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecureBootSection {
+    /// The key directory of `imager keygen --secure-boot`. Without it the
+    /// development keys (`out/keys/secureboot`, made on first use).
+    #[serde(default)]
+    pub keys: Option<PathBuf>,
+    /// systemd-boot's `secure-boot-enroll`: `force` (default), `manual`
+    /// or `off`.
+    #[serde(default)]
+    pub enroll: Option<String>,
+}
+
+impl SecureBootSection {
+    /// The enrolment mode written to loader.conf.
+    pub fn enroll_mode(&self) -> &str {
+        self.enroll.as_deref().unwrap_or("force")
+    }
+}
+
 /// The live system of the ISO.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -337,6 +360,9 @@ pub struct Profile {
     /// The live system of the output `iso`.
     #[serde(default)]
     pub live: LiveSection,
+    /// Secure Boot with our own keys: the slots boot signed UKIs.
+    #[serde(default)]
+    pub secure_boot: Option<SecureBootSection>,
     #[serde(default = "default_outputs")]
     pub outputs: Vec<Output>,
     /// Where the profile was read from (not a YAML key).
@@ -463,6 +489,9 @@ impl Profile {
         abs(&mut self.boot.systemd_boot);
         abs(&mut self.boot.grub_dir);
         abs(&mut self.boot.stub);
+        if let Some(k) = self.secure_boot.as_mut().and_then(|s| s.keys.as_mut()) {
+            abs(k);
+        }
         if let Some(k) = self.signing.key.as_mut() {
             abs(k);
         }
@@ -556,11 +585,23 @@ impl Profile {
             }
             _ => {}
         }
-        if self.boot.uki && self.outputs.contains(&Output::Iso) {
+        if self.uki_slots() && self.outputs.contains(&Output::Iso) {
             return invalid(
-                "boot.uki",
+                if self.boot.uki {
+                    "boot.uki"
+                } else {
+                    "secure_boot"
+                },
                 "the live ISO does not boot from UKIs yet: build the iso from a profile \
-                 without boot.uki",
+                 without boot.uki and secure_boot",
+            );
+        }
+        if let Some(sb) = &self.secure_boot
+            && !contract::boot::ENROLL_MODES.contains(&sb.enroll_mode())
+        {
+            return invalid(
+                "secure_boot.enroll",
+                "systemd-boot's secure-boot-enroll is one of off, manual, force",
             );
         }
         if self.outputs.contains(&Output::Installer) {
@@ -737,13 +778,18 @@ impl Profile {
     /// Whether the raw image boots under BIOS too (GRUB): at 512-byte
     /// sectors only.
     pub fn bios_boot(&self) -> bool {
-        self.disk.sector_size == 512 && !self.boot.uki
+        self.disk.sector_size == 512 && !self.uki_slots()
+    }
+
+    /// Whether the slots boot UKIs: `boot.uki`, or Secure Boot.
+    pub fn uki_slots(&self) -> bool {
+        self.boot.uki || self.secure_boot.is_some()
     }
 
     /// Whether the build makes the slots' UKIs: for the output `uki`, or
     /// because the slots boot them.
     pub fn makes_ukis(&self) -> bool {
-        self.boot.uki || self.outputs.contains(&Output::Uki)
+        self.uki_slots() || self.outputs.contains(&Output::Uki)
     }
 
     /// The kernel command line as one string.

@@ -84,6 +84,7 @@ fn payload(dir: &std::path::Path, version: &str, size: usize) -> Payload {
         kernel: file("kernel", 7),
         initramfs: file("initramfs", 13),
         ukis: None,
+        secure_boot: None,
     }
 }
 

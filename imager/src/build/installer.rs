@@ -13,6 +13,11 @@ use std::path::{Path, PathBuf};
 /// The boot payload of a build, what the disk image and the installer image
 /// carry: kernel, initramfs, how to boot them.
 pub struct PayloadInput<'a> {
+    /// systemd-boot (signed, with Secure Boot).
+    pub boot_loader: &'a Path,
+    /// The build's Secure Boot: the payload carries the db certificate and
+    /// the enrolment files, for installs.
+    pub secure_boot: Option<&'a super::secureboot::SecureBoot>,
     pub kernel: &'a Path,
     pub initramfs: &'a Path,
     pub boot: &'a sign::Boot,
@@ -47,6 +52,7 @@ impl PayloadInput<'_> {
                 }),
                 None => None,
             },
+            secure_boot: self.secure_boot.map(|s| s.db_pem.clone()),
         })
     }
 }
@@ -99,7 +105,10 @@ pub fn write_payload(
 ) -> Result<sign::Manifest> {
     link_or_copy(payload.kernel, &dir.join(paths::PAYLOAD_KERNEL))?;
     link_or_copy(payload.initramfs, &dir.join(paths::PAYLOAD_INITRAMFS))?;
-    link_or_copy(&p.boot.systemd_boot, &dir.join(paths::PAYLOAD_BOOT_LOADER))?;
+    let loader = dir.join(paths::PAYLOAD_BOOT_LOADER);
+    if payload.boot_loader != loader {
+        link_or_copy(payload.boot_loader, &loader)?;
+    }
     let mut listed = vec![
         sign::describe(dir, Kind::Kernel, paths::PAYLOAD_KERNEL)?,
         sign::describe(dir, Kind::Initramfs, paths::PAYLOAD_INITRAMFS)?,
@@ -110,6 +119,20 @@ pub fn write_payload(
             let name = paths::output::uki(*slot);
             link_or_copy(uki, &dir.join(name))?;
             listed.push(sign::describe(dir, Kind::Uki, name)?);
+        }
+    }
+    if let Some(sb) = payload.secure_boot {
+        let db = dir.join(paths::PAYLOAD_SECURE_BOOT_DB);
+        std::fs::write(&db, &sb.db_pem).with_context(|| format!("writing {}", db.display()))?;
+        listed.push(sign::describe(
+            dir,
+            Kind::SecureBootDb,
+            paths::PAYLOAD_SECURE_BOOT_DB,
+        )?);
+        for (name, bytes) in &sb.enrolment {
+            let path = dir.join(name);
+            std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+            listed.push(sign::describe(dir, Kind::SecureBootAuth, name)?);
         }
     }
     if let Some(g) = payload.grub {

@@ -82,6 +82,7 @@ fn payload_in(dir: &Path) -> PathBuf {
         boot: Some(sign::Boot {
             title: "Imager 0.1.0".into(),
             cmdline: "console=ttyS0".into(),
+            secure_boot_enroll: None,
         }),
         ..Manifest::new(
             "metal",

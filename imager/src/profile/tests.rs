@@ -198,6 +198,19 @@ fn installer_profile_is_metal_plus_the_installer() {
     iso.outputs = metal.outputs.clone();
     iso.path = metal.path.clone();
     assert_eq!(format!("{iso:?}"), format!("{metal:?}"));
+    // And profiles/secureboot.yaml: metal plus the installer, Secure Boot
+    // with the development keys, and the UKIs.
+    let mut sb = Profile::load(&dir.join("secureboot.yaml")).unwrap();
+    assert_eq!(
+        sb.outputs,
+        vec![Output::Raw, Output::Installer, Output::Uki]
+    );
+    assert!(sb.installer.take().unwrap().cargo_package.is_some());
+    let s = sb.secure_boot.take().unwrap();
+    assert!(s.keys.is_none() && s.enroll_mode() == "force");
+    sb.outputs = metal.outputs.clone();
+    sb.path = metal.path.clone();
+    assert_eq!(format!("{sb:?}"), format!("{metal:?}"));
 }
 
 #[test]

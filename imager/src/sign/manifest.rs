@@ -51,6 +51,10 @@ pub struct Manifest {
 pub struct Boot {
     pub title: String,
     pub cmdline: String,
+    /// A Secure Boot payload: systemd-boot's `secure-boot-enroll` for the
+    /// ESP an install lays out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secure_boot_enroll: Option<String>,
 }
 
 impl Boot {

@@ -838,6 +838,7 @@ fn the_boot_field_is_optional_canonical_and_one_line() {
     m.boot = Some(Boot {
         title: "Imager 1.0".into(),
         cmdline: "console=ttyS0 slab_nomerge".into(),
+        secure_boot_enroll: None,
     });
     let text = String::from_utf8(m.to_bytes().unwrap()).unwrap();
     assert!(
@@ -855,6 +856,7 @@ fn the_boot_field_is_optional_canonical_and_one_line() {
     bad.boot = Some(Boot {
         title: "Imager".into(),
         cmdline: "quiet\ninitrd /evil".into(),
+        secure_boot_enroll: None,
     });
     let e = bad.to_bytes().unwrap_err().to_string();
     assert!(

@@ -1,0 +1,110 @@
+//! Secure Boot of a build (profile `secure_boot`, `docs/secureboot.md`):
+//! the key set (the profile's, or development keys made on first use),
+//! systemd-boot and the slots' UKIs signed with the db key, and what the
+//! ESP and META of a Secure Boot disk carry: `loader.conf` with
+//! `secure-boot-enroll`, the signed variable updates in
+//! `loader/keys/<name>/`, and the db certificate the disk trusts.
+
+use super::{dev_key_dir, step};
+use crate::disk::FatFile;
+use crate::profile::{Profile, SecureBootSection};
+use crate::secureboot::{self, SecureBootKeys};
+use anyhow::{Context, Result};
+use contract::paths;
+use der::EncodePem;
+use std::path::{Path, PathBuf};
+
+/// The development key set, beside the development signing key.
+pub const DEV_KEYS: &str = "secureboot";
+
+/// What a Secure Boot build signs with and puts on the ESP.
+pub struct SecureBoot {
+    pub keys: SecureBootKeys,
+    /// The db certificate, PEM: META's `secure-boot` record.
+    pub db_pem: String,
+    /// `(file name, bytes)` of `PK.auth`, `KEK.auth`, `db.auth`.
+    pub enrolment: Vec<(&'static str, Vec<u8>)>,
+    /// systemd-boot's `secure-boot-enroll`.
+    pub enroll_mode: String,
+}
+
+/// Loads the profile's key set, or the development one (made when missing,
+/// and said so).
+pub fn load(p: &Profile, s: &SecureBootSection, epoch: u64) -> Result<SecureBoot> {
+    let dir = match &s.keys {
+        Some(d) => d.clone(),
+        None => {
+            let dir = dev_key_dir(&p.path).join(DEV_KEYS);
+            let made = !dir.join("db.crt").exists();
+            if made {
+                secureboot::keygen(&dir, false).with_context(|| {
+                    format!(
+                        "making the development Secure Boot keys in {}",
+                        dir.display()
+                    )
+                })?;
+            }
+            step(&format!(
+                "no secure_boot.keys configured: using the development Secure Boot keys {}{}",
+                dir.display(),
+                if made { " (created)" } else { "" }
+            ));
+            dir
+        }
+    };
+    let keys = SecureBootKeys::load(&dir)
+        .with_context(|| format!("{}: secure_boot.keys", p.path.display()))?;
+    let db_pem = keys
+        .db
+        .cert
+        .to_pem(der::pem::LineEnding::LF)
+        .context("encoding the db certificate")?;
+    let enrolment = secureboot::enrolment_files(&keys, epoch)?;
+    Ok(SecureBoot {
+        keys,
+        db_pem,
+        enrolment,
+        enroll_mode: s.enroll_mode().to_string(),
+    })
+}
+
+impl SecureBoot {
+    /// Signs the PE `input` with the db key into `dest`.
+    pub fn sign(&self, input: &Path, dest: &Path) -> Result<PathBuf> {
+        secureboot::sign(input, &self.keys.db, dest)?;
+        Ok(dest.to_path_buf())
+    }
+
+    /// The ESP of a Secure Boot disk: the signed systemd-boot,
+    /// `loader.conf` with `secure-boot-enroll`, and the key set `name`'s
+    /// signed updates, which systemd-boot enrols on a machine in setup mode.
+    pub fn esp_files(&self, boot_loader: &Path, name: &str) -> Result<Vec<FatFile>> {
+        esp_files(boot_loader, &self.enroll_mode, name, &self.enrolment)
+    }
+}
+
+/// The ESP of a Secure Boot disk from its parts (the build's, or an
+/// installer payload's).
+pub fn esp_files(
+    boot_loader: &Path,
+    enroll_mode: &str,
+    name: &str,
+    enrolment: &[(impl AsRef<str>, Vec<u8>)],
+) -> Result<Vec<FatFile>> {
+    crate::boot::check_efi_binary(boot_loader)?;
+    let mut files = vec![
+        FatFile::file(paths::ESP_BOOT_LOADER, boot_loader),
+        FatFile::bytes(
+            paths::ESP_LOADER_CONF,
+            contract::boot::loader_conf_enrolling(enroll_mode),
+        ),
+    ];
+    let dir = paths::esp_keys(name);
+    for (file, bytes) in enrolment {
+        files.push(FatFile::bytes(
+            format!("{dir}/{}", file.as_ref()),
+            bytes.clone(),
+        ));
+    }
+    Ok(files)
+}
