@@ -218,10 +218,29 @@ pub fn parse_ready(line: &str) -> Option<Ready> {
 
 /// Failures after which the machine reboots by itself (the runtime reboots
 /// on failure; the kernel on panic, with `panic=` set).
-const RECOVERABLE: [&str; 2] = ["the kernel panicked", "the runtime failed"];
+const RECOVERABLE: [&str; 3] = [
+    "the kernel panicked",
+    "the runtime failed",
+    REFUSED_UKI,
+];
+
+/// systemd-boot's line when firmware refuses to run a UKI (Secure Boot:
+/// not signed by a db key): `Error loading \EFI\Linux\….efi: Access
+/// Denied`. systemd-boot then returns to the firmware, which says it found
+/// nothing to boot and starts over; the entry's tries were counted down, so
+/// the other slot boots once they run out.
+const REFUSED_UKI: &str = "the firmware refused to run the slot's UKI (Access Denied)";
+
+/// Whether `line` is systemd-boot's report of a UKI firmware refused.
+fn refused_uki(line: &str) -> bool {
+    line.contains("Error loading \\EFI\\Linux\\") && line.contains("Access Denied")
+}
 
 /// Console lines that end a boot as failed.
 fn fatal_line(line: &str) -> Option<&'static str> {
+    if refused_uki(line) {
+        return Some(REFUSED_UKI);
+    }
     const FATAL: [(&str, &str); 10] = [
         ("Kernel panic", "the kernel panicked"),
         ("machined: fatal:", "the runtime failed"),
@@ -541,6 +560,9 @@ struct Session {
     reboots: bool,
     cmdline: Option<String>,
     failed_boots: u32,
+    /// A UKI was refused in this boot (with `reboots`): the firmware's
+    /// "nothing to boot" that follows is part of that failed boot.
+    refused: bool,
 }
 
 impl Session {
@@ -567,6 +589,11 @@ impl Session {
                     if let Some(why) = fatal {
                         if self.reboots && RECOVERABLE.contains(&why) {
                             self.failed_boots += 1;
+                            self.refused = why == REFUSED_UKI;
+                            continue;
+                        }
+                        if self.refused && why == "the firmware found nothing to boot" {
+                            self.refused = false;
                             continue;
                         }
                         let hint = if RECOVERABLE.contains(&why) && !self.reboots {
@@ -650,6 +677,7 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
         reboots: opts.reboots,
         cmdline: None,
         failed_boots: 0,
+        refused: false,
     };
     let ready = session
         .wait_line("the ready line", parse_ready)
@@ -721,6 +749,7 @@ pub fn boot_until(opts: &BootOptions, patterns: &[&str]) -> Result<String> {
         reboots: opts.reboots,
         cmdline: None,
         failed_boots: 0,
+        refused: false,
     };
     let what = format!("a line with {patterns:?}");
     let found = session.wait_line(&what, |l| {
