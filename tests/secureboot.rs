@@ -284,7 +284,8 @@ fn ovmf_with_our_keys_boots_our_signed_systemd_boot_and_uki_to_ready() {
     let r = imager::qemu::boot(&sb_opts(&disk, &vars))
         .unwrap_or_else(|e| panic!("the signed UKI under Secure Boot: {e:#}"));
     assert!(r.ready && r.live, "{r:?}");
-    // Secure Boot was on: the varstore says so.
+    // The store virt-fw-vars made has Secure Boot on (the refusal tests show
+    // that such a store enforces).
     let print = ok(tool("virt-fw-vars")
         .arg("--input")
         .arg(&vars)
@@ -353,13 +354,31 @@ fn systemd_boot_enrols_our_keys_resets_and_boots_the_signed_uki_with_secure_boot
         console.contains("Enrolling secure boot keys from directory: \\loader\\keys\\auto"),
         "{console}"
     );
-    // The store now holds our PK (by its owner GUID) and the firmware is in
-    // user mode.
+    // systemd-boot reset the machine after enrolling: the firmware started
+    // it twice.
+    assert_eq!(
+        console.matches("BdsDxe: starting Boot").count(),
+        2,
+        "{console}"
+    );
+    // The store now holds our PK, KEK and db certificates, written with the
+    // time stamp of our .auth files (SOURCE_DATE_EPOCH).
     let print = ok(tool("virt-fw-vars")
         .arg("--input")
         .arg(&vars)
-        .arg("--print"));
-    assert!(print.contains(&keys().owner.to_string()), "{print}");
+        .args(["--print", "--verbose"]));
+    for (var, key) in [("PK", &keys().pk), ("KEK", &keys().kek), ("db", &keys().db)] {
+        let at = print
+            .find(&format!("name={var} "))
+            .unwrap_or_else(|| panic!("no {var}: {print}"));
+        let end = print[at..].find("\n\n").map_or(print.len(), |e| at + e);
+        let entry = &print[at..end];
+        assert!(entry.contains("time=2023-11-14 22:13:20"), "{entry}");
+        assert!(
+            entry.contains(&format!("subject {}", key.subject())),
+            "{entry}"
+        );
+    }
     // And it enforces: the unsigned UKI is refused with this store.
     let disk = esp_disk(
         "enrol-unsigned",
