@@ -239,6 +239,27 @@ fn sbverify_and_verify_accept_our_systemd_boot_and_refuse_a_flipped_byte() {
     assert!(authenticode::verify_file(Path::new(SD_BOOT), &keys().db.cert).is_err());
 }
 
+/// sbsign computes the Authenticode digest and the PKCS#7 on its own: our
+/// verify accepts what it signs with our db key (so our digest is
+/// sbsign's), and refuses it with another certificate.
+#[test]
+fn verify_accepts_what_sbsign_signs_with_our_db_key() {
+    let k = keys();
+    let out = dir().join("systemd-bootx64.sbsign.efi");
+    ok(tool("sbsign")
+        .arg("--key")
+        .arg(k.dir.join("db.key"))
+        .arg("--cert")
+        .arg(k.dir.join("db.crt"))
+        .arg("--output")
+        .arg(&out)
+        .arg(SD_BOOT));
+    let v = authenticode::verify_file(&out, &k.db.cert).unwrap();
+    let ours = authenticode::verify_file(signed_sd_boot(), &k.db.cert).unwrap();
+    assert_eq!(v.digest, ours.digest);
+    assert!(authenticode::verify_file(&out, &k.kek.cert).is_err());
+}
+
 #[test]
 fn the_signed_uki_passes_sbverify_and_objdump_and_a_flipped_byte_fails_both_checkers() {
     let (unsigned, signed) = ukis();
