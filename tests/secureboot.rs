@@ -437,3 +437,77 @@ fn keygen_cli_refuses_to_overwrite_secure_boot_keys() {
             .arg(k.dir.join(format!("{n}.crt"))));
     }
 }
+
+/// DER length octets.
+fn der_len(n: usize) -> Vec<u8> {
+    match n {
+        0..0x80 => vec![n as u8],
+        0x80..0x100 => vec![0x81, n as u8],
+        _ => vec![0x82, (n >> 8) as u8, n as u8],
+    }
+}
+
+/// openssl checks each .auth file's PKCS#7 over the bytes the UEFI
+/// specification says are signed: db.auth verifies with the KEK
+/// certificate as the only trust anchor and not with the PK's; KEK.auth and
+/// PK.auth with the PK's. (In setup mode firmware does not check db.auth
+/// and KEK.auth, so the enrolment test alone would not catch a wrong
+/// signer.)
+#[test]
+fn openssl_verifies_each_auth_file_against_its_signer_only() {
+    use imager::secureboot::auth::*;
+    let k = keys();
+    let epoch: u64 = EPOCH.parse().unwrap();
+    let d = dir().join("auth-openssl");
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    for (file, bytes) in enrolment_files(k, epoch).unwrap() {
+        let (var, vendor, signer, other) = match file {
+            "db.auth" => ("db", EFI_IMAGE_SECURITY_DATABASE, "KEK", "PK"),
+            "KEK.auth" => ("KEK", EFI_GLOBAL_VARIABLE, "PK", "KEK"),
+            _ => ("PK", EFI_GLOBAL_VARIABLE, "PK", "db"),
+        };
+        let time: [u8; 16] = bytes[..16].try_into().unwrap();
+        let len = u32::from_le_bytes(bytes[16..20].try_into().unwrap()) as usize;
+        let sd = &bytes[40..16 + len];
+        let data = &bytes[16 + len..];
+        // openssl reads a ContentInfo: wrap the bare SignedData.
+        let oid = [
+            0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x07, 0x02,
+        ];
+        let mut explicit = vec![0xa0];
+        explicit.extend(der_len(sd.len()));
+        explicit.extend_from_slice(sd);
+        let mut ci = vec![0x30];
+        ci.extend(der_len(oid.len() + explicit.len()));
+        ci.extend_from_slice(&oid);
+        ci.extend(explicit);
+        let p7 = d.join(format!("{var}.p7"));
+        std::fs::write(&p7, ci).unwrap();
+        let payload = d.join(format!("{var}.payload"));
+        std::fs::write(&payload, signed_payload(var, &vendor, &time, data)).unwrap();
+        let check = |anchor: &str| {
+            run(tool("openssl")
+                .args([
+                    "cms", "-verify", "-binary", "-inform", "DER", "-purpose", "any",
+                ])
+                .arg("-in")
+                .arg(&p7)
+                .arg("-content")
+                .arg(&payload)
+                .arg("-CAfile")
+                .arg(k.dir.join(format!("{anchor}.crt")))
+                .args(["-out", "/dev/null"]))
+        };
+        let good = check(signer);
+        assert!(good.status.success(), "{file} with {signer}: {good:?}");
+        let bad = check(other);
+        assert!(!bad.status.success(), "{file} with {other}: {bad:?}");
+        // A changed payload does not verify.
+        let mut changed = std::fs::read(&payload).unwrap();
+        let last = changed.len() - 1;
+        changed[last] ^= 1;
+        std::fs::write(&payload, changed).unwrap();
+        assert!(!check(signer).status.success(), "{file}: a changed payload");
+    }
+}
