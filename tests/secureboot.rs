@@ -511,3 +511,49 @@ fn openssl_verifies_each_auth_file_against_its_signer_only() {
         assert!(!check(signer).status.success(), "{file}: a changed payload");
     }
 }
+
+#[test]
+fn the_cli_signs_verifies_and_writes_the_enrolment_files() {
+    let k = keys();
+    let d = dir().join("cli");
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let out = d.join("BOOTX64.EFI");
+    let said = ok(imager()
+        .args(["secureboot", "sign", "--keys"])
+        .arg(&k.dir)
+        .arg(SD_BOOT)
+        .arg("-o")
+        .arg(&out));
+    assert!(said.contains("Authenticode sha256"), "{said}");
+    // The same bytes as the library's signature.
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(signed_sd_boot()).unwrap()
+    );
+    let said = ok(imager()
+        .args(["secureboot", "verify", "--cert"])
+        .arg(k.dir.join("db.crt"))
+        .arg(&out));
+    assert!(said.contains(": OK, signed by"), "{said}");
+    let r = run(imager()
+        .args(["secureboot", "verify", "--cert"])
+        .arg(k.dir.join("db.crt"))
+        .arg(&out)
+        .arg(SD_BOOT));
+    assert_eq!(r.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&r.stdout);
+    assert!(
+        said.contains("FAILED") && said.contains("not signed"),
+        "{said}"
+    );
+    let auth = d.join("auth");
+    ok(imager()
+        .args(["secureboot", "enrol-files", "--keys"])
+        .arg(&k.dir)
+        .arg("--out")
+        .arg(&auth));
+    for (name, bytes) in imager::secureboot::enrolment_files(k, EPOCH.parse().unwrap()).unwrap() {
+        assert_eq!(std::fs::read(auth.join(name)).unwrap(), bytes, "{name}");
+    }
+}
