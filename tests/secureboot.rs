@@ -20,8 +20,9 @@ use std::time::Duration;
 
 const SD_BOOT: &str = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi";
 const UKI_NAME: &str = "live.efi";
-/// Generous: OVMF's SMM build under TCG is slow, and systemd-boot 252
-/// counts 15 s down before it enrols keys.
+/// Generous: OVMF's SMM build under TCG is slow on a loaded machine, and
+/// systemd-boot would count 15 s down before it enrols keys if it did not
+/// see a hypervisor.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
 
 fn dir() -> PathBuf {
