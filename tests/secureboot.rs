@@ -20,8 +20,9 @@ use std::time::Duration;
 
 const SD_BOOT: &str = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi";
 const UKI_NAME: &str = "live.efi";
-/// Generous: OVMF's SMM build under TCG is slow, and systemd-boot 252
-/// counts 15 s down before it enrols keys.
+/// Generous: OVMF's SMM build under TCG is slow on a loaded machine, and
+/// systemd-boot would count 15 s down before it enrols keys if it did not
+/// see a hypervisor.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
 
 fn dir() -> PathBuf {
@@ -239,6 +240,27 @@ fn sbverify_and_verify_accept_our_systemd_boot_and_refuse_a_flipped_byte() {
     assert!(authenticode::verify_file(Path::new(SD_BOOT), &keys().db.cert).is_err());
 }
 
+/// sbsign computes the Authenticode digest and the PKCS#7 on its own: our
+/// verify accepts what it signs with our db key (so our digest is
+/// sbsign's), and refuses it with another certificate.
+#[test]
+fn verify_accepts_what_sbsign_signs_with_our_db_key() {
+    let k = keys();
+    let out = dir().join("systemd-bootx64.sbsign.efi");
+    ok(tool("sbsign")
+        .arg("--key")
+        .arg(k.dir.join("db.key"))
+        .arg("--cert")
+        .arg(k.dir.join("db.crt"))
+        .arg("--output")
+        .arg(&out)
+        .arg(SD_BOOT));
+    let v = authenticode::verify_file(&out, &k.db.cert).unwrap();
+    let ours = authenticode::verify_file(signed_sd_boot(), &k.db.cert).unwrap();
+    assert_eq!(v.digest, ours.digest);
+    assert!(authenticode::verify_file(&out, &k.kek.cert).is_err());
+}
+
 #[test]
 fn the_signed_uki_passes_sbverify_and_objdump_and_a_flipped_byte_fails_both_checkers() {
     let (unsigned, signed) = ukis();
@@ -284,7 +306,8 @@ fn ovmf_with_our_keys_boots_our_signed_systemd_boot_and_uki_to_ready() {
     let r = imager::qemu::boot(&sb_opts(&disk, &vars))
         .unwrap_or_else(|e| panic!("the signed UKI under Secure Boot: {e:#}"));
     assert!(r.ready && r.live, "{r:?}");
-    // Secure Boot was on: the varstore says so.
+    // The store virt-fw-vars made has Secure Boot on (the refusal tests show
+    // that such a store enforces).
     let print = ok(tool("virt-fw-vars")
         .arg("--input")
         .arg(&vars)
@@ -353,13 +376,31 @@ fn systemd_boot_enrols_our_keys_resets_and_boots_the_signed_uki_with_secure_boot
         console.contains("Enrolling secure boot keys from directory: \\loader\\keys\\auto"),
         "{console}"
     );
-    // The store now holds our PK (by its owner GUID) and the firmware is in
-    // user mode.
+    // systemd-boot reset the machine after enrolling: the firmware started
+    // it twice.
+    assert_eq!(
+        console.matches("BdsDxe: starting Boot").count(),
+        2,
+        "{console}"
+    );
+    // The store now holds our PK, KEK and db certificates, written with the
+    // time stamp of our .auth files (SOURCE_DATE_EPOCH).
     let print = ok(tool("virt-fw-vars")
         .arg("--input")
         .arg(&vars)
-        .arg("--print"));
-    assert!(print.contains(&keys().owner.to_string()), "{print}");
+        .args(["--print", "--verbose"]));
+    for (var, key) in [("PK", &keys().pk), ("KEK", &keys().kek), ("db", &keys().db)] {
+        let at = print
+            .find(&format!("name={var} "))
+            .unwrap_or_else(|| panic!("no {var}: {print}"));
+        let end = print[at..].find("\n\n").map_or(print.len(), |e| at + e);
+        let entry = &print[at..end];
+        assert!(entry.contains("time=2023-11-14 22:13:20"), "{entry}");
+        assert!(
+            entry.contains(&format!("subject {}", key.subject())),
+            "{entry}"
+        );
+    }
     // And it enforces: the unsigned UKI is refused with this store.
     let disk = esp_disk(
         "enrol-unsigned",
@@ -395,5 +436,125 @@ fn keygen_cli_refuses_to_overwrite_secure_boot_keys() {
             .args(["verify", "-CAfile"])
             .arg(k.dir.join(format!("{n}.crt")))
             .arg(k.dir.join(format!("{n}.crt"))));
+    }
+}
+
+/// DER length octets.
+fn der_len(n: usize) -> Vec<u8> {
+    match n {
+        0..0x80 => vec![n as u8],
+        0x80..0x100 => vec![0x81, n as u8],
+        _ => vec![0x82, (n >> 8) as u8, n as u8],
+    }
+}
+
+/// openssl checks each .auth file's PKCS#7 over the bytes the UEFI
+/// specification says are signed: db.auth verifies with the KEK
+/// certificate as the only trust anchor and not with the PK's; KEK.auth and
+/// PK.auth with the PK's. (In setup mode firmware does not check db.auth
+/// and KEK.auth, so the enrolment test alone would not catch a wrong
+/// signer.)
+#[test]
+fn openssl_verifies_each_auth_file_against_its_signer_only() {
+    use imager::secureboot::auth::*;
+    let k = keys();
+    let epoch: u64 = EPOCH.parse().unwrap();
+    let d = dir().join("auth-openssl");
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    for (file, bytes) in enrolment_files(k, epoch).unwrap() {
+        let (var, vendor, signer, other) = match file {
+            "db.auth" => ("db", EFI_IMAGE_SECURITY_DATABASE, "KEK", "PK"),
+            "KEK.auth" => ("KEK", EFI_GLOBAL_VARIABLE, "PK", "KEK"),
+            _ => ("PK", EFI_GLOBAL_VARIABLE, "PK", "db"),
+        };
+        let time: [u8; 16] = bytes[..16].try_into().unwrap();
+        let len = u32::from_le_bytes(bytes[16..20].try_into().unwrap()) as usize;
+        let sd = &bytes[40..16 + len];
+        let data = &bytes[16 + len..];
+        // openssl reads a ContentInfo: wrap the bare SignedData.
+        let oid = [
+            0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x07, 0x02,
+        ];
+        let mut explicit = vec![0xa0];
+        explicit.extend(der_len(sd.len()));
+        explicit.extend_from_slice(sd);
+        let mut ci = vec![0x30];
+        ci.extend(der_len(oid.len() + explicit.len()));
+        ci.extend_from_slice(&oid);
+        ci.extend(explicit);
+        let p7 = d.join(format!("{var}.p7"));
+        std::fs::write(&p7, ci).unwrap();
+        let payload = d.join(format!("{var}.payload"));
+        std::fs::write(&payload, signed_payload(var, &vendor, &time, data)).unwrap();
+        let check = |anchor: &str| {
+            run(tool("openssl")
+                .args([
+                    "cms", "-verify", "-binary", "-inform", "DER", "-purpose", "any",
+                ])
+                .arg("-in")
+                .arg(&p7)
+                .arg("-content")
+                .arg(&payload)
+                .arg("-CAfile")
+                .arg(k.dir.join(format!("{anchor}.crt")))
+                .args(["-out", "/dev/null"]))
+        };
+        let good = check(signer);
+        assert!(good.status.success(), "{file} with {signer}: {good:?}");
+        let bad = check(other);
+        assert!(!bad.status.success(), "{file} with {other}: {bad:?}");
+        // A changed payload does not verify.
+        let mut changed = std::fs::read(&payload).unwrap();
+        let last = changed.len() - 1;
+        changed[last] ^= 1;
+        std::fs::write(&payload, changed).unwrap();
+        assert!(!check(signer).status.success(), "{file}: a changed payload");
+    }
+}
+
+#[test]
+fn the_cli_signs_verifies_and_writes_the_enrolment_files() {
+    let k = keys();
+    let d = dir().join("cli");
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let out = d.join("BOOTX64.EFI");
+    let said = ok(imager()
+        .args(["secureboot", "sign", "--keys"])
+        .arg(&k.dir)
+        .arg(SD_BOOT)
+        .arg("-o")
+        .arg(&out));
+    assert!(said.contains("Authenticode sha256"), "{said}");
+    // The same bytes as the library's signature.
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        std::fs::read(signed_sd_boot()).unwrap()
+    );
+    let said = ok(imager()
+        .args(["secureboot", "verify", "--cert"])
+        .arg(k.dir.join("db.crt"))
+        .arg(&out));
+    assert!(said.contains(": OK, signed by"), "{said}");
+    let r = run(imager()
+        .args(["secureboot", "verify", "--cert"])
+        .arg(k.dir.join("db.crt"))
+        .arg(&out)
+        .arg(SD_BOOT));
+    assert_eq!(r.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&r.stdout);
+    assert!(
+        said.contains("FAILED") && said.contains("not signed"),
+        "{said}"
+    );
+    let auth = d.join("auth");
+    ok(imager()
+        .args(["secureboot", "enrol-files", "--keys"])
+        .arg(&k.dir)
+        .arg("--out")
+        .arg(&auth));
+    for (name, bytes) in imager::secureboot::enrolment_files(k, EPOCH.parse().unwrap()).unwrap() {
+        assert_eq!(std::fs::read(auth.join(name)).unwrap(), bytes, "{name}");
     }
 }

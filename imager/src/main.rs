@@ -33,6 +33,11 @@ enum Command {
     Keygen(cli::sign::KeygenArgs),
     /// Check a manifest's signature and the digests of its artifacts.
     Verify(cli::sign::VerifyArgs),
+    /// Secure Boot: sign and verify PE images, write the enrolment files.
+    Secureboot {
+        #[command(subcommand)]
+        command: cli::secureboot::SecurebootCommand,
+    },
     /// Boot an image in QEMU under UEFI (OVMF) or BIOS (SeaBIOS) firmware and
     /// wait for the ready line.
     Boot(BootArgs),
@@ -361,6 +366,7 @@ fn run() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify(a) => Ok(exit(sign::run_verify(&a.options())?)),
+        Command::Secureboot { command } => cli::secureboot::run(&command),
         Command::Boot(a) => boot(a),
         Command::Inspect(a) => Ok(exit(imager::inspect::run(
             &a.image,

@@ -7,6 +7,9 @@
 //! fails at once on a kernel panic, a runtime failure or a firmware that
 //! found nothing to boot, and after the timeout otherwise. Nothing here
 //! sleeps for a fixed time: every wait is for a console line or an exit.
+//! With [`BootOptions::secure_boot_vars`] the machine runs OVMF's Secure
+//! Boot build on that variable store itself (docs/secureboot.md);
+//! [`boot_until`] waits for a refusal line instead of ready.
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;

@@ -2,4 +2,5 @@
 //! into the library's plain options.
 
 pub mod kernel;
+pub mod secureboot;
 pub mod sign;

@@ -181,12 +181,18 @@ pub fn enrolment_files(keys: &SecureBootKeys, epoch: u64) -> Result<Vec<(&'stati
     ])
 }
 
-/// Writes `PK.auth`, `KEK.auth` and `db.auth` into `dir` (each atomically;
-/// the same keys and epoch give the same bytes).
+/// Writes `PK.auth`, `KEK.auth` and `db.auth` into `dir`, all three or
+/// none (staged in `dir`, moved in together); the same keys and epoch give
+/// the same bytes.
 pub fn write_enrolment(keys: &SecureBootKeys, epoch: u64, dir: &Path) -> Result<Vec<PathBuf>> {
     let files = enrolment_files(keys, epoch)?;
-    files
-        .iter()
-        .map(|(name, bytes)| crate::io::write_atomic(dir.join(name), bytes, 0o644))
-        .collect()
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let staging = crate::io::Staging::create(dir, "secure-boot-auth")?;
+    let names: Vec<&str> = files.iter().map(|(n, _)| *n).collect();
+    staging.check_destinations(&names)?;
+    for (name, bytes) in &files {
+        crate::io::write_atomic(staging.join(name), bytes, 0o644)?;
+    }
+    staging.commit(&names)?;
+    Ok(names.iter().map(|n| dir.join(n)).collect())
 }

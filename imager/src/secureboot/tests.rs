@@ -247,3 +247,21 @@ fn enrolment_files_are_deterministic_and_laid_out_as_edk2_reads_them() {
     }
     assert!(efi_time(300_000_000_000).is_err());
 }
+
+#[test]
+fn write_enrolment_writes_the_three_files_and_nothing_else() {
+    let t = tempfile::tempdir().unwrap();
+    let out = t.path().join("auth");
+    let paths = write_enrolment(keys(), 1_700_000_000, &out).unwrap();
+    assert_eq!(paths.len(), 3);
+    let files = enrolment_files(keys(), 1_700_000_000).unwrap();
+    for (name, bytes) in files {
+        assert_eq!(std::fs::read(out.join(name)).unwrap(), bytes);
+    }
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 3);
+    // A directory in the way of one of them: refused, nothing written.
+    let other = t.path().join("other");
+    std::fs::create_dir_all(other.join("PK.auth")).unwrap();
+    assert!(write_enrolment(keys(), 1_700_000_000, &other).is_err());
+    assert_eq!(std::fs::read_dir(&other).unwrap().count(), 1);
+}

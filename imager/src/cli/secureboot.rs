@@ -1,0 +1,145 @@
+//! `imager secureboot sign|verify|enrol-files`: the arguments, turned into
+//! calls of `imager::secureboot` (keys come from `imager keygen
+//! --secure-boot DIR`).
+
+use imager::secureboot::{SecureBootKeys, authenticode, keys, write_enrolment};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum SecurebootCommand {
+    /// Sign a PE (systemd-boot, a UKI) with the db key (Authenticode).
+    Sign(SignArgs),
+    /// Check a signed PE against a certificate (exit 1 if it does not verify).
+    Verify(VerifyArgs),
+    /// Write PK.auth, KEK.auth and db.auth (signed variable updates,
+    /// time-stamped with SOURCE_DATE_EPOCH) for enrolling the keys.
+    EnrolFiles(EnrolArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SignArgs {
+    /// The key directory (from `imager keygen --secure-boot DIR`).
+    #[arg(long, value_name = "DIR")]
+    pub keys: PathBuf,
+    /// The unsigned PE image.
+    pub input: PathBuf,
+    /// Where to write the signed image [default: replace INPUT].
+    #[arg(long, short, value_name = "PATH")]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct VerifyArgs {
+    /// The certificate to check against (PEM or DER), e.g. DIR/db.crt.
+    #[arg(long, value_name = "CRT")]
+    pub cert: PathBuf,
+    /// The signed PE images.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct EnrolArgs {
+    /// The key directory (from `imager keygen --secure-boot DIR`).
+    #[arg(long, value_name = "DIR")]
+    pub keys: PathBuf,
+    /// Where to write the three files (for systemd-boot:
+    /// ESP/loader/keys/auto).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+}
+
+pub fn run(cmd: &SecurebootCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        SecurebootCommand::Sign(a) => {
+            let keys = SecureBootKeys::load(&a.keys)?;
+            let dest = a.output.as_ref().unwrap_or(&a.input);
+            let r = imager::secureboot::sign(&a.input, &keys.db, dest)?;
+            println!(
+                "signed {} with {}: Authenticode sha256 {}",
+                r.path.display(),
+                r.signer,
+                r.digest
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        SecurebootCommand::Verify(a) => {
+            let cert = keys::load_cert(&a.cert)?;
+            let mut failed = false;
+            for f in &a.files {
+                match authenticode::verify_file(f, &cert) {
+                    Ok(v) => println!(
+                        "{}: OK, signed by {} (sha256 {})",
+                        f.display(),
+                        v.signer,
+                        v.digest
+                    ),
+                    Err(e) => {
+                        failed = true;
+                        println!("{}: FAILED: {e:#}", f.display());
+                    }
+                }
+            }
+            Ok(if failed {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        SecurebootCommand::EnrolFiles(a) => {
+            let keys = SecureBootKeys::load(&a.keys)?;
+            let epoch = imager::build::source_date_epoch(&a.keys)?;
+            for p in write_enrolment(&keys, epoch, &a.out)? {
+                println!("wrote {}", p.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SecurebootCommand;
+    use crate::{Cli, Command};
+    use clap::Parser;
+    use std::path::Path;
+
+    #[test]
+    fn secureboot_arguments() {
+        let parse = |args: &[&str]| match Cli::try_parse_from(args).map(|c| c.command) {
+            Ok(Command::Secureboot { command }) => Some(command),
+            _ => None,
+        };
+        let Some(SecurebootCommand::Sign(s)) = parse(&[
+            "imager",
+            "secureboot",
+            "sign",
+            "--keys",
+            "k",
+            "a.efi",
+            "-o",
+            "b.efi",
+        ]) else {
+            panic!()
+        };
+        assert_eq!(
+            (s.keys.as_path(), s.input.as_path()),
+            (Path::new("k"), Path::new("a.efi"))
+        );
+        assert_eq!(s.output.as_deref(), Some(Path::new("b.efi")));
+        assert!(parse(&["imager", "secureboot", "verify", "--cert", "db.crt"]).is_none());
+        let Some(SecurebootCommand::EnrolFiles(e)) = parse(&[
+            "imager",
+            "secureboot",
+            "enrol-files",
+            "--keys",
+            "k",
+            "--out",
+            "o",
+        ]) else {
+            panic!()
+        };
+        assert_eq!(e.out, Path::new("o"));
+    }
+}
