@@ -79,13 +79,10 @@ pub const ESP_BOOT_LOADER: &str = "EFI/BOOT/BOOTX64.EFI";
 /// systemd-boot's configuration, on the ESP.
 pub const ESP_LOADER_CONF: &str = "loader/loader.conf";
 /// Where systemd-boot looks for Secure Boot keys to enrol: a directory per
-/// key set, holding `PK.auth`, `KEK.auth` and `db.auth`.
-pub const ESP_KEYS_DIR: &str = "loader/keys";
-
-/// The directory of the key set `name` (the image's name) on the ESP.
-pub fn esp_keys(name: &str) -> String {
-    format!("{ESP_KEYS_DIR}/{name}")
-}
+/// key set, holding `PK.auth`, `KEK.auth` and `db.auth`. With
+/// `secure-boot-enroll force`, systemd-boot 252 enrols only the set named
+/// `auto` (docs/secureboot.md), so that is where an image puts its own.
+pub const ESP_KEYS_AUTO: &str = "loader/keys/auto";
 /// Boot Loader Specification type #1 entries, on BOOT (XBOOTLDR).
 pub const BOOT_ENTRIES_DIR: &str = "loader/entries";
 /// Boot Loader Specification type #2 entries (Unified Kernel Images), on

@@ -169,7 +169,7 @@ fn build(
     let boot_loader = match &sb {
         Some(sb) => {
             let signed = sb.sign(&p.boot.systemd_boot, &dir.join(paths::PAYLOAD_BOOT_LOADER))?;
-            esp = sb.esp_files(&signed, &p.name)?;
+            esp = sb.esp_files(&signed)?;
             signed
         }
         None => p.boot.systemd_boot.clone(),

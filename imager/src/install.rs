@@ -545,7 +545,6 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
                 .as_ref()
                 .and_then(|b| b.secure_boot_enroll.as_deref())
                 .unwrap_or("force"),
-            &p.manifest.name,
             &p.enrolment,
         )?,
         None => boot::esp_files(&systemd_boot_for(&p))?,

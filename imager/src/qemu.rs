@@ -221,11 +221,7 @@ pub fn parse_ready(line: &str) -> Option<Ready> {
 
 /// Failures after which the machine reboots by itself (the runtime reboots
 /// on failure; the kernel on panic, with `panic=` set).
-const RECOVERABLE: [&str; 3] = [
-    "the kernel panicked",
-    "the runtime failed",
-    REFUSED_UKI,
-];
+const RECOVERABLE: [&str; 3] = ["the kernel panicked", "the runtime failed", REFUSED_UKI];
 
 /// systemd-boot's line when firmware refuses to run a UKI (Secure Boot:
 /// not signed by a db key): `Error loading \EFI\Linux\….efi: Access
@@ -596,7 +592,11 @@ impl Session {
                             continue;
                         }
                         if self.refused && why == "the firmware found nothing to boot" {
+                            // OVMF then waits at its boot menu for a key:
+                            // reset the machine, as a watchdog or a person
+                            // would; the refused entry's tries were counted.
                             self.refused = false;
+                            qmp_command(&self.guest.qmp, "system_reset")?;
                             continue;
                         }
                         let hint = if RECOVERABLE.contains(&why) && !self.reboots {

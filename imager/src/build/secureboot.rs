@@ -76,10 +76,10 @@ impl SecureBoot {
     }
 
     /// The ESP of a Secure Boot disk: the signed systemd-boot,
-    /// `loader.conf` with `secure-boot-enroll`, and the key set `name`'s
-    /// signed updates, which systemd-boot enrols on a machine in setup mode.
-    pub fn esp_files(&self, boot_loader: &Path, name: &str) -> Result<Vec<FatFile>> {
-        esp_files(boot_loader, &self.enroll_mode, name, &self.enrolment)
+    /// `loader.conf` with `secure-boot-enroll`, and the signed updates
+    /// systemd-boot enrols on a machine in setup mode.
+    pub fn esp_files(&self, boot_loader: &Path) -> Result<Vec<FatFile>> {
+        esp_files(boot_loader, &self.enroll_mode, &self.enrolment)
     }
 }
 
@@ -88,7 +88,6 @@ impl SecureBoot {
 pub fn esp_files(
     boot_loader: &Path,
     enroll_mode: &str,
-    name: &str,
     enrolment: &[(impl AsRef<str>, Vec<u8>)],
 ) -> Result<Vec<FatFile>> {
     crate::boot::check_efi_binary(boot_loader)?;
@@ -99,7 +98,7 @@ pub fn esp_files(
             contract::boot::loader_conf_enrolling(enroll_mode),
         ),
     ];
-    let dir = paths::esp_keys(name);
+    let dir = paths::ESP_KEYS_AUTO;
     for (file, bytes) in enrolment {
         files.push(FatFile::bytes(
             format!("{dir}/{}", file.as_ref()),
