@@ -25,3 +25,4 @@ pub mod runtime;
 pub mod secret;
 pub mod sign;
 pub mod uki;
+pub mod verity;
