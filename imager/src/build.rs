@@ -98,6 +98,7 @@ fn build(
         names::KERNEL,
         names::KERNEL_CONFIG,
         names::ROOTFS,
+        names::ROOTFS_VERITY,
         names::INITRAMFS,
     ];
     if layout.is_some() {
@@ -129,16 +130,18 @@ fn build(
     let machined = runtime_binary(p)?;
     let installer_bin = installer_binary(p)?;
     let rootfs_out = write_rootfs(p, dir, &machined, epoch)?;
-    let initramfs_out = write_initramfs(p, dir, &machined, &rootfs_out, epoch)?;
+    let (verity_out, verity) = write_verity(dir, &rootfs_out)?;
+    let initramfs_out = write_initramfs(p, dir, &machined, &rootfs_out, &verity_out, epoch)?;
     let mut artifacts = vec![
         (Kind::Kernel, kernel_out.clone()),
         (Kind::KernelConfig, config_out),
         (Kind::Rootfs, rootfs_out.clone()),
+        (Kind::RootfsVerity, verity_out.clone()),
         (Kind::Initramfs, initramfs_out.clone()),
     ];
     let boot_info = sign::Boot {
         title: boot::image_title(&p.pretty_name, &p.version),
-        cmdline: p.cmdline(),
+        cmdline: image_cmdline(p, &verity.root_hash),
     };
     let payload = PayloadInput {
         kernel: &kernel_out,
@@ -167,6 +170,7 @@ fn build(
         let input = iso::IsoInput {
             machined: &machined,
             rootfs: &rootfs_out,
+            rootfs_verity: &verity_out,
             installer: bin,
             eltorito,
         };
@@ -479,13 +483,42 @@ fn write_rootfs(p: &Profile, out: &Path, machined: &Path, epoch: u64) -> Result<
     Ok(rootfs_out)
 }
 
-/// Writes the initramfs `out/initramfs.zst`: the runtime and the root
-/// filesystem.
+/// Pads the root filesystem to whole 4096-byte blocks and writes its
+/// dm-verity hash device `out/rootfs.verity` (see [`crate::verity`]).
+fn write_verity(out: &Path, rootfs_out: &Path) -> Result<(PathBuf, crate::verity::Verity)> {
+    step("rootfs: dm-verity hash tree");
+    let padded = crate::verity::pad_to_block(rootfs_out)?;
+    if padded > 0 {
+        step(&format!(
+            "rootfs: padded with {padded} zero bytes to whole 4096-byte blocks"
+        ));
+    }
+    let verity_out = out.join(names::ROOTFS_VERITY);
+    let verity = crate::verity::format(rootfs_out, &verity_out)?;
+    Ok((verity_out, verity))
+}
+
+/// The image's kernel command line: the profile's, then the root hash
+/// ([`contract::cmdline::VERITY`]). The boot entries, GRUB, the live ISO
+/// and the signed manifest all carry this one.
+pub fn image_cmdline(p: &Profile, root_hash: &str) -> String {
+    let base = p.cmdline();
+    let arg = contract::cmdline::verity_arg(root_hash);
+    if base.is_empty() {
+        arg
+    } else {
+        format!("{base} {arg}")
+    }
+}
+
+/// Writes the initramfs `out/initramfs.zst`: the runtime, the root
+/// filesystem and its hash device.
 fn write_initramfs(
     p: &Profile,
     out: &Path,
     machined: &Path,
     rootfs_out: &Path,
+    verity_out: &Path,
     epoch: u64,
 ) -> Result<PathBuf> {
     step("initramfs: cpio + zstd");
@@ -494,6 +527,7 @@ fn write_initramfs(
         &initramfs_out,
         machined,
         rootfs_out,
+        Some(verity_out),
         epoch,
         p.compression.initramfs_zstd_level,
     )?;
@@ -523,7 +557,7 @@ fn write_disk(
         &initramfs_sha,
         &p.pretty_name,
         &p.version,
-        &p.cmdline(),
+        &payload.boot.cmdline,
     );
     let boot_files = boot::boot_files(Slot::A, &entry, kernel_out, initramfs_out)?;
     let meta = bootstate::meta::initial(

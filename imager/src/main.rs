@@ -412,7 +412,7 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         eprintln!(
-            "boot: ready version={} {} under {} in {:.1} s{}",
+            "boot: ready version={} {} under {} in {:.1} s; Secure Boot {}, root {}{}",
             r.version,
             match &r.slot {
                 Some(s) => format!("slot={s}"),
@@ -420,6 +420,12 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
             },
             r.firmware.name(),
             r.seconds,
+            r.secure_boot.as_deref().unwrap_or("not reported"),
+            match r.root_verified {
+                Some(true) => "verified (dm-verity)",
+                Some(false) => "NOT verified",
+                None => "verification not reported",
+            },
             if r.failed_boots > 0 {
                 format!(" after {} failed boot(s)", r.failed_boots)
             } else {
