@@ -141,7 +141,7 @@ fn build(
     ];
     let boot_info = sign::Boot {
         title: boot::image_title(&p.pretty_name, &p.version),
-        cmdline: image_cmdline(p, &verity.root_hash),
+        cmdline: image_cmdline(p, verified_root(&kernel.config, &verity)?),
     };
     let payload = PayloadInput {
         kernel: &kernel_out,
@@ -498,16 +498,32 @@ fn write_verity(out: &Path, rootfs_out: &Path) -> Result<(PathBuf, crate::verity
     Ok((verity_out, verity))
 }
 
+/// The root hash to put on the command line: `None`, said loudly, when
+/// the kernel cannot open the root through dm-verity (it would never boot
+/// with the hash; see [`crate::verity::KERNEL_OPTIONS`]).
+fn verified_root<'a>(config: &Path, verity: &'a crate::verity::Verity) -> Result<Option<&'a str>> {
+    let lacks = crate::verity::kernel_lacks(&kernel::KernelConfig::load(config)?);
+    if lacks.is_empty() {
+        return Ok(Some(&verity.root_hash));
+    }
+    step(&format!(
+        "warning: the kernel does not build in {}: the root filesystem will NOT be verified \
+         at boot (no {} on the command line; the ready line says root=unverified)",
+        lacks.join(", "),
+        contract::cmdline::VERITY
+    ));
+    Ok(None)
+}
+
 /// The image's kernel command line: the profile's, then the root hash
-/// ([`contract::cmdline::VERITY`]). The boot entries, GRUB, the live ISO
-/// and the signed manifest all carry this one.
-pub fn image_cmdline(p: &Profile, root_hash: &str) -> String {
+/// ([`contract::cmdline::VERITY`]) when there is one. The boot entries,
+/// GRUB, the live ISO and the signed manifest all carry this one.
+pub fn image_cmdline(p: &Profile, root_hash: Option<&str>) -> String {
     let base = p.cmdline();
-    let arg = contract::cmdline::verity_arg(root_hash);
-    if base.is_empty() {
-        arg
-    } else {
-        format!("{base} {arg}")
+    match root_hash {
+        Some(h) if base.is_empty() => contract::cmdline::verity_arg(h),
+        Some(h) => format!("{base} {}", contract::cmdline::verity_arg(h)),
+        None => base,
     }
 }
 

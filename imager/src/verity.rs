@@ -29,6 +29,22 @@ use std::path::Path;
 
 type Hash = [u8; DIGEST_LEN];
 
+/// The kernel options stage 1 needs to open the root through dm-verity,
+/// built in (the image's kernel has no modules).
+pub const KERNEL_OPTIONS: [&str; 3] = [
+    "CONFIG_BLK_DEV_DM",
+    "CONFIG_DM_VERITY",
+    "CONFIG_CRYPTO_SHA256",
+];
+
+/// The options of [`KERNEL_OPTIONS`] that `config` does not build in.
+pub fn kernel_lacks(config: &crate::kernel::KernelConfig) -> Vec<&'static str> {
+    KERNEL_OPTIONS
+        .into_iter()
+        .filter(|o| config.effective(o) != crate::kernel::config::Value::Set("y".into()))
+        .collect()
+}
+
 /// What [`format`] made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verity {
@@ -326,6 +342,24 @@ mod tests {
         let again = dir.path().join("h2");
         assert_eq!(format(&d, &again).unwrap(), v);
         assert_eq!(std::fs::read(&again).unwrap(), tree);
+    }
+
+    #[test]
+    fn kernel_options() {
+        use crate::kernel::KernelConfig;
+        let all = KernelConfig::parse(
+            "CONFIG_BLK_DEV_DM=y\nCONFIG_DM_VERITY=y\nCONFIG_CRYPTO_SHA256=y\n",
+        )
+        .unwrap();
+        assert!(kernel_lacks(&all).is_empty());
+        let some = KernelConfig::parse(
+            "CONFIG_BLK_DEV_DM=y\nCONFIG_DM_VERITY=m\n# CONFIG_CRYPTO_SHA256 is not set\n",
+        )
+        .unwrap();
+        assert_eq!(
+            kernel_lacks(&some),
+            ["CONFIG_DM_VERITY", "CONFIG_CRYPTO_SHA256"]
+        );
     }
 
     #[test]
