@@ -27,18 +27,40 @@ use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The signing key of these builds (the repository's development key, made
+/// when no test before made it).
+fn dev_key() -> PathBuf {
+    let key = repo().join("out/keys/dev.key");
+    static MADE: OnceLock<()> = OnceLock::new();
+    MADE.get_or_init(|| {
+        if !key.is_file() {
+            ok(imager()
+                .args(["keygen", "--private"])
+                .arg(&key)
+                .arg("--public")
+                .arg(key.with_extension("pub")));
+        }
+    });
+    key
+}
+
+/// Builds the metal profile, its kernel able to verify the root, at
+/// `version` into target/e2e/NAME.
+fn build_verity(name: &str, version: &'static str) -> Build {
+    let profile = write_profile(name, |t| {
+        t.replace(
+            "    - ../kernel-config/kspp.config\n",
+            "    - ../kernel-config/kspp.config\n    - ../tests/data/verity-sha256.config\n",
+        )
+        .replace("version: 0.1.0", &format!("version: {version}"))
+    });
+    build_profile(name, &profile, &["--key", &dev_key().display().to_string()])
+}
+
 /// The build whose kernel can verify the root.
 fn image() -> &'static Build {
     static B: OnceLock<Build> = OnceLock::new();
-    B.get_or_init(|| {
-        let profile = write_profile("verity", |t| {
-            t.replace(
-                "    - ../kernel-config/kspp.config\n",
-                "    - ../kernel-config/kspp.config\n    - ../tests/data/verity-sha256.config\n",
-            )
-        });
-        build_profile("verity", &profile, &[])
-    })
+    B.get_or_init(|| build_verity("verity", "0.1.0"))
 }
 
 fn manifest_cmdline(b: &Build) -> String {
@@ -246,4 +268,78 @@ fn a_changed_byte_in_the_root_or_its_tree_fails_the_boot_with_a_dm_verity_messag
             );
         }
     }
+}
+
+/// An upgrade to a payload whose root filesystem has one changed byte (its
+/// initramfs carries the changed `rootfs.sqsh`, and the payload's manifest
+/// is signed again over it, as a build of such a root would be): the new
+/// slot fails in stage 1 with the dm-verity message on every try, and the
+/// machine comes back on the old slot by itself.
+#[test]
+fn an_upgrade_to_a_corrupted_root_falls_back() {
+    let v1 = image();
+    let v2 = build_verity("verity-v2", "0.2.0");
+    let data = std::fs::read(v2.artifact("rootfs")).unwrap();
+    let n = data.len() / 4096;
+    let bad = initramfs_with(
+        &v2,
+        "upgrade",
+        INITRAMFS_ROOTFS,
+        &flipped(data, (n / 3) * 4096 + 9),
+    );
+    std::fs::copy(&bad, v2.artifact("initramfs")).unwrap();
+    let manifest = v2.dir.join("manifest.json");
+    let mut m = imager::sign::Manifest::parse(&std::fs::read(&manifest).unwrap()).unwrap();
+    for a in &mut m.artifacts {
+        if a.kind == imager::artifact::Kind::Initramfs {
+            *a = imager::sign::describe(&v2.dir, a.kind, &a.path).unwrap();
+        }
+    }
+    let signer = imager::sign::FileSigner::load(&dev_key()).unwrap();
+    imager::sign::write_signed_manifest(&v2.dir, &m, &signer).unwrap();
+
+    let disk = scratch().join("verity-upgrade.raw");
+    let _ = std::fs::remove_file(&disk);
+    ok(Command::new("cp")
+        .arg("--sparse=always")
+        .arg(v1.artifact("raw"))
+        .arg(&disk));
+    ok(imager()
+        .args(["upgrade", "--json", "--installer"])
+        .arg(&v2.dir)
+        .arg("--disk")
+        .arg(&disk));
+    let log = scratch().join("verity-upgrade.console.log");
+    let r: Value = serde_json::from_str(&ok(imager()
+        .args([
+            "boot",
+            "--write",
+            "--quiet",
+            "--json",
+            "--timeout",
+            "900",
+            "--reboots",
+        ])
+        .arg("--console-log")
+        .arg(&log)
+        .arg(&disk)))
+    .unwrap();
+    let console = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(r["version"], "0.1.0", "{r}");
+    assert_eq!(r["slot"], "A", "{r}");
+    assert_eq!(r["root_verified"], true, "{r}");
+    assert_eq!(r["failed_boots"], 3, "{console}");
+    let want = format!("dm-verity: block {} of the root filesystem", n / 3);
+    assert_eq!(
+        console
+            .lines()
+            .filter(|l| l.contains("machined: fatal:") && l.contains(&want))
+            .count(),
+        3,
+        "{console}"
+    );
+    assert!(
+        console.contains("machined: rollback: the upgrade to slot B (0.2.0) failed"),
+        "{console}"
+    );
 }
