@@ -1,6 +1,7 @@
 //! The verified root end to end: an image whose kernel can run dm-verity
 //! (the metal profile plus `tests/data/verity-sha256.config`, until the
 //! default kernel config builds in CONFIG_CRYPTO_SHA256) boots under OVMF
+//! and SeaBIOS (GRUB)
 //! with `root_verified: true`; its hash device equals `veritysetup
 //! format`'s and `veritysetup verify` accepts it with the command line's
 //! root hash; and one changed byte in the root filesystem, in its hash tree
@@ -116,17 +117,20 @@ fn the_hash_device_is_veritysetups_and_verifies() {
 }
 
 #[test]
-fn a_verified_root_boots_under_ovmf_and_is_reported() {
+fn a_verified_root_boots_under_ovmf_and_seabios_and_is_reported() {
     let b = image();
-    let r = boot_report(&b.artifact("raw"), &["--shutdown"]).unwrap();
-    assert_eq!(r["ready"], true, "{r}");
-    assert_eq!(r["root_verified"], true, "{r}");
-    assert_eq!(r["secure_boot"], "off", "{r}");
-    let cmdline = r["cmdline"].as_str().unwrap();
-    assert!(
-        cmdline.contains(&contract::cmdline::verity_arg(&root_hash(b))),
-        "{cmdline}"
-    );
+    for firmware in ["uefi", "bios"] {
+        let r = boot_report(&b.artifact("raw"), &["--shutdown", "--firmware", firmware]).unwrap();
+        assert_eq!(r["ready"], true, "{r}");
+        assert_eq!(r["firmware"], firmware, "{r}");
+        assert_eq!(r["root_verified"], true, "{r}");
+        assert_eq!(r["secure_boot"], "off", "{r}");
+        let cmdline = r["cmdline"].as_str().unwrap();
+        assert!(
+            cmdline.contains(&contract::cmdline::verity_arg(&root_hash(b))),
+            "{cmdline}"
+        );
+    }
 }
 
 /// One byte of `bytes` flipped at `at`.
