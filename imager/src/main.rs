@@ -40,6 +40,9 @@ enum Command {
     Inspect(InspectArgs),
     /// Make a squashfs (zstd) from a directory, as the image builder does.
     Squashfs(SquashfsArgs),
+    /// Write the dm-verity hash device of a file (whole 4096-byte blocks), as
+    /// the image builder does for the root filesystem; prints the root hash.
+    Verity(VerityArgs),
     /// Lay out a blank disk and install the installer's payload into slot A.
     Install(InstallArgs),
     /// Install the installer's payload into the inactive slot and make it the
@@ -128,6 +131,14 @@ struct SquashfsArgs {
     /// zstd compression level.
     #[arg(long, default_value_t = imager::rootfs::DEFAULT_LEVEL)]
     level: i32,
+}
+
+#[derive(clap::Args)]
+struct VerityArgs {
+    /// Data file (a multiple of 4096 bytes).
+    data: PathBuf,
+    /// Hash device file to write (superblock and hash tree).
+    hash: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -353,6 +364,14 @@ fn run() -> Result<ExitCode> {
             };
             let (sha, size) = imager::rootfs::build_rootfs(&a.dest, &spec)?;
             println!("{}  {size}  {}", sha, a.dest.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verity(a) => {
+            let v = imager::verity::format(&a.data, &a.hash)?;
+            println!(
+                "root hash {}\nsalt      {}\nuuid      {}",
+                v.root_hash, v.salt, v.uuid
+            );
             Ok(ExitCode::SUCCESS)
         }
     }
