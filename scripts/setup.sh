@@ -14,6 +14,8 @@ packages=(
   fdisk dosfstools mtools squashfs-tools openssl file time util-linux coreutils
   # objdump and sbverify: read the UKI's PE sections back in the tests
   binutils sbsigntool
+  # veritysetup: the dm-verity hash tree is checked against its own
+  cryptsetup-bin
   # shipped in the root filesystem with their libraries (STATE and EPHEMERAL)
   xfsprogs
   # readers of the installer's OCI image, used by the tests

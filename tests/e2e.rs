@@ -106,7 +106,7 @@ fn cpio_lists_the_initramfs() {
         .arg(&cpio)
         .arg(&img));
     let out = ok(tool("cpio").args(["-t", "--quiet", "-F"]).arg(&cpio));
-    for p in ["init", "rootfs.sqsh", "dev/console"] {
+    for p in ["init", "rootfs.sqsh", "rootfs.verity", "dev/console"] {
         assert!(out.lines().any(|l| l == p), "{p} missing from:\n{out}");
     }
 }
@@ -140,6 +140,7 @@ fn boots_under_ovmf_to_ready_on_slot_a_with_kspp_cmdline() {
         assert!(cmdline.split(' ').any(|w| w == p), "{p} not in {cmdline}");
     }
     assert!(cmdline.contains("machined.slot=A"), "{cmdline}");
+    assert_chain(&r);
     // And every KSPP rule, boot parameters included, holds for the kernel
     // and the command line it really booted with.
     let file = scratch().join("booted.cmdline");
@@ -188,6 +189,7 @@ fn verify_fails_on_one_flipped_byte_in_any_artifact() {
         "kernel.config",
         "initramfs.zst",
         "rootfs.sqsh",
+        "rootfs.verity",
         "disk.raw",
         "manifest.json",
         "manifest.json.sig",
@@ -283,6 +285,7 @@ fn two_builds_in_different_directories_are_byte_identical() {
         "kernel-config",
         "initramfs",
         "rootfs",
+        "rootfs-verity",
         "raw",
         "manifest",
         "signature",
@@ -572,6 +575,31 @@ fn boots_under_seabios_through_grub_to_ready_on_slot_a() {
     for p in ["slab_nomerge", "console=ttyS0,115200", "machined.slot=A"] {
         assert!(cmdline.split(' ').any(|w| w == p), "{p} not in {cmdline}");
     }
+    assert_chain(&r);
+}
+
+/// What the ready line says of the boot chain: no Secure Boot (plain OVMF,
+/// SeaBIOS), and the root verified exactly when the kernel builds in what
+/// dm-verity needs (the build leaves the root hash off otherwise and says
+/// so); then the booted command line carries the manifest's root hash.
+fn assert_chain(r: &Value) {
+    assert_eq!(r["secure_boot"], "off", "{r}");
+    let config = std::fs::read_to_string(image().artifact("kernel-config")).unwrap();
+    let can = imager::verity::KERNEL_OPTIONS
+        .iter()
+        .all(|o| config.lines().any(|l| l == format!("{o}=y")));
+    assert_eq!(r["root_verified"], can, "{r}");
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(image().dir.join("manifest.json")).unwrap()).unwrap();
+    let image_cmdline = manifest["boot"]["cmdline"].as_str().unwrap();
+    let hash = contract::cmdline::get(image_cmdline, contract::cmdline::VERITY);
+    assert_eq!(hash.is_some(), can, "{image_cmdline}");
+    let booted = r["cmdline"].as_str().unwrap();
+    assert_eq!(
+        contract::cmdline::get(booted, contract::cmdline::VERITY),
+        hash,
+        "{booted}"
+    );
 }
 
 fn read_at(path: &Path, at: u64, len: usize) -> Vec<u8> {

@@ -41,6 +41,19 @@ pub const INSTALL_WIPE: &str = "machined.install.wipe";
 /// bytes, serials 20, WWNs and by-id names longer; 255 is a file name).
 pub const MAX_TARGET_LEN: usize = 255;
 
+/// The root filesystem's dm-verity root hash, 64 hex digits:
+/// `machined.verity=<hash>` (see [`crate::verity`]). The build always adds
+/// it; without it the runtime mounts the root unverified and says so.
+pub const VERITY: &str = "machined.verity";
+/// The bytes [`VERITY`] adds to a command line: a space, the key, `=` and
+/// the hash.
+pub const VERITY_ARG_LEN: usize = 1 + VERITY.len() + 1 + 2 * crate::verity::DIGEST_LEN;
+
+/// The argument carrying `root_hash` (hex).
+pub fn verity_arg(root_hash: &str) -> String {
+    format!("{VERITY}={root_hash}")
+}
+
 /// The longest kernel command line the boot path carries whole, in bytes:
 /// the x86 kernel's `COMMAND_LINE_SIZE` (2048, `arch/x86/include/asm/setup.h`)
 /// less its terminating NUL. The EFI stub (`efi_convert_cmdline`,

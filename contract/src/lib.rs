@@ -21,9 +21,11 @@ pub mod le;
 pub mod meta;
 pub mod partition;
 pub mod paths;
+pub mod ready;
 pub mod skeleton;
 pub mod slot;
 pub mod state;
+pub mod verity;
 
 pub use guid::Guid;
 pub use partition::{LAYOUT, PartitionRole, PartitionSpec};

@@ -5,6 +5,9 @@
 pub const INITRAMFS_INIT: &str = "init";
 /// The squashfs root filesystem inside the initramfs.
 pub const INITRAMFS_ROOTFS: &str = "rootfs.sqsh";
+/// The dm-verity hash device of [`INITRAMFS_ROOTFS`] in the initramfs
+/// (superblock and hash tree, see [`crate::verity`]).
+pub const INITRAMFS_ROOTFS_VERITY: &str = "rootfs.verity";
 /// Where stage 1 assembles the new root before switching to it.
 pub const INITRAMFS_NEWROOT: &str = "newroot";
 
@@ -157,6 +160,8 @@ pub mod output {
     pub const KERNEL_CONFIG: &str = "kernel.config";
     /// The squashfs root filesystem.
     pub const ROOTFS: &str = "rootfs.sqsh";
+    /// The root filesystem's dm-verity hash device.
+    pub const ROOTFS_VERITY: &str = "rootfs.verity";
     /// The initramfs (cpio, zstd).
     pub const INITRAMFS: &str = "initramfs.zst";
     /// The raw GPT disk image.

@@ -11,6 +11,8 @@ pub enum Kind {
     KernelConfig,
     Initramfs,
     Rootfs,
+    /// The root filesystem's dm-verity hash device (also in the initramfs).
+    RootfsVerity,
     Raw,
     Iso,
     Installer,
@@ -41,6 +43,7 @@ impl Kind {
             Kind::KernelConfig => "kernel-config",
             Kind::Initramfs => "initramfs",
             Kind::Rootfs => "rootfs",
+            Kind::RootfsVerity => "rootfs-verity",
             Kind::Raw => "raw",
             Kind::Iso => "iso",
             Kind::Installer => "installer",

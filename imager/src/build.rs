@@ -102,6 +102,7 @@ fn build(
         names::KERNEL,
         names::KERNEL_CONFIG,
         names::ROOTFS,
+        names::ROOTFS_VERITY,
         names::INITRAMFS,
     ];
     if layout.is_some() {
@@ -140,15 +141,19 @@ fn build(
     let machined = runtime_binary(p)?;
     let installer_bin = installer_binary(p)?;
     let rootfs_out = write_rootfs(p, dir, &machined, epoch)?;
-    let initramfs_out = write_initramfs(p, dir, &machined, &rootfs_out, epoch)?;
+    let (verity_out, verity) = write_verity(dir, &rootfs_out)?;
+    let initramfs_out = write_initramfs(p, dir, &machined, &rootfs_out, &verity_out, epoch)?;
     let mut artifacts = vec![
         (Kind::Kernel, kernel_out.clone()),
         (Kind::KernelConfig, config_out),
         (Kind::Rootfs, rootfs_out.clone()),
+        (Kind::RootfsVerity, verity_out.clone()),
         (Kind::Initramfs, initramfs_out.clone()),
     ];
+    // The image's command line: the profile's and the root hash.
+    let cmdline = image_cmdline(p, verified_root(&kernel.config, &verity)?);
     let ukis = if p.makes_ukis() {
-        let made = uki::write_ukis(p, dir, &kernel_out, &initramfs_out)?;
+        let made = uki::write_ukis(p, dir, &kernel_out, &initramfs_out, &cmdline)?;
         if let Some(sb) = &sb {
             step("secure boot: signing the UKIs and systemd-boot with the db key");
             for u in &made {
@@ -162,7 +167,7 @@ fn build(
     };
     let boot_info = sign::Boot {
         title: boot::image_title(&p.pretty_name, &p.version),
-        cmdline: p.cmdline(),
+        cmdline: cmdline.clone(),
         secure_boot_enroll: sb.as_ref().map(|s| s.enroll_mode.clone()),
     };
     // systemd-boot, signed for Secure Boot (staged, not an output).
@@ -204,6 +209,7 @@ fn build(
         let input = iso::IsoInput {
             machined: &machined,
             rootfs: &rootfs_out,
+            rootfs_verity: &verity_out,
             installer: bin,
             eltorito,
         };
@@ -516,13 +522,58 @@ fn write_rootfs(p: &Profile, out: &Path, machined: &Path, epoch: u64) -> Result<
     Ok(rootfs_out)
 }
 
-/// Writes the initramfs `out/initramfs.zst`: the runtime and the root
-/// filesystem.
+/// Pads the root filesystem to whole 4096-byte blocks and writes its
+/// dm-verity hash device `out/rootfs.verity` (see [`crate::verity`]).
+fn write_verity(out: &Path, rootfs_out: &Path) -> Result<(PathBuf, crate::verity::Verity)> {
+    step("rootfs: dm-verity hash tree");
+    let padded = crate::verity::pad_to_block(rootfs_out)?;
+    if padded > 0 {
+        step(&format!(
+            "rootfs: padded with {padded} zero bytes to whole 4096-byte blocks"
+        ));
+    }
+    let verity_out = out.join(names::ROOTFS_VERITY);
+    let verity = crate::verity::format(rootfs_out, &verity_out)?;
+    Ok((verity_out, verity))
+}
+
+/// The root hash to put on the command line: `None`, said loudly, when
+/// the kernel cannot open the root through dm-verity (it would never boot
+/// with the hash; see [`crate::verity::KERNEL_OPTIONS`]).
+fn verified_root<'a>(config: &Path, verity: &'a crate::verity::Verity) -> Result<Option<&'a str>> {
+    let lacks = crate::verity::kernel_lacks(&kernel::KernelConfig::load(config)?);
+    if lacks.is_empty() {
+        return Ok(Some(&verity.root_hash));
+    }
+    step(&format!(
+        "warning: the kernel does not build in {}: the root filesystem will NOT be verified \
+         at boot (no {} on the command line; the ready line says root=unverified)",
+        lacks.join(", "),
+        contract::cmdline::VERITY
+    ));
+    Ok(None)
+}
+
+/// The image's kernel command line: the profile's, then the root hash
+/// ([`contract::cmdline::VERITY`]) when there is one. The boot entries,
+/// GRUB, the live ISO and the signed manifest all carry this one.
+pub fn image_cmdline(p: &Profile, root_hash: Option<&str>) -> String {
+    let base = p.cmdline();
+    match root_hash {
+        Some(h) if base.is_empty() => contract::cmdline::verity_arg(h),
+        Some(h) => format!("{base} {}", contract::cmdline::verity_arg(h)),
+        None => base,
+    }
+}
+
+/// Writes the initramfs `out/initramfs.zst`: the runtime, the root
+/// filesystem and its hash device.
 fn write_initramfs(
     p: &Profile,
     out: &Path,
     machined: &Path,
     rootfs_out: &Path,
+    verity_out: &Path,
     epoch: u64,
 ) -> Result<PathBuf> {
     step("initramfs: cpio + zstd");
@@ -531,6 +582,7 @@ fn write_initramfs(
         &initramfs_out,
         machined,
         rootfs_out,
+        Some(verity_out),
         epoch,
         p.compression.initramfs_zstd_level,
     )?;

@@ -8,6 +8,7 @@
 //! newroot/        0755         where stage 1 assembles the root
 //! proc/ run/ sys/ 0755
 //! rootfs.sqsh     0444         the squashfs root filesystem
+//! rootfs.verity   0444         its dm-verity hash device (crate::verity)
 //! ```
 //!
 //! Deterministic: entries in path order, inode numbers from 1 in that order,
@@ -17,7 +18,9 @@
 use crate::disk::FatSource;
 use crate::io::{AtomicFile, HashingWriter};
 use anyhow::{Context, Result, bail, ensure};
-use contract::paths::{INITRAMFS_INIT, INITRAMFS_NEWROOT, INITRAMFS_ROOTFS};
+use contract::paths::{
+    INITRAMFS_INIT, INITRAMFS_NEWROOT, INITRAMFS_ROOTFS, INITRAMFS_ROOTFS_VERITY,
+};
 use std::io::{self, Read, Write};
 use std::path::Path;
 
@@ -177,8 +180,9 @@ impl<W: Write> CpioWriter<W> {
     }
 }
 
-/// The entries of the initramfs, in archive (path) order.
-pub fn entries(init: &Path, rootfs_sqsh: &Path) -> Vec<Entry> {
+/// The entries of the initramfs, in archive (path) order; the root
+/// filesystem's hash device when given.
+pub fn entries(init: &Path, rootfs_sqsh: &Path, rootfs_verity: Option<&Path>) -> Vec<Entry> {
     let mut v = vec![
         Entry {
             path: CONSOLE.into(),
@@ -204,6 +208,11 @@ pub fn entries(init: &Path, rootfs_sqsh: &Path) -> Vec<Entry> {
             kind: EntryKind::Dir,
         },
     ];
+    v.extend(rootfs_verity.map(|p| Entry {
+        path: INITRAMFS_ROOTFS_VERITY.into(),
+        mode: 0o444,
+        kind: EntryKind::File(FatSource::File(p.to_path_buf())),
+    }));
     v.extend(MOUNT_DIRS.iter().map(|d| Entry {
         path: (*d).into(),
         mode: 0o755,
@@ -258,11 +267,13 @@ pub fn write_archive(
 }
 
 /// Builds the initramfs at `dest` from the runtime binary `init` and the
-/// root filesystem image `rootfs_sqsh`. Returns its hex SHA-256 and size.
+/// root filesystem image `rootfs_sqsh` (and its dm-verity hash device).
+/// Returns its hex SHA-256 and size.
 pub fn build_initramfs(
     dest: &Path,
     init: &Path,
     rootfs_sqsh: &Path,
+    rootfs_verity: Option<&Path>,
     epoch: u64,
     level: i32,
 ) -> Result<(String, u64)> {
@@ -273,8 +284,13 @@ pub fn build_initramfs(
             p.display()
         );
     }
-    write_archive(dest, &entries(init, rootfs_sqsh), epoch, level)
-        .with_context(|| format!("building the initramfs {}", dest.display()))
+    write_archive(
+        dest,
+        &entries(init, rootfs_sqsh, rootfs_verity),
+        epoch,
+        level,
+    )
+    .with_context(|| format!("building the initramfs {}", dest.display()))
 }
 
 #[cfg(test)]
@@ -353,7 +369,7 @@ mod tests {
         let (init, sqsh) = inputs(dir.path());
         let img = dir.path().join("initramfs.zst");
         let (sha, size) =
-            build_initramfs(&img, &init, &sqsh, 1_700_000_000, DEFAULT_LEVEL).unwrap();
+            build_initramfs(&img, &init, &sqsh, None, 1_700_000_000, DEFAULT_LEVEL).unwrap();
         assert_eq!((sha, size), crate::io::sha256_file(&img).unwrap());
 
         // One frame, with a checksum and a window the kernel can afford.
@@ -422,12 +438,15 @@ mod tests {
         let (init, sqsh) = inputs(dir.path());
         let a = dir.path().join("a.zst");
         let b = dir.path().join("b.zst");
-        let ra = build_initramfs(&a, &init, &sqsh, 42, 3).unwrap();
-        let rb = build_initramfs(&b, &init, &sqsh, 42, 3).unwrap();
+        let ra = build_initramfs(&a, &init, &sqsh, None, 42, 3).unwrap();
+        let rb = build_initramfs(&b, &init, &sqsh, None, 42, 3).unwrap();
         assert_eq!(ra, rb);
         assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
         let c = dir.path().join("c.zst");
-        assert_ne!(build_initramfs(&c, &init, &sqsh, 43, 3).unwrap().0, ra.0);
+        assert_ne!(
+            build_initramfs(&c, &init, &sqsh, None, 43, 3).unwrap().0,
+            ra.0
+        );
     }
 
     #[test]
@@ -435,9 +454,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (init, sqsh) = inputs(dir.path());
         let dest = dir.path().join("i.zst");
-        let e = build_initramfs(&dest, &dir.path().join("nope"), &sqsh, 0, 3).unwrap_err();
+        let e = build_initramfs(&dest, &dir.path().join("nope"), &sqsh, None, 0, 3).unwrap_err();
         assert!(format!("{e:#}").contains("runtime binary"), "{e:#}");
-        let e = build_initramfs(&dest, &init, &sqsh, 0, 22).unwrap_err();
+        let e = build_initramfs(&dest, &init, &sqsh, None, 0, 22).unwrap_err();
         assert!(format!("{e:#}").contains("use 1 to 19"), "{e:#}");
         assert!(!dest.exists());
     }

@@ -26,3 +26,4 @@ pub mod secret;
 pub mod secureboot;
 pub mod sign;
 pub mod uki;
+pub mod verity;

@@ -45,6 +45,9 @@ enum Command {
     Inspect(InspectArgs),
     /// Make a squashfs (zstd) from a directory, as the image builder does.
     Squashfs(SquashfsArgs),
+    /// Write the dm-verity hash device of a file (whole 4096-byte blocks), as
+    /// the image builder does for the root filesystem; prints the root hash.
+    Verity(VerityArgs),
     /// Lay out a blank disk and install the installer's payload into slot A.
     Install(InstallArgs),
     /// Install the installer's payload into the inactive slot and make it the
@@ -138,6 +141,14 @@ struct SquashfsArgs {
     /// zstd compression level.
     #[arg(long, default_value_t = imager::rootfs::DEFAULT_LEVEL)]
     level: i32,
+}
+
+#[derive(clap::Args)]
+struct VerityArgs {
+    /// Data file (a multiple of 4096 bytes).
+    data: PathBuf,
+    /// Hash device file to write (superblock and hash tree).
+    hash: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -386,6 +397,14 @@ fn run() -> Result<ExitCode> {
             println!("{}  {size}  {}", sha, a.dest.display());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Verity(a) => {
+            let v = imager::verity::format(&a.data, &a.hash)?;
+            println!(
+                "root hash {}\nsalt      {}\nuuid      {}",
+                v.root_hash, v.salt, v.uuid
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -444,7 +463,7 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         eprintln!(
-            "boot: ready version={} {} under {} in {:.1} s{}",
+            "boot: ready version={} {} under {} in {:.1} s; Secure Boot {}, root {}{}",
             r.version,
             match &r.slot {
                 Some(s) => format!("slot={s}"),
@@ -452,6 +471,12 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
             },
             r.firmware.name(),
             r.seconds,
+            r.secure_boot.as_deref().unwrap_or("not reported"),
+            match r.root_verified {
+                Some(true) => "verified (dm-verity)",
+                Some(false) => "NOT verified",
+                None => "verification not reported",
+            },
             if r.failed_boots > 0 {
                 format!(" after {} failed boot(s)", r.failed_boots)
             } else {

@@ -754,19 +754,21 @@ impl Profile {
             }
         }
         let cmdline = self.cmdline();
-        let loaded = crate::boot::loaded_cmdline_len(&cmdline);
+        // The build adds the root hash (` machined.verity=<64 hex>`).
+        let loaded = crate::boot::loaded_cmdline_len(&cmdline) + contract::cmdline::VERITY_ARG_LEN;
         if loaded > contract::cmdline::MAX_LEN {
             let added = loaded.saturating_sub(cmdline.len());
             return invalid(
                 "kernel.cmdline",
                 format!(
                     "the command line is {} bytes (the items joined by spaces); the kernel \
-                     takes {} bytes in all, of which the boot entry adds {added} (` {}=A` and \
-                     systemd-boot's ` initrd=…`), so these items may take at most {} bytes: \
+                     takes {} bytes in all, of which the build and the boot entry add {added} \
+                     (` {}=<root hash>`, ` {}=A` and systemd-boot's ` initrd=…`), so these items may take at most {} bytes: \
                      shorten or remove some (a longer line is cut short at boot and the image \
                      never reaches ready)",
                     cmdline.len(),
                     contract::cmdline::MAX_LEN,
+                    contract::cmdline::VERITY,
                     contract::cmdline::SLOT,
                     contract::cmdline::MAX_LEN.saturating_sub(added),
                 ),
@@ -808,13 +810,14 @@ impl Profile {
 }
 
 /// Kernel command-line keys the profile's `kernel.cmdline` may not carry:
-/// the boot entries and the live ISO set them.
-const RESERVED_CMDLINE: [&str; 5] = [
+/// the boot entries, the build (the root hash) and the live ISO set them.
+const RESERVED_CMDLINE: [&str; 6] = [
     contract::cmdline::SLOT,
     contract::cmdline::TRIAL,
     contract::cmdline::LIVE,
     contract::cmdline::INSTALL,
     contract::cmdline::INSTALL_WIPE,
+    contract::cmdline::VERITY,
 ];
 
 /// The longest `name`.

@@ -163,6 +163,11 @@ pub struct Ready {
     /// A live boot (`machined.live=`, from the ISO): `ready … live …`.
     pub live: bool,
     pub uptime: f64,
+    /// `secureboot=on|off|unknown` (see [`contract::ready`]); `None` from
+    /// a runtime that does not say.
+    pub secure_boot: Option<String>,
+    /// `root=verified|unverified`; `None` from a runtime that does not say.
+    pub root_verified: Option<bool>,
 }
 
 /// The result of a boot that reached ready.
@@ -180,6 +185,12 @@ pub struct BootReport {
     pub seconds: f64,
     /// Guest uptime the runtime reported.
     pub uptime: f64,
+    /// Whether Secure Boot was on: `"on"`, `"off"` or `"unknown"` as the
+    /// ready line said (`null` when it did not).
+    pub secure_boot: Option<String>,
+    /// Whether the root filesystem was opened through dm-verity with the
+    /// command line's root hash (`null` when the ready line did not say).
+    pub root_verified: Option<bool>,
     /// `/proc/cmdline` as the runtime printed it, if it did.
     pub cmdline: Option<String>,
     /// Whether the machine powered off cleanly after the power button.
@@ -193,17 +204,27 @@ pub struct BootReport {
     pub console: Vec<String>,
 }
 
-/// Parses a ready line: `machined: ready version=1.0 slot=A uptime=2.31`,
-/// or a live system's `machined: ready version=1.0 live uptime=2.31`. One
-/// of `slot=` and `live` is required.
+/// Parses a ready line: `machined: ready version=1.0 slot=A uptime=2.31
+/// secureboot=off root=verified`, or a live system's `machined: ready
+/// version=1.0 live uptime=2.31 …`. One of `slot=` and `live` is required;
+/// the boot chain's words ([`contract::ready`]) are optional (older
+/// runtimes) and an unknown value of theirs is read as absent.
 pub fn parse_ready(line: &str) -> Option<Ready> {
+    use contract::ready::{ROOT, Root, SECURE_BOOT, SecureBoot};
     let rest = &line[line.find(READY_PREFIX)? + READY_PREFIX.len()..];
     let (mut version, mut slot, mut uptime, mut live) = (None, None, None, false);
+    let (mut secure_boot, mut root_verified) = (None, None);
     for word in rest.split_whitespace() {
         match word.split_once('=') {
             Some(("version", v)) => version = Some(v.to_string()),
             Some(("slot", v)) => slot = Some(v.to_string()),
             Some(("uptime", v)) => uptime = v.parse().ok(),
+            Some((k, v)) if k == SECURE_BOOT => {
+                secure_boot = SecureBoot::parse(v).map(|s| s.as_str().to_string())
+            }
+            Some((k, v)) if k == ROOT => {
+                root_verified = Root::parse(v).map(|r| r == Root::Verified)
+            }
             None if word == "live" => live = true,
             _ => {}
         }
@@ -216,6 +237,8 @@ pub fn parse_ready(line: &str) -> Option<Ready> {
         slot,
         live,
         uptime: uptime?,
+        secure_boot,
+        root_verified,
     })
 }
 
@@ -723,6 +746,8 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
         live: ready.live,
         seconds,
         uptime: ready.uptime,
+        secure_boot: ready.secure_boot,
+        root_verified: ready.root_verified,
         cmdline: session.cmdline,
         clean_poweroff,
         failed_boots: session.failed_boots,
@@ -844,19 +869,51 @@ mod tests {
                 version: "1.0.0".into(),
                 slot: Some("A".into()),
                 live: false,
-                uptime: 2.31
+                uptime: 2.31,
+                secure_boot: None,
+                root_verified: None,
             }
         );
-        let r = parse_ready("machined: ready version=0.2.0 live uptime=3.5").unwrap();
+        let r = parse_ready(
+            "machined: ready version=0.2.0 live uptime=3.5 secureboot=unknown root=verified",
+        )
+        .unwrap();
         assert_eq!(
             r,
             Ready {
                 version: "0.2.0".into(),
                 slot: None,
                 live: true,
-                uptime: 3.5
+                uptime: 3.5,
+                secure_boot: Some("unknown".into()),
+                root_verified: Some(true),
             }
         );
+        // The runtime's own words read back.
+        for (sb, root) in [
+            (
+                contract::ready::SecureBoot::On,
+                contract::ready::Root::Unverified,
+            ),
+            (
+                contract::ready::SecureBoot::Off,
+                contract::ready::Root::Verified,
+            ),
+        ] {
+            let line = format!(
+                "machined: ready version=1 slot=B uptime=1.0 {}",
+                contract::ready::words(sb, root)
+            );
+            let r = parse_ready(&line).unwrap();
+            assert_eq!(r.secure_boot.as_deref(), Some(sb.as_str()));
+            assert_eq!(
+                r.root_verified,
+                Some(root == contract::ready::Root::Verified)
+            );
+        }
+        let r = parse_ready("machined: ready version=1 slot=A uptime=1 secureboot=maybe root=")
+            .unwrap();
+        assert_eq!((r.secure_boot, r.root_verified), (None, None));
         assert!(parse_ready("machined: ready version=1.0.0 uptime=1").is_none());
         assert!(parse_ready("machined: ready version=1 slot=A live uptime=1").is_none());
         assert!(parse_ready("machined: ready version=1.0.0 slot=A").is_none());

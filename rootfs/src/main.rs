@@ -11,12 +11,14 @@ mod mount;
 mod osrelease;
 mod partitions;
 mod power;
+mod secureboot;
 mod skeleton;
 mod slots;
 mod stage1;
 mod stage2;
 mod storage;
 mod sys;
+mod verity;
 
 use std::path::Path;
 

@@ -4,12 +4,12 @@
 
 use crate::console::{self, say};
 use crate::failure;
-use crate::{live, loopdev, mount, skeleton, sys};
+use crate::{live, loopdev, mount, skeleton, sys, verity};
 use anyhow::{Context, Result, anyhow, bail};
 use contract::cmdline;
 use contract::paths::{
-    GENERATED_ETC_FILES, INITRAMFS_NEWROOT, INITRAMFS_ROOTFS, LIVE_DIR, LIVE_RUN_DIR, ROOTFS_INIT,
-    SYSTEM_DIR, SYSTEM_ETC,
+    GENERATED_ETC_FILES, INITRAMFS_NEWROOT, INITRAMFS_ROOTFS, INITRAMFS_ROOTFS_VERITY, LIVE_DIR,
+    LIVE_RUN_DIR, ROOTFS_INIT, SYSTEM_DIR, SYSTEM_ETC,
 };
 use std::convert::Infallible;
 use std::path::Path;
@@ -58,7 +58,7 @@ pub fn run() -> Result<Infallible> {
 
     let newroot = format!("/{INITRAMFS_NEWROOT}");
     let image = format!("/{INITRAMFS_ROOTFS}");
-    let dev = loopdev::attach_read_only(&image)?;
+    let dev = root_device(&cmdline, &image)?;
     sys::mkdir_all(Path::new(&newroot), 0o755)?;
     mount::mount(
         Some(&dev),
@@ -85,6 +85,27 @@ pub fn run() -> Result<Infallible> {
     switch_root(&newroot)?;
     say(format!("stage1: switched root, executing {ROOTFS_INIT}"));
     Err(sys::execv(ROOTFS_INIT))
+}
+
+/// The block device holding the root filesystem: through dm-verity when the
+/// command line carries the root hash ([`cmdline::VERITY`]; every build
+/// puts it there), else `image` directly, said on the console.
+fn root_device(cmdline: &str, image: &str) -> Result<String> {
+    match cmdline::get(cmdline, cmdline::VERITY) {
+        Some(root_hash) => {
+            let hash = format!("/{INITRAMFS_ROOTFS_VERITY}");
+            verity::open_verified(image, &hash, &root_hash)
+                .with_context(|| format!("opening the root filesystem {image} through dm-verity"))
+        }
+        None => {
+            say(format!(
+                "stage1: warning: no {}= on the kernel command line: the root filesystem is \
+                 NOT verified",
+                cmdline::VERITY
+            ));
+            loopdev::attach_read_only(image)
+        }
+    }
 }
 
 /// A live boot: the initramfs's `/live` (installer, payload, trusted key)

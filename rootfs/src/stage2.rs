@@ -6,7 +6,7 @@
 
 use crate::console::{self, say};
 use crate::partitions::{self, Partition};
-use crate::{failure, live, osrelease, power, slots, storage};
+use crate::{failure, live, osrelease, power, secureboot, slots, storage, verity};
 use anyhow::{Context, Result};
 use contract::cmdline;
 use contract::meta::{Meta, SlotRecord, Tag};
@@ -74,10 +74,17 @@ pub fn run() -> Result<Infallible> {
     let supervisor = power::prepare()?;
     say(format!("cmdline {}", cmdline.trim()));
     say(format!(
-        "ready version={version} slot={slot} uptime={}",
-        uptime()?
+        "ready version={version} slot={slot} uptime={} {}",
+        uptime()?,
+        chain(&cmdline)
     ));
     power::supervise(supervisor)
+}
+
+/// The ready line's words on the boot chain: Secure Boot and the root's
+/// verification (`secureboot=off root=verified`, see [`contract::ready`]).
+fn chain(cmdline: &str) -> String {
+    contract::ready::words(secureboot::state(), verity::root_state(cmdline))
 }
 
 /// The running version: os-release's VERSION_ID.
@@ -121,7 +128,11 @@ fn run_live(cmdline: &str) -> Result<Infallible> {
     failure::ready();
     let supervisor = power::prepare()?;
     say(format!("cmdline {}", cmdline.trim()));
-    say(format!("ready version={version} live uptime={}", uptime()?));
+    say(format!(
+        "ready version={version} live uptime={} {}",
+        uptime()?,
+        chain(cmdline)
+    ));
     match cmdline::install(cmdline) {
         Ok(None) => {}
         Ok(Some((target, wipe))) => match install(id.as_deref(), &target, wipe) {

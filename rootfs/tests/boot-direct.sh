@@ -236,9 +236,10 @@ wait_for_ready() {
     line=$(grep -a '^machined: ready ' "$log" | tr -d '\r')
     say "$line"
     [ "$(grep -ac '^machined: ready ' "$log")" = 1 ] || die "more than one ready line"
-    [[ $line =~ ^machined:\ ready\ version=${version//./\\.}\ slot=${slot}\ uptime=[0-9]+\.[0-9]+$ ]] ||
+    [[ $line =~ ^machined:\ ready\ version=${version//./\\.}\ slot=${slot}\ uptime=[0-9]+\.[0-9]+\ secureboot=off\ root=unverified$ ]] ||
         die "unexpected ready line: $line"
-    say "ready after ${line##*uptime=}s of guest uptime, ${host_s}s of host time"
+    local up=${line##*uptime=}
+    say "ready after ${up%% *}s of guest uptime, ${host_s}s of host time"
 }
 
 scenario_ready() {

@@ -30,16 +30,19 @@ pub struct IsoInput<'a> {
     pub machined: &'a Path,
     /// The root filesystem image.
     pub rootfs: &'a Path,
+    /// Its dm-verity hash device.
+    pub rootfs_verity: &'a Path,
     /// The static installer (imager).
     pub installer: &'a Path,
     /// GRUB's El Torito image and hybrid MBR.
     pub eltorito: &'a Eltorito,
 }
 
-/// The kernel command line of the live system: the image's, then
-/// `machined.live=<id>`, then the profile's install target.
-pub fn live_options(p: &Profile, id: &str) -> String {
-    let mut o = format!("{} {}={id}", p.cmdline(), cmdline::LIVE);
+/// The kernel command line of the live system: the image's (`image_cmdline`, with
+/// the root hash), then `machined.live=<id>`, then the profile's install
+/// target.
+pub fn live_options(p: &Profile, image_cmdline: &str, id: &str) -> String {
+    let mut o = format!("{image_cmdline} {}={id}", cmdline::LIVE);
     if let Some(t) = &p.live.install {
         o.push_str(&format!(" {}={t}", cmdline::INSTALL));
         if p.live.wipe {
@@ -76,7 +79,7 @@ pub fn write_iso(
     ];
     payload_files.extend(manifest.artifacts.iter().map(|a| a.path.clone()));
     let live_initramfs = work.join("initramfs.zst");
-    let mut entries = initramfs::entries(input.machined, input.rootfs);
+    let mut entries = initramfs::entries(input.machined, input.rootfs, Some(input.rootfs_verity));
     entries.extend(live_entries(
         &payload_dir,
         &payload_files,
@@ -91,7 +94,7 @@ pub fn write_iso(
     )
     .context("writing the live initramfs")?;
 
-    let options = live_options(p, &id);
+    let options = live_options(p, &payload.boot.cmdline, &id);
     let loaded = cmdline::loaded_len(&options, &[layout::LIVE_INITRAMFS]);
     ensure!(
         loaded <= cmdline::MAX_LEN,

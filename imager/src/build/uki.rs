@@ -1,6 +1,7 @@
 //! The slots' Unified Kernel Images of a build (`uki-a.efi`, `uki-b.efi`):
 //! the build's kernel and initramfs, and for each slot the `.osrel`
-//! ([`contract::boot::uki_os_release`]) and command line (the image's, then
+//! ([`contract::boot::uki_os_release`]) and command line (the image's, with
+//! its `machined.verity=` root hash, then
 //! `machined.slot=X`: the same options as the slot's `.conf` entry) that
 //! make it that slot's. A UKI carries its command line, so each slot needs
 //! its own; with Secure Boot both are signed and the runtime can trust the
@@ -17,7 +18,13 @@ use std::path::{Path, PathBuf};
 pub type SlotUkis = [PathBuf; 2];
 
 /// Writes `uki-a.efi` and `uki-b.efi` into `out`.
-pub fn write_ukis(p: &Profile, out: &Path, kernel: &Path, initramfs: &Path) -> Result<SlotUkis> {
+pub fn write_ukis(
+    p: &Profile,
+    out: &Path,
+    kernel: &Path,
+    initramfs: &Path,
+    cmdline: &str,
+) -> Result<SlotUkis> {
     step("uki: one Unified Kernel Image per slot");
     let title = crate::boot::image_title(&p.pretty_name, &p.version);
     let any = "0".repeat(64);

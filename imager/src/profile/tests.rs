@@ -147,6 +147,7 @@ fn installer_output_needs_its_binary() {
         "machined.install.wipe=1",
         "machined.live=AB",
         "machined.slot=B",
+        "machined.verity=00",
     ] {
         let e = refused(&with_line(
             "  cmdline:",
@@ -542,11 +543,15 @@ fn compression_levels_are_checked() {
 
 #[test]
 fn a_command_line_longer_than_the_boot_path_carries_is_refused() {
-    // What the boot path adds: " machined.slot=A" and " initrd=\A\initramfs-<16>.zst".
-    let added = crate::boot::loaded_cmdline_len("x") - 1;
+    // What the build and the boot path add: " machined.verity=<64 hex>",
+    // " machined.slot=A" and " initrd=\A\initramfs-<16>.zst".
+    let added = crate::boot::loaded_cmdline_len("x") - 1 + contract::cmdline::VERITY_ARG_LEN;
     assert_eq!(
         added,
-        " machined.slot=A".len() + " initrd=\\A\\initramfs-0123456789abcdef.zst".len()
+        " machined.verity=".len()
+            + 64
+            + " machined.slot=A".len()
+            + " initrd=\\A\\initramfs-0123456789abcdef.zst".len()
     );
     let allowed = contract::cmdline::MAX_LEN - added;
     // Items of 99 bytes joined by spaces, the last one shorter: `len` bytes.
