@@ -33,7 +33,7 @@ pub fn write_ukis(
         let os_release = contract::boot::uki_os_release(&p.pretty_name, &title, &p.version, slot);
         // The options of the slot's `.conf` entry: one rule for both kinds.
         let cmdline =
-            crate::boot::entry(slot, &any, &any, &p.pretty_name, &p.version, &p.cmdline()).options;
+            crate::boot::entry(slot, &any, &any, &p.pretty_name, &p.version, cmdline).options;
         write_uki(
             &UkiInput {
                 stub: &p.boot.stub,
