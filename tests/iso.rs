@@ -114,6 +114,12 @@ fn the_iso_reaches_ready_live_from_cd_and_usb_under_both_firmwares() {
             let cmdline = r["cmdline"].as_str().unwrap();
             assert!(cmdline.contains("machined.live="), "{cmdline}");
             assert!(!cmdline.contains("machined.slot="), "{cmdline}");
+            // The root is verified whenever the build put its root hash on
+            // the command line (when the kernel can: docs/design.md, "The
+            // verified root"); no Secure Boot in these firmwares.
+            let verity = cmdline.contains(&format!("{}=", contract::cmdline::VERITY));
+            assert_eq!(r["root_verified"], verity, "{r}");
+            assert_eq!(r["secure_boot"], "off", "{r}");
         }
     }
 }
