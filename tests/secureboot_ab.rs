@@ -1,0 +1,449 @@
+//! The Secure Boot image (profiles/secureboot.yaml) end to end, under OVMF's
+//! Secure Boot firmware (SMM, TCG): systemd-boot enrols the image's own keys
+//! on a machine in setup mode; with the keys enrolled (by `virt-fw-vars`)
+//! the A-B model works as without Secure Boot (upgrade, blessing, rollback,
+//! fallback from a broken version, power cuts); firmware refuses a UKI
+//! with one changed byte and the other slot comes up; a command line given
+//! at boot changes nothing; upgrades across Secure Boot or signed by a db
+//! key the disk does not trust are refused before any write.
+//!
+//! The images are built with a key set made for the tests
+//! (`imager keygen --secure-boot`), and a second one for the foreign build.
+
+// Test helpers panic on unexpected failures: that is how a test fails.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use bootstate::Faulty;
+use common::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The development ed25519 key the payloads are signed with.
+fn dev_key() -> PathBuf {
+    let key = repo().join("out/keys/dev.key");
+    static MADE: OnceLock<()> = OnceLock::new();
+    MADE.get_or_init(|| {
+        if !key.is_file() {
+            ok(imager()
+                .args(["keygen", "--private"])
+                .arg(&key)
+                .arg("--public")
+                .arg(key.with_extension("pub")));
+        }
+    });
+    key
+}
+
+/// A Secure Boot key set made for these tests.
+fn sb_keys(name: &str) -> PathBuf {
+    let dir = scratch().join(name);
+    ok(imager()
+        .args(["keygen", "--force", "--secure-boot"])
+        .arg(&dir));
+    dir
+}
+
+struct Images {
+    keys: PathBuf,
+    v1: Build,
+    v2: Build,
+    v3: Build,
+    /// v2 signed with another db key.
+    foreign: Build,
+    /// v2 without Secure Boot (the installer profile).
+    plain: Build,
+}
+
+/// The secureboot profile with `keys`, version `v`, and `extra` edits.
+fn variant(name: &str, keys: &Path, v: &str, edit: impl Fn(String) -> String) -> Build {
+    let keys = keys.display().to_string();
+    let profile = write_profile_from("secureboot", name, |t| {
+        edit(t)
+            .replace("version: 0.1.0", &format!("version: {v}"))
+            .replace(
+                "  enroll: force\n",
+                &format!("  enroll: force\n  keys: {keys}\n"),
+            )
+    });
+    build_profile(name, &profile, &["--key", &dev_key().display().to_string()])
+}
+
+fn images() -> &'static Images {
+    static I: OnceLock<Images> = OnceLock::new();
+    I.get_or_init(|| {
+        let keys = sb_keys("sb-keys");
+        let other = sb_keys("sb-keys-other");
+        let v1 = variant("sb-v1", &keys, "0.1.0", |t| t);
+        let v2 = variant("sb-v2", &keys, "0.2.0", |t| t);
+        // (Each comes as an installer image: its payload carries the db
+        // certificate it is signed for.)
+        let v3 = variant("sb-v3", &keys, "0.3.0", |t| {
+            t.replace(
+                "    - vdso32=0\n",
+                "    - vdso32=0\n    - machined.break=ready\n",
+            )
+        });
+        let foreign = variant("sb-foreign", &other, "0.2.0", |t| t);
+        let plain = build_profile(
+            "sb-plain",
+            &write_profile_from("metal", "sb-plain", |t| {
+                t.replace("version: 0.1.0", "version: 0.2.0")
+            }),
+            &["--key", &dev_key().display().to_string()],
+        );
+        Images {
+            keys,
+            v1,
+            v2,
+            v3,
+            foreign,
+            plain,
+        }
+    })
+}
+
+/// An OVMF variable store with the test keys enrolled and Secure Boot on
+/// (by `virt-fw-vars`, independent of our enrolment files).
+fn enrolled_vars(name: &str) -> PathBuf {
+    let keys = &images().keys;
+    let guid = std::fs::read_to_string(keys.join("GUID")).unwrap();
+    let out = scratch().join(format!("{name}.vars.fd"));
+    let _ = std::fs::remove_file(&out);
+    ok(tool("virt-fw-vars")
+        .arg("--input")
+        .arg(imager::qemu::OVMF_VARS)
+        .arg("--output")
+        .arg(&out)
+        .arg("--set-pk")
+        .arg(guid.trim())
+        .arg(keys.join("PK.crt"))
+        .arg("--add-kek")
+        .arg(guid.trim())
+        .arg(keys.join("KEK.crt"))
+        .arg("--add-db")
+        .arg(guid.trim())
+        .arg(keys.join("db.crt"))
+        .arg("--secure-boot"));
+    out
+}
+
+/// A fresh sparse copy of the v1 disk.
+fn disk_copy(name: &str) -> PathBuf {
+    let d = scratch().join(format!("{name}.raw"));
+    let _ = std::fs::remove_file(&d);
+    ok(Command::new("cp")
+        .arg("--sparse=always")
+        .arg(images().v1.artifact("raw"))
+        .arg(&d));
+    d
+}
+
+/// Boots `disk` under Secure Boot firmware with `vars`, writing to it;
+/// the report and the whole console.
+fn sb_boot(disk: &Path, vars: &Path, reboots: bool) -> (Value, String) {
+    let log = disk.with_extension("console.log");
+    let mut args = vec![
+        "--write".to_string(),
+        "--secure-boot".to_string(),
+        vars.display().to_string(),
+        "--console-log".to_string(),
+        log.display().to_string(),
+    ];
+    if reboots {
+        args.push("--reboots".into());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let r = boot_report(disk, &args).unwrap_or_else(|e| panic!("{e}"));
+    (r, std::fs::read_to_string(&log).unwrap())
+}
+
+fn slot_of(r: &Value) -> (String, String) {
+    (
+        r["version"].as_str().unwrap().to_string(),
+        r["slot"].as_str().unwrap().to_string(),
+    )
+}
+
+fn upgrade(disk: &Path, installer: &Path, extra: &[&str]) -> std::process::Output {
+    run(imager()
+        .args(["upgrade", "--json", "--installer"])
+        .arg(installer)
+        .arg("--disk")
+        .arg(disk)
+        .args(extra))
+}
+
+fn installer(b: &Build) -> PathBuf {
+    let tar = b.dir.join("installer.tar");
+    if tar.is_file() { tar } else { b.dir.clone() }
+}
+
+/// The byte offset of BOOT in `disk` (sfdisk), for mtools.
+fn boot_at(disk: &Path) -> String {
+    let json: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(disk))).unwrap();
+    let t = &json["partitiontable"];
+    let ss = t["sectorsize"].as_u64().unwrap_or(512);
+    let p = t["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "BOOT")
+        .unwrap();
+    format!("{}@@{}", disk.display(), p["start"].as_u64().unwrap() * ss)
+}
+
+#[test]
+fn the_images_ukis_and_boot_loader_are_signed_for_the_db_key_and_nothing_else() {
+    let i = images();
+    let db = i.keys.join("db.crt");
+    for slot in ["a", "b"] {
+        let uki = i.v1.dir.join(format!("uki-{slot}.efi"));
+        let out = run(tool("sbverify").arg("--cert").arg(&db).arg(&uki));
+        assert!(out.status.success(), "{out:?}");
+        let other = run(tool("sbverify")
+            .arg("--cert")
+            .arg(scratch().join("sb-keys-other/db.crt"))
+            .arg(&uki));
+        assert!(!other.status.success(), "another db key verifies {uki:?}");
+        // The sections the UKI specification wants, read by objdump.
+        let h = ok(tool("objdump").arg("-h").arg(&uki));
+        for s in [".osrel", ".cmdline", ".linux", ".initrd"] {
+            assert!(h.contains(s), "{s} missing:\n{h}");
+        }
+    }
+    // systemd-boot on the ESP, as firmware loads it.
+    let disk = disk_copy("sb-signed");
+    let json: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(&disk))).unwrap();
+    let esp = json["partitiontable"]["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "EFI")
+        .unwrap()["start"]
+        .as_u64()
+        .unwrap()
+        * 512;
+    let img = format!("{}@@{esp}", disk.display());
+    let loader = scratch().join("sb-bootx64.efi");
+    let _ = std::fs::remove_file(&loader);
+    ok(tool("mcopy")
+        .args(["-i", &img, "::/EFI/BOOT/BOOTX64.EFI"])
+        .arg(&loader));
+    assert!(
+        run(tool("sbverify").arg("--cert").arg(&db).arg(&loader))
+            .status
+            .success()
+    );
+    let conf = ok(tool("mtype").args(["-i", &img, "::/loader/loader.conf"]));
+    assert!(conf.contains("secure-boot-enroll force"), "{conf}");
+    let keys = ok(tool("mdir").args(["-i", &img, "-b", "::/loader/keys/auto"]));
+    for f in ["PK.auth", "KEK.auth", "db.auth"] {
+        assert!(keys.contains(f), "{keys}");
+    }
+}
+
+/// A machine in setup mode: systemd-boot enrols the image's keys from the
+/// ESP (`secure-boot-enroll force`), the machine resets, and the signed UKI
+/// of slot A boots with Secure Boot on.
+#[test]
+fn systemd_boot_enrols_the_images_keys_and_the_image_boots_with_secure_boot_on() {
+    let disk = disk_copy("sb-enrol");
+    let vars = scratch().join("sb-enrol.vars.fd");
+    std::fs::copy(imager::qemu::OVMF_VARS, &vars).unwrap();
+    let (r, console) = sb_boot(&disk, &vars, true);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()), "{console}");
+    assert!(
+        console.contains("Enrolling secure boot keys from directory: \\loader\\keys\\auto"),
+        "{console}"
+    );
+    assert_eq!(r["secure_boot"], "on", "{r}");
+    let print = ok(tool("virt-fw-vars")
+        .arg("--input")
+        .arg(&vars)
+        .arg("--print"));
+    let guid = std::fs::read_to_string(images().keys.join("GUID")).unwrap();
+    assert!(print.contains(guid.trim()), "{print}");
+}
+
+/// The A-B model under Secure Boot: upgrade, blessing, rollback, and an
+/// upgrade to a version that never reaches ready falls back by itself.
+#[test]
+fn upgrade_bless_rollback_and_fallback_under_secure_boot() {
+    let i = images();
+    let disk = disk_copy("sb-ab");
+    let vars = enrolled_vars("sb-ab");
+    let (r, _) = sb_boot(&disk, &vars, false);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+    assert_eq!(r["secure_boot"], "on");
+    let up = upgrade(&disk, &installer(&i.v2), &[]);
+    assert!(up.status.success(), "{up:?}");
+    let (r, console) = sb_boot(&disk, &vars, false);
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
+    assert!(
+        console.contains("machined: blessed slot B (0.2.0)"),
+        "{console}"
+    );
+    assert!(
+        run(imager().args(["rollback", "--disk"]).arg(&disk))
+            .status
+            .success()
+    );
+    let (r, _) = sb_boot(&disk, &vars, false);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+    let up = upgrade(&disk, &installer(&i.v3), &[]);
+    assert!(up.status.success(), "{up:?}");
+    let (r, console) = sb_boot(&disk, &vars, true);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()), "{console}");
+    assert_eq!(r["failed_boots"], 3, "{console}");
+}
+
+/// After an upgrade, one byte of slot B's UKI changes on the disk: firmware
+/// refuses it at each try, and once its tries are used up slot A boots.
+#[test]
+fn a_uki_with_one_changed_byte_is_refused_by_firmware_and_the_other_slot_boots() {
+    let i = images();
+    let disk = disk_copy("sb-tampered");
+    let up = upgrade(&disk, &installer(&i.v2), &[]);
+    assert!(up.status.success(), "{up:?}");
+    let img = boot_at(&disk);
+    let name = "::/EFI/Linux/g00000002-slot-b+3-0.efi";
+    let copy = scratch().join("sb-tampered-b.efi");
+    let _ = std::fs::remove_file(&copy);
+    ok(tool("mcopy").args(["-i", &img, name]).arg(&copy));
+    let mut bytes = std::fs::read(&copy).unwrap();
+    bytes[0x10_0000] ^= 0x01;
+    std::fs::write(&copy, &bytes).unwrap();
+    ok(tool("mdel").args(["-i", &img, name]));
+    ok(tool("mcopy").args(["-i", &img]).arg(&copy).arg(name));
+    let vars = enrolled_vars("sb-tampered");
+    let (r, console) = sb_boot(&disk, &vars, true);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()), "{console}");
+    assert!(
+        console.contains("Error loading \\EFI\\Linux\\g00000002-slot-b+2-1.efi: Access Denied"),
+        "{console}"
+    );
+    assert_eq!(r["secure_boot"], "on");
+}
+
+/// A `.conf` entry that starts slot A's UKI with another command line (the
+/// way a command line typed at boot reaches the UKI) has no effect: with
+/// Secure Boot on the stub uses the signed one.
+#[test]
+fn a_command_line_given_at_boot_has_no_effect() {
+    let disk = disk_copy("sb-cmdline");
+    let img = boot_at(&disk);
+    let entry = scratch().join("sb-extra.conf");
+    std::fs::write(
+        &entry,
+        "title extra\nefi /EFI/Linux/g00000001-slot-a.efi\noptions console=ttyS0,115200 \
+         machined.slot=B machined.break=stage1\n",
+    )
+    .unwrap();
+    ok(tool("mcopy")
+        .args(["-i", &img])
+        .arg(&entry)
+        .arg("::/loader/entries/zz-extra.conf"));
+    let vars = enrolled_vars("sb-cmdline");
+    let (r, console) = sb_boot(&disk, &vars, false);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()), "{console}");
+    let cmdline = r["cmdline"].as_str().unwrap();
+    assert!(
+        !cmdline.contains("machined.break") && cmdline.contains("machined.slot=A"),
+        "{cmdline}"
+    );
+}
+
+/// Upgrades the disk cannot boot are refused before anything is written: a
+/// payload without Secure Boot (unless --change-secure-boot), one whose UKIs
+/// are signed by a db key the disk does not trust.
+#[test]
+fn upgrades_across_secure_boot_or_from_an_untrusted_db_key_are_refused() {
+    let i = images();
+    let disk = disk_copy("sb-refusals");
+    let before = sha256(&disk);
+    let out = upgrade(&disk, &installer(&i.plain), &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("this disk boots with Secure Boot and the payload is not signed for it"),
+        "{err}"
+    );
+    let out = upgrade(&disk, &installer(&i.foreign), &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("is not signed by the db key this disk trusts"),
+        "{err}"
+    );
+    assert_eq!(sha256(&disk), before, "a refused upgrade wrote to the disk");
+    // A plain disk refuses the Secure Boot payload the same way.
+    let plain = scratch().join("sb-refusals-plain.raw");
+    let _ = std::fs::remove_file(&plain);
+    ok(Command::new("cp")
+        .arg("--sparse=always")
+        .arg(i.plain.artifact("raw"))
+        .arg(&plain));
+    let out = upgrade(&plain, &installer(&i.v2), &[]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not boot with Secure Boot"),
+        "{out:?}"
+    );
+    // Asked for, the move out of Secure Boot is made.
+    let out = upgrade(&disk, &installer(&i.plain), &["--change-secure-boot"]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// Power cut before writes spread over a Secure Boot upgrade: each cut disk
+/// boots v1 or v2 under Secure Boot, v2 only from the switch on.
+#[test]
+fn a_secure_boot_upgrade_cut_anywhere_leaves_a_disk_that_boots() {
+    let i = images();
+    let run_upgrade = |disk: &Path, fail_at: Option<u64>| -> (bool, u64) {
+        let slots = imager::install::open_slots(disk).unwrap();
+        let b = match fail_at {
+            Some(n) => Faulty::failing_at(slots.boot, n),
+            None => Faulty::counting(slots.boot),
+        };
+        let mut m = b.share(slots.meta);
+        let r = imager::install::upgrade_on(b, &mut m, &installer(&i.v2), 3, false);
+        if let Err(e) = &r {
+            assert!(format!("{e:#}").contains("simulated power cut"), "{e:#}");
+        }
+        (r.is_ok(), m.writes())
+    };
+    let (done, total) = run_upgrade(&disk_copy("sb-cut-probe"), None);
+    assert!(done && total > 20, "{total} writes");
+    let mut points = vec![1, total / 2, total - 2, total - 1, total, total + 1];
+    points.dedup();
+    let vars = enrolled_vars("sb-cut");
+    let mut v2_from = None;
+    for n in points {
+        let disk = disk_copy("sb-cut");
+        let (done, _) = run_upgrade(&disk, Some(n));
+        assert_eq!(done, n > total, "cut {n}");
+        let (r, console) = sb_boot(&disk, &vars, true);
+        match slot_of(&r) {
+            (v, s) if v == "0.1.0" && s == "A" => {
+                assert!(v2_from.is_none(), "cut {n}: v1 after v2 at an earlier cut")
+            }
+            (v, s) if v == "0.2.0" && s == "B" => {
+                v2_from.get_or_insert(n);
+            }
+            other => panic!("cut {n}: booted {other:?}: {console}"),
+        }
+    }
+    assert!(v2_from.is_some(), "no cut booted v2");
+}
+
+fn sha256(path: &Path) -> String {
+    ok(Command::new("sha256sum").arg(path))
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
