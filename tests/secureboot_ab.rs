@@ -331,11 +331,21 @@ fn a_uki_with_one_changed_byte_is_refused_by_firmware_and_the_other_slot_boots()
 
 /// A `.conf` entry that starts slot A's UKI with another command line (the
 /// way a command line typed at boot reaches the UKI) has no effect: with
-/// Secure Boot on the stub uses the signed one.
+/// Secure Boot on the stub uses the signed one. And an unsigned credential
+/// beside the UKI, which the stub adds under `/.extra`, is ignored.
 #[test]
 fn a_command_line_given_at_boot_has_no_effect() {
     let disk = disk_copy("sb-cmdline");
     let img = boot_at(&disk);
+    let cred = scratch().join("sb-extra.cred");
+    std::fs::write(&cred, "not signed").unwrap();
+    ok(tool("mmd")
+        .args(["-i", &img])
+        .arg("::/EFI/Linux/g00000001-slot-a.efi.extra.d"));
+    ok(tool("mcopy")
+        .args(["-i", &img])
+        .arg(&cred)
+        .arg("::/EFI/Linux/g00000001-slot-a.efi.extra.d/x.cred"));
     let entry = scratch().join("sb-extra.conf");
     std::fs::write(
         &entry,
@@ -355,6 +365,7 @@ fn a_command_line_given_at_boot_has_no_effect() {
         !cmdline.contains("machined.break") && cmdline.contains("machined.slot=A"),
         "{cmdline}"
     );
+    assert!(console.contains("stage1: ignoring /.extra"), "{console}");
 }
 
 /// Upgrades the disk cannot boot are refused before anything is written: a

@@ -55,6 +55,11 @@ pub fn run() -> Result<Infallible> {
     if cmdline::get(&cmdline, cmdline::LIVE).is_some() {
         carry_live();
     }
+    // systemd's stub adds unsigned files from the ESP (credentials, system
+    // extensions) under /.extra (docs/uki.md): never read, said so.
+    if Path::new("/.extra").exists() {
+        say("stage1: ignoring /.extra (unsigned files systemd's stub added from the ESP)");
+    }
 
     let newroot = format!("/{INITRAMFS_NEWROOT}");
     let image = format!("/{INITRAMFS_ROOTFS}");
