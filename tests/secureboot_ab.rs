@@ -22,22 +22,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// The development ed25519 key the payloads are signed with.
-fn dev_key() -> PathBuf {
-    let key = repo().join("out/keys/dev.key");
-    static MADE: OnceLock<()> = OnceLock::new();
-    MADE.get_or_init(|| {
-        if !key.is_file() {
-            ok(imager()
-                .args(["keygen", "--private"])
-                .arg(&key)
-                .arg("--public")
-                .arg(key.with_extension("pub")));
-        }
-    });
-    key
-}
-
 /// A Secure Boot key set made for these tests.
 fn sb_keys(name: &str) -> PathBuf {
     let dir = scratch().join(name);

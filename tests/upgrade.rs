@@ -16,23 +16,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// The development key, made as a build makes it when no test binary
-/// before this one did (the upgrade tests run alone on a fresh checkout).
-fn dev_key() -> PathBuf {
-    let key = repo().join("out/keys/dev.key");
-    static MADE: OnceLock<()> = OnceLock::new();
-    MADE.get_or_init(|| {
-        if !key.is_file() {
-            ok(imager()
-                .args(["keygen", "--private"])
-                .arg(&key)
-                .arg("--public")
-                .arg(key.with_extension("pub")));
-        }
-    });
-    key
-}
-
 /// Builds a variant of the default profile into target/e2e/NAME.
 fn build_variant(name: &str, edit: impl Fn(String) -> String, key: &Path) -> Build {
     build_variant_of("metal", name, edit, key)

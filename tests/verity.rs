@@ -28,23 +28,6 @@ use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(600);
 
-/// The signing key of these builds (the repository's development key, made
-/// when no test before made it).
-fn dev_key() -> PathBuf {
-    let key = repo().join("out/keys/dev.key");
-    static MADE: OnceLock<()> = OnceLock::new();
-    MADE.get_or_init(|| {
-        if !key.is_file() {
-            ok(imager()
-                .args(["keygen", "--private"])
-                .arg(&key)
-                .arg("--public")
-                .arg(key.with_extension("pub")));
-        }
-    });
-    key
-}
-
 /// Builds the metal profile, its kernel able to verify the root, at
 /// `version` into target/e2e/NAME.
 fn build_verity(name: &str, version: &'static str) -> Build {

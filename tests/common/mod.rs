@@ -233,3 +233,21 @@ pub fn craft_gpt(disk: &Path, change: impl Fn(&mut GptCopy)) {
         seal(&mut f, c);
     }
 }
+
+/// The development key (`out/keys/dev.key`), made as a build makes it when
+/// no test before made it (a test binary may run alone on a fresh
+/// checkout).
+pub fn dev_key() -> PathBuf {
+    let key = repo().join("out/keys/dev.key");
+    static MADE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| {
+        if !key.is_file() {
+            ok(imager()
+                .args(["keygen", "--private"])
+                .arg(&key)
+                .arg("--public")
+                .arg(key.with_extension("pub")));
+        }
+    });
+    key
+}
