@@ -34,13 +34,15 @@ use std::time::{Duration, Instant};
 /// variables, environment): it invalidates every cached kernel.
 pub const RECIPE_VERSION: &str = "imager-kernel-recipe-2";
 
-/// How many `  CC ` lines the default configuration's build prints (1388 for
-/// 6.1.192 + base.config + kspp.config);
+/// How many `  CC ` lines the default configuration's build prints (1503 for
+/// 6.12.117 + base.config + kspp.config + hardening-distro.config; 1388 for
+/// 6.1.192 + base.config + the 6.1 KSPP fragment);
 /// only sizes the progress bar (which grows if the estimate is short).
-const EXPECTED_OBJECTS: u64 = 1400;
+const EXPECTED_OBJECTS: u64 = 1500;
 
 /// The KSPP-recommended boot parameters (everything the cmdline rules in
-/// kspp-rules.yaml ask for on 6.1/x86_64); profiles append console= etc.
+/// kspp-rules.yaml ask for on 6.12/x86_64 with GCC, where `cfi=kcfi` is
+/// waived: it needs CONFIG_CFI_CLANG); profiles append console= etc.
 pub const KSPP_CMDLINE: &str = "hardened_usercopy=1 init_on_alloc=1 init_on_free=1 \
     randomize_kstack_offset=on page_alloc.shuffle=1 slab_nomerge pti=on \
     iommu.passthrough=0 iommu.strict=1 mitigations=auto,nosmt vsyscall=none vdso32=0 \
