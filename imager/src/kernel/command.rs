@@ -165,6 +165,7 @@ pub fn run_check(args: &CheckOptions) -> Result<ExitCode> {
     )?;
     if args.json {
         println!("{}", report.to_json()?);
+        eprintln!("note: N/A decided by {}", report.basis);
         eprintln!("{}", report.summary());
     } else {
         println!("{}", report.render_text().trim_end());
