@@ -172,21 +172,23 @@ fn kconfig_names_by_grep(tarball: &str) -> std::collections::BTreeSet<String> {
         "--wildcards",
         "*Kconfig*",
     ]));
+    // Every top-level entry but arch/, then arch/Kconfig and arch/x86: the
+    // other architectures' trees are left out, nothing else.
+    let mut paths: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != "arch")
+        .collect();
+    paths.sort();
+    paths.extend(["arch/Kconfig".to_string(), "arch/x86".to_string()]);
     let out = ok(Command::new("grep")
         .args([
             "-rhoE",
             "--include=Kconfig*",
             r"^[[:space:]]*(menu)?config[[:space:]]+[A-Za-z0-9_]+[[:space:]]*$",
         ])
-        .arg(".")
-        .current_dir(&dir)
-        .args(
-            std::fs::read_dir(dir.join("arch"))
-                .unwrap()
-                .map(|e| e.unwrap().file_name().into_string().unwrap())
-                .filter(|a| a != "x86" && !a.starts_with("Kconfig"))
-                .map(|a| format!("--exclude-dir={a}")),
-        ));
+        .args(&paths)
+        .current_dir(&dir));
     out.lines()
         .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
         .collect()
