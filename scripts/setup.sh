@@ -4,8 +4,9 @@
 set -euo pipefail
 
 packages=(
-  # kernel build (linux-source-6.1 puts the tarball in /usr/src)
-  linux-source-6.1 bc flex bison libelf-dev libssl-dev gcc-12-plugin-dev make gcc
+  # kernel build (linux-source-6.12 puts the tarball in /usr/src: the default
+  # kernel; linux-source-6.1: profiles/metal-6_1.yaml, configured in CI)
+  linux-source-6.12 linux-source-6.1 bc flex bison libelf-dev libssl-dev gcc-12-plugin-dev make gcc
   xz-utils zstd tar cpio
   # boot: firmware (OVMF; SeaBIOS comes with QEMU), boot loaders (systemd-boot
   # for UEFI, GRUB's i386-pc images, modules and grub-mkimage for BIOS), emulator

@@ -146,9 +146,177 @@ fn boots_under_ovmf_to_ready_on_slot_a_with_kspp_cmdline() {
     let file = scratch().join("booted.cmdline");
     std::fs::write(&file, cmdline).unwrap();
     ok(imager()
-        .args(["kernel", "check", "--cmdline"])
+        .args(["kernel", "check", "--source", KERNEL_SOURCE, "--cmdline"])
         .arg(&file)
         .arg(image().artifact("kernel-config")));
+}
+
+/// The default kernel's source (profiles/metal.yaml).
+const KERNEL_SOURCE: &str = "/usr/src/linux-source-6.12.tar.xz";
+
+/// The rules the default kernel may fail, waived: only what GCC 12 cannot
+/// build (kernel-config/kspp-waivers.yaml).
+const CLANG_ONLY: [&str; 3] = ["CONFIG_CFI_CLANG", "CONFIG_UBSAN_LOCAL_BOUNDS", "cfi"];
+
+/// Every `config NAME`/`menuconfig NAME` of the source's Kconfig files, read
+/// here with tar and grep (not with imager's scanner): the arch/ trees of
+/// other architectures left out.
+fn kconfig_names_by_grep(tarball: &str) -> std::collections::BTreeSet<String> {
+    let dir = scratch().join("kconfig-grep");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // -C first: GNU tar applies it only to the members named after it.
+    ok(Command::new("tar").arg("-C").arg(&dir).args([
+        "-xf",
+        tarball,
+        "--strip-components=1",
+        "--wildcards",
+        "*Kconfig*",
+    ]));
+    // Every top-level entry but arch/, then arch/Kconfig and arch/x86: the
+    // other architectures' trees are left out, nothing else.
+    let mut paths: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != "arch")
+        .collect();
+    paths.sort();
+    paths.extend(["arch/Kconfig".to_string(), "arch/x86".to_string()]);
+    let out = ok(Command::new("grep")
+        .args([
+            "-rhoE",
+            "--include=Kconfig*",
+            r"^[[:space:]]*(menu)?config[[:space:]]+[A-Za-z0-9_]+[[:space:]]*$",
+        ])
+        .args(&paths)
+        .current_dir(&dir));
+    out.lines()
+        .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
+        .collect()
+}
+
+/// The independent audit of the default 6.12 kernel, as the cache built it:
+/// every rule OK except the waived Clang-only ones, and every N/A justified
+/// from the outside: an option the source's Kconfig files do not define (by
+/// grep), a rule for another architecture, or a `when` precondition the
+/// .config (read here) does not meet.
+#[test]
+fn default_kernel_meets_every_kspp_rule_and_na_means_absent_from_its_kconfig() {
+    let built = ok(imager().args(["kernel", "build", "--profile", "metal"]));
+    let config = PathBuf::from(built.trim()).with_file_name("config");
+    let config_text = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        config_text.contains("# Linux/x86 6.12."),
+        "the default kernel is not 6.12"
+    );
+    // The profile's command line, as the image boots it.
+    let profile = std::fs::read_to_string(repo().join("profiles/metal.yaml")).unwrap();
+    let cmdline: Vec<&str> = profile
+        .split("  cmdline:\n")
+        .nth(1)
+        .unwrap()
+        .lines()
+        .map(str::trim)
+        .take_while(|l| l.starts_with('-') || l.starts_with('#'))
+        .filter_map(|l| l.strip_prefix("- "))
+        .collect();
+    assert!(cmdline.contains(&"init_on_free=1"), "{cmdline:?}");
+    let file = scratch().join("metal.cmdline");
+    std::fs::write(&file, cmdline.join(" ")).unwrap();
+    let out = run(imager()
+        .args([
+            "kernel",
+            "check",
+            "--json",
+            "--source",
+            KERNEL_SOURCE,
+            "--cmdline",
+        ])
+        .arg(&file)
+        .arg(&config));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let findings = v.as_array().unwrap();
+    assert!(findings.len() > 150, "{} rules", findings.len());
+    let names = kconfig_names_by_grep(KERNEL_SOURCE);
+    assert!(names.contains("PROC_MEM_NO_FORCE") && !names.contains("ARM64_SW_TTBR0_PAN"));
+    let mut waived = Vec::new();
+    for f in findings {
+        let option = f["option"].as_str().unwrap();
+        let note = f["note"].as_str().unwrap_or("");
+        match f["verdict"].as_str().unwrap() {
+            "OK" => {}
+            "WAIVED" => waived.push(option),
+            "N/A" => {
+                let name = option.strip_prefix("CONFIG_").unwrap_or(option);
+                if let Some(arch) = note.strip_suffix(" only; this kernel is x86_64") {
+                    assert_ne!(arch, "x86_64", "{option}");
+                } else if let Some(when) = note
+                    .strip_prefix("only when ")
+                    .and_then(|w| w.strip_suffix(')').or(Some(w)))
+                {
+                    // The precondition really fails in the .config.
+                    let (opt, want) = when.split_once('=').unwrap();
+                    let set = config_text
+                        .lines()
+                        .find_map(|l| l.strip_prefix(&format!("{opt}=")))
+                        .unwrap_or("n");
+                    assert_ne!(
+                        set, want,
+                        "{option}: N/A by `{when}`, but the config has {opt}={set}"
+                    );
+                } else {
+                    assert_eq!(
+                        f["kind"], "config",
+                        "{option}: a boot parameter is N/A: {note}"
+                    );
+                    assert!(
+                        !names.contains(name),
+                        "{option} is N/A ({note}) but the 6.12 source defines it"
+                    );
+                }
+            }
+            other => panic!("{option}: {other}: {note}"),
+        }
+    }
+    waived.sort();
+    let mut want = CLANG_ONLY.to_vec();
+    want.sort();
+    assert_eq!(waived, want);
+}
+
+/// Linux 6.1 stays buildable: its profile configures and passes the audit
+/// (against 6.1's own Kconfig, which has 6.12's PROC_MEM_NO_FORCE
+/// backported) without compiling it.
+#[test]
+fn linux_6_1_profile_configures_and_passes_the_audit() {
+    let config = ok(imager().args([
+        "kernel",
+        "build",
+        "--profile",
+        "metal-6_1",
+        "--configure-only",
+    ]));
+    assert!(config.contains("# Linux/x86 6.1."), "not a 6.1 config");
+    assert!(config.lines().any(|l| l == "CONFIG_PROC_MEM_NO_FORCE=y"));
+    let file = scratch().join("metal-6_1.config");
+    std::fs::write(&file, &config).unwrap();
+    let out = ok(imager()
+        .args([
+            "kernel",
+            "check",
+            "--source",
+            "/usr/src/linux-source-6.1.tar.xz",
+            "--waivers",
+        ])
+        .arg(repo().join("kernel-config/kspp-waivers-6.1.yaml"))
+        .arg(&file));
+    assert!(out.contains("OK   CONFIG_PROC_MEM_NO_FORCE=y"), "{out}");
+    assert!(out.contains("kspp: ") && out.contains(" 0 failed"), "{out}");
 }
 
 fn flip_byte(path: &Path, at: u64) {
@@ -467,7 +635,7 @@ fn an_unwaived_kspp_failure_fails_the_build() {
 fn missing_kernel_source_is_a_clear_error() {
     let p = write_profile("nosource", |t| {
         t.replace(
-            "/usr/src/linux-source-6.1.tar.xz",
+            "/usr/src/linux-source-6.12.tar.xz",
             "/nonexistent/linux.tar.xz",
         )
     });
@@ -543,8 +711,47 @@ fn kspp_audit_cli_gives_verdicts_on_a_small_config() {
     };
     assert_eq!(verdict("CONFIG_SLAB_FREELIST_HARDENED"), "OK");
     assert_eq!(verdict("CONFIG_STACKPROTECTOR_STRONG"), "FAIL");
-    // Exists only since Linux 6.6: not applicable to 6.1.
+    // No source given: the version ranges decide. Upstream 6.12 options are
+    // N/A for 6.1 (the report says how it decided).
     assert_eq!(verdict("CONFIG_RANDOM_KMALLOC_CACHES"), "N/A");
+    assert_eq!(verdict("CONFIG_PROC_MEM_NO_FORCE"), "N/A");
+    let text = ok_or_fail(imager().args(["kernel", "check"]).arg(&cfg));
+    assert!(
+        text.contains("N/A decided by the rules' since/until"),
+        "{text}"
+    );
+
+    // With Debian's 6.1 source, its Kconfig decides: PROC_MEM_NO_FORCE is
+    // backported there, so it is audited (and fails here); RANDOM_KMALLOC_CACHES
+    // is not, so it stays N/A.
+    let out = run(imager()
+        .args([
+            "kernel",
+            "check",
+            "--json",
+            "--source",
+            "/usr/src/linux-source-6.1.tar.xz",
+        ])
+        .arg(&cfg));
+    assert!(!out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let verdict = |opt: &str| {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["option"] == opt)
+            .map(|r| r["verdict"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    assert_eq!(verdict("CONFIG_PROC_MEM_NO_FORCE"), "FAIL");
+    assert_eq!(verdict("CONFIG_RANDOM_KMALLOC_CACHES"), "N/A");
+}
+
+/// stdout of a command that may exit 1 (a failing audit).
+fn ok_or_fail(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert!(out.status.code().is_some_and(|c| c <= 1), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// The same image boots under SeaBIOS: GRUB's boot.img in the MBR loads its

@@ -192,13 +192,13 @@ const PROFILE_KEYS: &[(&str, &str, &str, bool)] = &[
     ),
     (
         "kernel.prebuilt",
-        "  source: /usr/src/linux-source-6.1.tar.xz",
+        "  source: /usr/src/linux-source-6.12.tar.xz",
         "  prebuilt: S\n  prebuilt_config: ../kernel-config/base.config",
         false,
     ),
     (
         "kernel.prebuilt_config",
-        "  source: /usr/src/linux-source-6.1.tar.xz",
+        "  source: /usr/src/linux-source-6.12.tar.xz",
         "  prebuilt: B\n  prebuilt_config: S",
         true,
     ),

@@ -1,7 +1,5 @@
-//! The verified root end to end: an image whose kernel can run dm-verity
-//! (the metal profile plus `tests/data/verity-sha256.config`, until the
-//! default kernel config builds in CONFIG_CRYPTO_SHA256) boots under OVMF
-//! and SeaBIOS (GRUB)
+//! The verified root end to end: the default image boots under OVMF and
+//! SeaBIOS (GRUB)
 //! with `root_verified: true`; its hash device equals `veritysetup
 //! format`'s and `veritysetup verify` accepts it with the command line's
 //! root hash; and one changed byte in the root filesystem, in its hash tree
@@ -28,20 +26,15 @@ use std::time::{Duration, Instant};
 
 const TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Builds the metal profile, its kernel able to verify the root, at
-/// `version` into target/e2e/NAME.
+/// Builds the metal profile at `version` into target/e2e/NAME.
 fn build_verity(name: &str, version: &'static str) -> Build {
     let profile = write_profile(name, |t| {
-        t.replace(
-            "    - ../kernel-config/kspp.config\n",
-            "    - ../kernel-config/kspp.config\n    - ../tests/data/verity-sha256.config\n",
-        )
-        .replace("version: 0.1.0", &format!("version: {version}"))
+        t.replace("version: 0.1.0", &format!("version: {version}"))
     });
     build_profile(name, &profile, &["--key", &dev_key().display().to_string()])
 }
 
-/// The build whose kernel can verify the root.
+/// The default build.
 fn image() -> &'static Build {
     static B: OnceLock<Build> = OnceLock::new();
     B.get_or_init(|| build_verity("verity", "0.1.0"))

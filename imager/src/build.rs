@@ -439,7 +439,7 @@ fn kernel_files(p: &Profile, opts: &BuildOptions) -> Result<KernelFiles> {
         kernel::check_bzimage(k)?;
         let rules = kernel::Rules::load(&p.kernel.rules)?;
         let config = kernel::KernelConfig::load(c)?;
-        kernel::build::audit_or_fail(&rules, &config, &p.cmdline(), &waivers(p)?)
+        kernel::build::audit_or_fail(&rules, &config, &p.cmdline(), &waivers(p)?, None)
             .with_context(|| format!("auditing the prebuilt kernel's {}", c.display()))?;
         return Ok(KernelFiles {
             bzimage: k.clone(),

@@ -354,9 +354,7 @@ fn run() -> Result<ExitCode> {
                 .clone()
                 .unwrap_or_else(kernel::default_cache_dir);
             let req = build::kernel_request(&p, &cache, jobs(a.jobs))?;
-            let built = kernel::build(&req)?;
-            println!("{}", built.bzimage.display());
-            Ok(ExitCode::SUCCESS)
+            kernel::command::run_request(&req, a.configure_only)
         }
         Command::Kernel { command } => cli::kernel::run(&command),
         Command::Keygen(a) if a.secure_boot.is_some() => {

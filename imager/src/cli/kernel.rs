@@ -23,7 +23,7 @@ pub struct BuildArgs {
     #[arg(long, default_value = DEFAULT_SOURCE)]
     pub source: PathBuf,
     /// Config fragment, merged in order onto tinyconfig (repeatable).
-    /// Default: kernel-config/base.config and kernel-config/kspp.config.
+    /// Default: kernel-config/base.config, kspp.config and hardening-distro.config.
     #[arg(long = "fragment")]
     pub fragments: Vec<PathBuf>,
     #[command(flatten)]
@@ -43,6 +43,10 @@ pub struct BuildArgs {
     /// File with a 64-hex-digit randstruct seed. Default: derived from the cache key.
     #[arg(long)]
     pub randstruct_seed: Option<PathBuf>,
+    /// Only configure and audit (tinyconfig, fragments, olddefconfig,
+    /// audit): print the final .config instead of building. Nothing is cached.
+    #[arg(long)]
+    pub configure_only: bool,
 }
 
 impl BuildArgs {
@@ -57,6 +61,7 @@ impl BuildArgs {
             jobs: self.jobs,
             source_date_epoch: self.source_date_epoch,
             randstruct_seed: self.randstruct_seed.clone(),
+            configure_only: self.configure_only,
         }
     }
 }
@@ -92,6 +97,11 @@ pub struct CheckArgs {
     /// File holding the kernel command line to audit too.
     #[arg(long)]
     pub cmdline: Option<PathBuf>,
+    /// The kernel source of the config (.tar.xz or tree): an option its
+    /// Kconfig does not define is N/A. Without it the rules' version ranges
+    /// decide.
+    #[arg(long)]
+    pub source: Option<PathBuf>,
     #[command(flatten)]
     pub audit: AuditArgs,
     /// Print the report as JSON.
@@ -104,6 +114,7 @@ impl CheckArgs {
         CheckOptions {
             config: self.config.clone(),
             cmdline: self.cmdline.clone(),
+            source: self.source.clone(),
             audit: self.audit.options(),
             json: self.json,
         }
@@ -138,6 +149,7 @@ mod tests {
         assert_eq!(req.jobs, 3);
         assert!(req.fragments[0].ends_with("kernel-config/base.config"));
         assert!(req.fragments[1].ends_with("kernel-config/kspp.config"));
+        assert!(req.fragments[2].ends_with("kernel-config/hardening-distro.config"));
         assert!(req.rules.ends_with("kernel-config/kspp-rules.yaml"));
         assert!(req.waivers.iter().any(|w| w.option == "CONFIG_CFI_CLANG"));
         assert_eq!(req.cmdline, KSPP_CMDLINE);

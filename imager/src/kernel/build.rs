@@ -9,11 +9,17 @@
 //! (with the ~1.5 GB source tree) is deleted on success and on failure (a
 //! failed step's log is kept as `<key>.failed.log`), and leftovers of killed
 //! builds are swept by the next build.
+//!
+//! Beside the kernel the cache keeps `kconfig-symbols`, the options the
+//! source's Kconfig defines (one per line): the audit of a cached kernel
+//! uses it to decide N/A without unpacking the source again. A cache entry
+//! without it (made before it existed) gets it from the source on first use.
 
-use super::audit::{Rules, Waiver, audit, validate_waivers};
+use super::audit::{Rules, Waiver, audit_with_source, validate_waivers};
 use super::config::{
     KernelConfig, compare, describe_mismatches, kconfig_dependencies, merge_fragments, merge_onto,
 };
+use super::kconfig::KconfigSymbols;
 use crate::io::sha256_file;
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
@@ -28,13 +34,15 @@ use std::time::{Duration, Instant};
 /// variables, environment): it invalidates every cached kernel.
 pub const RECIPE_VERSION: &str = "imager-kernel-recipe-2";
 
-/// How many `  CC ` lines the default configuration's build prints (1388 for
-/// 6.1.192 + base.config + kspp.config);
+/// How many `  CC ` lines the default configuration's build prints (1503 for
+/// 6.12.117 + base.config + kspp.config + hardening-distro.config; 1388 for
+/// 6.1.192 + base.config + the 6.1 KSPP fragment);
 /// only sizes the progress bar (which grows if the estimate is short).
-const EXPECTED_OBJECTS: u64 = 1400;
+const EXPECTED_OBJECTS: u64 = 1500;
 
 /// The KSPP-recommended boot parameters (everything the cmdline rules in
-/// kspp-rules.yaml ask for on 6.1/x86_64); profiles append console= etc.
+/// kspp-rules.yaml ask for on 6.12/x86_64 with GCC, where `cfi=kcfi` is
+/// waived: it needs CONFIG_CFI_CLANG); profiles append console= etc.
 pub const KSPP_CMDLINE: &str = "hardened_usercopy=1 init_on_alloc=1 init_on_free=1 \
     randomize_kstack_offset=on page_alloc.shuffle=1 slab_nomerge pti=on \
     iommu.passthrough=0 iommu.strict=1 mitigations=auto,nosmt vsyscall=none vdso32=0 \
@@ -95,7 +103,7 @@ pub fn default_cache_dir() -> PathBuf {
 pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
     if !req.source.exists() {
         bail!(
-            "kernel source {} not found: install linux-source-6.1 (scripts/setup.sh) or set kernel.source in the profile",
+            "kernel source {} not found: install linux-source-6.12 (scripts/setup.sh) or set kernel.source in the profile",
             req.source.display()
         );
     }
@@ -117,7 +125,8 @@ pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
     };
     if result.bzimage.is_file() && result.config.is_file() {
         let cfg = KernelConfig::load(&result.config)?;
-        audit_or_fail(&rules, &cfg, &req.cmdline, &req.waivers)?;
+        let symbols = cached_symbols(&final_dir, &req.source, &cfg)?;
+        audit_or_fail(&rules, &cfg, &req.cmdline, &req.waivers, Some(&symbols))?;
         return Ok(result);
     }
 
@@ -127,7 +136,7 @@ pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
     let work = WorkDir::create(kernel_dir.join(format!("{key}.tmp-{}", std::process::id())))?;
     let started = Instant::now();
     let make = prepare_tree(req, &key, &kernel_dir, &work.path, seed_file)?;
-    configure(&make, req, &requested, &rules)?;
+    let symbols = configure(&make, req, &requested, &rules)?;
     eprintln!(
         "kernel: building bzImage with {} job(s); log: {}",
         make.jobs,
@@ -139,7 +148,7 @@ pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
 
     // Stage the result next to the work tree, then rename it into place.
     let out = work.path.join("out");
-    stage_result(req, &make, &key, elapsed, &out)?;
+    stage_result(req, &make, &key, elapsed, &symbols, &out)?;
     if let Err(e) = fs::rename(&out, &final_dir) {
         // Another build of the same key may have finished first: use it.
         if !result.bzimage.is_file() {
@@ -159,6 +168,33 @@ pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
         cached: false,
         ..result
     })
+}
+
+/// Configures the kernel as [`build`] would (tinyconfig, the fragments,
+/// olddefconfig, the dropped-option check and the audit against the
+/// source's Kconfig) without compiling it, and returns the final `.config`
+/// as Kconfig wrote it (header included).
+/// Nothing is cached; the work tree is deleted. Seconds instead of minutes:
+/// how a second kernel version is kept buildable without compiling it in CI.
+pub fn configure_only(req: &KernelRequest) -> Result<String> {
+    if !req.source.exists() {
+        bail!(
+            "kernel source {} not found: install its linux-source package (scripts/setup.sh) or set kernel.source in the profile",
+            req.source.display()
+        );
+    }
+    validate_waivers(&req.waivers)?;
+    let rules = Rules::load(&req.rules)?;
+    let requested = load_fragments(&req.fragments)?;
+    let key = cache_key(req, &requested, None)?;
+    let kernel_dir = req.cache_dir.join("kernel");
+    fs::create_dir_all(&kernel_dir)
+        .with_context(|| format!("creating {}", kernel_dir.display()))?;
+    let work = WorkDir::create(kernel_dir.join(format!("{key}.cfg-{}", std::process::id())))?;
+    let make = prepare_tree(req, &key, &kernel_dir, &work.path, None)?;
+    configure(&make, req, &requested, &rules)?;
+    let dot_config = make.tree.join(".config");
+    fs::read_to_string(&dot_config).with_context(|| format!("reading {}", dot_config.display()))
 }
 
 /// Starts build.log in the work directory `work`, unpacks the source into
@@ -202,13 +238,14 @@ fn prepare_tree(
 
 /// `make tinyconfig`, the requested fragments merged onto it, `make
 /// olddefconfig`; fails unless every requested option survived and the
-/// final config passes the audit.
+/// final config passes the audit. Returns the options the tree's Kconfig
+/// defines (what the audit decided N/A by).
 fn configure(
     make: &Make,
     req: &KernelRequest,
     requested: &KernelConfig,
     rules: &Rules,
-) -> Result<()> {
+) -> Result<KconfigSymbols> {
     eprintln!(
         "kernel: configuring (tinyconfig + {} fragment(s))",
         req.fragments.len()
@@ -227,8 +264,48 @@ fn configure(
         let hints = kconfig_dependencies(&make.tree, &names);
         bail!("{}", describe_mismatches(&mismatches, &hints));
     }
-    audit_or_fail(rules, &final_config, &req.cmdline, &req.waivers)
+    let mut symbols = KconfigSymbols::from_tree(&make.tree, &srcarch(&final_config)?)?;
+    symbols.origin = req.source.display().to_string();
+    audit_or_fail(
+        rules,
+        &final_config,
+        &req.cmdline,
+        &req.waivers,
+        Some(&symbols),
+    )?;
+    Ok(symbols)
 }
+
+/// The source architecture (`arch/<dir>`) of a config: its header's.
+fn srcarch(config: &KernelConfig) -> Result<String> {
+    config
+        .header_arch
+        .clone()
+        .context("the kernel config has no `# Linux/<arch> <version> Kernel Configuration` header")
+}
+
+/// The Kconfig symbols of a cached kernel: its `kconfig-symbols`, else read
+/// from the source and stored there (best effort: a read-only cache still
+/// works, it only reads the source again next time).
+fn cached_symbols(dir: &Path, source: &Path, config: &KernelConfig) -> Result<KconfigSymbols> {
+    let path = dir.join(SYMBOLS_FILE);
+    let origin = source.display().to_string();
+    if path.is_file() {
+        let text = crate::input::read_text(&path, "Kconfig symbol list", crate::input::MAX_TEXT)?;
+        return KconfigSymbols::parse(&text, &origin)
+            .with_context(|| format!("in {}: delete the file to read it again", path.display()));
+    }
+    eprintln!("kernel: reading the Kconfig files of {}", source.display());
+    let symbols = KconfigSymbols::from_source(source, &srcarch(config)?)?;
+    let tmp = dir.join(format!("{SYMBOLS_FILE}.tmp-{}", std::process::id()));
+    if fs::write(&tmp, symbols.render()).is_ok() && fs::rename(&tmp, &path).is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    Ok(symbols)
+}
+
+/// The cached list of the source's Kconfig symbols, beside `config`.
+const SYMBOLS_FILE: &str = "kconfig-symbols";
 
 /// Copies the result of the tree built by `make` into `out` (bzImage,
 /// config, build.log, build-info.json) and syncs it.
@@ -237,9 +314,11 @@ fn stage_result(
     make: &Make,
     key: &str,
     elapsed: Duration,
+    symbols: &KconfigSymbols,
     out: &Path,
 ) -> Result<()> {
     fs::create_dir_all(out)?;
+    fs::write(out.join(SYMBOLS_FILE), symbols.render())?;
     let bzimage = make.tree.join("arch/x86/boot/bzImage");
     fs::copy(&bzimage, out.join("bzImage"))
         .with_context(|| format!("copying {}", bzimage.display()))?;
@@ -276,13 +355,16 @@ pub fn load_fragments(fragments: &[PathBuf]) -> Result<KernelConfig> {
     Ok(merge_fragments(&parsed))
 }
 
+/// Audits and fails on a non-waived FAIL. `symbols`: the Kconfig of the
+/// kernel's source (`None`: the rules' version ranges decide N/A).
 pub fn audit_or_fail(
     rules: &Rules,
     config: &KernelConfig,
     cmdline: &str,
     waivers: &[Waiver],
+    symbols: Option<&KconfigSymbols>,
 ) -> Result<()> {
-    let report = audit(rules, config, Some(cmdline), waivers)?;
+    let report = audit_with_source(rules, config, Some(cmdline), waivers, symbols)?;
     let failures = report.failures();
     if failures.is_empty() {
         eprintln!("kernel: {}", report.summary());

@@ -1,15 +1,19 @@
 //! `imager kernel build|check`: what they do, from plain options (the
 //! `imager` binary parses the command line).
 
-use super::audit::{Rules, Waiver, audit, load_waivers};
-use super::build::{KernelRequest, build, default_cache_dir};
+use super::audit::{Rules, Waiver, audit_with_source, load_waivers};
+use super::build::{KernelRequest, build, configure_only, default_cache_dir};
 use super::config::KernelConfig;
-use anyhow::{Result, bail};
+use super::kconfig::KconfigSymbols;
+use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// The default kernel source (Debian's linux-source-6.1 package).
-pub const DEFAULT_SOURCE: &str = "/usr/src/linux-source-6.1.tar.xz";
+/// The default kernel source (Debian's linux-source-6.12 package).
+pub const DEFAULT_SOURCE: &str = "/usr/src/linux-source-6.12.tar.xz";
+
+/// The default fragments, in kernel-config/, merged in this order.
+pub const DEFAULT_FRAGMENTS: [&str; 3] = ["base.config", "kspp.config", "hardening-distro.config"];
 
 /// `imager kernel build` from its flags (not from a profile).
 #[derive(Debug, Clone)]
@@ -17,7 +21,7 @@ pub struct BuildOptions {
     /// Kernel source: a .tar.xz/.tar.gz tarball or an unpacked tree.
     pub source: PathBuf,
     /// Config fragments, merged in order onto tinyconfig. Empty:
-    /// kernel-config/base.config and kernel-config/kspp.config.
+    /// [`DEFAULT_FRAGMENTS`] of kernel-config/.
     pub fragments: Vec<PathBuf>,
     pub audit: AuditOptions,
     /// Kernel command line to audit (the image's boot parameters).
@@ -32,6 +36,8 @@ pub struct BuildOptions {
     /// File with a 64-hex-digit randstruct seed. `None`: derived from the
     /// cache key.
     pub randstruct_seed: Option<PathBuf>,
+    /// Configure and audit only; print the final `.config`.
+    pub configure_only: bool,
 }
 
 /// Where the KSPP rules and waivers come from (shared by build and check).
@@ -67,6 +73,10 @@ pub struct CheckOptions {
     pub config: PathBuf,
     /// File holding the kernel command line to audit too.
     pub cmdline: Option<PathBuf>,
+    /// The kernel source the config belongs to (tarball or tree): its
+    /// Kconfig decides which options exist. `None`: the rules' version
+    /// ranges decide (and the report says so).
+    pub source: Option<PathBuf>,
     pub audit: AuditOptions,
     /// Print the report as JSON.
     pub json: bool,
@@ -75,7 +85,17 @@ pub struct CheckOptions {
 /// Runs `imager kernel build`: prints the bzImage's path.
 pub fn run_build(opts: &BuildOptions) -> Result<ExitCode> {
     let req = build_request(opts)?;
-    let built = build(&req)?;
+    run_request(&req, opts.configure_only)
+}
+
+/// Builds `req` and prints the bzImage's path, or with `configure_only`
+/// configures and audits it and prints the final `.config`.
+pub fn run_request(req: &KernelRequest, configure_only_: bool) -> Result<ExitCode> {
+    if configure_only_ {
+        print!("{}", configure_only(req)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let built = build(req)?;
     println!("{}", built.bzimage.display());
     if built.cached {
         eprintln!("kernel: cached ({})", built.cache_key);
@@ -87,7 +107,7 @@ pub fn run_build(opts: &BuildOptions) -> Result<ExitCode> {
 pub fn build_request(args: &BuildOptions) -> Result<KernelRequest> {
     let fragments = if args.fragments.is_empty() {
         let dir = kernel_config_dir()?;
-        vec![dir.join("base.config"), dir.join("kspp.config")]
+        DEFAULT_FRAGMENTS.iter().map(|f| dir.join(f)).collect()
     } else {
         args.fragments.clone()
     };
@@ -124,9 +144,28 @@ pub fn run_check(args: &CheckOptions) -> Result<ExitCode> {
         None => None,
     };
     let waivers = args.audit.waivers()?;
-    let report = audit(&rules, &config, cmdline.as_deref(), &waivers)?;
+    let symbols = match &args.source {
+        Some(src) => {
+            let arch = config.header_arch.clone().with_context(|| {
+                format!(
+                    "{} has no `# Linux/<arch> <version> Kernel Configuration` header",
+                    args.config.display()
+                )
+            })?;
+            Some(KconfigSymbols::from_source(src, &arch)?)
+        }
+        None => None,
+    };
+    let report = audit_with_source(
+        &rules,
+        &config,
+        cmdline.as_deref(),
+        &waivers,
+        symbols.as_ref(),
+    )?;
     if args.json {
         println!("{}", report.to_json()?);
+        eprintln!("note: N/A decided by {}", report.basis);
         eprintln!("{}", report.summary());
     } else {
         println!("{}", report.render_text().trim_end());
@@ -206,6 +245,7 @@ mod tests {
         let args = |c: &Path| CheckOptions {
             config: c.to_path_buf(),
             cmdline: None,
+            source: None,
             audit: AuditOptions {
                 rules: Some(rules.clone()),
                 waivers: vec![],

@@ -2,6 +2,7 @@
 //!
 //! - [`config`]: Kconfig `.config` / fragment parse, merge, compare.
 //! - [`audit`]: the KSPP rule table, waivers and the audit report.
+//! - [`kconfig`]: which options a kernel source defines (decides N/A).
 //! - [`build`]: the cached, reproducible `bzImage` build.
 //! - [`command`]: what `imager kernel build|check` do.
 
@@ -9,8 +10,9 @@ pub mod audit;
 pub mod build;
 pub mod command;
 pub mod config;
+pub mod kconfig;
 
-pub use audit::{Report, Rules, Verdict, Waiver, audit};
+pub use audit::{Report, Rules, Verdict, Waiver, audit, audit_with_source};
 pub use build::{BuiltKernel, KernelRequest, build, default_cache_dir};
 pub use config::KernelConfig;
 

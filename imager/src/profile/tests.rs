@@ -214,6 +214,49 @@ fn installer_profile_is_metal_plus_the_installer() {
     assert_eq!(format!("{sb:?}"), format!("{metal:?}"));
 }
 
+/// `profiles/metal-6_1.yaml` is metal with Linux 6.1: only its name, the
+/// kernel source, fragments and waivers differ.
+#[test]
+fn metal_6_1_profile_is_metal_with_linux_6_1() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles");
+    let metal = Profile::load(&dir.join("metal.yaml")).unwrap();
+    let mut old = Profile::load(&dir.join("metal-6_1.yaml")).unwrap();
+    let src = old.kernel.source.take().unwrap();
+    assert!(
+        src.ends_with("linux-source-6.1.tar.xz"),
+        "{}",
+        src.display()
+    );
+    assert!(
+        metal
+            .kernel
+            .source
+            .as_ref()
+            .unwrap()
+            .ends_with("linux-source-6.12.tar.xz")
+    );
+    let names = |v: &[std::path::PathBuf]| -> Vec<String> {
+        v.iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect()
+    };
+    assert_eq!(
+        names(&old.kernel.fragments),
+        [
+            "base.config",
+            "kspp-6.1.config",
+            "hardening-distro-6.1.config"
+        ]
+    );
+    assert_eq!(names(&old.kernel.waiver_files), ["kspp-waivers-6.1.yaml"]);
+    old.name = metal.name.clone();
+    old.path = metal.path.clone();
+    old.kernel.source = metal.kernel.source.clone();
+    old.kernel.fragments = metal.kernel.fragments.clone();
+    old.kernel.waiver_files = metal.kernel.waiver_files.clone();
+    assert_eq!(format!("{old:?}"), format!("{metal:?}"));
+}
+
 #[test]
 fn sizes() {
     assert_eq!(Size::parse("512"), Ok(Size(512)));
