@@ -202,32 +202,8 @@ fn the_live_system_refuses_its_boot_medium_a_disk_with_data_and_a_small_disk() {
 fn a_uki_of_the_live_system_reaches_ready_under_ovmf() {
     let iso = iso().artifact("iso");
     let dir = scratch().join("uki");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let efi = dir.join("efi.img");
-    ok(tool("xorriso")
-        .args(["-osirrox", "on", "-indev"])
-        .arg(&iso)
-        .args(["-extract", &format!("/{}", contract::iso::EFI_IMAGE)])
-        .arg(&efi));
-    let get = |from: &str, to: &str| {
-        ok(tool("mcopy")
-            .arg("-i")
-            .arg(&efi)
-            .arg(format!("::{from}"))
-            .arg(dir.join(to)));
-        dir.join(to)
-    };
-    let kernel = get(contract::iso::LIVE_KERNEL, "vmlinuz");
-    let initramfs = get(contract::iso::LIVE_INITRAMFS, "initramfs.zst");
-    let entry = std::fs::read_to_string(get(contract::iso::LIVE_ENTRY, "live.conf")).unwrap();
-    let cmdline = entry
-        .lines()
-        .find_map(|l| l.strip_prefix("options "))
-        .unwrap()
-        .trim()
-        .to_string();
-    assert!(cmdline.contains("machined.live="), "{entry}");
+    let (kernel, initramfs, cmdline) = live_system(&iso, &dir);
+    assert!(cmdline.contains("machined.live="), "{cmdline}");
 
     let uki = dir.join("live.efi");
     let r = imager::uki::write_uki(

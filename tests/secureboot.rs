@@ -62,31 +62,7 @@ fn ukis() -> &'static (PathBuf, PathBuf) {
         let build = build_profile("sb-iso", &repo().join("profiles/iso.yaml"), &[]);
         let iso = build.artifact("iso");
         let d = dir().join("uki");
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        let efi = d.join("efi.img");
-        ok(tool("xorriso")
-            .args(["-osirrox", "on", "-indev"])
-            .arg(&iso)
-            .args(["-extract", &format!("/{}", contract::iso::EFI_IMAGE)])
-            .arg(&efi));
-        let get = |from: &str, to: &str| {
-            ok(tool("mcopy")
-                .arg("-i")
-                .arg(&efi)
-                .arg(format!("::{from}"))
-                .arg(d.join(to)));
-            d.join(to)
-        };
-        let kernel = get(contract::iso::LIVE_KERNEL, "vmlinuz");
-        let initramfs = get(contract::iso::LIVE_INITRAMFS, "initramfs.zst");
-        let entry = std::fs::read_to_string(get(contract::iso::LIVE_ENTRY, "live.conf")).unwrap();
-        let cmdline = entry
-            .lines()
-            .find_map(|l| l.strip_prefix("options "))
-            .unwrap()
-            .trim()
-            .to_string();
+        let (kernel, initramfs, cmdline) = live_system(&iso, &d);
         let unsigned = d.join("live.efi");
         imager::uki::write_uki(
             &imager::uki::UkiInput {
@@ -178,24 +154,7 @@ fn vars(name: &str, enrol: bool) -> PathBuf {
         std::fs::copy(imager::qemu::OVMF_VARS, &out).unwrap();
         return out;
     }
-    let k = keys();
-    let guid = k.owner.to_string();
-    ok(tool("virt-fw-vars")
-        .arg("--input")
-        .arg(imager::qemu::OVMF_VARS)
-        .arg("--output")
-        .arg(&out)
-        .arg("--set-pk")
-        .arg(&guid)
-        .arg(k.dir.join("PK.crt"))
-        .arg("--add-kek")
-        .arg(&guid)
-        .arg(k.dir.join("KEK.crt"))
-        .arg("--add-db")
-        .arg(&guid)
-        .arg(k.dir.join("db.crt"))
-        .arg("--secure-boot"));
-    out
+    enrolled_vars(&keys().dir, &out)
 }
 
 fn sb_opts(disk: &Path, vars: &Path) -> BootOptions {

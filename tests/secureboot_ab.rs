@@ -90,40 +90,14 @@ fn images() -> &'static Images {
     })
 }
 
-/// An OVMF variable store with the test keys enrolled and Secure Boot on
-/// (by `virt-fw-vars`, independent of our enrolment files).
-fn enrolled_vars(name: &str) -> PathBuf {
-    let keys = &images().keys;
-    let guid = std::fs::read_to_string(keys.join("GUID")).unwrap();
-    let out = scratch().join(format!("{name}.vars.fd"));
-    let _ = std::fs::remove_file(&out);
-    ok(tool("virt-fw-vars")
-        .arg("--input")
-        .arg(imager::qemu::OVMF_VARS)
-        .arg("--output")
-        .arg(&out)
-        .arg("--set-pk")
-        .arg(guid.trim())
-        .arg(keys.join("PK.crt"))
-        .arg("--add-kek")
-        .arg(guid.trim())
-        .arg(keys.join("KEK.crt"))
-        .arg("--add-db")
-        .arg(guid.trim())
-        .arg(keys.join("db.crt"))
-        .arg("--secure-boot"));
-    out
+/// An OVMF variable store with the test keys enrolled and Secure Boot on.
+fn vars(name: &str) -> PathBuf {
+    enrolled_vars(&images().keys, &scratch().join(format!("{name}.vars.fd")))
 }
 
 /// A fresh sparse copy of the v1 disk.
 fn disk_copy(name: &str) -> PathBuf {
-    let d = scratch().join(format!("{name}.raw"));
-    let _ = std::fs::remove_file(&d);
-    ok(Command::new("cp")
-        .arg("--sparse=always")
-        .arg(images().v1.artifact("raw"))
-        .arg(&d));
-    d
+    sparse_copy(&images().v1.artifact("raw"), name)
 }
 
 /// Boots `disk` under Secure Boot firmware with `vars`, writing to it;
@@ -259,7 +233,7 @@ fn systemd_boot_enrols_the_images_keys_and_the_image_boots_with_secure_boot_on()
 fn upgrade_bless_rollback_and_fallback_under_secure_boot() {
     let i = images();
     let disk = disk_copy("sb-ab");
-    let vars = enrolled_vars("sb-ab");
+    let vars = vars("sb-ab");
     let (r, _) = sb_boot(&disk, &vars, false);
     assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
     assert_eq!(r["secure_boot"], "on");
@@ -303,7 +277,7 @@ fn a_uki_with_one_changed_byte_is_refused_by_firmware_and_the_other_slot_boots()
     std::fs::write(&copy, &bytes).unwrap();
     ok(tool("mdel").args(["-i", &img, name]));
     ok(tool("mcopy").args(["-i", &img]).arg(&copy).arg(name));
-    let vars = enrolled_vars("sb-tampered");
+    let vars = vars("sb-tampered");
     let (r, console) = sb_boot(&disk, &vars, true);
     assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()), "{console}");
     assert!(
@@ -341,7 +315,7 @@ fn a_command_line_given_at_boot_has_no_effect() {
         .args(["-i", &img])
         .arg(&entry)
         .arg("::/loader/entries/zz-extra.conf"));
-    let vars = enrolled_vars("sb-cmdline");
+    let vars = vars("sb-cmdline");
     let (r, console) = sb_boot(&disk, &vars, false);
     assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()), "{console}");
     let cmdline = r["cmdline"].as_str().unwrap();
@@ -376,12 +350,7 @@ fn upgrades_across_secure_boot_or_from_an_untrusted_db_key_are_refused() {
     );
     assert_eq!(sha256(&disk), before, "a refused upgrade wrote to the disk");
     // A plain disk refuses the Secure Boot payload the same way.
-    let plain = scratch().join("sb-refusals-plain.raw");
-    let _ = std::fs::remove_file(&plain);
-    ok(Command::new("cp")
-        .arg("--sparse=always")
-        .arg(i.plain.artifact("raw"))
-        .arg(&plain));
+    let plain = sparse_copy(&i.plain.artifact("raw"), "sb-refusals-plain");
     let out = upgrade(&plain, &installer(&i.v2), &[]);
     assert!(!out.status.success());
     assert!(
@@ -415,7 +384,7 @@ fn a_secure_boot_upgrade_cut_anywhere_leaves_a_disk_that_boots() {
     assert!(done && total > 20, "{total} writes");
     let mut points = vec![1, total / 2, total - 2, total - 1, total, total + 1];
     points.dedup();
-    let vars = enrolled_vars("sb-cut");
+    let vars = vars("sb-cut");
     let mut v2_from = None;
     for n in points {
         let disk = disk_copy("sb-cut");

@@ -58,13 +58,7 @@ fn images() -> &'static Images {
 
 /// A fresh copy of the v1 disk (sparse).
 fn disk_copy(name: &str) -> PathBuf {
-    let d = scratch().join(format!("{name}.raw"));
-    let _ = std::fs::remove_file(&d);
-    ok(Command::new("cp")
-        .arg("--sparse=always")
-        .arg(images().v1.artifact("raw"))
-        .arg(&d));
-    d
+    sparse_copy(&images().v1.artifact("raw"), name)
 }
 
 /// What an upgrade installs: the build's installer image when it made one,
@@ -303,11 +297,7 @@ fn uki_slots_upgrade_bless_roll_back_and_fall_back() {
     for slot in ["a", "b"] {
         assert!(v1.dir.join(format!("uki-{slot}.efi")).is_file());
     }
-    let disk = scratch().join("uki-scenario.raw");
-    ok(Command::new("cp")
-        .arg("--sparse=always")
-        .arg(v1.artifact("raw"))
-        .arg(&disk));
+    let disk = sparse_copy(&v1.artifact("raw"), "uki-scenario");
     let s = inspect(&disk);
     let entries = s["entries"].to_string();
     assert!(
@@ -597,14 +587,6 @@ fn extract_boot(disk: &Path) -> PathBuf {
     let dest = disk.with_extension("boot.img");
     extract_partition(disk, "BOOT", &dest);
     dest
-}
-
-/// A sparse copy of `disk`, as target/e2e/NAME.raw.
-fn sparse_copy(disk: &Path, name: &str) -> PathBuf {
-    let d = scratch().join(format!("{name}.raw"));
-    let _ = std::fs::remove_file(&d);
-    ok(Command::new("cp").arg("--sparse=always").arg(disk).arg(&d));
-    d
 }
 
 /// The slot each loader boots next, read off the disk as they read it:

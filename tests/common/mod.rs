@@ -251,3 +251,68 @@ pub fn dev_key() -> PathBuf {
     });
     key
 }
+
+/// An OVMF variable store at `out` with the key set of `keys` (a directory
+/// of `imager keygen --secure-boot`) enrolled by `virt-fw-vars` and Secure
+/// Boot on: independent of our own enrolment files.
+pub fn enrolled_vars(keys: &Path, out: &Path) -> PathBuf {
+    let guid = std::fs::read_to_string(keys.join("GUID")).unwrap();
+    let guid = guid.trim();
+    let _ = std::fs::remove_file(out);
+    ok(tool("virt-fw-vars")
+        .arg("--input")
+        .arg(imager::qemu::OVMF_VARS)
+        .arg("--output")
+        .arg(out)
+        .arg("--set-pk")
+        .arg(guid)
+        .arg(keys.join("PK.crt"))
+        .arg("--add-kek")
+        .arg(guid)
+        .arg(keys.join("KEK.crt"))
+        .arg("--add-db")
+        .arg(guid)
+        .arg(keys.join("db.crt"))
+        .arg("--secure-boot"));
+    out.to_path_buf()
+}
+
+/// The live system of `iso` (its FAT image's kernel, initramfs and the
+/// live entry's command line), extracted into `dir` with xorriso and
+/// mtools: what a UKI of the live system is made of.
+pub fn live_system(iso: &Path, dir: &Path) -> (PathBuf, PathBuf, String) {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let efi = dir.join("efi.img");
+    ok(tool("xorriso")
+        .args(["-osirrox", "on", "-indev"])
+        .arg(iso)
+        .args(["-extract", &format!("/{}", contract::iso::EFI_IMAGE)])
+        .arg(&efi));
+    let get = |from: &str, to: &str| {
+        ok(tool("mcopy")
+            .arg("-i")
+            .arg(&efi)
+            .arg(format!("::{from}"))
+            .arg(dir.join(to)));
+        dir.join(to)
+    };
+    let kernel = get(contract::iso::LIVE_KERNEL, "vmlinuz");
+    let initramfs = get(contract::iso::LIVE_INITRAMFS, "initramfs.zst");
+    let entry = std::fs::read_to_string(get(contract::iso::LIVE_ENTRY, "live.conf")).unwrap();
+    let cmdline = entry
+        .lines()
+        .find_map(|l| l.strip_prefix("options "))
+        .unwrap_or_else(|| panic!("no options line in {entry}"))
+        .trim()
+        .to_string();
+    (kernel, initramfs, cmdline)
+}
+
+/// A sparse copy of `disk` at `target/e2e/NAME.raw`.
+pub fn sparse_copy(disk: &Path, name: &str) -> PathBuf {
+    let d = scratch().join(format!("{name}.raw"));
+    let _ = std::fs::remove_file(&d);
+    ok(Command::new("cp").arg("--sparse=always").arg(disk).arg(&d));
+    d
+}
