@@ -588,6 +588,27 @@ struct Session {
 }
 
 impl Session {
+    /// Starts the machine of `opts` ([`start`]): its deadline is
+    /// `opts.timeout` after `started`; the console goes to `log` too.
+    fn start(opts: &BootOptions, started: Instant, log: Option<std::fs::File>) -> Result<Session> {
+        let (guest, rx) = start(opts)?;
+        Ok(Session {
+            guest,
+            rx,
+            con: Console {
+                last: VecDeque::new(),
+                all: Vec::new(),
+                echo: opts.echo,
+                log,
+            },
+            deadline: started + opts.timeout,
+            reboots: opts.reboots,
+            cmdline: None,
+            failed_boots: 0,
+            refused: false,
+        })
+    }
+
     /// Waits for the first console line for which `want` gives a value;
     /// fails on a line that ends the boot ([`fatal_line`]; with `reboots`,
     /// a runtime failure or panic is counted and waited past), when QEMU
@@ -683,28 +704,13 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
             check_serial(s)?;
         }
     }
-    let (guest, rx) = start(opts)?;
     let log = match &opts.console_log {
         Some(p) => {
             Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)
         }
         None => None,
     };
-    let mut session = Session {
-        guest,
-        rx,
-        con: Console {
-            last: VecDeque::new(),
-            all: Vec::new(),
-            echo: opts.echo,
-            log,
-        },
-        deadline: started + opts.timeout,
-        reboots: opts.reboots,
-        cmdline: None,
-        failed_boots: 0,
-        refused: false,
-    };
+    let mut session = Session::start(opts, started, log)?;
     let ready = session
         .wait_line("the ready line", parse_ready)
         .with_context(|| format!("booting (timeout {} s)", opts.timeout.as_secs()))?;
@@ -763,22 +769,7 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
 /// [`boot`]), when QEMU exits and at the timeout.
 pub fn boot_until(opts: &BootOptions, patterns: &[&str]) -> Result<String> {
     let started = Instant::now();
-    let (guest, rx) = start(opts)?;
-    let mut session = Session {
-        guest,
-        rx,
-        con: Console {
-            last: VecDeque::new(),
-            all: Vec::new(),
-            echo: opts.echo,
-            log: None,
-        },
-        deadline: started + opts.timeout,
-        reboots: opts.reboots,
-        cmdline: None,
-        failed_boots: 0,
-        refused: false,
-    };
+    let mut session = Session::start(opts, started, None)?;
     let what = format!("a line with {patterns:?}");
     let found = session.wait_line(&what, |l| {
         if parse_ready(l).is_some() {
