@@ -404,6 +404,69 @@ fn a_secure_boot_upgrade_cut_anywhere_leaves_a_disk_that_boots() {
     assert!(v2_from.is_some(), "no cut booted v2");
 }
 
+/// The Secure Boot ISO (the secureboot profile with the output `iso`): its
+/// FAT image holds the signed systemd-boot and the signed live UKI, and it
+/// reaches ready, live, with Secure Boot on, as a CD and as a USB disk; the
+/// disk it installs boots with Secure Boot on.
+#[test]
+fn the_secure_boot_iso_boots_from_cd_and_usb_and_installs_a_secure_boot_disk() {
+    let i = images();
+    let b = variant("sb-iso", &i.keys, "0.1.0", |t| {
+        t.replace("outputs: [raw, installer, uki]", "outputs: [raw, iso]")
+            .replace(
+                "secure_boot:\n",
+                "live:\n  install: serial:SBTARGET\n\nsecure_boot:\n",
+            )
+    });
+    let iso = b.artifact("iso");
+    let dir = scratch().join("sb-iso-efi");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let efi = dir.join("efi.img");
+    ok(tool("xorriso")
+        .args(["-osirrox", "on", "-indev"])
+        .arg(&iso)
+        .args(["-extract", &format!("/{}", contract::iso::EFI_IMAGE)])
+        .arg(&efi));
+    let db = i.keys.join("db.crt");
+    for (from, to) in [
+        ("::/EFI/BOOT/BOOTX64.EFI", "bootx64.efi"),
+        ("::/EFI/Linux/live.efi", "live.efi"),
+    ] {
+        ok(tool("mcopy")
+            .arg("-i")
+            .arg(&efi)
+            .arg(from)
+            .arg(dir.join(to)));
+        let out = run(tool("sbverify").arg("--cert").arg(&db).arg(dir.join(to)));
+        assert!(out.status.success(), "{to}: {out:?}");
+    }
+    let vars = vars("sb-iso");
+    let target = scratch().join("sb-iso-target.raw");
+    for usb in [false, true] {
+        // A blank disk for the live system to install onto.
+        let _ = std::fs::remove_file(&target);
+        std::fs::File::create(&target)
+            .unwrap()
+            .set_len(4 << 30)
+            .unwrap();
+        let disk_arg = format!("{},serial=SBTARGET", target.display());
+        let mut args = vec!["--secure-boot", vars.to_str().unwrap(), "--disk", &disk_arg];
+        if usb {
+            args.push("--usb");
+        }
+        let r = boot_report(&iso, &args).unwrap_or_else(|e| panic!("usb={usb}: {e}"));
+        assert_eq!(r["live"], true, "{r}");
+        assert_eq!(r["secure_boot"], "on", "{r}");
+        assert_eq!(r["install"]["installed"], true, "{r}");
+    }
+    // The installed disk is a Secure Boot disk of slot A that boots with
+    // Secure Boot on.
+    let (r, console) = sb_boot(&target, &vars, false);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()), "{console}");
+    assert_eq!(r["secure_boot"], "on");
+}
+
 fn sha256(path: &Path) -> String {
     ok(Command::new("sha256sum").arg(path))
         .split_whitespace()

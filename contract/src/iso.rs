@@ -13,6 +13,12 @@
 //!                               the signed payload and the installer)
 //! ```
 //!
+//! An image whose slots boot UKIs (`boot.uki`, Secure Boot) has, in place
+//! of `loader/entries/live.conf`, the live system's UKI
+//! `EFI/Linux/live.efi` ([`LIVE_UKI`]; signed with Secure Boot, beside a
+//! signed systemd-boot and, for its enrolment, `loader/keys/auto/`): the
+//! command line is inside it. GRUB (BIOS) boots `live/` as before.
+//!
 //! The kernel and the initramfs are stored once, in the FAT image:
 //! systemd-boot cannot read ISO 9660, and GRUB reads the FAT image through
 //! `loopback`. Both give the kernel the same command line: the image's, then
@@ -39,6 +45,14 @@ pub const LIVE_KERNEL: &str = "live/vmlinuz";
 pub const LIVE_INITRAMFS: &str = "live/initramfs.zst";
 /// The live boot entry in the FAT image.
 pub const LIVE_ENTRY: &str = "loader/entries/live.conf";
+/// The live system's UKI in the FAT image, when the image boots UKIs.
+pub const LIVE_UKI: &str = "EFI/Linux/live.efi";
+
+/// The `.osrel` of the live UKI: as a slot's
+/// ([`crate::boot::uki_os_release`]), titled `<title> (live)`.
+pub fn live_os_release(name: &str, title: &str, version: &str) -> String {
+    format!("NAME=\"{name}\"\nPRETTY_NAME=\"{title} (live)\"\nVERSION_ID={version}\n")
+}
 /// GRUB's name for the FAT image once it is attached with `loopback`.
 const LOOP: &str = "efi";
 

@@ -585,17 +585,6 @@ impl Profile {
             }
             _ => {}
         }
-        if self.uki_slots() && self.outputs.contains(&Output::Iso) {
-            return invalid(
-                if self.boot.uki {
-                    "boot.uki"
-                } else {
-                    "secure_boot"
-                },
-                "the live ISO does not boot from UKIs yet: build the iso from a profile \
-                 without boot.uki and secure_boot",
-            );
-        }
         if let Some(sb) = &self.secure_boot
             && !contract::boot::ENROLL_MODES.contains(&sb.enroll_mode())
         {

@@ -104,9 +104,34 @@ pub fn write_iso(
         cmdline::MAX_LEN
     );
     step("iso: EFI image, GRUB, ISO 9660");
-    let entry = layout::live_entry(&payload.boot.title, &p.version, &options);
-    let mut fat_files = crate::boot::esp_files(&p.boot.systemd_boot)?;
-    fat_files.push(FatFile::bytes(layout::LIVE_ENTRY, entry.render()));
+    let mut fat_files = match payload.secure_boot {
+        Some(sb) => sb.esp_files(payload.boot_loader)?,
+        None => crate::boot::esp_files(payload.boot_loader)?,
+    };
+    if p.uki_slots() {
+        // The live system as a UKI (signed with Secure Boot): its command
+        // line inside it.
+        let uki = work.join("live.efi");
+        let os_release = layout::live_os_release(&p.pretty_name, &payload.boot.title, &p.version);
+        crate::uki::write_uki(
+            &crate::uki::UkiInput {
+                stub: &p.boot.stub,
+                kernel: payload.kernel,
+                initramfs: &live_initramfs,
+                os_release: os_release.as_bytes(),
+                cmdline: &options,
+            },
+            &uki,
+        )
+        .context("making the live system's UKI")?;
+        if let Some(sb) = payload.secure_boot {
+            sb.sign(&uki, &uki)?;
+        }
+        fat_files.push(FatFile::file(layout::LIVE_UKI, &uki));
+    } else {
+        let entry = layout::live_entry(&payload.boot.title, &p.version, &options);
+        fat_files.push(FatFile::bytes(layout::LIVE_ENTRY, entry.render()));
+    }
     fat_files.push(FatFile::file(layout::LIVE_KERNEL, payload.kernel));
     fat_files.push(FatFile::file(layout::LIVE_INITRAMFS, &live_initramfs));
     let efi_image = work.join("efi.img");
