@@ -219,12 +219,21 @@ fn systemd_boot_enrols_the_images_keys_and_the_image_boots_with_secure_boot_on()
         "{console}"
     );
     assert_eq!(r["secure_boot"], "on", "{r}");
+    // The store holds the image's PK, KEK and db (their subjects name the
+    // key set's GUID).
     let print = ok(tool("virt-fw-vars")
         .arg("--input")
         .arg(&vars)
-        .arg("--print"));
+        .args(["--print", "--verbose"]));
     let guid = std::fs::read_to_string(images().keys.join("GUID")).unwrap();
-    assert!(print.contains(guid.trim()), "{print}");
+    for var in ["PK", "KEK", "db"] {
+        let at = print
+            .find(&format!("name={var} "))
+            .unwrap_or_else(|| panic!("no {var}: {print}"));
+        let end = print[at..].find("\n\n").map_or(print.len(), |e| at + e);
+        let subject = format!("subject CN=imager Secure Boot {var} {}", &guid.trim()[..8]);
+        assert!(print[at..end].contains(&subject), "{}", &print[at..end]);
+    }
 }
 
 /// The A-B model under Secure Boot: upgrade, blessing, rollback, and an
