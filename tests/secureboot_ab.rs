@@ -324,6 +324,11 @@ fn a_command_line_given_at_boot_has_no_effect() {
         .args(["-i", &img])
         .arg(&entry)
         .arg("::/loader/entries/zz-extra.conf"));
+    // The control: without Secure Boot the stub takes the entry's line, so
+    // the extra entry is the one systemd-boot starts, and it stops at stage 1.
+    let control = sparse_copy(&disk, "sb-cmdline-control");
+    let e = boot_report(&control, &[]).unwrap_err();
+    assert!(e.contains("machined.break=stage1"), "{e}");
     let vars = vars("sb-cmdline");
     let (r, console) = sb_boot(&disk, &vars, false);
     assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()), "{console}");
@@ -335,9 +340,24 @@ fn a_command_line_given_at_boot_has_no_effect() {
     assert!(console.contains("stage1: ignoring /.extra"), "{console}");
 }
 
+/// META's records of `disk` by name (`imager inspect`).
+fn meta_keys(disk: &Path) -> Vec<String> {
+    let out = run(imager().args(["inspect", "--json"]).arg(disk));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    r["meta"]["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|kv| kv[0].as_str().unwrap().to_string())
+        .collect()
+}
+
 /// Upgrades the disk cannot boot are refused before anything is written: a
-/// payload without Secure Boot (unless --change-secure-boot), one whose UKIs
-/// are signed by a db key the disk does not trust.
+/// payload without Secure Boot (unless --change-secure-boot), one signed
+/// for a db key the disk does not trust, a Secure Boot payload on a disk
+/// without it (even with the flag: an upgrade does not rewrite the ESP).
+/// Asked for, leaving Secure Boot works, and META forgets the db
+/// certificate once the new version is blessed.
 #[test]
 fn upgrades_across_secure_boot_or_from_an_untrusted_db_key_are_refused() {
     let i = images();
@@ -350,25 +370,43 @@ fn upgrades_across_secure_boot_or_from_an_untrusted_db_key_are_refused() {
         err.contains("this disk boots with Secure Boot and the payload is not signed for it"),
         "{err}"
     );
-    let out = upgrade(&disk, &installer(&i.foreign), &[]);
+    let out = upgrade(&disk, &installer(&i.foreign), &["--change-secure-boot"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        err.contains("is not signed by the db key this disk trusts"),
+        err.contains("signed for another db certificate than the one this disk trusts"),
         "{err}"
     );
     assert_eq!(sha256(&disk), before, "a refused upgrade wrote to the disk");
-    // A plain disk refuses the Secure Boot payload the same way.
+    // A plain disk refuses the Secure Boot payload, flag or not.
     let plain = sparse_copy(&i.plain.artifact("raw"), "sb-refusals-plain");
-    let out = upgrade(&plain, &installer(&i.v2), &[]);
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("does not boot with Secure Boot"),
-        "{out:?}"
-    );
-    // Asked for, the move out of Secure Boot is made.
+    let plain_before = sha256(&plain);
+    for flag in [&[][..], &["--change-secure-boot"][..]] {
+        let out = upgrade(&plain, &installer(&i.v2), flag);
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("does not boot with Secure Boot"),
+            "{out:?}"
+        );
+    }
+    assert_eq!(sha256(&plain), plain_before);
+    // Asked for, the move out of Secure Boot is made; the disk keeps its db
+    // certificate until the plain version is blessed (booted with Secure
+    // Boot off in the firmware).
     let out = upgrade(&disk, &installer(&i.plain), &["--change-secure-boot"]);
     assert!(out.status.success(), "{out:?}");
+    let keys = meta_keys(&disk);
+    assert!(
+        keys.iter().any(|k| k == "secure-boot") && keys.iter().any(|k| k == "secure-boot-leaving"),
+        "{keys:?}"
+    );
+    let r = boot_report(&disk, &["--write"]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
+    let keys = meta_keys(&disk);
+    assert!(
+        !keys.iter().any(|k| k.starts_with("secure-boot")),
+        "{keys:?}"
+    );
 }
 
 /// Power cut before writes spread over a Secure Boot upgrade: each cut disk

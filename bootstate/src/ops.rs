@@ -27,7 +27,7 @@ use crate::{grubenv, meta};
 use anyhow::{Context, Result, bail};
 use contract::boot::{DEFAULT_TRIES, Entry, EntryKind, EntryName, boot_order};
 use contract::grubcfg::{self, Tries};
-use contract::meta::{Meta, SlotStatus};
+use contract::meta::{Meta, SlotStatus, Tag};
 use contract::state::{Assessment, BootState, FallbackReason, Pending, best_entry};
 use contract::{Slot, state};
 use std::fs::File;
@@ -205,6 +205,11 @@ pub fn read_entries<B: Read + Seek>(
 fn meta_with(st: &Status, new: &BootState) -> Result<Meta> {
     let mut m = st.meta.clone();
     new.write_to(&mut m);
+    // Leaving Secure Boot belongs to a pending upgrade: with none, it goes
+    // (a blessing applies it first: see `bless`).
+    if new.pending.is_none() {
+        m.remove(Tag::SecureBootLeaving);
+    }
     m.encode_block().map_err(|e| {
         anyhow::anyhow!(
             "META has no room for the new slot state ({e}): nothing was written; reinstall the \
@@ -269,10 +274,12 @@ pub struct Payload {
     /// UKI as its entry in `EFI/Linux` instead of a `.conf` entry and the
     /// kernel and initramfs files (`contract::boot`, "UKI entries").
     pub ukis: Option<SlotUkis>,
-    /// The db certificate (PEM) the payload's UKIs are signed for: META's
-    /// [`Tag::SecureBoot`](contract::meta::Tag::SecureBoot) after the
-    /// upgrade (removed when `None`). Whether the disk may change it is
-    /// the caller's decision, made before.
+    /// The db certificate (PEM) the payload's UKIs are signed for. On a
+    /// disk whose META has [`Tag::SecureBoot`] a payload without it leaves
+    /// Secure Boot once it is blessed ([`Tag::SecureBootLeaving`]); the
+    /// record itself is never added or replaced by an upgrade (a disk
+    /// becomes a Secure Boot disk by an install). Whether the disk may
+    /// take the payload is the caller's decision, made before.
     pub secure_boot: Option<String>,
 }
 
@@ -405,10 +412,22 @@ fn plan_upgrade<B: Device, M: Device>(
         EntryKind::Uki => Vec::new(),
     };
     let old_entries = entry_sizes(boot, &st, target)?;
-    // What takes room: the slot's files, or its UKI.
+    // What takes room: the slot's files, or its UKI twice (its blessing
+    // writes the blessed copy before it removes the counting one).
     let mut room_files = slot_files(payload, &entry);
     if let Some(u) = &payload.ukis {
-        room_files.push((EntryKind::Uki.dir().to_string(), u.for_slot(target)));
+        let uki = u.for_slot(target);
+        if uki.len > UKI_LIMIT {
+            bail!(
+                "the UKI of slot {target} is {} MiB, more than the {} MiB a blessing or a \
+                 rollback copies: nothing was written; make the initramfs smaller",
+                uki.len >> 20,
+                UKI_LIMIT >> 20
+            );
+        }
+        for copy in ["trial", "blessed"] {
+            room_files.push((format!("{}/{copy}", EntryKind::Uki.dir()), uki));
+        }
     }
     check_room(
         &scan,
@@ -433,13 +452,11 @@ fn plan_upgrade<B: Device, M: Device>(
         payload.version
     ));
     let mut new_meta = meta_with(&st, &new)?;
-    match &payload.secure_boot {
-        Some(db) => new_meta.set(contract::meta::Tag::SecureBoot, db.as_bytes()),
-        None => new_meta.remove(contract::meta::Tag::SecureBoot),
+    if st.meta.get(Tag::SecureBoot).is_some() && payload.secure_boot.is_none() {
+        new_meta.set(Tag::SecureBootLeaving, "1");
+    } else {
+        new_meta.remove(Tag::SecureBootLeaving);
     }
-    new_meta.encode_block().map_err(|e| {
-        anyhow::anyhow!("META has no room for the db certificate ({e}): nothing was written")
-    })?;
     Ok(UpgradePlan {
         new_meta,
         new_state: new,
@@ -731,7 +748,9 @@ pub fn rollback<B: Device, M: Device>(
         st.state.version(to),
         if force { "yes" } else { "no" }
     ));
-    let new_meta = meta_with(&st, &new)?;
+    let mut new_meta = meta_with(&st, &new)?;
+    // A rollback abandons an upgrade that was leaving Secure Boot.
+    new_meta.remove(Tag::SecureBootLeaving);
     let generation = st.next_generation()?;
     room_for_an_entry(boot, text.len() as u64)?;
     let grub = grubenv::installed(boot)?;
@@ -969,7 +988,11 @@ pub fn bless<B: Device, M: Device>(
         Some(f) => format!("upgrade-succeeded slot={booted} version={version} from-version={f}"),
         None => format!("blessed slot={booted} version={version}"),
     });
-    let new_meta = meta_with(&st, &new)?;
+    let mut new_meta = meta_with(&st, &new)?;
+    // An upgrade that left Secure Boot succeeded: the disk no longer has it.
+    if from_version.is_some() && st.meta.get(Tag::SecureBootLeaving).is_some() {
+        new_meta.remove(Tag::SecureBoot);
+    }
     let mut redone = None;
     if let Some(counting) = best_entry(&st.entries, booted).filter(|e| e.tries.is_some()) {
         let good = counting.blessed();

@@ -51,10 +51,15 @@ pub enum Tag {
     /// (PEM) its firmware is enrolled with, which every UKI an upgrade
     /// installs must be signed for. Absent: no Secure Boot.
     SecureBoot = 0x31,
+    /// The pending upgrade leaves Secure Boot (`imager upgrade
+    /// --change-secure-boot` to a version without it): once that version is
+    /// blessed, [`Tag::SecureBoot`] goes; when it falls back or is rolled
+    /// back, this record goes and [`Tag::SecureBoot`] stays.
+    SecureBootLeaving = 0x32,
 }
 
 impl Tag {
-    pub const ALL: [Tag; 8] = [
+    pub const ALL: [Tag; 9] = [
         Tag::ImageName,
         Tag::DefaultSlot,
         Tag::SlotA,
@@ -63,6 +68,7 @@ impl Tag {
         Tag::History,
         Tag::TrustedKeys,
         Tag::SecureBoot,
+        Tag::SecureBootLeaving,
     ];
 
     pub fn name(self) -> &'static str {
@@ -75,6 +81,7 @@ impl Tag {
             Tag::History => "history",
             Tag::TrustedKeys => "trusted-keys",
             Tag::SecureBoot => "secure-boot",
+            Tag::SecureBootLeaving => "secure-boot-leaving",
         }
     }
 

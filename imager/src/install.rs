@@ -42,8 +42,9 @@ pub struct UpgradeOptions {
     pub disk: PathBuf,
     /// Boots the new slot is tried before systemd-boot falls back (1 to 99).
     pub tries: u32,
-    /// Let the upgrade move the disk into or out of Secure Boot (META's
-    /// `secure-boot` record follows the payload); refused without.
+    /// Let the upgrade take a Secure Boot disk out of Secure Boot (META's
+    /// `secure-boot` record goes once the new version is blessed); refused
+    /// without.
     pub change_secure_boot: bool,
 }
 
@@ -363,40 +364,61 @@ pub struct UpgradeReport {
 
 /// Before an upgrade writes: a disk that boots with Secure Boot (META's
 /// `secure-boot` record: the db certificate its firmware trusts) takes only
-/// a payload whose UKIs that certificate verifies (firmware would refuse
-/// the others after the switch); a move into or out of Secure Boot only
-/// when asked for (`change`).
+/// a payload signed for that certificate whose UKIs it verifies (firmware
+/// would refuse the others after the switch), or, when asked for
+/// (`change`), a payload without Secure Boot (the record then goes once
+/// that version is blessed: `bootstate::ops`). A disk without Secure Boot
+/// takes no Secure Boot payload: the upgrade does not rewrite the ESP's
+/// boot loader and keys, so such a disk moves to Secure Boot by an install.
 fn check_secure_boot(disk_db: Option<&str>, payload: &Payload, change: bool) -> Result<()> {
-    match (disk_db, &payload.secure_boot, change) {
-        (None, None, _) => Ok(()),
-        (Some(_), None, false) => bail!(
+    match (disk_db, &payload.secure_boot) {
+        (None, None) => Ok(()),
+        (Some(_), None) if change => Ok(()),
+        (Some(_), None) => bail!(
             "this disk boots with Secure Boot and the payload is not signed for it (no UKIs \
              signed with a db key): firmware would refuse it after the switch; nothing was \
              written. Upgrade with a secure-boot build, or pass --change-secure-boot to leave \
              Secure Boot (turn it off in the firmware first)"
         ),
-        (None, Some(_), false) => bail!(
-            "this disk does not boot with Secure Boot and the payload is a Secure Boot build: \
-             nothing was written. Pass --change-secure-boot to move the disk to Secure Boot \
-             (enrol the payload's keys in the firmware first)"
+        (None, Some(_)) => bail!(
+            "this disk does not boot with Secure Boot and the payload is a Secure Boot build; \
+             nothing was written. An upgrade does not replace the ESP's boot loader and keys: \
+             move the disk to Secure Boot by installing it (`imager install`) from the \
+             secure-boot installer{}",
+            if change {
+                " (--change-secure-boot leaves Secure Boot; it does not enter it)"
+            } else {
+                ""
+            }
         ),
-        (Some(db), Some(_), _) => {
+        (Some(db), Some(payload_db)) => {
             let cert = crate::secureboot::keys::parse_cert(db.as_bytes())
                 .context("META's secure-boot record is not a certificate: reinstall the disk")?;
-            let Some(ukis) = &payload.ukis else {
-                bail!("the payload has no UKIs");
-            };
+            let theirs = crate::secureboot::keys::parse_cert(payload_db.as_bytes())
+                .context("the payload's db certificate")?;
+            ensure!(
+                theirs == cert,
+                "the payload is signed for another db certificate than the one this disk \
+                 trusts (an upgrade does not change the db key): nothing was written. Build it \
+                 with the key directory this disk was built with (secure_boot.keys), or \
+                 reinstall the disk"
+            );
+            let ukis = payload
+                .ukis
+                .as_ref()
+                .context("the payload has a db certificate but no UKIs: rebuild the installer")?;
             for (slot, f) in [(Slot::A, &ukis.a), (Slot::B, &ukis.b)] {
                 crate::secureboot::verify_file(&f.path, &cert).with_context(|| {
                     format!(
                         "the payload's UKI of slot {slot} is not signed by the db key this disk \
-                         trusts (firmware would refuse it after the switch); nothing was written"
+                         trusts (firmware would refuse it after the switch); nothing was \
+                         written. Build it with the key directory this disk was built with \
+                         (secure_boot.keys)"
                     )
                 })?;
             }
             Ok(())
         }
-        (_, _, true) => Ok(()),
     }
 }
 
@@ -538,15 +560,7 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         refuse_data(f, &a.disk, a.wipe)?;
     }
     let esp = match &p.payload.secure_boot {
-        Some(_) => crate::build::secure_esp_files(
-            &systemd_boot_for(&p),
-            p.manifest
-                .boot
-                .as_ref()
-                .and_then(|b| b.secure_boot_enroll.as_deref())
-                .unwrap_or("force"),
-            &p.enrolment,
-        )?,
+        Some(db) => secure_esp(&p, db)?,
         None => boot::esp_files(&systemd_boot_for(&p))?,
     };
     // The entry as an upgrade writes it (title from the manifest's boot.title).
@@ -678,6 +692,55 @@ fn install_layout_error(
 
 /// The boot loader to install: the one the payload's signed manifest lists,
 /// else the build host's.
+/// The ESP of a Secure Boot install, checked before anything is written:
+/// the payload's own systemd-boot and slot A's UKI verify with the payload's
+/// db certificate (a disk whose boot loader firmware refuses boots nothing),
+/// and the three enrolment files are there.
+fn secure_esp(p: &VerifiedPayload, db: &str) -> Result<Vec<disk::FatFile>> {
+    let cert = crate::secureboot::keys::parse_cert(db.as_bytes())
+        .context("the payload's db certificate")?;
+    ensure!(
+        p.manifest
+            .artifacts
+            .iter()
+            .any(|a| a.kind == Kind::BootLoader),
+        "the Secure Boot payload carries no boot loader: rebuild the installer"
+    );
+    let loader = systemd_boot_for(p);
+    let ukis = p
+        .payload
+        .ukis
+        .as_ref()
+        .context("the Secure Boot payload has no UKIs: rebuild the installer")?;
+    for (what, path) in [("boot loader", &loader), ("UKI of slot A", &ukis.a.path)] {
+        crate::secureboot::verify_file(path, &cert).with_context(|| {
+            format!(
+                "the payload's {what} is not signed for its own db certificate: rebuild the \
+                 installer; nothing was written"
+            )
+        })?;
+    }
+    let mut names: Vec<&str> = p.enrolment.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    ensure!(
+        names == ["KEK.auth", "PK.auth", "db.auth"],
+        "the Secure Boot payload's enrolment files are {names:?}, not PK.auth, KEK.auth and \
+         db.auth: rebuild the installer"
+    );
+    let mode = p
+        .manifest
+        .boot
+        .as_ref()
+        .and_then(|b| b.secure_boot_enroll.as_deref())
+        .unwrap_or("force");
+    ensure!(
+        contract::boot::ENROLL_MODES.contains(&mode),
+        "the payload's secure-boot-enroll {mode:?} is not one of off, manual, force: rebuild \
+         the installer"
+    );
+    crate::build::secure_esp_files(&loader, mode, &p.enrolment)
+}
+
 fn systemd_boot_for(p: &VerifiedPayload) -> PathBuf {
     match p
         .manifest

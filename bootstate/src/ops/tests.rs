@@ -813,6 +813,53 @@ fn ukis_upgrade_bless_fall_back_and_roll_back_as_entries_do() {
     ));
 }
 
+/// An upgrade to a payload without Secure Boot on a disk with it (the caller
+/// allowed it): META keeps the db certificate until that version is blessed;
+/// a fallback keeps it for good.
+#[test]
+fn leaving_secure_boot_takes_effect_at_the_blessing_and_not_after_a_fallback() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut b, mut m, mut v1) = uki_disk(16, dir.path());
+    let db = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_string();
+    {
+        let (mut meta, _) = meta::read(&mut m).unwrap();
+        meta.set(Tag::SecureBoot, db.as_bytes());
+        meta::write(&mut m, &meta).unwrap();
+    }
+    v1.secure_boot = Some(db.clone());
+    let tag = |m: &mut Dev, t: Tag| meta::read(m).unwrap().0.get(t).map(str::to_string);
+    let mut boot = BootFs::new(&mut b, 0);
+    // v2 without Secure Boot, whose tries run out: Secure Boot stays.
+    let plain = payload(dir.path(), "2", 1000);
+    upgrade(&mut boot, &mut m, &plain, 1).unwrap();
+    assert_eq!(tag(&mut m, Tag::SecureBoot), Some(db.clone()));
+    assert_eq!(tag(&mut m, Tag::SecureBootLeaving).as_deref(), Some("1"));
+    assert_eq!(firmware_tries(&mut boot), Slot::B);
+    assert_eq!(firmware_tries(&mut boot), Slot::A);
+    assert!(matches!(
+        assess(&mut boot, &mut m, Slot::A).unwrap(),
+        BootOutcome::FellBack { .. }
+    ));
+    assert_eq!(tag(&mut m, Tag::SecureBoot), Some(db.clone()));
+    assert_eq!(tag(&mut m, Tag::SecureBootLeaving), None);
+    // An upgrade with Secure Boot leaves nothing pending either.
+    let v3 = uki_payload(dir.path(), "3", 1000);
+    let v3 = Payload {
+        secure_boot: Some(db.clone()),
+        ..v3
+    };
+    upgrade(&mut boot, &mut m, &v3, 3).unwrap();
+    assert_eq!(tag(&mut m, Tag::SecureBootLeaving), None);
+    rollback(&mut boot, &mut m, true).unwrap();
+    // Leaving again, blessed this time: the record goes.
+    upgrade(&mut boot, &mut m, &plain, 3).unwrap();
+    let slot = firmware_tries(&mut boot);
+    assert_eq!(assess(&mut boot, &mut m, slot).unwrap(), BootOutcome::Trial);
+    bless(&mut boot, &mut m, slot, "2").unwrap();
+    assert_eq!(tag(&mut m, Tag::SecureBoot), None);
+    assert_eq!(tag(&mut m, Tag::SecureBootLeaving), None);
+}
+
 #[test]
 fn a_uki_upgrade_is_refused_on_a_boot_with_grub_and_without_room() {
     let dir = tempfile::tempdir().unwrap();
@@ -821,11 +868,14 @@ fn a_uki_upgrade_is_refused_on_a_boot_with_grub_and_without_room() {
     let e = upgrade(&mut BootFs::new(&mut b, 0), &mut m, &v2, 3).unwrap_err();
     assert!(format!("{e:#}").contains("GRUB cannot run"), "{e:#}");
     let (mut b, mut m, _) = uki_disk(16, dir.path());
-    let big = uki_payload(dir.path(), "2", 17 << 20);
-    let before = b.clone();
-    let e = upgrade(&mut BootFs::new(&mut b, 0), &mut m, &big, 3).unwrap_err();
-    assert!(format!("{e:#}").contains("no room"), "{e:#}");
-    assert!(b.get_ref() == before.get_ref(), "nothing written");
+    // 9 MiB fits once on this BOOT but not twice, as its blessing needs.
+    for size in [17 << 20, 9 << 20] {
+        let big = uki_payload(dir.path(), "2", size);
+        let before = b.clone();
+        let e = upgrade(&mut BootFs::new(&mut b, 0), &mut m, &big, 3).unwrap_err();
+        assert!(format!("{e:#}").contains("no room"), "{e:#}");
+        assert!(b.get_ref() == before.get_ref(), "nothing written");
+    }
 }
 
 #[test]
