@@ -82,7 +82,7 @@ pub struct VerifiedPayload {
     pub manifest: Manifest,
     /// A Secure Boot payload's enrolment files (`PK.auth`, `KEK.auth`,
     /// `db.auth`), checked against their signed digests; empty otherwise.
-    pub enrolment: Vec<(String, Vec<u8>)>,
+    pub enrolment: NamedFiles,
     /// The trusted key that signed it.
     pub key: VerifyingKey,
     /// Keeps an extracted archive alive while the payload is used.
@@ -241,66 +241,8 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
         "the payload manifest has no `boot` section (title, cmdline): it was made by an \
          older imager; rebuild the installer",
     )?;
-    // The slots' UKIs, when the slots boot from them: both, or neither.
-    let uki = |slot: Slot| -> Option<PayloadFile> {
-        let name = paths::output::uki(slot);
-        manifest
-            .artifacts
-            .iter()
-            .find(|a| a.kind == Kind::Uki && a.path == name)
-            .map(|a| PayloadFile {
-                path: dir.join(&a.path),
-                sha256: a.sha256.clone(),
-                len: a.size,
-            })
-    };
-    let ukis = match (uki(Slot::A), uki(Slot::B)) {
-        (Some(a), Some(b)) => Some(bootstate::ops::SlotUkis { a, b }),
-        (None, None) => None,
-        _ => bail!(
-            "the payload manifest lists the UKI of one slot but not the other ({} and {} \
-             go together): rebuild the installer",
-            paths::output::UKI_A,
-            paths::output::UKI_B
-        ),
-    };
-    // Small files read whole, against their signed digests.
-    let read = |a: &crate::artifact::Artifact| -> Result<Vec<u8>> {
-        let path = dir.join(&a.path);
-        let bytes = crate::input::read_head(&path, "payload file", 64 * 1024 + 1)?;
-        ensure!(
-            bytes.len() as u64 == a.size && a.size <= 64 * 1024,
-            "{} in the payload is not the signed file ({} bytes, not {}): the installer \
-             image was changed; nothing was written",
-            a.path,
-            bytes.len(),
-            a.size
-        );
-        let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
-        ensure!(
-            sha == a.sha256,
-            "{} in the payload is not the signed file (sha256 {sha}, not {}): the installer \
-             image was changed; nothing was written",
-            a.path,
-            a.sha256
-        );
-        Ok(bytes)
-    };
-    let mut secure_boot = None;
-    let mut enrolment = Vec::new();
-    for a in &manifest.artifacts {
-        match a.kind {
-            Kind::SecureBootDb => {
-                let pem = String::from_utf8(read(a)?)
-                    .context("the payload's db certificate is not PEM text")?;
-                crate::secureboot::keys::parse_cert(pem.as_bytes())
-                    .context("the payload's db certificate")?;
-                secure_boot = Some(pem);
-            }
-            Kind::SecureBootAuth => enrolment.push((a.path.clone(), read(a)?)),
-            _ => {}
-        }
-    }
+    let ukis = payload_ukis(&manifest, &dir)?;
+    let (secure_boot, enrolment) = secure_boot_parts(&manifest, &dir)?;
     ensure!(
         secure_boot.is_none() || ukis.is_some(),
         "the payload has a Secure Boot db certificate but no UKIs to boot: rebuild the installer"
@@ -321,6 +263,74 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
         key,
         _work: work,
     })
+}
+
+/// The slots' UKIs a payload lists, when its slots boot them: both, or
+/// neither.
+fn payload_ukis(manifest: &Manifest, dir: &Path) -> Result<Option<bootstate::ops::SlotUkis>> {
+    let uki = |slot: Slot| -> Option<PayloadFile> {
+        let name = paths::output::uki(slot);
+        manifest
+            .artifacts
+            .iter()
+            .find(|a| a.kind == Kind::Uki && a.path == name)
+            .map(|a| PayloadFile {
+                path: dir.join(&a.path),
+                sha256: a.sha256.clone(),
+                len: a.size,
+            })
+    };
+    Ok(match (uki(Slot::A), uki(Slot::B)) {
+        (Some(a), Some(b)) => Some(bootstate::ops::SlotUkis { a, b }),
+        (None, None) => None,
+        _ => bail!(
+            "the payload manifest lists the UKI of one slot but not the other ({} and {} \
+             go together): rebuild the installer",
+            paths::output::UKI_A,
+            paths::output::UKI_B
+        ),
+    })
+}
+
+/// Named files read whole: a Secure Boot payload's enrolment files.
+type NamedFiles = Vec<(String, Vec<u8>)>;
+
+/// A Secure Boot payload's db certificate (PEM) and enrolment files, read
+/// whole and checked against their signed digests; `(None, [])` for a
+/// payload without Secure Boot.
+fn secure_boot_parts(manifest: &Manifest, dir: &Path) -> Result<(Option<String>, NamedFiles)> {
+    const SMALL: u64 = 64 * 1024;
+    let read = |a: &crate::artifact::Artifact| -> Result<Vec<u8>> {
+        let path = dir.join(&a.path);
+        let bytes = crate::input::read_head(&path, "payload file", SMALL + 1)?;
+        let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        ensure!(
+            bytes.len() as u64 == a.size && a.size <= SMALL && sha == a.sha256,
+            "{} in the payload is not the signed file ({} bytes, sha256 {sha}; signed: {} \
+             bytes, {}): the installer image was changed; nothing was written",
+            a.path,
+            bytes.len(),
+            a.size,
+            a.sha256
+        );
+        Ok(bytes)
+    };
+    let mut db = None;
+    let mut enrolment = Vec::new();
+    for a in &manifest.artifacts {
+        match a.kind {
+            Kind::SecureBootDb => {
+                let pem = String::from_utf8(read(a)?)
+                    .context("the payload's db certificate is not PEM text")?;
+                crate::secureboot::keys::parse_cert(pem.as_bytes())
+                    .context("the payload's db certificate")?;
+                db = Some(pem);
+            }
+            Kind::SecureBootAuth => enrolment.push((a.path.clone(), read(a)?)),
+            _ => {}
+        }
+    }
+    Ok((db, enrolment))
 }
 
 /// BOOT and META of a disk locked for one change ([`bootstate::disk`]):
