@@ -31,19 +31,10 @@ pub(super) struct Date {
 
 impl Date {
     pub(super) fn of(epoch: u64) -> Date {
-        let days = (epoch / 86400) as i64;
         let secs = epoch % 86400;
-        let z = days + 719_468;
-        let era = z.div_euclid(146_097);
-        let doe = z.rem_euclid(146_097);
-        let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let day = doy - (153 * mp + 2) / 5 + 1;
-        let month = if mp < 10 { mp + 3 } else { mp - 9 };
-        let year = yoe + era * 400 + i64::from(month <= 2);
+        let (year, month, day) = contract::date::civil_from_days(epoch / 86400);
         Date {
-            year: year.max(0) as u64,
+            year,
             month: month as u8,
             day: day as u8,
             hour: (secs / 3600) as u8,

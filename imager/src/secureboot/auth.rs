@@ -72,18 +72,8 @@ pub fn x509_signature_list(owner: &Uuid, cert_der: &[u8]) -> Result<Vec<u8>> {
 /// The `EFI_TIME` of a Unix time (UTC, whole seconds). Refuses a time
 /// outside the years EFI_TIME can hold (1900 to 9999).
 pub fn efi_time(epoch: u64) -> Result<[u8; 16]> {
-    let days = i64::try_from(epoch / 86400).context("SOURCE_DATE_EPOCH is too large")?;
     let secs = epoch % 86400;
-    // Days since 1970-01-01 to a civil date (proleptic Gregorian).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = contract::date::civil_from_days(epoch / 86400);
     ensure!(
         (1900..=9999).contains(&year),
         "SOURCE_DATE_EPOCH={epoch} is in the year {year}: an EFI_TIME holds 1900 to 9999"
