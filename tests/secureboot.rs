@@ -154,7 +154,7 @@ fn vars(name: &str, enrol: bool) -> PathBuf {
         std::fs::copy(imager::qemu::OVMF_VARS, &out).unwrap();
         return out;
     }
-    enrolled_vars(&keys().dir, &out)
+    enrolled_vars(&keys().dir, &out, true)
 }
 
 fn sb_opts(disk: &Path, vars: &Path) -> BootOptions {

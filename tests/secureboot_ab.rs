@@ -92,7 +92,21 @@ fn images() -> &'static Images {
 
 /// An OVMF variable store with the test keys enrolled and Secure Boot on.
 fn vars(name: &str) -> PathBuf {
-    enrolled_vars(&images().keys, &scratch().join(format!("{name}.vars.fd")))
+    enrolled_vars(
+        &images().keys,
+        &scratch().join(format!("{name}.vars.fd")),
+        true,
+    )
+}
+
+/// The same keys enrolled with Secure Boot off: the image's systemd-boot
+/// does not enrol (not setup mode) and firmware checks nothing.
+fn vars_off(name: &str) -> PathBuf {
+    enrolled_vars(
+        &images().keys,
+        &scratch().join(format!("{name}.off.vars.fd")),
+        false,
+    )
 }
 
 /// A fresh sparse copy of the v1 disk.
@@ -327,7 +341,8 @@ fn a_command_line_given_at_boot_has_no_effect() {
     // The control: without Secure Boot the stub takes the entry's line, so
     // the extra entry is the one systemd-boot starts, and it stops at stage 1.
     let control = sparse_copy(&disk, "sb-cmdline-control");
-    let e = boot_report(&control, &[]).unwrap_err();
+    let off = vars_off("sb-cmdline");
+    let e = boot_report(&control, &["--secure-boot", off.to_str().unwrap()]).unwrap_err();
     assert!(e.contains("machined.break=stage1"), "{e}");
     let vars = vars("sb-cmdline");
     let (r, console) = sb_boot(&disk, &vars, false);
@@ -400,8 +415,11 @@ fn upgrades_across_secure_boot_or_from_an_untrusted_db_key_are_refused() {
         keys.iter().any(|k| k == "secure-boot") && keys.iter().any(|k| k == "secure-boot-leaving"),
         "{keys:?}"
     );
-    let r = boot_report(&disk, &["--write"]).unwrap_or_else(|e| panic!("{e}"));
+    let off = vars_off("sb-refusals");
+    let r = boot_report(&disk, &["--write", "--secure-boot", off.to_str().unwrap()])
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
+    assert_eq!(r["secure_boot"], "off", "{r}");
     let keys = meta_keys(&disk);
     assert!(
         !keys.iter().any(|k| k.starts_with("secure-boot")),

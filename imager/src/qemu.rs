@@ -663,8 +663,21 @@ impl Session {
                 ),
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     let status = self.guest.child.wait().context("waiting for qemu")?;
+                    // systemd-boot of a Secure Boot image enrols its keys on
+                    // a machine in setup mode and resets it.
+                    let enrolled = self
+                        .con
+                        .tail()
+                        .contains("Enrolling secure boot keys from directory");
+                    let hint = if enrolled && !self.reboots {
+                        " (systemd-boot enrolled the image's Secure Boot keys and reset the \
+                         machine: boot with --reboots, and with --secure-boot VARS so that \
+                         the keys stay in the variable store)"
+                    } else {
+                        ""
+                    };
                     bail!(
-                        "qemu exited ({status}) before {what}; last console lines:\n{}",
+                        "qemu exited ({status}) before {what}{hint}; last console lines:\n{}",
                         self.con.tail()
                     );
                 }

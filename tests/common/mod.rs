@@ -253,9 +253,12 @@ pub fn dev_key() -> PathBuf {
 }
 
 /// An OVMF variable store at `out` with the key set of `keys` (a directory
-/// of `imager keygen --secure-boot`) enrolled by `virt-fw-vars` and Secure
-/// Boot on: independent of our own enrolment files.
-pub fn enrolled_vars(keys: &Path, out: &Path) -> PathBuf {
+/// of `imager keygen --secure-boot`) enrolled by `virt-fw-vars`, independent
+/// of our own enrolment files; Secure Boot on, or (`secure_boot` false) off:
+/// the firmware in user mode, enforcing nothing (a Secure Boot image's
+/// systemd-boot enrols its keys on a machine in setup mode, which this
+/// store is not).
+pub fn enrolled_vars(keys: &Path, out: &Path, secure_boot: bool) -> PathBuf {
     let guid = std::fs::read_to_string(keys.join("GUID")).unwrap();
     let guid = guid.trim();
     let _ = std::fs::remove_file(out);
@@ -273,7 +276,11 @@ pub fn enrolled_vars(keys: &Path, out: &Path) -> PathBuf {
         .arg("--add-db")
         .arg(guid)
         .arg(keys.join("db.crt"))
-        .arg("--secure-boot"));
+        .args(if secure_boot {
+            &["--secure-boot"][..]
+        } else {
+            &[]
+        }));
     out.to_path_buf()
 }
 
