@@ -1,8 +1,8 @@
 //! Attaching a file to a loop device, read-only, as losetup does.
 
-use crate::sys::{check, cstr};
+use crate::sys::{check, open};
 use anyhow::{Context, Result, anyhow};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 // <linux/loop.h>
 const LOOP_SET_FD: libc::c_ulong = 0x4C00;
@@ -59,17 +59,6 @@ fn info(backing: &str) -> LoopInfo64 {
         lo_encrypt_key: [0; LO_KEY_SIZE],
         lo_init: [0; 2],
     }
-}
-
-fn open(path: &str, flags: libc::c_int) -> Result<OwnedFd> {
-    let c = cstr(path)?;
-    // SAFETY: valid C string.
-    let fd = check(
-        unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) },
-        || format!("open {path}"),
-    )?;
-    // SAFETY: fd was just opened and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Attaches `backing` read-only to a free loop device and returns the

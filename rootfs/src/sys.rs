@@ -141,6 +141,19 @@ pub fn lock(f: &std::fs::File, path: &std::path::Path) -> Result<()> {
     }
 }
 
+/// Opens `path` with `flags` (and `O_CLOEXEC`) as an owned descriptor.
+pub fn open(path: &str, flags: libc::c_int) -> Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let c = cstr(path)?;
+    // SAFETY: valid C string.
+    let fd = check(
+        unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) },
+        || format!("open {path}"),
+    )?;
+    // SAFETY: just opened, owned by nobody else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,11 +17,11 @@
 use crate::console::say;
 use crate::loopdev;
 use crate::mount;
-use crate::sys::{check, cstr};
+use crate::sys::{check, open};
 use anyhow::{Context, Result, bail};
 use contract::ready::Root;
 use contract::verity::{self, BLOCK_SIZE, Superblock};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -108,17 +108,6 @@ impl Request {
         )?;
         Ok(())
     }
-}
-
-fn open(path: &str, flags: libc::c_int) -> Result<OwnedFd> {
-    let c = cstr(path)?;
-    // SAFETY: valid C string.
-    let fd = check(
-        unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC) },
-        || format!("open {path}"),
-    )?;
-    // SAFETY: just opened, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn size(path: &str) -> Result<u64> {
