@@ -399,6 +399,72 @@ impl<D: Device> BootFs<D> {
         Ok(written)
     }
 
+    /// Replaces the existing file `path` with `len` bytes from `src` so that
+    /// a power cut at any write leaves `path` whole, old or new (for a file
+    /// that must always be there: the ESP's boot loader). In order:
+    ///
+    /// 1. the new bytes become the file [`replacement`]`(path)`, complete
+    ///    ([`Self::create`]: its length is written last);
+    /// 2. `path`'s entry takes the new file's first cluster and length, in
+    ///    one 32-byte write ([`crate::fatfix::point_entry`]): from here
+    ///    `path` reads new; the old clusters are held by nothing;
+    /// 3. the replacement's entries are marked deleted, its clusters kept
+    ///    (they are `path`'s now);
+    /// 4. the old clusters are freed ([`Self::reclaim`]).
+    ///
+    /// A cut between 2 and 3 leaves two names on the new clusters, which
+    /// the scan of every other change refuses: [`Self::finish_replace`],
+    /// run first by `replace`, finishes that state (and removes a
+    /// replacement a cut left before step 2). Syncs after each step.
+    pub fn replace(&mut self, path: &str, src: &mut dyn Read, len: u64) -> Result<()> {
+        check_path(path)?;
+        // First: a cut replacement leaves a state the scan refuses.
+        self.finish_replace(path)?;
+        if !self.exists(path)? {
+            bail!("{path} does not exist on BOOT: there is nothing to replace");
+        }
+        let tmp = replacement(path);
+        // 1.
+        self.create(&tmp, src, len)?;
+        // 2.
+        let (first, size) = crate::fatfix::file_extent(&mut self.dev, &tmp)?
+            .ok_or_else(|| anyhow::anyhow!("{tmp} vanished from BOOT"))?;
+        self.scanned = None;
+        crate::fatfix::point_entry(&mut self.dev, path, first, size)
+            .with_context(|| format!("switching {path} to its new contents"))?;
+        self.dev.sync().context("syncing BOOT")?;
+        // 3.
+        crate::fatfix::forget_file(&mut self.dev, &tmp)
+            .with_context(|| format!("dropping the name {tmp}"))?;
+        self.dev.sync().context("syncing BOOT")?;
+        // 4.
+        self.reclaim()?;
+        Ok(())
+    }
+
+    /// Finishes a [`Self::replace`] of `path` that a power cut interrupted:
+    /// a replacement that shares `path`'s clusters (cut after the switch)
+    /// loses its name; one that does not (cut before) is removed. Nothing
+    /// to do otherwise. Returns whether it changed anything.
+    pub fn finish_replace(&mut self, path: &str) -> Result<bool> {
+        check_path(path)?;
+        let tmp = replacement(path);
+        let Some((tmp_first, _)) = crate::fatfix::file_extent(&mut self.dev, &tmp)? else {
+            return Ok(false);
+        };
+        let shared = crate::fatfix::file_extent(&mut self.dev, path)?
+            .is_some_and(|(first, _)| first == tmp_first && first >= 2);
+        self.scanned = None;
+        if shared {
+            crate::fatfix::forget_file(&mut self.dev, &tmp)?;
+            self.dev.sync().context("syncing BOOT")?;
+        } else {
+            self.remove(&tmp)?;
+        }
+        self.scanned = None;
+        Ok(true)
+    }
+
     /// Removes `path` crash-safely and syncs; false if it was not there.
     pub fn remove(&mut self, path: &str) -> Result<bool> {
         check_path(path)?;
@@ -410,6 +476,18 @@ impl<D: Device> BootFs<D> {
         }
         Ok(found)
     }
+}
+
+/// The name a file's replacement is written under before it takes the
+/// file's place ([`BootFs::replace`]): the same directory and stem,
+/// extension `NEW` (`EFI/BOOT/BOOTX64.EFI` → `EFI/BOOT/BOOTX64.NEW`).
+pub fn replacement(path: &str) -> String {
+    let (dir, name) = match path.rsplit_once('/') {
+        Some((d, n)) => (format!("{d}/"), n),
+        None => (String::new(), path),
+    };
+    let stem = name.rsplit_once('.').map_or(name, |(s, _)| s);
+    format!("{dir}{stem}.NEW")
 }
 
 /// The unit [`BootFs::overwrite_in_place`] writes: a 512-byte sector,
@@ -582,6 +660,84 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A replacement cut at any write leaves the file whole, old or new
+    /// (new from the switch on), on FAT16 and FAT32; the next replacement
+    /// (which finishes a cut one first) completes, and fsck.fat then finds
+    /// the volume clean: no shared clusters, nothing lost.
+    #[test]
+    fn replacement_is_crash_safe_at_every_write() {
+        let fat32 = || {
+            let mut dev = Cursor::new(vec![0u8; 40 << 20]);
+            fatfs::format_volume(
+                &mut dev,
+                fatfs::FormatVolumeOptions::new()
+                    .fat_type(fatfs::FatType::Fat32)
+                    .bytes_per_cluster(512),
+            )
+            .unwrap();
+            dev
+        };
+        let path = "EFI/BOOT/BOOTX64.EFI";
+        assert_eq!(replacement(path), "EFI/BOOT/BOOTX64.NEW");
+        assert_eq!(replacement("loader.conf"), "loader.NEW");
+        let old: Vec<u8> = (0..70_000u32).map(|i| (i % 253) as u8).collect();
+        let new: Vec<u8> = (0..150_000u32).map(|i| (i % 241) as u8).collect();
+        let sha = |b: &[u8]| hex(&Sha256::digest(b));
+        for (kind, dev) in [("FAT16", blank(512, 40 << 20)), ("FAT32", fat32())] {
+            let mut base = BootFs::new(dev, 0);
+            base.ensure_dir("EFI").unwrap();
+            base.ensure_dir("EFI/BOOT").unwrap();
+            base.create(path, &mut &old[..], old.len() as u64).unwrap();
+            let image = base.into_inner().into_inner();
+            let mut total = Faulty::counting(Cursor::new(image.clone()));
+            BootFs::new(&mut total, 0)
+                .replace(path, &mut &new[..], new.len() as u64)
+                .unwrap();
+            let writes = total.writes();
+            assert!(writes > 4, "{kind}: {writes} writes");
+            let mut saw_new_at = None;
+            for n in 1..=writes {
+                let mut dev = Faulty::failing_at(Cursor::new(image.clone()), n);
+                assert!(
+                    BootFs::new(&mut dev, 0)
+                        .replace(path, &mut &new[..], new.len() as u64)
+                        .is_err(),
+                    "{kind}: cut {n}"
+                );
+                let cut = dev.into_inner();
+                // What firmware reads: the file whole, old or new, through
+                // its own FAT code (fatfs, not ours).
+                let mut c = cut.clone();
+                c.set_position(0);
+                let fs = fatfs::FileSystem::new(&mut c, fatfs::FsOptions::new()).unwrap();
+                let mut got = Vec::new();
+                std::io::Read::read_to_end(&mut fs.root_dir().open_file(path).unwrap(), &mut got)
+                    .unwrap();
+                drop(fs);
+                if got == new {
+                    saw_new_at.get_or_insert(n);
+                } else {
+                    assert!(got == old, "{kind}: cut {n}: neither old nor new");
+                    assert!(saw_new_at.is_none(), "{kind}: cut {n}: old after new");
+                }
+                // The next replacement finishes the cut one and completes.
+                let mut fs = BootFs::new(cut, 0);
+                fs.replace(path, &mut &new[..], new.len() as u64)
+                    .unwrap_or_else(|e| panic!("{kind}: cut {n}: {e:#}"));
+                assert_eq!(fs.hash(path).unwrap().0, sha(&new), "{kind}: cut {n}");
+                assert!(!fs.exists(&replacement(path)).unwrap(), "{kind}: cut {n}");
+                let said = crate::testutil::fsck(fs.into_inner().get_ref());
+                for bad in ["share", "Reclaimed", "Not auto-correcting", "outside a LFN"] {
+                    assert!(
+                        !said.contains(bad),
+                        "{kind}: cut {n}: fsck.fat says:\n{said}"
+                    );
+                }
+            }
+            assert!(saw_new_at.is_some(), "{kind}: no cut read the new file");
         }
     }
 }

@@ -267,6 +267,79 @@ pub(crate) fn find<T: Read + Seek>(dev: &mut T, g: &Geometry, path: &str) -> Res
     Ok(None)
 }
 
+/// Points the existing file `path` at the cluster chain `first_cluster` of
+/// `size` bytes: its short entry's first cluster and length are rewritten
+/// with one 32-byte write (an entry never straddles a sector: the switch is
+/// atomic where a disk writes a sector whole). The chain it held before is
+/// held by nothing afterwards. The caller syncs.
+pub fn point_entry<T: Read + Write + Seek>(
+    dev: &mut T,
+    path: &str,
+    first_cluster: u32,
+    size: u64,
+) -> Result<()> {
+    let g = geometry(dev)?;
+    let Some(f) = find(dev, &g, path)? else {
+        bail!("{path} does not exist");
+    };
+    if f.is_dir {
+        bail!("{path} is a directory");
+    }
+    if !g.valid_cluster(first_cluster) {
+        bail!("cluster {first_cluster} is outside the volume");
+    }
+    let size =
+        u32::try_from(size).map_err(|_| anyhow::anyhow!("{size} bytes do not fit a FAT file"))?;
+    let mut e = [0u8; ENTRY];
+    dev.seek(SeekFrom::Start(f.short))?;
+    dev.read_exact(&mut e)?;
+    set_cluster(&mut e, first_cluster);
+    e[28..32].copy_from_slice(&size.to_le_bytes());
+    dev.seek(SeekFrom::Start(f.short))?;
+    dev.write_all(&e)?;
+    dev.flush()?;
+    Ok(())
+}
+
+/// The first cluster and length of the file `path`, if it exists.
+pub fn file_extent<T: Read + Seek>(dev: &mut T, path: &str) -> Result<Option<(u32, u64)>> {
+    let g = geometry(dev)?;
+    Ok(find(dev, &g, path)?
+        .filter(|f| !f.is_dir)
+        .map(|f| (f.first_cluster, f.size)))
+}
+
+/// Marks the entries of the file `path` deleted (the short entry first,
+/// then its long-name entries last to first, as [`remove_file`]) and leaves
+/// its clusters allocated: they belong to another entry now (a replacement,
+/// see `BootFs::replace`). Returns false when there is no such file. The
+/// caller syncs.
+pub fn forget_file<T: Read + Write + Seek>(dev: &mut T, path: &str) -> Result<bool> {
+    let g = geometry(dev)?;
+    let Some(f) = find(dev, &g, path)? else {
+        return Ok(false);
+    };
+    if f.is_dir {
+        bail!("{path} is a directory");
+    }
+    mark_deleted(dev, &f)?;
+    dev.flush()?;
+    Ok(true)
+}
+
+/// Marks a found file's entries deleted: its short entry first (from then
+/// on the file is gone), then its long-name entries from the one next to
+/// the short entry back to the first: a cut then leaves the start of the
+/// sequence, which fsck.fat deletes by itself as an orphan, never a middle
+/// fragment without its start, which it will not correct.
+fn mark_deleted<T: Write + Seek>(dev: &mut T, f: &Found) -> Result<()> {
+    for at in std::iter::once(f.short).chain(f.long.iter().rev().copied()) {
+        dev.seek(SeekFrom::Start(at))?;
+        dev.write_all(&[0xE5])?;
+    }
+    Ok(())
+}
+
 /// Removes the file `path` so that a power cut at any write leaves a
 /// consistent filesystem: first its short entry is marked deleted (one
 /// 32-byte write: from then on the file is gone), then its long-name
@@ -283,14 +356,7 @@ pub fn remove_file<T: Read + Write + Seek>(dev: &mut T, path: &str) -> Result<bo
     if f.is_dir {
         bail!("{path} is a directory");
     }
-    // The long-name entries from the one next to the short entry back to
-    // the first: a cut then leaves the start of the sequence, which
-    // fsck.fat deletes by itself as an orphan, never a middle fragment
-    // without its start, which it will not correct.
-    for at in std::iter::once(f.short).chain(f.long.iter().rev().copied()) {
-        dev.seek(SeekFrom::Start(at))?;
-        dev.write_all(&[0xE5])?;
-    }
+    mark_deleted(dev, &f)?;
     if f.first_cluster != 0 && !g.valid_cluster(f.first_cluster) {
         bail!(
             "{path} starts at cluster {}, outside the volume",
