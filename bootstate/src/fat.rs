@@ -281,12 +281,25 @@ impl<D: Device> BootFs<D> {
         check_path(dir)?;
         {
             let fs = self.open()?;
-            if fs.root_dir().open_dir(dir).is_ok() {
-                return Ok(());
+            match fs.root_dir().open_dir(dir) {
+                // A directory starts with `.` and `..`; one without was
+                // cut short in its creation, and is finished below.
+                Ok(d) => {
+                    let first: Vec<String> = d
+                        .iter()
+                        .take(2)
+                        .map(|e| e.map(|e| e.file_name()).unwrap_or_default())
+                        .collect();
+                    if first == [".", ".."] {
+                        return Ok(());
+                    }
+                }
+                Err(_) => {
+                    fs.root_dir()
+                        .create_dir(dir)
+                        .with_context(|| format!("creating directory {dir} on BOOT"))?;
+                }
             }
-            fs.root_dir()
-                .create_dir(dir)
-                .with_context(|| format!("creating directory {dir} on BOOT"))?;
             fs.unmount().context("closing BOOT")?;
         }
         crate::fatfix::fix_dot_entries(&mut self.dev)
@@ -683,8 +696,8 @@ mod tests {
         let path = "EFI/BOOT/BOOTX64.EFI";
         assert_eq!(replacement(path), "EFI/BOOT/BOOTX64.NEW");
         assert_eq!(replacement("loader.conf"), "loader.NEW");
-        let old: Vec<u8> = (0..70_000u32).map(|i| (i % 253) as u8).collect();
-        let new: Vec<u8> = (0..150_000u32).map(|i| (i % 241) as u8).collect();
+        let old: Vec<u8> = (0..12_000u32).map(|i| (i % 253) as u8).collect();
+        let new: Vec<u8> = (0..30_000u32).map(|i| (i % 241) as u8).collect();
         let sha = |b: &[u8]| hex(&Sha256::digest(b));
         for (kind, dev) in [("FAT16", blank(512, 40 << 20)), ("FAT32", fat32())] {
             let mut base = BootFs::new(dev, 0);

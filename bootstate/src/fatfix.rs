@@ -96,7 +96,9 @@ pub fn fix_dot_entries<T: Read + Write + Seek>(dev: &mut T) -> Result<()> {
             fixed.resize(fixed.len() + 2 * ENTRY, 0);
             buf = fixed;
         } else if !(slot(&buf, 0).1 == DOT && slot(&buf, 1).1 == DOTDOT) {
-            bail!("directory at cluster {dir} does not start with `.` and `..`");
+            buf = unfinished_dir(&buf, dir).ok_or_else(|| {
+                anyhow::anyhow!("directory at cluster {dir} does not start with `.` and `..`")
+            })?;
         }
         set_cluster(&mut buf[ENTRY..2 * ENTRY], parent);
         write_ranges(dev, &chain, &buf)?;
@@ -107,6 +109,43 @@ pub fn fix_dot_entries<T: Read + Write + Seek>(dev: &mut T) -> Result<()> {
     }
     dev.flush()?;
     Ok(())
+}
+
+/// A directory whose creation a power cut interrupted, made whole: fatfs
+/// zeroes the new cluster, writes the parent's entry for it, then `.` and
+/// `..` (each after a long-name entry), so a cut leaves a prefix of those
+/// four entries and then the end of the directory. Such a directory holds
+/// nothing: it is given its two dot entries (the `.` it has, or a new
+/// one). Anything else in it (a real directory that lost its dot entries)
+/// gives None.
+fn unfinished_dir(buf: &[u8], dir: u32) -> Option<Vec<u8>> {
+    let mut dot = None;
+    for e in buf.chunks_exact(ENTRY) {
+        if e[0] == 0 {
+            break;
+        }
+        if e[11] == ATTR_LFN {
+            continue;
+        }
+        match &e[..11] {
+            n if n == DOT => dot = Some(e.to_vec()),
+            n if n == DOTDOT => {}
+            _ => return None,
+        }
+    }
+    let dot = dot.unwrap_or_else(|| {
+        let mut e = vec![0u8; ENTRY];
+        e[..11].copy_from_slice(DOT);
+        e[11] = ATTR_DIR;
+        set_cluster(&mut e, dir);
+        e
+    });
+    let mut dotdot = dot.clone();
+    dotdot[..11].copy_from_slice(DOTDOT);
+    let mut fresh = vec![0u8; buf.len()];
+    fresh[..ENTRY].copy_from_slice(&dot);
+    fresh[ENTRY..2 * ENTRY].copy_from_slice(&dotdot);
+    Some(fresh)
 }
 
 /// Fills the FSInfo sector's free-cluster count and next-free hint, which

@@ -205,10 +205,11 @@ pub fn read_entries<B: Read + Seek>(
 fn meta_with(st: &Status, new: &BootState) -> Result<Meta> {
     let mut m = st.meta.clone();
     new.write_to(&mut m);
-    // Leaving Secure Boot belongs to a pending upgrade: with none, it goes
-    // (a blessing applies it first: see `bless`).
+    // Leaving or entering Secure Boot belongs to a pending upgrade: with
+    // none, the record goes (a blessing applies it first: see `bless`).
     if new.pending.is_none() {
         m.remove(Tag::SecureBootLeaving);
+        m.remove(Tag::SecureBootEntering);
     }
     m.encode_block().map_err(|e| {
         anyhow::anyhow!(
@@ -277,9 +278,10 @@ pub struct Payload {
     /// The db certificate (PEM) the payload's UKIs are signed for. On a
     /// disk whose META has [`Tag::SecureBoot`] a payload without it leaves
     /// Secure Boot once it is blessed ([`Tag::SecureBootLeaving`]); the
-    /// record itself is never added or replaced by an upgrade (a disk
-    /// becomes a Secure Boot disk by an install). Whether the disk may
-    /// take the payload is the caller's decision, made before.
+    /// record itself is never replaced by an upgrade, and added only by
+    /// [`upgrade_into_secure_boot`] (through [`Tag::SecureBootEntering`]).
+    /// Whether the disk may take the payload is the caller's decision, made
+    /// before.
     pub secure_boot: Option<String>,
 }
 
@@ -327,6 +329,16 @@ fn clusters(len: u64, cluster: u64) -> u64 {
     len.div_ceil(cluster).max(1) * cluster
 }
 
+/// What an upgrade does with GRUB's rendering on BOOT, when BOOT has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GrubRendering {
+    /// Kept in step with the new state (the BIOS path goes on booting).
+    Keep,
+    /// Taken off before the upgrade (entering Secure Boot: UKI slots, which
+    /// GRUB cannot run).
+    TakeOff,
+}
+
 /// An upgrade decided and checked before its first write.
 struct UpgradePlan {
     st: Status,
@@ -358,6 +370,7 @@ fn plan_upgrade<B: Device, M: Device>(
     meta_dev: &mut M,
     payload: &Payload,
     tries: u32,
+    grub: GrubRendering,
 ) -> Result<UpgradePlan> {
     let st = status(boot, meta_dev)?;
     let target = st.state.upgrade_target();
@@ -382,7 +395,7 @@ fn plan_upgrade<B: Device, M: Device>(
     };
     // GRUB's rendering, when BOOT has it: ours, and the entry one GRUB can
     // boot as systemd-boot does.
-    let grub_slot_cfg = if grubenv::installed(boot)? {
+    let grub_slot_cfg = if grub == GrubRendering::Keep && grubenv::installed(boot)? {
         if kind == EntryKind::Uki {
             bail!(
                 "BOOT carries GRUB's rendering (the BIOS path), and this payload boots slots \
@@ -457,6 +470,8 @@ fn plan_upgrade<B: Device, M: Device>(
     } else {
         new_meta.remove(Tag::SecureBootLeaving);
     }
+    // (Set again by `upgrade_into_secure_boot`, which checks it fits.)
+    new_meta.remove(Tag::SecureBootEntering);
     Ok(UpgradePlan {
         new_meta,
         new_state: new,
@@ -566,7 +581,18 @@ pub fn upgrade<B: Device, M: Device>(
     payload: &Payload,
     tries: u32,
 ) -> Result<Upgraded> {
-    let plan = plan_upgrade(boot, meta_dev, payload, tries)?;
+    let plan = plan_upgrade(boot, meta_dev, payload, tries, GrubRendering::Keep)?;
+    apply_upgrade(boot, meta_dev, payload, plan, tries)
+}
+
+/// The writes of an upgrade `plan`, in their order (docs/design.md).
+fn apply_upgrade<B: Device, M: Device>(
+    boot: &mut BootFs<B>,
+    meta_dev: &mut M,
+    payload: &Payload,
+    plan: UpgradePlan,
+    tries: u32,
+) -> Result<Upgraded> {
     let (target, fallback) = (plan.target, plan.fallback);
     let files = slot_files(payload, &plan.entry);
     // 0. Clusters that no file holds (left by cut upgrades) are freed.
@@ -676,6 +702,111 @@ pub fn upgrade<B: Device, M: Device>(
     })
 }
 
+/// Moves a disk without Secure Boot to a Secure Boot payload (whose UKIs
+/// and `loader`, its signed systemd-boot, the caller has verified against
+/// the payload's db certificate). Checks everything before its first write
+/// (the upgrade's checks, the ESP's room, META's room for the db
+/// certificate; a replacement of the boot loader that an earlier run left
+/// cut short is finished before the ESP's), then, in order:
+///
+/// 1. the ESP's boot loader becomes `loader` ([`BootFs::replace`]: whole,
+///    old or new, at every cut) and is read back. With Secure Boot off in
+///    the firmware, the signed systemd-boot boots the same entries;
+/// 2. GRUB's rendering leaves BOOT, `grub/grub.cfg` first (from then on
+///    the disk has none, and the rest are leftovers removed in any later
+///    run): the disk boots under UEFI only, as a Secure Boot disk does;
+/// 3. the upgrade, as [`upgrade`], its META write carrying
+///    [`Tag::SecureBootEntering`]: the disk becomes a Secure Boot disk
+///    (META's [`Tag::SecureBoot`]) when the new version is blessed.
+///
+/// Nothing enrols keys: a machine in setup mode that enrolled at the next
+/// boot would then refuse the old, unsigned slot to fall back to. The user
+/// enrols the keys and turns Secure Boot on once the new version is
+/// blessed (docs/secureboot.md). A cut anywhere leaves a disk that boots
+/// under UEFI with Secure Boot off, and running the same upgrade again
+/// finishes it.
+pub fn upgrade_into_secure_boot<E: Device, B: Device, M: Device>(
+    esp: &mut BootFs<E>,
+    loader: &PayloadFile,
+    boot: &mut BootFs<B>,
+    meta_dev: &mut M,
+    payload: &Payload,
+    tries: u32,
+) -> Result<Upgraded> {
+    let Some(db) = &payload.secure_boot else {
+        bail!("the payload is not a Secure Boot build: there is no Secure Boot to enter");
+    };
+    let mut plan = plan_upgrade(boot, meta_dev, payload, tries, GrubRendering::TakeOff)?;
+    if plan.st.meta.get(Tag::SecureBoot).is_some() {
+        bail!("this disk boots with Secure Boot already: upgrade it without entering it");
+    }
+    if plan.kind != EntryKind::Uki {
+        bail!("a Secure Boot payload boots its slots from UKIs, and this one has none");
+    }
+    plan.new_meta.set(Tag::SecureBootEntering, db.as_bytes());
+    plan.new_meta.encode_block().map_err(|e| {
+        anyhow::anyhow!(
+            "META has no room for the db certificate ({e}): nothing was written; install the              disk from the Secure Boot installer (`imager install`) instead"
+        )
+    })?;
+    let path = contract::paths::ESP_BOOT_LOADER;
+    // (A replacement an earlier run left cut short is finished first: the
+    // scan refuses the two names it may leave on the same clusters, and
+    // the old boot loader's clusters may be held by nothing.)
+    esp.finish_replace(path)?;
+    if !esp.scan()?.lost.is_empty() {
+        esp.reclaim()?;
+    }
+    if !esp.exists(path)? {
+        bail!(
+            "the ESP has no {path}: it was not made by imager; nothing was written (install the              disk from the Secure Boot installer with `imager install`)"
+        );
+    }
+    let (old_sha, _) = esp.hash(path)?;
+    let replace = old_sha != loader.sha256;
+    if replace {
+        let room = esp.scan()?.room();
+        let need = clusters(loader.len, esp.scan()?.cluster_size);
+        if room < need {
+            bail!(
+                "the ESP has {} KiB free and the signed boot loader needs {} KiB beside the old \
+                 one: nothing was written; install the disk from the Secure Boot installer \
+                 (`imager install`)",
+                room >> 10,
+                need >> 10
+            );
+        }
+    }
+    // 1. The signed boot loader.
+    if replace {
+        let mut src = File::open(&loader.path)
+            .with_context(|| format!("opening {}", loader.path.display()))?;
+        esp.replace(path, &mut src, loader.len)?;
+    }
+    let (sha, len) = esp.hash(path)?;
+    if sha != loader.sha256 || len != loader.len {
+        bail!(
+            "{path} on the ESP reads back as sha256 {sha} ({len} bytes), not the signed {} ({} \
+             bytes): the disk does not keep what is written to it; the upgrade stopped before \
+             touching BOOT, the disk boots as before with Secure Boot off",
+            loader.sha256,
+            loader.len
+        );
+    }
+    // 2. GRUB's rendering: its configuration first, then what it used.
+    let grub_files = [
+        contract::paths::BOOT_GRUB_CFG.to_string(),
+        contract::paths::BOOT_GRUB_ENV.to_string(),
+        grubcfg::slot_config_path(Slot::A),
+        grubcfg::slot_config_path(Slot::B),
+    ];
+    for f in &grub_files {
+        boot.remove(f)?;
+    }
+    // 3. The upgrade.
+    apply_upgrade(boot, meta_dev, payload, plan, tries)
+}
+
 fn file_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
@@ -749,8 +880,10 @@ pub fn rollback<B: Device, M: Device>(
         if force { "yes" } else { "no" }
     ));
     let mut new_meta = meta_with(&st, &new)?;
-    // A rollback abandons an upgrade that was leaving Secure Boot.
+    // A rollback abandons an upgrade that was leaving or entering Secure
+    // Boot.
     new_meta.remove(Tag::SecureBootLeaving);
+    new_meta.remove(Tag::SecureBootEntering);
     let generation = st.next_generation()?;
     room_for_an_entry(boot, text.len() as u64)?;
     let grub = grubenv::installed(boot)?;
@@ -992,6 +1125,15 @@ pub fn bless<B: Device, M: Device>(
     // An upgrade that left Secure Boot succeeded: the disk no longer has it.
     if from_version.is_some() && st.meta.get(Tag::SecureBootLeaving).is_some() {
         new_meta.remove(Tag::SecureBoot);
+    }
+    // One that entered it succeeded: the disk has it, for the certificate
+    // the new version is signed for.
+    if let Some(db) = st
+        .meta
+        .get(Tag::SecureBootEntering)
+        .filter(|_| from_version.is_some())
+    {
+        new_meta.set(Tag::SecureBoot, db.as_bytes());
     }
     let mut redone = None;
     if let Some(counting) = best_entry(&st.entries, booted).filter(|e| e.tries.is_some()) {

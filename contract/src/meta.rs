@@ -56,10 +56,17 @@ pub enum Tag {
     /// blessed, [`Tag::SecureBoot`] goes; when it falls back or is rolled
     /// back, this record goes and [`Tag::SecureBoot`] stays.
     SecureBootLeaving = 0x32,
+    /// The pending upgrade enters Secure Boot (`imager upgrade
+    /// --change-secure-boot` from a disk without it to a Secure Boot
+    /// version): the db certificate (PEM) the new version is signed for.
+    /// Once that version is blessed it becomes [`Tag::SecureBoot`]; when it
+    /// falls back or is rolled back, this record goes and the disk stays
+    /// without Secure Boot.
+    SecureBootEntering = 0x33,
 }
 
 impl Tag {
-    pub const ALL: [Tag; 9] = [
+    pub const ALL: [Tag; 10] = [
         Tag::ImageName,
         Tag::DefaultSlot,
         Tag::SlotA,
@@ -69,6 +76,7 @@ impl Tag {
         Tag::TrustedKeys,
         Tag::SecureBoot,
         Tag::SecureBootLeaving,
+        Tag::SecureBootEntering,
     ];
 
     pub fn name(self) -> &'static str {
@@ -82,6 +90,7 @@ impl Tag {
             Tag::TrustedKeys => "trusted-keys",
             Tag::SecureBoot => "secure-boot",
             Tag::SecureBootLeaving => "secure-boot-leaving",
+            Tag::SecureBootEntering => "secure-boot-entering",
         }
     }
 

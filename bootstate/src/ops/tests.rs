@@ -952,3 +952,225 @@ fn uki_upgrade_bless_and_rollback_cut_at_any_write_boot_one_of_the_two() {
         }
     }
 }
+
+/// An ESP (FAT32) holding `loader` as its boot loader.
+fn esp_with(loader: &[u8]) -> Dev {
+    let mut dev = Cursor::new(vec![0u8; 40 << 20]);
+    fatfs::format_volume(
+        &mut dev,
+        fatfs::FormatVolumeOptions::new()
+            .fat_type(fatfs::FatType::Fat32)
+            .bytes_per_cluster(512),
+    )
+    .unwrap();
+    let mut esp = BootFs::new(dev, 0);
+    esp.ensure_dir("EFI").unwrap();
+    esp.ensure_dir("EFI/BOOT").unwrap();
+    let path = contract::paths::ESP_BOOT_LOADER;
+    esp.create(path, &mut &loader[..], loader.len() as u64)
+        .unwrap();
+    esp.into_inner()
+}
+
+/// The ESP's boot loader as firmware reads it (through fatfs, not ours).
+fn firmware_loader(esp: &Dev) -> Vec<u8> {
+    let mut c = esp.clone();
+    c.set_position(0);
+    let fs = fatfs::FileSystem::new(&mut c, fatfs::FsOptions::new()).unwrap();
+    let mut got = Vec::new();
+    std::io::Read::read_to_end(
+        &mut fs
+            .root_dir()
+            .open_file(contract::paths::ESP_BOOT_LOADER)
+            .unwrap(),
+        &mut got,
+    )
+    .unwrap();
+    got
+}
+
+/// Entering Secure Boot by an upgrade from a disk with `.conf` slots and
+/// GRUB's rendering, cut before each of its writes (ESP, BOOT and META):
+/// the ESP's boot loader is whole, old or new (new from some cut on); the
+/// disk boots under UEFI, v1 on A until the switch and v2's UKI on B from
+/// it on; META has no `secure-boot` record before the blessing; running
+/// the upgrade again finishes it, and the blessing makes the disk a Secure
+/// Boot disk with a clean ESP and no GRUB rendering left. Unfinished, a
+/// fallback or a rollback leaves the disk without Secure Boot.
+#[test]
+fn entering_secure_boot_cut_at_any_write_finishes_and_takes_effect_at_the_blessing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b0, m0) = disk_with_grub(16);
+    let old_loader: Vec<u8> = (0..12_000u32).map(|i| (i % 253) as u8).collect();
+    let new_loader: Vec<u8> = (0..20_000u32).map(|i| (i % 241) as u8).collect();
+    let e0 = esp_with(&old_loader);
+    let loader = {
+        let path = dir.path().join("systemd-bootx64.efi.signed");
+        std::fs::write(&path, &new_loader).unwrap();
+        PayloadFile {
+            path,
+            sha256: crate::fat::hex(&Sha256::digest(&new_loader)),
+            len: new_loader.len() as u64,
+        }
+    };
+    let db = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_string();
+    let v2 = Payload {
+        secure_boot: Some(db.clone()),
+        ..uki_payload(dir.path(), "2", 6_000)
+    };
+    let tag = |m: &mut Dev, t: Tag| meta::read(m).unwrap().0.get(t).map(str::to_string);
+    let enter = |b: &mut Dev, m: &mut Dev, e: &mut Dev, fail_at: Option<u64>| {
+        let mut fb = match fail_at {
+            Some(n) => Faulty::failing_at(&mut *b, n),
+            None => Faulty::counting(&mut *b),
+        };
+        let mut fm = fb.share(&mut *m);
+        let mut fe = fb.share(&mut *e);
+        let r = upgrade_into_secure_boot(
+            &mut BootFs::new(&mut fe, 0),
+            &loader,
+            &mut BootFs::new(&mut fb, 0),
+            &mut fm,
+            &v2,
+            3,
+        );
+        (r, fb.writes())
+    };
+    // Refused before any write: a payload without Secure Boot, a disk with
+    // it.
+    {
+        let (mut b, mut m, mut e) = (b0.clone(), m0.clone(), e0.clone());
+        let other = tempfile::tempdir().unwrap();
+        let plain = uki_payload(other.path(), "2", 1000);
+        let err = upgrade_into_secure_boot(
+            &mut BootFs::new(&mut e, 0),
+            &loader,
+            &mut BootFs::new(&mut b, 0),
+            &mut m,
+            &plain,
+            3,
+        )
+        .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("not a Secure Boot build"),
+            "{err:#}"
+        );
+        let mut meta = meta::read(&mut m).unwrap().0;
+        meta.set(Tag::SecureBoot, db.as_bytes());
+        meta::write(&mut m, &meta).unwrap();
+        let (m1, e1) = (m.clone(), e.clone());
+        let (r, _) = enter(&mut b, &mut m, &mut e, None);
+        let err = r.unwrap_err();
+        assert!(format!("{err:#}").contains("already"), "{err:#}");
+        assert_eq!(
+            (b.get_ref(), m.get_ref(), e.get_ref()),
+            (b0.get_ref(), m1.get_ref(), e1.get_ref())
+        );
+    }
+    let (mut b, mut m, mut e) = (b0.clone(), m0.clone(), e0.clone());
+    let (r, total) = enter(&mut b, &mut m, &mut e, None);
+    r.unwrap();
+    assert!(total > 10, "{total} writes");
+    let mut loader_new_from = None;
+    let mut saw = [false, false];
+    for n in 1..=total + 1 {
+        let (mut b, mut m, mut e) = (b0.clone(), m0.clone(), e0.clone());
+        let (r, _) = enter(&mut b, &mut m, &mut e, Some(n));
+        assert_eq!(r.is_ok(), n > total, "cut {n}");
+        let got = firmware_loader(&e);
+        if got == new_loader {
+            loader_new_from.get_or_insert(n);
+        } else {
+            assert!(
+                got == old_loader,
+                "cut {n}: the boot loader is neither old nor new"
+            );
+            assert!(
+                loader_new_from.is_none(),
+                "cut {n}: old boot loader after the new"
+            );
+        }
+        assert_eq!(tag(&mut m, Tag::SecureBoot), None, "cut {n}");
+        let mut boot = BootFs::new(&mut b, 0);
+        let slot = firmware_tries(&mut boot);
+        saw[(slot == Slot::B) as usize] = true;
+        let best = best_entry(&entries(&mut boot), slot).unwrap();
+        match slot {
+            Slot::A => {
+                assert_eq!(best.kind, EntryKind::Conf, "cut {n}");
+                // (Cut between META's write and the switch: the upgrade is
+                // found not switched.)
+                let out = assess(&mut boot, &mut m, Slot::A).unwrap();
+                assert!(
+                    matches!(
+                        out,
+                        BootOutcome::Steady
+                            | BootOutcome::FellBack {
+                                reason: FallbackReason::NotSwitched,
+                                ..
+                            }
+                    ),
+                    "cut {n}: {out:?}"
+                );
+                assert_eq!(tag(&mut m, Tag::SecureBootEntering), None, "cut {n}");
+                drop(boot);
+                // The same upgrade again finishes it.
+                let (r, _) = enter(&mut b, &mut m, &mut e, None);
+                r.unwrap_or_else(|err| panic!("cut {n}: {err:#}"));
+                boot = BootFs::new(&mut b, 0);
+                assert_eq!(firmware_tries(&mut boot), Slot::B, "cut {n}");
+            }
+            Slot::B => assert_eq!(best.kind, EntryKind::Uki, "cut {n}"),
+        }
+        assert_eq!(
+            tag(&mut m, Tag::SecureBootEntering),
+            Some(db.clone()),
+            "cut {n}"
+        );
+        assert_eq!(
+            assess(&mut boot, &mut m, Slot::B).unwrap(),
+            BootOutcome::Trial
+        );
+        bless(&mut boot, &mut m, Slot::B, "2").unwrap();
+        assert_eq!(tag(&mut m, Tag::SecureBoot), Some(db.clone()), "cut {n}");
+        assert_eq!(tag(&mut m, Tag::SecureBootEntering), None, "cut {n}");
+        assert!(!crate::grubenv::installed(&mut boot).unwrap(), "cut {n}");
+        for f in [
+            contract::paths::BOOT_GRUB_ENV.to_string(),
+            grubcfg::slot_config_path(Slot::A),
+            grubcfg::slot_config_path(Slot::B),
+        ] {
+            assert!(!boot.exists(&f).unwrap(), "cut {n}: {f} is left");
+        }
+        assert_eq!(firmware_loader(&e), new_loader, "cut {n}");
+        let said = crate::testutil::fsck(e.get_ref());
+        for bad in ["share", "Reclaimed", "Not auto-correcting", "outside a LFN"] {
+            assert!(!said.contains(bad), "cut {n}: fsck.fat says:\n{said}");
+        }
+    }
+    assert_eq!(saw, [true, true]);
+    assert!(loader_new_from.is_some());
+
+    // Not blessed: a fallback, or a rollback, leaves no Secure Boot.
+    for how in ["fallback", "rollback"] {
+        let (mut b, mut m, mut e) = (b0.clone(), m0.clone(), e0.clone());
+        let (r, _) = enter(&mut b, &mut m, &mut e, None);
+        r.unwrap();
+        let mut boot = BootFs::new(&mut b, 0);
+        if how == "fallback" {
+            for _ in 0..3 {
+                assert_eq!(firmware_tries(&mut boot), Slot::B);
+            }
+            assert_eq!(firmware_tries(&mut boot), Slot::A);
+            assert!(matches!(
+                assess(&mut boot, &mut m, Slot::A).unwrap(),
+                BootOutcome::FellBack { .. }
+            ));
+        } else {
+            rollback(&mut boot, &mut m, false).unwrap();
+            assert_eq!(firmware_tries(&mut boot), Slot::A);
+        }
+        assert_eq!(tag(&mut m, Tag::SecureBoot), None, "{how}");
+        assert_eq!(tag(&mut m, Tag::SecureBootEntering), None, "{how}");
+    }
+}
