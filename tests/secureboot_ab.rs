@@ -156,6 +156,11 @@ fn installer(b: &Build) -> PathBuf {
 
 /// The byte offset of BOOT in `disk` (sfdisk), for mtools.
 fn boot_at(disk: &Path) -> String {
+    part_at(disk, "BOOT")
+}
+
+/// The byte offset of partition `label` in `disk` (sfdisk), for mtools.
+fn part_at(disk: &Path, label: &str) -> String {
     let json: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(disk))).unwrap();
     let t = &json["partitiontable"];
     let ss = t["sectorsize"].as_u64().unwrap_or(512);
@@ -163,7 +168,7 @@ fn boot_at(disk: &Path) -> String {
         .as_array()
         .unwrap()
         .iter()
-        .find(|p| p["name"] == "BOOT")
+        .find(|p| p["name"] == label)
         .unwrap();
     format!("{}@@{}", disk.display(), p["start"].as_u64().unwrap() * ss)
 }
@@ -370,7 +375,7 @@ fn meta_keys(disk: &Path) -> Vec<String> {
 /// Upgrades the disk cannot boot are refused before anything is written: a
 /// payload without Secure Boot (unless --change-secure-boot), one signed
 /// for a db key the disk does not trust, a Secure Boot payload on a disk
-/// without it (even with the flag: an upgrade does not rewrite the ESP).
+/// without it (unless --change-secure-boot: the next test).
 /// Asked for, leaving Secure Boot works, and META forgets the db
 /// certificate once the new version is blessed.
 #[test]
@@ -393,17 +398,17 @@ fn upgrades_across_secure_boot_or_from_an_untrusted_db_key_are_refused() {
         "{err}"
     );
     assert_eq!(sha256(&disk), before, "a refused upgrade wrote to the disk");
-    // A plain disk refuses the Secure Boot payload, flag or not.
+    // A plain disk refuses the Secure Boot payload without the flag, and
+    // with it one signed with a key that is not its own db certificate's.
     let plain = sparse_copy(&i.plain.artifact("raw"), "sb-refusals-plain");
     let plain_before = sha256(&plain);
-    for flag in [&[][..], &["--change-secure-boot"][..]] {
-        let out = upgrade(&plain, &installer(&i.v2), flag);
-        assert!(!out.status.success());
-        assert!(
-            String::from_utf8_lossy(&out.stderr).contains("does not boot with Secure Boot"),
-            "{out:?}"
-        );
-    }
+    let out = upgrade(&plain, &installer(&i.v2), &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not boot with Secure Boot") && err.contains("--change-secure-boot"),
+        "{err}"
+    );
     assert_eq!(sha256(&plain), plain_before);
     // Asked for, the move out of Secure Boot is made; the disk keeps its db
     // certificate until the plain version is blessed (booted with Secure
@@ -427,6 +432,117 @@ fn upgrades_across_secure_boot_or_from_an_untrusted_db_key_are_refused() {
     );
 }
 
+/// The ESP's boot loader of `disk`, copied out with mtools.
+fn esp_loader(disk: &Path, name: &str) -> PathBuf {
+    let copy = scratch().join(format!("{name}-bootx64.efi"));
+    let _ = std::fs::remove_file(&copy);
+    ok(tool("mcopy")
+        .args(["-i", &part_at(disk, "EFI"), "::/EFI/BOOT/BOOTX64.EFI"])
+        .arg(&copy));
+    copy
+}
+
+/// Whether `sbverify` accepts `efi` as signed by the test db key.
+fn signed_for_db(efi: &Path) -> bool {
+    tool("sbverify")
+        .arg("--cert")
+        .arg(images().keys.join("db.crt"))
+        .arg(efi)
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// A plain disk (BIOS and UEFI, `.conf` slots) moved into Secure Boot by an
+/// upgrade with --change-secure-boot: the ESP gets the signed systemd-boot
+/// (sbverify), BOOT loses GRUB's rendering, META records the db
+/// certificate as entering; the new version boots under OVMF with Secure
+/// Boot off (the signed systemd-boot boots it) and is blessed, which makes
+/// the disk a Secure Boot disk; with the keys then enrolled and Secure Boot
+/// on, it boots with Secure Boot on and a verified root. Cut before writes
+/// spread over the upgrade, the disk boots the old or the new version and
+/// the same upgrade run again finishes it.
+#[test]
+fn a_plain_disk_enters_secure_boot_by_an_upgrade_when_asked() {
+    let i = images();
+    let disk = sparse_copy(&i.plain.artifact("raw"), "sb-enter");
+    assert!(!signed_for_db(&esp_loader(&disk, "sb-enter-before")));
+    let out = upgrade(&disk, &installer(&i.v2), &["--change-secure-boot"]);
+    assert!(out.status.success(), "{out:?}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["to_slot"], "B", "{r}");
+    assert!(signed_for_db(&esp_loader(&disk, "sb-enter-after")));
+    let boot_files = ok(tool("mdir").args(["-i", &boot_at(&disk), "-/", "-b", "::/"]));
+    assert!(!boot_files.contains("grub.cfg"), "{boot_files}");
+    let keys = meta_keys(&disk);
+    assert!(
+        keys.iter().any(|k| k == "secure-boot-entering")
+            && !keys.iter().any(|k| k == "secure-boot"),
+        "{keys:?}"
+    );
+    // Secure Boot off (OVMF's own store, setup mode: nothing enrols, as
+    // the upgrade wrote no enrolment files): the new version boots and is
+    // blessed, and the disk becomes a Secure Boot disk.
+    let log = disk.with_extension("off.console.log");
+    let r = boot_report(&disk, &["--write", "--console-log", log.to_str().unwrap()])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()), "{r}");
+    assert_eq!(r["secure_boot"], "off", "{r}");
+    let keys = meta_keys(&disk);
+    assert!(
+        keys.iter().any(|k| k == "secure-boot")
+            && !keys.iter().any(|k| k == "secure-boot-entering"),
+        "{keys:?}"
+    );
+    // The keys enrolled and Secure Boot on.
+    let (r, console) = sb_boot(&disk, &vars("sb-enter"), false);
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()), "{console}");
+    assert_eq!(r["secure_boot"], "on", "{r}");
+    assert_eq!(r["root_verified"], true, "{r}");
+
+    // Cut before writes spread over the upgrade (the ESP's first).
+    let run_upgrade = |disk: &Path, fail_at: Option<u64>| -> (bool, u64) {
+        let slots = imager::install::open_slots(disk).unwrap();
+        let b = match fail_at {
+            Some(n) => Faulty::failing_at(slots.boot, n),
+            None => Faulty::counting(slots.boot),
+        };
+        let mut m = b.share(slots.meta);
+        let e = b.share(slots.esp);
+        let r = imager::install::upgrade_on(b, &mut m, e, &installer(&i.v2), 3, true);
+        if let Err(e) = &r {
+            assert!(format!("{e:#}").contains("simulated power cut"), "{e:#}");
+        }
+        (r.is_ok(), m.writes())
+    };
+    let fresh = || sparse_copy(&i.plain.artifact("raw"), "sb-enter-cut");
+    let (done, total) = run_upgrade(&fresh(), None);
+    assert!(done && total > 20, "{total} writes");
+    let mut points = vec![1, 3, total / 2, total - 1, total];
+    points.dedup();
+    for n in points {
+        let disk = fresh();
+        let (done, _) = run_upgrade(&disk, Some(n));
+        assert!(!done, "cut {n}");
+        let r = boot_report(&disk, &["--write", "--reboots"])
+            .unwrap_or_else(|e| panic!("cut {n}: {e}"));
+        let slot = r["slot"].as_str().unwrap().to_string();
+        assert!(slot == "A" || slot == "B", "cut {n}: {r}");
+        if slot == "A" {
+            let (done, _) = run_upgrade(&disk, None);
+            assert!(done, "cut {n}: the upgrade run again");
+            let r = boot_report(&disk, &["--write"]).unwrap_or_else(|e| panic!("cut {n}: {e}"));
+            assert_eq!(r["slot"], "B", "cut {n}: {r}");
+        }
+        assert!(signed_for_db(&esp_loader(&disk, "sb-enter-cut")), "cut {n}");
+        assert!(
+            meta_keys(&disk).iter().any(|k| k == "secure-boot"),
+            "cut {n}"
+        );
+    }
+}
+
 /// Power cut before writes spread over a Secure Boot upgrade: each cut disk
 /// boots v1 or v2 under Secure Boot, v2 only from the switch on.
 #[test]
@@ -439,7 +555,8 @@ fn a_secure_boot_upgrade_cut_anywhere_leaves_a_disk_that_boots() {
             None => Faulty::counting(slots.boot),
         };
         let mut m = b.share(slots.meta);
-        let r = imager::install::upgrade_on(b, &mut m, &installer(&i.v2), 3, false);
+        let e = b.share(slots.esp);
+        let r = imager::install::upgrade_on(b, &mut m, e, &installer(&i.v2), 3, false);
         if let Err(e) = &r {
             assert!(format!("{e:#}").contains("simulated power cut"), "{e:#}");
         }

@@ -490,7 +490,8 @@ fn an_upgrade_interrupted_at_any_point_leaves_a_bootable_disk() {
             None => Faulty::counting(b),
         };
         let mut m = b.share(m);
-        let r = imager::install::upgrade_on(b, &mut m, &payload(&i.v2), 3, false);
+        let e = b.share(slots.esp);
+        let r = imager::install::upgrade_on(b, &mut m, e, &payload(&i.v2), 3, false);
         if let Err(e) = &r {
             let chain = format!("{e:#}");
             assert!(chain.contains("simulated power cut"), "{chain}");

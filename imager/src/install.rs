@@ -43,8 +43,9 @@ pub struct UpgradeOptions {
     /// Boots the new slot is tried before systemd-boot falls back (1 to 99).
     pub tries: u32,
     /// Let the upgrade take a Secure Boot disk out of Secure Boot (META's
-    /// `secure-boot` record goes once the new version is blessed); refused
-    /// without.
+    /// `secure-boot` record goes once the new version is blessed), or move
+    /// a disk without it into Secure Boot
+    /// ([`bootstate::ops::upgrade_into_secure_boot`]); refused without.
     pub change_secure_boot: bool,
 }
 
@@ -333,22 +334,26 @@ fn secure_boot_parts(manifest: &Manifest, dir: &Path) -> Result<(Option<String>,
     Ok((db, enrolment))
 }
 
-/// BOOT and META of a disk locked for one change ([`bootstate::disk`]):
-/// the lock is held while `disk` lives.
+/// BOOT, META and the ESP of a disk locked for one change
+/// ([`bootstate::disk`]): the lock is held while `disk` lives.
 #[derive(Debug)]
 pub struct Slots {
     pub disk: Disk,
-    /// BOOT and META, each on its own `O_DSYNC` handle.
+    /// BOOT, META and the ESP, each on its own `O_DSYNC` handle.
     pub boot: Window<File>,
     pub meta: Window<File>,
+    /// Written only by an upgrade into Secure Boot (its boot loader).
+    pub esp: Window<File>,
 }
 
-/// Opens and locks `disk_path` for a change and finds BOOT and META.
+/// Opens and locks `disk_path` for a change and finds BOOT, META and the
+/// ESP.
 pub fn open_slots(disk_path: &Path) -> Result<Slots> {
     let disk = Disk::open(disk_path, Access::Write)?;
     Ok(Slots {
         boot: disk.partition(PartitionRole::Boot)?,
         meta: disk.partition(PartitionRole::Meta)?,
+        esp: disk.partition(PartitionRole::Efi)?,
         disk,
     })
 }
@@ -372,34 +377,54 @@ pub struct UpgradeReport {
     pub disk_writes: u64,
 }
 
+/// Whether an upgrade enters Secure Boot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SecureBootMove {
+    /// It does not (the disk has it and keeps it, has it and leaves it, or
+    /// has none and gets none): [`ops::upgrade`].
+    None,
+    /// It does: [`ops::upgrade_into_secure_boot`], with the payload's
+    /// signed boot loader.
+    Enter,
+}
+
 /// Before an upgrade writes: a disk that boots with Secure Boot (META's
 /// `secure-boot` record: the db certificate its firmware trusts) takes only
 /// a payload signed for that certificate whose UKIs it verifies (firmware
 /// would refuse the others after the switch), or, when asked for
 /// (`change`), a payload without Secure Boot (the record then goes once
 /// that version is blessed: `bootstate::ops`). A disk without Secure Boot
-/// takes no Secure Boot payload: the upgrade does not rewrite the ESP's
-/// boot loader and keys, so such a disk moves to Secure Boot by an install.
-fn check_secure_boot(disk_db: Option<&str>, payload: &Payload, change: bool) -> Result<()> {
+/// takes a Secure Boot payload only when asked for, and only one whose
+/// boot loader and UKIs verify with its own db certificate: the upgrade
+/// then replaces the ESP's boot loader too.
+fn check_secure_boot(
+    disk_db: Option<&str>,
+    p: &VerifiedPayload,
+    change: bool,
+) -> Result<SecureBootMove> {
+    let payload = &p.payload;
     match (disk_db, &payload.secure_boot) {
-        (None, None) => Ok(()),
-        (Some(_), None) if change => Ok(()),
+        (None, None) => Ok(SecureBootMove::None),
+        (Some(_), None) if change => Ok(SecureBootMove::None),
         (Some(_), None) => bail!(
             "this disk boots with Secure Boot and the payload is not signed for it (no UKIs \
              signed with a db key): firmware would refuse it after the switch; nothing was \
              written. Upgrade with a secure-boot build, or pass --change-secure-boot to leave \
              Secure Boot (turn it off in the firmware first)"
         ),
+        (None, Some(db)) if change => {
+            let cert = crate::secureboot::keys::parse_cert(db.as_bytes())
+                .context("the payload's db certificate")?;
+            verify_boot_chain(p, &cert, &[Slot::A, Slot::B])?;
+            Ok(SecureBootMove::Enter)
+        }
         (None, Some(_)) => bail!(
             "this disk does not boot with Secure Boot and the payload is a Secure Boot build; \
-             nothing was written. An upgrade does not replace the ESP's boot loader and keys: \
-             move the disk to Secure Boot by installing it (`imager install`) from the \
-             secure-boot installer{}",
-            if change {
-                " (--change-secure-boot leaves Secure Boot; it does not enter it)"
-            } else {
-                ""
-            }
+             nothing was written. Pass --change-secure-boot to move the disk into Secure Boot \
+             (the upgrade replaces the ESP's boot loader with the signed one and the disk \
+             boots under UEFI only from then on; enrol the keys and turn Secure Boot on once \
+             the new version is blessed: docs/secureboot.md), or install it from the \
+             secure-boot installer (`imager install`)"
         ),
         (Some(db), Some(payload_db)) => {
             let cert = crate::secureboot::keys::parse_cert(db.as_bytes())
@@ -427,15 +452,65 @@ fn check_secure_boot(disk_db: Option<&str>, payload: &Payload, change: bool) -> 
                     )
                 })?;
             }
-            Ok(())
+            Ok(SecureBootMove::None)
         }
     }
 }
 
-/// Upgrades the disk whose BOOT and META are `boot_dev` and `meta_dev`.
-pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device>(
+/// The payload's systemd-boot and its UKIs of `slots` verify with `cert`,
+/// the payload's own db certificate (firmware with it enrolled would refuse
+/// them otherwise); before anything is written.
+fn verify_boot_chain(
+    p: &VerifiedPayload,
+    cert: &x509_cert::Certificate,
+    slots: &[Slot],
+) -> Result<()> {
+    let ukis = p
+        .payload
+        .ukis
+        .as_ref()
+        .context("the Secure Boot payload has no UKIs: rebuild the installer")?;
+    let loader = payload_loader(p)?;
+    let mut files = vec![("boot loader".to_string(), loader.path)];
+    for &slot in slots {
+        files.push((
+            format!("UKI of slot {slot}"),
+            ukis.for_slot(slot).path.clone(),
+        ));
+    }
+    for (what, path) in files {
+        crate::secureboot::verify_file(&path, cert).with_context(|| {
+            format!(
+                "the payload's {what} is not signed for its own db certificate: rebuild the \
+                 installer; nothing was written"
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// The payload's boot loader (its signed systemd-boot), as its manifest
+/// lists it.
+fn payload_loader(p: &VerifiedPayload) -> Result<PayloadFile> {
+    let a = p
+        .manifest
+        .artifacts
+        .iter()
+        .find(|a| a.kind == Kind::BootLoader)
+        .context("the Secure Boot payload carries no boot loader: rebuild the installer")?;
+    Ok(PayloadFile {
+        path: p.payload.kernel.path.with_file_name(&a.path),
+        sha256: a.sha256.clone(),
+        len: a.size,
+    })
+}
+
+/// Upgrades the disk whose BOOT, META and ESP are `boot_dev`, `meta_dev`
+/// and `esp_dev` (the ESP is written only by an upgrade into Secure Boot).
+pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Device>(
     boot_dev: B,
     meta_dev: &mut M,
+    esp_dev: E,
     installer: &Path,
     tries: u32,
     change_secure_boot: bool,
@@ -458,9 +533,17 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device>(
             p.manifest.name
         );
     }
-    check_secure_boot(meta.get(Tag::SecureBoot), &p.payload, change_secure_boot)?;
-    let mut boot = BootFs::new(boot_dev, p.manifest.source_date_epoch);
-    let up = ops::upgrade(&mut boot, meta_dev, &p.payload, tries)?;
+    let epoch = p.manifest.source_date_epoch;
+    let mut boot = BootFs::new(boot_dev, epoch);
+    let up = match check_secure_boot(meta.get(Tag::SecureBoot), &p, change_secure_boot)? {
+        SecureBootMove::None => ops::upgrade(&mut boot, meta_dev, &p.payload, tries)?,
+        SecureBootMove::Enter => {
+            let mut esp = BootFs::new(esp_dev, epoch);
+            let loader = payload_loader(&p)?;
+            ops::upgrade_into_secure_boot(&mut esp, &loader, &mut boot, meta_dev, &p.payload, tries)
+                .context("moving the disk into Secure Boot")?
+        }
+    };
     Ok((up, p))
 }
 
@@ -469,7 +552,15 @@ pub fn run_upgrade(a: &UpgradeOptions) -> Result<UpgradeReport> {
     // Counted, to report what an upgrade costs the disk.
     let boot = bootstate::Faulty::counting(slots.boot);
     let mut meta = boot.share(slots.meta);
-    let (up, p) = upgrade_on(boot, &mut meta, &a.installer, a.tries, a.change_secure_boot)?;
+    let esp = boot.share(slots.esp);
+    let (up, p) = upgrade_on(
+        boot,
+        &mut meta,
+        esp,
+        &a.installer,
+        a.tries,
+        a.change_secure_boot,
+    )?;
     Ok(UpgradeReport {
         disk: a.disk.display().to_string(),
         from_slot: up.from.to_string(),
@@ -709,27 +800,8 @@ fn install_layout_error(
 fn secure_esp(p: &VerifiedPayload, db: &str) -> Result<Vec<disk::FatFile>> {
     let cert = crate::secureboot::keys::parse_cert(db.as_bytes())
         .context("the payload's db certificate")?;
-    ensure!(
-        p.manifest
-            .artifacts
-            .iter()
-            .any(|a| a.kind == Kind::BootLoader),
-        "the Secure Boot payload carries no boot loader: rebuild the installer"
-    );
-    let loader = systemd_boot_for(p);
-    let ukis = p
-        .payload
-        .ukis
-        .as_ref()
-        .context("the Secure Boot payload has no UKIs: rebuild the installer")?;
-    for (what, path) in [("boot loader", &loader), ("UKI of slot A", &ukis.a.path)] {
-        crate::secureboot::verify_file(path, &cert).with_context(|| {
-            format!(
-                "the payload's {what} is not signed for its own db certificate: rebuild the \
-                 installer; nothing was written"
-            )
-        })?;
-    }
+    verify_boot_chain(p, &cert, &[Slot::A])?;
+    let loader = payload_loader(p)?.path;
     let mut names: Vec<&str> = p.enrolment.iter().map(|(n, _)| n.as_str()).collect();
     names.sort_unstable();
     ensure!(

@@ -83,9 +83,11 @@ struct UpgradeArgs {
     #[arg(long, default_value_t = contract::boot::DEFAULT_TRIES,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(contract::boot::MAX_TRIES)))]
     tries: u32,
-    /// Let the upgrade take a Secure Boot disk out of Secure Boot (refused
-    /// without: firmware that enforces Secure Boot would refuse an unsigned
-    /// version after the switch). A disk enters Secure Boot by an install.
+    /// Let the upgrade move the disk across Secure Boot (refused without):
+    /// out of it (firmware that enforces Secure Boot would refuse an
+    /// unsigned version after the switch: turn it off first), or into it
+    /// (the ESP gets the payload's signed systemd-boot and the disk boots
+    /// under UEFI only; enrol the keys once the new version is blessed).
     #[arg(long)]
     change_secure_boot: bool,
     /// Print the result as JSON on stdout.
