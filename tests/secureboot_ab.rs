@@ -15,7 +15,6 @@
 
 mod common;
 
-use bootstate::Faulty;
 use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -502,20 +501,8 @@ fn a_plain_disk_enters_secure_boot_by_an_upgrade_when_asked() {
     assert_eq!(r["root_verified"], true, "{r}");
 
     // Cut before writes spread over the upgrade (the ESP's first).
-    let run_upgrade = |disk: &Path, fail_at: Option<u64>| -> (bool, u64) {
-        let slots = imager::install::open_slots(disk).unwrap();
-        let b = match fail_at {
-            Some(n) => Faulty::failing_at(slots.boot, n),
-            None => Faulty::counting(slots.boot),
-        };
-        let mut m = b.share(slots.meta);
-        let e = b.share(slots.esp);
-        let r = imager::install::upgrade_on(b, &mut m, e, &installer(&i.v2), 3, true);
-        if let Err(e) = &r {
-            assert!(format!("{e:#}").contains("simulated power cut"), "{e:#}");
-        }
-        (r.is_ok(), m.writes())
-    };
+    let run_upgrade =
+        |disk: &Path, fail_at: Option<u64>| cut_upgrade(disk, &installer(&i.v2), fail_at, true);
     let fresh = || sparse_copy(&i.plain.artifact("raw"), "sb-enter-cut");
     let (done, total) = run_upgrade(&fresh(), None);
     assert!(done && total > 20, "{total} writes");
@@ -548,20 +535,8 @@ fn a_plain_disk_enters_secure_boot_by_an_upgrade_when_asked() {
 #[test]
 fn a_secure_boot_upgrade_cut_anywhere_leaves_a_disk_that_boots() {
     let i = images();
-    let run_upgrade = |disk: &Path, fail_at: Option<u64>| -> (bool, u64) {
-        let slots = imager::install::open_slots(disk).unwrap();
-        let b = match fail_at {
-            Some(n) => Faulty::failing_at(slots.boot, n),
-            None => Faulty::counting(slots.boot),
-        };
-        let mut m = b.share(slots.meta);
-        let e = b.share(slots.esp);
-        let r = imager::install::upgrade_on(b, &mut m, e, &installer(&i.v2), 3, false);
-        if let Err(e) = &r {
-            assert!(format!("{e:#}").contains("simulated power cut"), "{e:#}");
-        }
-        (r.is_ok(), m.writes())
-    };
+    let run_upgrade =
+        |disk: &Path, fail_at: Option<u64>| cut_upgrade(disk, &installer(&i.v2), fail_at, false);
     let (done, total) = run_upgrade(&disk_copy("sb-cut-probe"), None);
     assert!(done && total > 20, "{total} writes");
     let mut points = vec![1, total / 2, total - 2, total - 1, total, total + 1];

@@ -482,22 +482,8 @@ fn tampered_and_foreign_payloads_and_a_full_boot_are_refused_with_nothing_writte
 #[test]
 fn an_upgrade_interrupted_at_any_point_leaves_a_bootable_disk() {
     let i = images();
-    let run_upgrade = |disk: &Path, fail_at: Option<u64>| -> (bool, u64) {
-        let slots = imager::install::open_slots(disk).unwrap();
-        let (b, m) = (slots.boot, slots.meta);
-        let b = match fail_at {
-            Some(n) => Faulty::failing_at(b, n),
-            None => Faulty::counting(b),
-        };
-        let mut m = b.share(m);
-        let e = b.share(slots.esp);
-        let r = imager::install::upgrade_on(b, &mut m, e, &payload(&i.v2), 3, false);
-        if let Err(e) = &r {
-            let chain = format!("{e:#}");
-            assert!(chain.contains("simulated power cut"), "{chain}");
-        }
-        (r.is_ok(), m.writes())
-    };
+    let run_upgrade =
+        |disk: &Path, fail_at: Option<u64>| cut_upgrade(disk, &payload(&i.v2), fail_at, false);
     let probe = disk_copy("upgrade-cut-probe");
     let (done, total) = run_upgrade(&probe, None);
     assert!(done && total > 20, "{total} writes");

@@ -602,18 +602,10 @@ mod tests {
     /// directory of several clusters.
     #[test]
     fn removal_is_crash_safe_at_every_write() {
-        let fat32 = || {
-            let mut dev = Cursor::new(vec![0u8; 40 << 20]);
-            fatfs::format_volume(
-                &mut dev,
-                fatfs::FormatVolumeOptions::new()
-                    .fat_type(fatfs::FatType::Fat32)
-                    .bytes_per_cluster(512),
-            )
-            .unwrap();
-            dev
-        };
-        for (kind, dev) in [("FAT16", blank(512, 40 << 20)), ("FAT32", fat32())] {
+        for (kind, dev) in [
+            ("FAT16", blank(512, 40 << 20)),
+            ("FAT32", crate::testutil::fat32_volume()),
+        ] {
             let mut base = BootFs::new(dev, 0);
             base.ensure_dir("loader").unwrap();
             // Enough entries that the directory spans several clusters.
@@ -682,24 +674,16 @@ mod tests {
     /// the volume clean: no shared clusters, nothing lost.
     #[test]
     fn replacement_is_crash_safe_at_every_write() {
-        let fat32 = || {
-            let mut dev = Cursor::new(vec![0u8; 40 << 20]);
-            fatfs::format_volume(
-                &mut dev,
-                fatfs::FormatVolumeOptions::new()
-                    .fat_type(fatfs::FatType::Fat32)
-                    .bytes_per_cluster(512),
-            )
-            .unwrap();
-            dev
-        };
         let path = "EFI/BOOT/BOOTX64.EFI";
         assert_eq!(replacement(path), "EFI/BOOT/BOOTX64.NEW");
         assert_eq!(replacement("loader.conf"), "loader.NEW");
         let old: Vec<u8> = (0..12_000u32).map(|i| (i % 253) as u8).collect();
         let new: Vec<u8> = (0..30_000u32).map(|i| (i % 241) as u8).collect();
         let sha = |b: &[u8]| hex(&Sha256::digest(b));
-        for (kind, dev) in [("FAT16", blank(512, 40 << 20)), ("FAT32", fat32())] {
+        for (kind, dev) in [
+            ("FAT16", blank(512, 40 << 20)),
+            ("FAT32", crate::testutil::fat32_volume()),
+        ] {
             let mut base = BootFs::new(dev, 0);
             base.ensure_dir("EFI").unwrap();
             base.ensure_dir("EFI/BOOT").unwrap();

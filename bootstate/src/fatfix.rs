@@ -354,16 +354,25 @@ pub fn file_extent<T: Read + Seek>(dev: &mut T, path: &str) -> Result<Option<(u3
 /// see `BootFs::replace`). Returns false when there is no such file. The
 /// caller syncs.
 pub fn forget_file<T: Read + Write + Seek>(dev: &mut T, path: &str) -> Result<bool> {
+    let Some((_, f)) = find_file(dev, path)? else {
+        return Ok(false);
+    };
+    mark_deleted(dev, &f)?;
+    dev.flush()?;
+    Ok(true)
+}
+
+/// The volume's geometry and the file `path` (not a directory); None when
+/// there is no such file.
+fn find_file<T: Read + Seek>(dev: &mut T, path: &str) -> Result<Option<(Geometry, Found)>> {
     let g = geometry(dev)?;
     let Some(f) = find(dev, &g, path)? else {
-        return Ok(false);
+        return Ok(None);
     };
     if f.is_dir {
         bail!("{path} is a directory");
     }
-    mark_deleted(dev, &f)?;
-    dev.flush()?;
-    Ok(true)
+    Ok(Some((g, f)))
 }
 
 /// Marks a found file's entries deleted: its short entry first (from then
@@ -388,13 +397,9 @@ fn mark_deleted<T: Write + Seek>(dev: &mut T, f: &Found) -> Result<()> {
 /// clusters that a later file may take.) Returns false when there is no
 /// such file. The caller syncs.
 pub fn remove_file<T: Read + Write + Seek>(dev: &mut T, path: &str) -> Result<bool> {
-    let g = geometry(dev)?;
-    let Some(f) = find(dev, &g, path)? else {
+    let Some((g, f)) = find_file(dev, path)? else {
         return Ok(false);
     };
-    if f.is_dir {
-        bail!("{path} is a directory");
-    }
     mark_deleted(dev, &f)?;
     if f.first_cluster != 0 && !g.valid_cluster(f.first_cluster) {
         bail!(

@@ -36,3 +36,17 @@ pub fn fsck(volume: &[u8]) -> String {
         .expect("running fsck.fat");
     String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
 }
+
+/// A FAT32 volume of 40 MiB with 512-byte clusters (FAT32's smallest size
+/// at that cluster size), in memory.
+pub fn fat32_volume() -> std::io::Cursor<Vec<u8>> {
+    let mut dev = std::io::Cursor::new(vec![0u8; 40 << 20]);
+    fatfs::format_volume(
+        &mut dev,
+        fatfs::FormatVolumeOptions::new()
+            .fat_type(fatfs::FatType::Fat32)
+            .bytes_per_cluster(512),
+    )
+    .expect("formatting a FAT32 volume in memory");
+    dev
+}

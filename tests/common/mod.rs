@@ -324,3 +324,30 @@ pub fn sparse_copy(disk: &Path, name: &str) -> PathBuf {
     ok(Command::new("cp").arg("--sparse=always").arg(disk).arg(&d));
     d
 }
+
+/// `imager upgrade` of `installer` on `disk` as the CLI makes it (3 tries,
+/// `change_secure_boot` as --change-secure-boot), on counted devices with
+/// the power cut before write `fail_at` (none: counted to the end): whether
+/// it finished, and how many writes it made. A failure other than the cut
+/// fails the test.
+pub fn cut_upgrade(
+    disk: &Path,
+    installer: &Path,
+    fail_at: Option<u64>,
+    change_secure_boot: bool,
+) -> (bool, u64) {
+    use bootstate::Faulty;
+    let slots = imager::install::open_slots(disk).unwrap();
+    let b = match fail_at {
+        Some(n) => Faulty::failing_at(slots.boot, n),
+        None => Faulty::counting(slots.boot),
+    };
+    let mut m = b.share(slots.meta);
+    let e = b.share(slots.esp);
+    let r = imager::install::upgrade_on(b, &mut m, e, installer, 3, change_secure_boot);
+    if let Err(e) = &r {
+        let chain = format!("{e:#}");
+        assert!(chain.contains("simulated power cut"), "{chain}");
+    }
+    (r.is_ok(), m.writes())
+}

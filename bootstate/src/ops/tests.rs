@@ -955,15 +955,7 @@ fn uki_upgrade_bless_and_rollback_cut_at_any_write_boot_one_of_the_two() {
 
 /// An ESP (FAT32) holding `loader` as its boot loader.
 fn esp_with(loader: &[u8]) -> Dev {
-    let mut dev = Cursor::new(vec![0u8; 40 << 20]);
-    fatfs::format_volume(
-        &mut dev,
-        fatfs::FormatVolumeOptions::new()
-            .fat_type(fatfs::FatType::Fat32)
-            .bytes_per_cluster(512),
-    )
-    .unwrap();
-    let mut esp = BootFs::new(dev, 0);
+    let mut esp = BootFs::new(crate::testutil::fat32_volume(), 0);
     esp.ensure_dir("EFI").unwrap();
     esp.ensure_dir("EFI/BOOT").unwrap();
     let path = contract::paths::ESP_BOOT_LOADER;
