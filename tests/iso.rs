@@ -202,21 +202,7 @@ fn the_live_system_refuses_its_boot_medium_a_disk_with_data_and_a_small_disk() {
 fn a_uki_of_the_live_system_reaches_ready_under_ovmf() {
     let iso = iso().artifact("iso");
     let dir = scratch().join("uki");
-    let (kernel, initramfs, cmdline) = live_system(&iso, &dir);
-    assert!(cmdline.contains("machined.live="), "{cmdline}");
-
-    let uki = dir.join("live.efi");
-    let r = imager::uki::write_uki(
-        &imager::uki::UkiInput {
-            stub: Path::new(imager::uki::DEFAULT_STUB),
-            kernel: &kernel,
-            initramfs: &initramfs,
-            os_release: b"NAME=Imager\nID=imager\nVERSION_ID=0.1.0\n",
-            cmdline: &cmdline,
-        },
-        &uki,
-    )
-    .unwrap();
+    let (uki, r, cmdline) = live_uki(&iso, &dir);
     assert_eq!(r.sections.len(), 4);
 
     let disk = dir.join("esp.img");

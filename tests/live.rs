@@ -12,12 +12,11 @@ mod common;
 
 use common::*;
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const ID: &str = "5e1f0a11";
 const TIMEOUT: Duration = Duration::from_secs(600);
@@ -135,22 +134,7 @@ fn blank(name: &str, size: u64) -> PathBuf {
 /// itself.
 fn boot(target: &Path, read_only: bool, append: &str, until: &str) -> (Vec<String>, bool) {
     let l = live();
-    let mut child = Command::new("qemu-system-x86_64")
-        .args([
-            "-machine",
-            "q35",
-            "-m",
-            "768",
-            "-nodefaults",
-            "-display",
-            "none",
-        ])
-        .args(["-no-reboot", "-serial", "stdio", "-kernel"])
-        .arg(&l.kernel)
-        .arg("-initrd")
-        .arg(&l.initramfs)
-        .arg("-append")
-        .arg(format!("{} {append}", l.cmdline))
+    let child = direct_qemu(&l.kernel, &l.initramfs, &format!("{} {append}", l.cmdline))
         .arg("-drive")
         .arg(format!(
             "if=none,id=iso,format=raw,snapshot=on,file={}",
@@ -164,48 +148,9 @@ fn boot(target: &Path, read_only: bool, append: &str, until: &str) -> (Vec<Strin
             if read_only { ",readonly=on" } else { "" }
         ))
         .args(["-device", "virtio-blk-pci,drive=t,serial=target1"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let out = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + TIMEOUT;
-    let mut console = Vec::new();
-    let exited = loop {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) => {
-                let line = line.trim_end_matches('\r').to_string();
-                let hit = line.contains(until);
-                eprintln!("{line}");
-                console.push(line);
-                if hit {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break false;
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                let _ = child.wait();
-                break true;
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let _ = child.kill();
-                panic!("no {until:?} within {TIMEOUT:?}:\n{}", console.join("\n"));
-            }
-        }
-    };
-    let _ = std::io::stderr().flush();
-    (console, exited)
+    follow_console(child, Some(until), TIMEOUT)
 }
 
 /// SHA-256 of a file, read in pieces (the disks are sparse gigabytes).

@@ -62,19 +62,7 @@ fn ukis() -> &'static (PathBuf, PathBuf) {
         let build = build_profile("sb-iso", &repo().join("profiles/iso.yaml"), &[]);
         let iso = build.artifact("iso");
         let d = dir().join("uki");
-        let (kernel, initramfs, cmdline) = live_system(&iso, &d);
-        let unsigned = d.join("live.efi");
-        imager::uki::write_uki(
-            &imager::uki::UkiInput {
-                stub: Path::new(imager::uki::DEFAULT_STUB),
-                kernel: &kernel,
-                initramfs: &initramfs,
-                os_release: b"NAME=Imager\nID=imager\nVERSION_ID=0.1.0\n",
-                cmdline: &cmdline,
-            },
-            &unsigned,
-        )
-        .unwrap();
+        let (unsigned, ..) = live_uki(&iso, &d);
         let signed = d.join("live.signed.efi");
         imager::secureboot::sign(&unsigned, &keys().db, &signed).unwrap();
         (unsigned, signed)

@@ -17,12 +17,10 @@ mod common;
 use common::*;
 use contract::paths::{INITRAMFS_ROOTFS, INITRAMFS_ROOTFS_VERITY};
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -134,55 +132,14 @@ fn initramfs_with(b: &Build, tag: &str, name: &str, contents: &[u8]) -> PathBuf 
 /// command line (slot A, power off on failure) until QEMU exits; returns
 /// the console.
 fn boot_direct(b: &Build, initramfs: &Path) -> Vec<String> {
-    let mut child = Command::new("qemu-system-x86_64")
-        .args(["-machine", "q35", "-m", "768", "-nodefaults"])
-        .args(["-display", "none", "-no-reboot", "-serial", "stdio"])
-        .arg("-kernel")
-        .arg(b.artifact("kernel"))
-        .arg("-initrd")
-        .arg(initramfs)
-        .arg("-append")
-        .arg(format!(
-            "{} machined.slot=A machined.on_failure=poweroff",
-            manifest_cmdline(b)
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+    let append = format!(
+        "{} machined.slot=A machined.on_failure=poweroff",
+        manifest_cmdline(b)
+    );
+    let child = direct_qemu(&b.artifact("kernel"), initramfs, &append)
         .spawn()
         .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let out = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + TIMEOUT;
-    let mut console = Vec::new();
-    loop {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) => {
-                let line = imager::qemu::clean_line(&line);
-                eprintln!("{line}");
-                console.push(line);
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                let _ = child.wait();
-                return console;
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let _ = child.kill();
-                panic!(
-                    "QEMU still running after {TIMEOUT:?}:\n{}",
-                    console.join("\n")
-                );
-            }
-        }
-    }
+    follow_console(child, None, TIMEOUT).0
 }
 
 #[test]

@@ -746,7 +746,8 @@ pub fn upgrade_into_secure_boot<E: Device, B: Device, M: Device>(
     plan.new_meta.set(Tag::SecureBootEntering, db.as_bytes());
     plan.new_meta.encode_block().map_err(|e| {
         anyhow::anyhow!(
-            "META has no room for the db certificate ({e}): nothing was written; install the              disk from the Secure Boot installer (`imager install`) instead"
+            "META has no room for the db certificate ({e}): nothing was written; install the \
+             disk from the Secure Boot installer (`imager install`) instead"
         )
     })?;
     let path = contract::paths::ESP_BOOT_LOADER;
@@ -759,7 +760,8 @@ pub fn upgrade_into_secure_boot<E: Device, B: Device, M: Device>(
     }
     if !esp.exists(path)? {
         bail!(
-            "the ESP has no {path}: it was not made by imager; nothing was written (install the              disk from the Secure Boot installer with `imager install`)"
+            "the ESP has no {path}: it was not made by imager; nothing was written (install the \
+             disk from the Secure Boot installer with `imager install`)"
         );
     }
     let (old_sha, _) = esp.hash(path)?;

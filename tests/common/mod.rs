@@ -351,3 +351,97 @@ pub fn cut_upgrade(
     }
     (r.is_ok(), m.writes())
 }
+
+/// QEMU booting `kernel` and `initramfs` directly (no firmware, no boot
+/// loader) with `append` as the command line, the console on stdout
+/// (piped, for [`follow_console`]), no reboot; add disks before spawning.
+pub fn direct_qemu(kernel: &Path, initramfs: &Path, append: &str) -> Command {
+    let mut c = Command::new("qemu-system-x86_64");
+    c.args(["-machine", "q35", "-m", "768", "-nodefaults"])
+        .args(["-display", "none", "-no-reboot", "-serial", "stdio"])
+        .arg("-kernel")
+        .arg(kernel)
+        .arg("-initrd")
+        .arg(initramfs)
+        .arg("-append")
+        .arg(append)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    c
+}
+
+/// Follows the console of `child` (stdout piped) until QEMU exits, or a
+/// line contains `until` (QEMU is then stopped); a failed test when
+/// neither happens within `timeout`. Returns the console and whether QEMU
+/// exited by itself.
+pub fn follow_console(
+    mut child: std::process::Child,
+    until: Option<&str>,
+    timeout: std::time::Duration,
+) -> (Vec<String>, bool) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::mpsc;
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().expect("QEMU's stdout is piped");
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + timeout;
+    let mut console = Vec::new();
+    let exited = loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok(line) => {
+                let line = imager::qemu::clean_line(&line);
+                let hit = until.is_some_and(|u| line.contains(u));
+                eprintln!("{line}");
+                console.push(line);
+                if hit {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break false;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let _ = child.wait();
+                break true;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                panic!(
+                    "no {until:?} and QEMU still running after {timeout:?}:\n{}",
+                    console.join("\n")
+                );
+            }
+        }
+    };
+    let _ = std::io::stderr().flush();
+    (console, exited)
+}
+
+/// The live system of `iso` ([`live_system`], extracted into `dir`) as a
+/// Unified Kernel Image made by `imager::uki` from systemd's stub,
+/// `dir/live.efi`: its path, what `write_uki` reported, and the command
+/// line inside.
+pub fn live_uki(iso: &Path, dir: &Path) -> (PathBuf, imager::uki::UkiReport, String) {
+    let (kernel, initramfs, cmdline) = live_system(iso, dir);
+    assert!(cmdline.contains("machined.live="), "{cmdline}");
+    let uki = dir.join("live.efi");
+    let r = imager::uki::write_uki(
+        &imager::uki::UkiInput {
+            stub: Path::new(imager::uki::DEFAULT_STUB),
+            kernel: &kernel,
+            initramfs: &initramfs,
+            os_release: b"NAME=Imager\nID=imager\nVERSION_ID=0.1.0\n",
+            cmdline: &cmdline,
+        },
+        &uki,
+    )
+    .unwrap();
+    (uki, r, cmdline)
+}

@@ -1165,4 +1165,13 @@ fn entering_secure_boot_cut_at_any_write_finishes_and_takes_effect_at_the_blessi
         assert_eq!(tag(&mut m, Tag::SecureBoot), None, "{how}");
         assert_eq!(tag(&mut m, Tag::SecureBootEntering), None, "{how}");
     }
+
+    // A disk that boots under UEFI only (no GRUB rendering to take off).
+    let (mut b, mut m) = disk(16);
+    let mut e = e0.clone();
+    let (r, _) = enter(&mut b, &mut m, &mut e, None);
+    r.unwrap();
+    let mut boot = BootFs::new(&mut b, 0);
+    assert_eq!(firmware_tries(&mut boot), Slot::B);
+    assert_eq!(firmware_loader(&e), new_loader);
 }
