@@ -17,6 +17,7 @@ pub mod install;
 pub mod io;
 pub mod iso;
 pub mod kernel;
+pub mod node;
 pub mod oci;
 pub mod profile;
 pub mod qemu;

@@ -33,6 +33,11 @@ enum Command {
     Keygen(cli::sign::KeygenArgs),
     /// Check a manifest's signature and the digests of its artifacts.
     Verify(cli::sign::VerifyArgs),
+    /// The node API: the cluster's credentials.
+    Node {
+        #[command(subcommand)]
+        command: cli::node::NodeCommand,
+    },
     /// Secure Boot: sign and verify PE images, write the enrolment files.
     Secureboot {
         #[command(subcommand)]
@@ -378,6 +383,7 @@ fn run() -> Result<ExitCode> {
         }
         Command::Verify(a) => Ok(exit(sign::run_verify(&a.options())?)),
         Command::Secureboot { command } => cli::secureboot::run(&command),
+        Command::Node { command } => cli::node::run(&command),
         Command::Boot(a) => boot(a),
         Command::Inspect(a) => Ok(exit(imager::inspect::run(
             &a.image,

@@ -2,5 +2,6 @@
 //! into the library's plain options.
 
 pub mod kernel;
+pub mod node;
 pub mod secureboot;
 pub mod sign;

@@ -1,0 +1,239 @@
+//! The cluster's credentials for the node API (`imager node credentials`):
+//! a CA, client certificates that carry a role (`nodeapi::role`), and a
+//! node's server certificate.
+//!
+//! In a credentials directory:
+//!
+//! | file | what |
+//! |---|---|
+//! | `ca.crt`, `ca.key` | the cluster CA (self-signed; the image and META carry `ca.crt`) |
+//! | `NAME.crt`, `NAME.key` | a client (`O=imager:<role>`, extended key usage clientAuth) |
+//! | `NAME.node.crt`, `NAME.node.key` | a node (subject alternative names: its name and addresses; serverAuth) |
+//!
+//! Keys are ECDSA P-256 (what every TLS 1.3 stack takes), PKCS#8 PEM, mode
+//! 0600, written atomically and never printed. Nothing is replaced without
+//! `force`; a set of files is written whole or not at all (staged, then
+//! moved in).
+
+use anyhow::{Context, Result, bail};
+use nodeapi::Role;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+pub const CA_CERT: &str = "ca.crt";
+pub const CA_KEY: &str = "ca.key";
+
+/// Who a new certificate is for.
+#[derive(Debug, Clone)]
+pub enum Holder {
+    /// A client of the API, with its role.
+    Client { name: String, role: Role },
+    /// A node, reached by its name and `addresses`.
+    Node {
+        name: String,
+        addresses: Vec<IpAddr>,
+    },
+}
+
+impl Holder {
+    fn name(&self) -> &str {
+        match self {
+            Holder::Client { name, .. } | Holder::Node { name, .. } => name,
+        }
+    }
+
+    /// The certificate and key file names.
+    pub fn files(&self) -> (String, String) {
+        match self {
+            Holder::Client { name, .. } => (format!("{name}.crt"), format!("{name}.key")),
+            Holder::Node { name, .. } => (format!("{name}.node.crt"), format!("{name}.node.key")),
+        }
+    }
+}
+
+/// What was made, for the report (no key material).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Made {
+    pub dir: PathBuf,
+    /// Files written, certificates first.
+    pub files: Vec<String>,
+    pub ca_created: bool,
+}
+
+/// A name fit for a file and a certificate: letters, digits, `-`, `_`, `.`,
+/// not starting with `.`, at most 63 bytes.
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && name != "ca";
+    if !ok {
+        bail!(
+            "{name:?} is not a credential name: use 1 to 63 letters, digits, '-', '_' or '.', \
+             not starting with '.', and not \"ca\""
+        );
+    }
+    Ok(())
+}
+
+/// Makes the CA in `dir` when it has none (`ca_created` in the report),
+/// then, for `holder`, a certificate signed by it and its key. Refuses to
+/// replace an existing certificate or key unless `force` (the CA is never
+/// replaced: a new CA is a new directory).
+pub fn make(dir: &Path, holder: Option<&Holder>, force: bool) -> Result<Made> {
+    if let Some(h) = holder {
+        check_name(h.name())?;
+    }
+    if !dir.exists() {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let (ca_pem, ca_key, ca_created) = match (
+        dir.join(CA_CERT).symlink_metadata(),
+        dir.join(CA_KEY).symlink_metadata(),
+    ) {
+        (Ok(_), Ok(_)) => {
+            let pem = read_small(&dir.join(CA_CERT), "CA certificate")?;
+            let key = read_small(&dir.join(CA_KEY), "CA key")?;
+            check_private_mode(&dir.join(CA_KEY))?;
+            (pem, key, false)
+        }
+        (Err(_), Err(_)) => {
+            let (pem, key) = new_ca()?;
+            (pem, key, true)
+        }
+        _ => bail!(
+            "{} has one of {CA_CERT} and {CA_KEY} without the other: restore the missing one, \
+             or use a new directory for a new CA",
+            dir.display()
+        ),
+    };
+    let mut files: Vec<(String, String, u32)> = Vec::new();
+    if ca_created {
+        files.push((CA_CERT.into(), ca_pem.clone(), 0o644));
+        files.push((CA_KEY.into(), ca_key.clone(), 0o600));
+    }
+    if let Some(h) = holder {
+        let (crt, key) = h.files();
+        for f in [&crt, &key] {
+            if dir.join(f).symlink_metadata().is_ok() && !force {
+                bail!(
+                    "{} already exists: refusing to replace credentials (pass --force)",
+                    dir.join(f).display()
+                );
+            }
+        }
+        let (cert_pem, key_pem) = issue(&ca_pem, &ca_key, h)?;
+        files.push((crt, cert_pem, 0o644));
+        files.push((key, key_pem, 0o600));
+    }
+    let staging = crate::io::Staging::create(dir, "node-credentials")?;
+    for (name, text, mode) in &files {
+        crate::io::write_atomic(staging.join(name), text.as_bytes(), *mode)?;
+    }
+    let names: Vec<&str> = files.iter().map(|(n, ..)| n.as_str()).collect();
+    staging.commit(&names)?;
+    Ok(Made {
+        dir: dir.to_path_buf(),
+        files: names.iter().map(|n| n.to_string()).collect(),
+        ca_created,
+    })
+}
+
+fn new_key() -> Result<KeyPair> {
+    KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).context("generating a P-256 key")
+}
+
+/// A new self-signed CA: its certificate and key, PEM.
+fn new_ca() -> Result<(String, String)> {
+    let key = new_key()?;
+    let mut p = CertificateParams::default();
+    p.distinguished_name = DistinguishedName::new();
+    p.distinguished_name
+        .push(DnType::CommonName, "imager cluster CA");
+    p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let cert = p.self_signed(&key).context("signing the CA certificate")?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// A certificate for `holder` signed by the CA, and its new key (PEM).
+fn issue(ca_pem: &str, ca_key: &str, holder: &Holder) -> Result<(String, String)> {
+    // (The key's own parse errors would quote nothing, but say it plainly.)
+    let ca_key = KeyPair::from_pem(ca_key)
+        .map_err(|_| anyhow::anyhow!("{CA_KEY} is not a PEM private key"))?;
+    let issuer = Issuer::from_ca_cert_pem(ca_pem, ca_key)
+        .map_err(|e| anyhow::anyhow!("{CA_CERT} is not a CA certificate: {e}"))?;
+    let key = new_key()?;
+    let mut p = CertificateParams::default();
+    p.distinguished_name = DistinguishedName::new();
+    p.distinguished_name
+        .push(DnType::CommonName, holder.name().to_string());
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.use_authority_key_identifier_extension = true;
+    match holder {
+        Holder::Client { role, .. } => {
+            p.distinguished_name
+                .push(DnType::OrganizationName, role.organization());
+            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        }
+        Holder::Node { name, addresses } => {
+            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+            p.subject_alt_names.push(SanType::DnsName(
+                name.as_str()
+                    .try_into()
+                    .map_err(|_| anyhow::anyhow!("{name:?} is not a DNS name"))?,
+            ));
+            p.subject_alt_names
+                .extend(addresses.iter().map(|a| SanType::IpAddress(*a)));
+        }
+    }
+    let cert = p
+        .signed_by(&key, &issuer)
+        .context("signing the certificate with the CA")?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+fn read_small(path: &Path, what: &str) -> Result<String> {
+    let bytes = crate::input::read_head(path, what, nodeapi::tls::MAX_PEM as u64 + 1)?;
+    if bytes.len() > nodeapi::tls::MAX_PEM {
+        bail!("{} is too large for a {what}", path.display());
+    }
+    String::from_utf8(bytes).with_context(|| format!("{} is not PEM text", path.display()))
+}
+
+/// A private key readable by others is refused: it may have been copied.
+fn check_private_mode(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        bail!(
+            "{} is readable by others (mode {:o}): make it 0600 (chmod 600) if it was not \
+             exposed, else make a new CA",
+            path.display(),
+            mode & 0o777
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
