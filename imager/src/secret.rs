@@ -232,6 +232,26 @@ fn escape(s: &str) -> String {
         .collect()
 }
 
+/// Refuses a private key file that others can read (group or world bits):
+/// it may have been copied. The message names the file, never its bytes.
+pub fn refuse_readable_by_others(path: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        anyhow::bail!(
+            "{}: the private key is readable by others (mode {:04o}): chmod 600 it (and \
+             consider it exposed if others could log in)",
+            path.display(),
+            mode & 0o7777
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

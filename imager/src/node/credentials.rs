@@ -106,7 +106,7 @@ pub fn make(dir: &Path, holder: Option<&Holder>, force: bool) -> Result<Made> {
         (Ok(_), Ok(_)) => {
             let pem = read_small(&dir.join(CA_CERT), "CA certificate")?;
             let key = read_small(&dir.join(CA_KEY), "CA key")?;
-            check_private_mode(&dir.join(CA_KEY))?;
+            crate::secret::refuse_readable_by_others(&dir.join(CA_KEY))?;
             (pem, key, false)
         }
         (Err(_), Err(_)) => {
@@ -215,24 +215,6 @@ fn read_small(path: &Path, what: &str) -> Result<String> {
         bail!("{} is too large for a {what}", path.display());
     }
     String::from_utf8(bytes).with_context(|| format!("{} is not PEM text", path.display()))
-}
-
-/// A private key readable by others is refused: it may have been copied.
-fn check_private_mode(path: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(path)
-        .with_context(|| format!("reading {}", path.display()))?
-        .permissions()
-        .mode();
-    if mode & 0o077 != 0 {
-        bail!(
-            "{} is readable by others (mode {:o}): make it 0600 (chmod 600) if it was not \
-             exposed, else make a new CA",
-            path.display(),
-            mode & 0o777
-        );
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -301,20 +301,8 @@ pub fn cert_public_key(cert: &Certificate) -> Result<RsaPublicKey> {
 }
 
 fn load_private(path: &Path) -> Result<RsaPrivateKey> {
-    use std::os::unix::fs::PermissionsExt;
     let bytes = der::zeroize::Zeroizing::new(read_small(path, "private key")?);
-    let mode = std::fs::metadata(path)
-        .with_context(|| format!("reading {}", path.display()))?
-        .permissions()
-        .mode();
-    if mode & 0o077 != 0 {
-        bail!(
-            "{}: the private key is readable by others (mode {:04o}): chmod 600 it (and \
-             consider it exposed if others could log in)",
-            path.display(),
-            mode & 0o7777
-        );
-    }
+    crate::secret::refuse_readable_by_others(path)?;
     let text = std::str::from_utf8(&bytes)
         .map_err(|_| anyhow::anyhow!("{}: not a private key in PEM (not text)", path.display()))?
         .trim();
