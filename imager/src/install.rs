@@ -791,8 +791,6 @@ fn install_layout_error(
     }
 }
 
-/// The boot loader to install: the one the payload's signed manifest lists,
-/// else the build host's.
 /// The ESP of a Secure Boot install, checked before anything is written:
 /// the payload's own systemd-boot and slot A's UKI verify with the payload's
 /// db certificate (a disk whose boot loader firmware refuses boots nothing),
@@ -823,16 +821,10 @@ fn secure_esp(p: &VerifiedPayload, db: &str) -> Result<Vec<disk::FatFile>> {
     crate::build::secure_esp_files(&loader, mode, &p.enrolment)
 }
 
+/// The boot loader to install: the one the payload's signed manifest lists,
+/// else the build host's.
 fn systemd_boot_for(p: &VerifiedPayload) -> PathBuf {
-    match p
-        .manifest
-        .artifacts
-        .iter()
-        .find(|a| a.kind == Kind::BootLoader)
-    {
-        Some(a) => p.payload.kernel.path.with_file_name(&a.path),
-        None => PathBuf::from(boot::DEFAULT_SYSTEMD_BOOT),
-    }
+    payload_loader(p).map_or_else(|_| PathBuf::from(boot::DEFAULT_SYSTEMD_BOOT), |f| f.path)
 }
 
 #[cfg(test)]
