@@ -63,10 +63,17 @@ pub enum Tag {
     /// falls back or is rolled back, this record goes and the disk stays
     /// without Secure Boot.
     SecureBootEntering = 0x33,
+    /// The node API's cluster CA certificate (PEM): the one root its
+    /// clients' certificates must chain to (`imager node provision`).
+    NodeCa = 0x40,
+    /// The node's own certificate (PEM), issued by [`Tag::NodeCa`].
+    NodeCert = 0x41,
+    /// The node's private key (PEM). Never shown ([`Tag::is_secret`]).
+    NodeKey = 0x42,
 }
 
 impl Tag {
-    pub const ALL: [Tag; 10] = [
+    pub const ALL: [Tag; 13] = [
         Tag::ImageName,
         Tag::DefaultSlot,
         Tag::SlotA,
@@ -77,6 +84,9 @@ impl Tag {
         Tag::SecureBoot,
         Tag::SecureBootLeaving,
         Tag::SecureBootEntering,
+        Tag::NodeCa,
+        Tag::NodeCert,
+        Tag::NodeKey,
     ];
 
     pub fn name(self) -> &'static str {
@@ -91,7 +101,15 @@ impl Tag {
             Tag::SecureBoot => "secure-boot",
             Tag::SecureBootLeaving => "secure-boot-leaving",
             Tag::SecureBootEntering => "secure-boot-entering",
+            Tag::NodeCa => "node-ca",
+            Tag::NodeCert => "node-cert",
+            Tag::NodeKey => "node-key",
         }
+    }
+
+    /// Whether the value is a secret that tools never print.
+    pub fn is_secret(self) -> bool {
+        self == Tag::NodeKey
     }
 
     pub fn from_u32(v: u32) -> Option<Tag> {
@@ -256,14 +274,19 @@ impl Meta {
         }
     }
 
-    /// Human-readable `name = value` pairs in tag order, for inspect.
+    /// Human-readable `name = value` pairs in tag order, for inspect; a
+    /// secret's value is replaced by its length.
     pub fn entries(&self) -> Vec<(String, String)> {
         self.tags
             .iter()
             .map(|(t, v)| {
-                let name = Tag::from_u32(*t)
+                let tag = Tag::from_u32(*t);
+                let name = tag
                     .map(|t| t.name().to_string())
                     .unwrap_or_else(|| format!("tag-{t:#x}"));
+                if tag.is_some_and(Tag::is_secret) {
+                    return (name, format!("(secret, {} bytes, not shown)", v.len()));
+                }
                 (name, String::from_utf8_lossy(v).into_owned())
             })
             .collect()
@@ -399,6 +422,28 @@ mod tests {
         let mut big = Meta::default();
         big.set(Tag::History, vec![b'x'; BLOCK_LEN]);
         assert!(matches!(big.encode_block(), Err(MetaError::TooLarge(_))));
+    }
+
+    #[test]
+    fn tags_are_unique_and_the_node_key_is_never_shown() {
+        let mut seen = std::collections::BTreeSet::new();
+        for t in Tag::ALL {
+            assert!(seen.insert(t as u32), "{t:?}");
+            assert_eq!(Tag::from_u32(t as u32), Some(t));
+        }
+        let mut m = Meta::default();
+        let key = "-----BEGIN PRIVATE KEY-----\nMIGHAgEA\n-----END PRIVATE KEY-----\n";
+        m.set(Tag::NodeKey, key);
+        m.set(Tag::NodeCert, "CERT");
+        let shown = format!("{:?}", m.entries());
+        assert!(
+            !shown.contains("MIGHAgEA") && !shown.contains("PRIVATE"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("node-key") && shown.contains("CERT"),
+            "{shown}"
+        );
     }
 
     #[test]

@@ -33,7 +33,8 @@ enum Command {
     Keygen(cli::sign::KeygenArgs),
     /// Check a manifest's signature and the digests of its artifacts.
     Verify(cli::sign::VerifyArgs),
-    /// The node API: the cluster's credentials.
+    /// The node API: credentials, provisioning, and the client (status,
+    /// rollback, reboot, power-off).
     Node {
         #[command(subcommand)]
         command: cli::node::NodeCommand,

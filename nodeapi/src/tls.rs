@@ -10,6 +10,7 @@
 
 use crate::Role;
 use anyhow::{Context, Result, bail};
+use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::sync::Arc;
@@ -131,4 +132,33 @@ pub fn role_of(cert: &[u8]) -> Result<Role> {
         }
     }
     Role::from_organizations(orgs.iter().map(String::as_str))
+}
+
+/// Checks a node's credentials before they are provisioned: the
+/// certificate chains to the CA for serving as `name` (a DNS name or an IP
+/// address in its subject alternative names), and the key is its key.
+pub fn check_node(ca_pem: &[u8], cert_pem: &[u8], key_pem: &[u8], name: &str) -> Result<()> {
+    let chain = certs(cert_pem, "node certificate")?;
+    let server_name = rustls::pki_types::ServerName::try_from(name.to_string())
+        .map_err(|_| anyhow::anyhow!("{name:?} is not a DNS name or an IP address"))?;
+    let verifier =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(roots(ca_pem)?, provider())
+            .build()
+            .context("building the server certificate verifier")?;
+    verifier
+        .verify_server_cert(
+            &chain[0],
+            &chain[1..],
+            &server_name,
+            &[],
+            rustls::pki_types::UnixTime::now(),
+        )
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "the node certificate is not valid for {name} under this CA ({e}): make it \
+                 with `imager node credentials DIR --node {name}` in the same directory"
+            )
+        })?;
+    server_config(ca_pem, cert_pem, key_pem)?;
+    Ok(())
 }

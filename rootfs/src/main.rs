@@ -2,6 +2,7 @@
 //! stage 1 (`/init` in the initramfs, detected by the squashfs next to it)
 //! and stage 2 (`/usr/bin/machined` in the root filesystem).
 
+mod api;
 mod console;
 mod failure;
 mod input;

@@ -296,6 +296,20 @@ fn unmount_all() {
     let _ = mount::remount_read_only("/");
 }
 
+/// Asks PID 1's supervisor for `action` from another thread (the node
+/// API): the signal it handles for it (SIGTERM powers off, SIGINT
+/// reboots) is sent to this process, blocked in every thread, and read by
+/// [`supervise`]'s signalfd, so the shutdown is the same as for the power
+/// button.
+pub fn request(action: Action) {
+    let signal = match action {
+        Action::PowerOff => libc::SIGTERM,
+        Action::Reboot => libc::SIGINT,
+    };
+    // SAFETY: kill(2) on our own PID with a handled (blocked) signal.
+    unsafe { libc::kill(libc::getpid(), signal) };
+}
+
 /// The clean shutdown. Never returns.
 pub fn shutdown(action: Action) -> ! {
     let (cmd, what) = match action {

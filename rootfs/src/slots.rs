@@ -136,6 +136,17 @@ impl Disk {
         Ok(outcome == BootOutcome::Trial)
     }
 
+    /// The disk's slot state (META and the boot entries).
+    pub fn status(&self) -> Result<ops::Status> {
+        self.with(ops::status).context("reading the slot state")
+    }
+
+    /// Makes the other slot the default ([`ops::rollback`]; a slot known
+    /// to be bad is refused).
+    pub fn rollback(&self) -> Result<ops::RolledBack> {
+        self.with(|boot, meta| ops::rollback(boot, meta, false))
+    }
+
     /// Blesses the trial boot of `booted`.
     pub fn bless(&mut self, booted: Slot, version: &str) -> Result<()> {
         let b = self

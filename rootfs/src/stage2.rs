@@ -6,7 +6,7 @@
 
 use crate::console::{self, say};
 use crate::partitions::{self, Partition};
-use crate::{failure, live, osrelease, power, secureboot, slots, storage, verity};
+use crate::{api, failure, live, osrelease, power, secureboot, slots, storage, verity};
 use anyhow::{Context, Result};
 use contract::cmdline;
 use contract::meta::{Meta, SlotRecord, Tag};
@@ -72,6 +72,17 @@ pub fn run() -> Result<Infallible> {
     }
     failure::ready();
     let supervisor = power::prepare()?;
+    // After the supervisor exists: a reboot asked over the API is a signal
+    // it reads. A node whose API cannot start still runs (and says why).
+    let node = api::Node {
+        name: meta.get(Tag::ImageName).unwrap_or_default().to_string(),
+        version: version.clone(),
+        slot,
+        disk,
+    };
+    if let Err(e) = api::start(&meta, node) {
+        say(format!("api: not started: {e:#}"));
+    }
     say(format!("cmdline {}", cmdline.trim()));
     say(format!(
         "ready version={version} slot={slot} uptime={} {}",
@@ -294,7 +305,7 @@ fn summary(meta: &Meta, booted: contract::Slot) -> String {
 }
 
 /// Seconds since boot, as the kernel prints them in /proc/uptime (`2.31`).
-fn uptime() -> Result<String> {
+pub(crate) fn uptime() -> Result<String> {
     let text = std::fs::read_to_string("/proc/uptime").context("read /proc/uptime")?;
     parse_uptime(&text).with_context(|| format!("unexpected /proc/uptime {text:?}"))
 }

@@ -1,18 +1,108 @@
-//! `imager node credentials`: the arguments, turned into a call of
-//! `imager::node::credentials` (the rest of `imager node` is to come: see
-//! the note on issue 11).
+//! `imager node …`: the arguments, turned into calls of `imager::node`
+//! (credentials, provisioning, and the API's client).
 
+use anyhow::{Result, bail};
+use imager::node::client::Client;
 use imager::node::credentials::{self, Holder};
 use nodeapi::Role;
+use nodeapi::proto::{Event, Request, Status};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum NodeCommand {
     /// Make the cluster CA (first use of DIR) and a client's or a node's
     /// certificate and key signed by it (keys 0600, never printed).
     Credentials(CredentialsArgs),
+    /// Write a node's certificate and key, and the CA certificate its
+    /// clients must chain to, into a disk's META: the node serves the API
+    /// from its next boot.
+    Provision(ProvisionArgs),
+    /// The node's boot id, version, slots, what boots next and the
+    /// operation in progress.
+    Status(StatusArgs),
+    /// Make the other slot the default and reboot into it.
+    Rollback(PowerArgs),
+    /// Reboot the node.
+    Reboot(PowerArgs),
+    /// Power the node off (admin).
+    Poweroff(PowerArgs),
+}
+
+/// How to reach a node and who is asking.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConnectArgs {
+    /// The node: HOST or HOST:PORT (port 50000 by default).
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub node: String,
+    /// The credentials directory (`ca.crt`, the client's certificate and
+    /// key), as made by `imager node credentials`.
+    #[arg(long, value_name = "DIR")]
+    pub credentials: PathBuf,
+    /// The client whose certificate and key to use (NAME.crt, NAME.key).
+    #[arg(long, value_name = "NAME")]
+    pub client: String,
+    /// The name the node's certificate must be valid for (default: the
+    /// host of --node). Needed when the node is reached through a
+    /// forwarded port.
+    #[arg(long, value_name = "NAME")]
+    pub server_name: Option<String>,
+}
+
+impl ConnectArgs {
+    fn client(&self) -> Result<Client> {
+        Client::new(
+            &self.node,
+            &self.credentials,
+            &self.client,
+            self.server_name.as_deref(),
+        )
+    }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProvisionArgs {
+    /// The disk (an image file or a block device) made by imager.
+    pub disk: PathBuf,
+    /// The credentials directory holding `ca.crt` and the node's
+    /// `NAME.node.crt` and `NAME.node.key`.
+    #[arg(long, value_name = "DIR")]
+    pub credentials: PathBuf,
+    /// The node's name (its certificate must be valid for it).
+    #[arg(long, value_name = "NAME")]
+    pub node: String,
+    /// Replace credentials the disk has already.
+    #[arg(long)]
+    pub force: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    /// Print the status as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct PowerArgs {
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    /// Follow the node through its reboot: succeed only when it is back,
+    /// ready, on the expected slot, with a new boot id.
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits for the node, in seconds.
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    pub timeout: u64,
+    /// Print every event as a JSON line on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -43,6 +133,36 @@ pub struct CredentialsArgs {
 
 pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
     match cmd {
+        NodeCommand::Provision(a) => {
+            let p = imager::node::provision::provision(&a.disk, &a.credentials, &a.node, a.force)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&p)?);
+            } else {
+                println!(
+                    "provisioned {} as node {}{}: it serves the node API from its next boot",
+                    p.disk.display(),
+                    p.node,
+                    if p.replaced {
+                        " (replacing its credentials)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        NodeCommand::Status(a) => {
+            let s = a.connect.client()?.status()?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                print_status(&s);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        NodeCommand::Rollback(a) => operate(a, &Request::Rollback {}),
+        NodeCommand::Reboot(a) => operate(a, &Request::Reboot {}),
+        NodeCommand::Poweroff(a) => operate(a, &Request::PowerOff {}),
         NodeCommand::Credentials(a) => {
             let holder = match (&a.role, &a.name, &a.node) {
                 (Some(role), Some(name), None) => Some(Holder::Client {
@@ -72,6 +192,107 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
                 }
             }
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Sends `request`, shows its events, and with `--wait` follows the node
+/// through the reboot that ends it.
+fn operate(a: &PowerArgs, request: &Request) -> Result<ExitCode> {
+    let client = a.connect.client()?;
+    let show = |e: &Event| {
+        if a.json {
+            if let Ok(line) = serde_json::to_string(e) {
+                println!("{line}");
+            }
+        } else if let Event::Progress { step, message, .. } = e {
+            eprintln!("{step}: {message}");
+        }
+    };
+    let (message, status, reboot) = match client.call(request, show)? {
+        Event::Done {
+            message,
+            status,
+            reboot,
+        } => (message, status, reboot),
+        Event::Failed {
+            code,
+            message,
+            written,
+        } => bail!(
+            "the node refused {} ({}): {message}{}",
+            request.name(),
+            code.name(),
+            if written { "" } else { "; nothing was written" }
+        ),
+        Event::Progress { .. } => unreachable!("call returns the last event"),
+    };
+    if !a.json {
+        println!("{message}");
+    }
+    if !a.wait || !reboot {
+        return Ok(ExitCode::SUCCESS);
+    }
+    if matches!(request, Request::PowerOff {}) {
+        bail!("--wait cannot follow a node that powers off");
+    }
+    let expected = status
+        .next_boot
+        .clone()
+        .unwrap_or_else(|| status.booted_slot.clone());
+    if !a.json {
+        eprintln!(
+            "waiting for {} to come back on slot {expected} (boot id other than {})",
+            client.node(),
+            status.boot_id
+        );
+    }
+    let back = client.wait_back(&status, &expected, Duration::from_secs(a.timeout), |_| {})?;
+    if a.json {
+        println!("{}", serde_json::to_string(&back)?);
+    } else {
+        println!(
+            "the node is back: {} {} on slot {}, ready (boot id {})",
+            back.name, back.version, back.booted_slot, back.boot_id
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_status(s: &Status) {
+    println!(
+        "{} {} on slot {} ({}), boot id {}, up {} s",
+        s.name,
+        s.version,
+        s.booted_slot,
+        if s.ready { "ready" } else { "not ready" },
+        s.boot_id,
+        s.uptime
+    );
+    println!(
+        "default slot {}, boots next {}, Secure Boot {}",
+        s.default_slot,
+        s.next_boot.as_deref().unwrap_or("nothing"),
+        s.secure_boot
+    );
+    for slot in &s.slots {
+        let tries = match (slot.tries_left, slot.tries_done) {
+            (Some(l), Some(d)) => format!(", tries left {l}, done {d}"),
+            _ => String::new(),
+        };
+        println!(
+            "  slot {}: {} {}{tries}",
+            slot.slot, slot.status, slot.version
+        );
+    }
+    for (what, v) in [
+        ("pending upgrade", &s.pending_upgrade),
+        ("staged", &s.staged),
+        ("operation in progress", &s.operation),
+        ("last event", &s.last_event),
+    ] {
+        if let Some(v) = v {
+            println!("{what}: {v}");
         }
     }
 }

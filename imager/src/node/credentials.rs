@@ -209,7 +209,7 @@ fn issue(ca_pem: &str, ca_key: &str, holder: &Holder) -> Result<(String, String)
     Ok((cert.pem(), key.serialize_pem()))
 }
 
-fn read_small(path: &Path, what: &str) -> Result<String> {
+pub(crate) fn read_small(path: &Path, what: &str) -> Result<String> {
     let bytes = crate::input::read_head(path, what, nodeapi::tls::MAX_PEM as u64 + 1)?;
     if bytes.len() > nodeapi::tls::MAX_PEM {
         bail!("{} is too large for a {what}", path.display());

@@ -1,5 +1,8 @@
 //! The client side of the node API (`imager node …`): the cluster's
-//! credentials ([`credentials`]). The API's security contract, shared with
+//! credentials ([`credentials`]), a disk's node credentials
+//! ([`provision`]), and the client ([`client`]). The API's security contract, shared with
 //! machined, is the `nodeapi` crate.
 
+pub mod client;
 pub mod credentials;
+pub mod provision;

@@ -1,0 +1,269 @@
+//! The node API's client: one request per connection, its events read to
+//! the last ([`nodeapi::proto`]), and the wait for a node coming back from
+//! a reboot.
+
+use super::credentials::{CA_CERT, read_small};
+use anyhow::{Context, Result, anyhow, bail};
+use nodeapi::proto::{self, Event, Request, Status};
+use rustls::pki_types::ServerName;
+use std::io::BufReader;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a connection may take to open.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the client waits for the node's next line (an upgrade sends
+/// progress at least this often).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Where a node is and how to talk to it.
+#[derive(Debug, Clone)]
+pub struct Client {
+    config: Arc<rustls::ClientConfig>,
+    /// `HOST:PORT` as given, for messages.
+    shown: String,
+    addrs: Vec<SocketAddr>,
+    server_name: ServerName<'static>,
+}
+
+/// `HOST`, `HOST:PORT`, `[V6]:PORT`: the host and the port (the API's
+/// default when none is given).
+pub fn split_node(node: &str) -> Result<(String, u16)> {
+    let bad =
+        || anyhow!("--node {node:?} is not HOST or HOST:PORT (e.g. 10.0.2.15 or 127.0.0.1:50000)");
+    if node.is_empty() || node.len() > 255 || node.chars().any(|c| c.is_whitespace()) {
+        return Err(bad());
+    }
+    if let Some(rest) = node.strip_prefix('[') {
+        let (host, tail) = rest.split_once(']').ok_or_else(bad)?;
+        let port = match tail {
+            "" => proto::PORT,
+            t => t
+                .strip_prefix(':')
+                .and_then(|p| p.parse().ok())
+                .ok_or_else(bad)?,
+        };
+        return Ok((host.to_string(), port));
+    }
+    match node.rsplit_once(':') {
+        None => Ok((node.to_string(), proto::PORT)),
+        Some((host, port)) if !host.is_empty() && !host.contains(':') => {
+            Ok((host.to_string(), port.parse().map_err(|_| bad())?))
+        }
+        _ => Err(bad()),
+    }
+}
+
+impl Client {
+    /// A client of `node` (`HOST[:PORT]`) with the credentials of client
+    /// `name` in `dir` (`ca.crt`, `NAME.crt`, `NAME.key`). The node's
+    /// certificate must be valid for `server_name` (default: the host).
+    pub fn new(
+        node: &str,
+        dir: &std::path::Path,
+        name: &str,
+        server_name: Option<&str>,
+    ) -> Result<Client> {
+        let (host, port) = split_node(node)?;
+        let key_path = dir.join(format!("{name}.key"));
+        let cert_path = dir.join(format!("{name}.crt"));
+        if !cert_path.exists() {
+            bail!(
+                "{} not found: make a client certificate with `imager node credentials {} \
+                 --role operator --name {name}`",
+                cert_path.display(),
+                dir.display()
+            );
+        }
+        crate::secret::refuse_readable_by_others(&key_path)?;
+        let ca = read_small(&dir.join(CA_CERT), "CA certificate")?;
+        let cert = read_small(&cert_path, "client certificate")?;
+        let key = read_small(&key_path, "client key")?;
+        let config = nodeapi::tls::client_config(ca.as_bytes(), cert.as_bytes(), key.as_bytes())?;
+        let sn = server_name.unwrap_or(&host).to_string();
+        let server_name = ServerName::try_from(sn.clone())
+            .map_err(|_| anyhow!("{sn:?} is not a DNS name or an IP address"))?;
+        let addrs: Vec<SocketAddr> = (host.as_str(), port)
+            .to_socket_addrs()
+            .with_context(|| format!("resolving {host}"))?
+            .collect();
+        if addrs.is_empty() {
+            bail!("{host} resolves to no address");
+        }
+        Ok(Client {
+            config,
+            shown: format!("{host}:{port}"),
+            addrs,
+            server_name,
+        })
+    }
+
+    /// The node as given (`HOST:PORT`).
+    pub fn node(&self) -> &str {
+        &self.shown
+    }
+
+    fn connect(
+        &self,
+        timeout: Duration,
+    ) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
+        let mut last = None;
+        for a in &self.addrs {
+            match TcpStream::connect_timeout(a, timeout) {
+                Ok(sock) => {
+                    sock.set_read_timeout(Some(READ_TIMEOUT))?;
+                    sock.set_write_timeout(Some(READ_TIMEOUT))?;
+                    let conn = rustls::ClientConnection::new(
+                        self.config.clone(),
+                        self.server_name.clone(),
+                    )
+                    .context("starting TLS")?;
+                    return Ok(rustls::StreamOwned::new(conn, sock));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(anyhow!(
+            "cannot reach the node at {}: {}",
+            self.shown,
+            last.map_or("no address".into(), |e| e.to_string())
+        ))
+    }
+
+    /// Sends `request` and reads the events to the last, each passed to
+    /// `on_event`; returns the last (`Done` or `Failed`).
+    pub fn call(&self, request: &Request, mut on_event: impl FnMut(&Event)) -> Result<Event> {
+        self.call_with(request, CONNECT_TIMEOUT, &mut on_event)
+    }
+
+    fn call_with(
+        &self,
+        request: &Request,
+        connect: Duration,
+        on_event: &mut dyn FnMut(&Event),
+    ) -> Result<Event> {
+        let mut tls = self.connect(connect)?;
+        proto::write_line(&mut tls, request).map_err(|e| self.explain(e))?;
+        let mut r = BufReader::new(tls);
+        loop {
+            let line = proto::read_line(&mut r).map_err(|e| self.explain(e))?;
+            let Some(line) = line else {
+                bail!(
+                    "the node at {} closed the connection before the end of its answer",
+                    self.shown
+                );
+            };
+            let event = proto::parse_event(&line)
+                .with_context(|| format!("the node at {} sent a bad answer", self.shown))?;
+            on_event(&event);
+            if event.is_last() {
+                return Ok(event);
+            }
+        }
+    }
+
+    /// The node's status.
+    pub fn status(&self) -> Result<Status> {
+        self.status_within(CONNECT_TIMEOUT)
+    }
+
+    fn status_within(&self, connect: Duration) -> Result<Status> {
+        match self.call_with(&Request::Status {}, connect, &mut |_| {})? {
+            Event::Done { status, .. } => Ok(*status),
+            Event::Failed { code, message, .. } => {
+                bail!("the node refused status ({}): {message}", code.name())
+            }
+            Event::Progress { .. } => unreachable!("call returns the last event"),
+        }
+    }
+
+    /// A TLS or connection error, said in terms of what to do about it.
+    fn explain(&self, e: anyhow::Error) -> anyhow::Error {
+        let text = format!("{e:#}");
+        let why = if text.contains("UnknownIssuer") || text.contains("BadSignature") {
+            "the node's certificate is not issued by the cluster CA in the credentials \
+             directory (is it the right node, and the right --credentials?)"
+        } else if text.contains("NotValidForName") {
+            "the node's certificate is not for this name or address: pass --server-name with \
+             a name its certificate has (`imager node credentials --node NAME --address IP`)"
+        } else if text.contains("AlertReceived") {
+            "the node refused this client's certificate: it must be issued by the cluster CA \
+             the node was provisioned with (`imager node provision`)"
+        } else {
+            return e.context(format!("talking to the node at {}", self.shown));
+        };
+        anyhow!("{why} (talking to {}: {text})", self.shown)
+    }
+
+    /// Waits for the node to come back from the reboot that followed the
+    /// status `before`: its status answers with another boot id. Succeeds
+    /// when it runs `expected_slot`; fails saying where it came back
+    /// otherwise, or when `timeout` passes first.
+    pub fn wait_back(
+        &self,
+        before: &Status,
+        expected_slot: &str,
+        timeout: Duration,
+        mut on_try: impl FnMut(&str),
+    ) -> Result<Status> {
+        let start = Instant::now();
+        let mut last_error = String::from("no answer yet");
+        while start.elapsed() < timeout {
+            match self.status_within(Duration::from_secs(5)) {
+                Ok(s) if s.boot_id == before.boot_id => {
+                    last_error = "the node has not rebooted yet".into();
+                }
+                Ok(s) => {
+                    if s.booted_slot == expected_slot && s.ready {
+                        return Ok(s);
+                    }
+                    bail!(
+                        "the node came back on slot {} ({} {}), not on slot {expected_slot}{}",
+                        s.booted_slot,
+                        s.name,
+                        s.version,
+                        s.last_event
+                            .as_deref()
+                            .map(|h| format!(": {h}"))
+                            .unwrap_or_default()
+                    );
+                }
+                Err(e) => last_error = format!("{e:#}"),
+            }
+            on_try(&last_error);
+            // Polling a node that is rebooting: a connection refused comes
+            // back at once, so pace the tries.
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        bail!(
+            "the node at {} did not come back within {} s ({last_error})",
+            self.shown,
+            timeout.as_secs()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_addresses() {
+        assert_eq!(
+            split_node("10.0.2.15").unwrap(),
+            ("10.0.2.15".into(), proto::PORT)
+        );
+        assert_eq!(
+            split_node("127.0.0.1:6000").unwrap(),
+            ("127.0.0.1".into(), 6000)
+        );
+        assert_eq!(split_node("[::1]:7").unwrap(), ("::1".into(), 7));
+        assert_eq!(split_node("[::1]").unwrap(), ("::1".into(), proto::PORT));
+        for bad in [
+            "", "a b", "h:", "h:x", "h:70000", "::1", "[::1", "[::1]x", ":5",
+        ] {
+            assert!(split_node(bad).is_err(), "{bad}");
+        }
+    }
+}

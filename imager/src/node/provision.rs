@@ -1,0 +1,82 @@
+//! `imager node provision`: gives a disk its node API credentials.
+//!
+//! The node's certificate and key, and the cluster CA's certificate its
+//! clients must chain to, go into META (`node-ca`, `node-cert`,
+//! `node-key`), never into an image: images are public outputs, a node's
+//! key is not. The runtime serves the API only when META has all three.
+//! Everything is checked before META is written (the certificate chains to
+//! the CA for the node's name, the key is its key, the key file is not
+//! readable by others); META's own write order keeps one valid copy
+//! through a power cut ([`bootstate::meta::write`]).
+
+use super::credentials::{CA_CERT, Holder, read_small};
+use anyhow::{Context, Result, bail};
+use bootstate::disk::{Access, Disk};
+use contract::meta::Tag;
+use std::path::{Path, PathBuf};
+
+/// What was provisioned (no key material).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Provisioned {
+    pub disk: PathBuf,
+    pub node: String,
+    /// Whether the disk had node credentials before (they were replaced).
+    pub replaced: bool,
+}
+
+/// Writes the credentials of node `name` from the credentials directory
+/// `dir` into the META of `disk`. A disk that has credentials already
+/// keeps them unless `force`.
+pub fn provision(disk: &Path, dir: &Path, name: &str, force: bool) -> Result<Provisioned> {
+    let (cert_file, key_file) = Holder::Node {
+        name: name.to_string(),
+        addresses: Vec::new(),
+    }
+    .files();
+    let (cert_path, key_path) = (dir.join(&cert_file), dir.join(&key_file));
+    if !cert_path.exists() {
+        bail!(
+            "{} not found: make the node's credentials first with `imager node credentials {} \
+             --node {name} --address IP`",
+            cert_path.display(),
+            dir.display()
+        );
+    }
+    crate::secret::refuse_readable_by_others(&key_path)?;
+    let ca = read_small(&dir.join(CA_CERT), "CA certificate")?;
+    let cert = read_small(&cert_path, "node certificate")?;
+    let key = read_small(&key_path, "node key")?;
+    nodeapi::tls::check_node(ca.as_bytes(), cert.as_bytes(), key.as_bytes(), name)?;
+
+    let disk_handle = Disk::open(disk, Access::Write)?;
+    let mut meta_dev = disk_handle.meta()?;
+    let (mut meta, _) = bootstate::meta::read(&mut meta_dev).with_context(|| {
+        format!(
+            "reading META of {}: is it a disk made by imager?",
+            disk.display()
+        )
+    })?;
+    let replaced = meta.get(Tag::NodeKey).is_some();
+    let same = meta.get(Tag::NodeCa) == Some(ca.as_str())
+        && meta.get(Tag::NodeCert) == Some(cert.as_str())
+        && meta.get(Tag::NodeKey) == Some(key.as_str());
+    if replaced && !same && !force {
+        bail!(
+            "{} has node credentials already; pass --force to replace them (clients of the old \
+             CA are then refused); nothing was written",
+            disk.display()
+        );
+    }
+    if !same {
+        meta.set(Tag::NodeCa, ca);
+        meta.set(Tag::NodeCert, cert);
+        meta.set(Tag::NodeKey, key);
+        bootstate::meta::write(&mut meta_dev, &meta)
+            .with_context(|| format!("writing META of {}", disk.display()))?;
+    }
+    Ok(Provisioned {
+        disk: disk.to_path_buf(),
+        node: name.to_string(),
+        replaced: replaced && !same,
+    })
+}

@@ -1,0 +1,444 @@
+//! The node API's messages: JSON, one object per line, over the TLS
+//! connection of [`crate::tls`].
+//!
+//! A client opens a connection, sends one [`Request`] line and reads
+//! [`Event`] lines until the last one, [`Event::Done`] or
+//! [`Event::Failed`]; then the server closes the connection. Every line is
+//! at most [`MAX_LINE`] bytes, every string in it bounded; a line that is
+//! longer, not UTF-8, not JSON, or has unknown fields is refused
+//! (docs/node-api.md has the schema with examples).
+
+use crate::role::Op;
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
+
+/// The TCP port the node API listens on (Talos's apid port).
+pub const PORT: u16 = 50000;
+/// The longest line either end sends or accepts, newline included.
+pub const MAX_LINE: usize = 64 * 1024;
+/// The longest image reference a request may name.
+pub const MAX_IMAGE_REF: usize = 1024;
+/// Boots an upgraded slot is tried before the boot loader falls back, when
+/// the request names none (as `imager upgrade`).
+pub const DEFAULT_TRIES: u32 = 3;
+
+/// What a client asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Request {
+    /// The node's state ([`Status`]). (Variants without values are
+    /// empty structs, so that unknown fields are refused in them too.)
+    Status {},
+    /// Pull the installer image `image` from its registry, verify it, and
+    /// install it into the inactive slot; armed (tried at the next boot)
+    /// and rebooted into, unless `stage`: then written but not armed
+    /// ([`Request::Arm`] arms it later).
+    Upgrade {
+        image: String,
+        #[serde(default)]
+        stage: bool,
+        /// Keep EPHEMERAL (`/var`); false wipes it at the next boot.
+        #[serde(default = "yes")]
+        preserve: bool,
+        #[serde(default)]
+        tries: Option<u32>,
+    },
+    /// Arm the slot a staged upgrade wrote, and reboot into it.
+    Arm {},
+    /// Make the other slot the default and reboot into it.
+    Rollback {},
+    Reboot {},
+    PowerOff {},
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Request {
+    /// What the request does, for the role check.
+    pub fn op(&self) -> Op {
+        match self {
+            Request::Status {} => Op::Status,
+            Request::Upgrade { preserve, .. } => Op::Upgrade { wipe: !preserve },
+            Request::Arm {} => Op::Arm,
+            Request::Rollback {} => Op::Rollback,
+            Request::Reboot {} => Op::Reboot,
+            Request::PowerOff {} => Op::PowerOff,
+        }
+    }
+
+    /// The request's name, as on the wire (`status`, `upgrade`, …).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Status {} => "status",
+            Request::Upgrade { .. } => "upgrade",
+            Request::Arm {} => "arm",
+            Request::Rollback {} => "rollback",
+            Request::Reboot {} => "reboot",
+            Request::PowerOff {} => "power-off",
+        }
+    }
+
+    /// Checks the values a request carries (beyond their types).
+    pub fn check(&self) -> Result<()> {
+        if let Request::Upgrade { image, tries, .. } = self {
+            if image.is_empty() || image.len() > MAX_IMAGE_REF {
+                bail!("the image reference is empty or over {MAX_IMAGE_REF} bytes");
+            }
+            if image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                bail!("the image reference has spaces or control characters");
+            }
+            if let Some(t) = tries
+                && !(1..=contract::boot::MAX_TRIES).contains(t)
+            {
+                bail!(
+                    "tries must be 1 to {} (boots of the new slot before the boot loader \
+                     falls back)",
+                    contract::boot::MAX_TRIES
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the server says, line after line; the last is `Done` or `Failed`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Event {
+    /// A step of the operation began or advanced. `done` and `total` count
+    /// bytes (or steps) when known.
+    Progress {
+        step: String,
+        message: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        done: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        total: Option<u64>,
+    },
+    /// The operation succeeded. `status` is the node's state after it;
+    /// `reboot`: the node reboots (or powers off) now.
+    Done {
+        message: String,
+        status: Box<Status>,
+        #[serde(default)]
+        reboot: bool,
+    },
+    /// The operation was refused or failed; `written` says whether the disk
+    /// was changed.
+    Failed {
+        code: ErrorCode,
+        message: String,
+        #[serde(default)]
+        written: bool,
+    },
+}
+
+impl Event {
+    /// Whether this is the last event of a response.
+    pub fn is_last(&self) -> bool {
+        !matches!(self, Event::Progress { .. })
+    }
+
+    pub fn progress(step: &str, message: impl Into<String>) -> Event {
+        Event::Progress {
+            step: step.to_string(),
+            message: message.into(),
+            done: None,
+            total: None,
+        }
+    }
+}
+
+/// Why an operation did not happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorCode {
+    /// Another operation is in progress; try again when it has ended.
+    Busy,
+    /// The client's role may not call this.
+    Forbidden,
+    /// The request did not parse or its values are out of range.
+    BadRequest,
+    /// The node refused it (untrusted payload, missing image, nothing to
+    /// arm, …); nothing was written unless `written` says so.
+    Refused,
+    /// It failed on the way.
+    Failed,
+}
+
+impl ErrorCode {
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorCode::Busy => "busy",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::BadRequest => "bad-request",
+            ErrorCode::Refused => "refused",
+            ErrorCode::Failed => "failed",
+        }
+    }
+}
+
+/// The node's state, as `status` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Status {
+    /// The kernel's boot id (`/proc/sys/kernel/random/boot_id`): new at
+    /// every boot.
+    pub boot_id: String,
+    /// The system's name (META's image name) and running version.
+    pub name: String,
+    pub version: String,
+    /// The slot this boot runs from (`A` or `B`).
+    pub booted_slot: String,
+    /// The runtime reported ready (the API answers only after that, so
+    /// always true in an answer; kept for clients).
+    pub ready: bool,
+    /// META's default slot.
+    pub default_slot: String,
+    /// The slot the boot loader boots next, if any.
+    pub next_boot: Option<String>,
+    pub slots: Vec<SlotStatus>,
+    /// The upgrade on trial (`A 0.1.0 -> B 0.2.0`), if any.
+    pub pending_upgrade: Option<String>,
+    /// A staged upgrade waiting for `arm`: the slot and version written.
+    pub staged: Option<String>,
+    /// The operation in progress (`upgrade`, …), if any.
+    pub operation: Option<String>,
+    /// The last line of META's history (the last upgrade, fallback,
+    /// rollback or blessing), which says why a node runs the slot it runs.
+    pub last_event: Option<String>,
+    /// `on`, `off` or `unknown`.
+    pub secure_boot: String,
+    /// Seconds since boot.
+    pub uptime: String,
+}
+
+/// One slot's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotStatus {
+    pub slot: String,
+    /// `good`, `trial`, `bad` or `empty` (META's record).
+    pub status: String,
+    pub version: String,
+    /// Boots left and done on its entry, when it is counting.
+    pub tries_left: Option<u32>,
+    pub tries_done: Option<u32>,
+}
+
+/// Reads one line of at most [`MAX_LINE`] bytes, without its newline;
+/// `None` at the end of the stream. A longer line is an error (what was
+/// read of it is discarded).
+pub fn read_line(r: &mut impl BufRead) -> Result<Option<Vec<u8>>> {
+    let mut line = Vec::new();
+    loop {
+        let buf = r.fill_buf().context("reading from the connection")?;
+        if buf.is_empty() {
+            if line.is_empty() {
+                return Ok(None);
+            }
+            bail!("the connection ended in the middle of a line");
+        }
+        let (take, end) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        if line.len() + take > MAX_LINE {
+            bail!("a line over {MAX_LINE} bytes: not a node API message");
+        }
+        line.extend_from_slice(&buf[..take]);
+        r.consume(take);
+        if end {
+            line.pop();
+            return Ok(Some(line));
+        }
+    }
+}
+
+/// Decodes a request line.
+pub fn parse_request(line: &[u8]) -> Result<Request> {
+    let r: Request = parse(line, "request")?;
+    r.check()?;
+    Ok(r)
+}
+
+/// Decodes an event line.
+pub fn parse_event(line: &[u8]) -> Result<Event> {
+    let e: Event = parse(line, "event")?;
+    if let Event::Done { status, .. } = &e {
+        check_status(status)?;
+    }
+    Ok(e)
+}
+
+fn parse<T: serde::de::DeserializeOwned>(line: &[u8], what: &str) -> Result<T> {
+    if line.len() > MAX_LINE {
+        bail!("the {what} is over {MAX_LINE} bytes");
+    }
+    let text = std::str::from_utf8(line).with_context(|| format!("the {what} is not UTF-8"))?;
+    serde_json::from_str(text).map_err(|e| anyhow::anyhow!("the {what} is not valid: {e}"))
+}
+
+/// The bounds of a status a client accepts (its text goes to a terminal).
+fn check_status(s: &Status) -> Result<()> {
+    if s.slots.len() > 2 {
+        bail!("the status lists more than two slots");
+    }
+    Ok(())
+}
+
+/// Writes `value` as one line and flushes.
+pub fn write_line(w: &mut impl Write, value: &impl Serialize) -> Result<()> {
+    let mut line = serde_json::to_vec(value).context("encoding a message")?;
+    if line.len() >= MAX_LINE {
+        bail!("a message over {MAX_LINE} bytes");
+    }
+    line.push(b'\n');
+    w.write_all(&line).context("writing to the connection")?;
+    w.flush().context("writing to the connection")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status() -> Status {
+        Status {
+            boot_id: "b7c0".into(),
+            name: "metal".into(),
+            version: "0.1.0".into(),
+            booted_slot: "A".into(),
+            ready: true,
+            default_slot: "A".into(),
+            next_boot: Some("A".into()),
+            slots: vec![SlotStatus {
+                slot: "A".into(),
+                status: "good".into(),
+                version: "0.1.0".into(),
+                tries_left: None,
+                tries_done: None,
+            }],
+            pending_upgrade: None,
+            staged: None,
+            operation: None,
+            last_event: Some("blessed slot=A version=0.1.0".into()),
+            secure_boot: "off".into(),
+            uptime: "3.1".into(),
+        }
+    }
+
+    #[test]
+    fn requests_on_the_wire() {
+        assert_eq!(
+            parse_request(br#"{"op":"status"}"#).unwrap(),
+            Request::Status {}
+        );
+        assert_eq!(
+            parse_request(br#"{"op":"upgrade","image":"127.0.0.1:5000/metal/installer:0.2.0"}"#)
+                .unwrap(),
+            Request::Upgrade {
+                image: "127.0.0.1:5000/metal/installer:0.2.0".into(),
+                stage: false,
+                preserve: true,
+                tries: None
+            }
+        );
+        assert_eq!(
+            parse_request(br#"{"op":"power-off"}"#).unwrap().op(),
+            Op::PowerOff
+        );
+        let wipe = br#"{"op":"upgrade","image":"r/i:1","preserve":false}"#;
+        assert_eq!(
+            parse_request(wipe).unwrap().op(),
+            Op::Upgrade { wipe: true }
+        );
+        // Round trip.
+        let r = Request::Upgrade {
+            image: "r/i@sha256:00".into(),
+            stage: true,
+            preserve: false,
+            tries: Some(2),
+        };
+        let mut out = Vec::new();
+        write_line(&mut out, &r).unwrap();
+        assert_eq!(out.last(), Some(&b'\n'));
+        let line = read_line(&mut &out[..]).unwrap().unwrap();
+        assert_eq!(parse_request(&line).unwrap(), r);
+    }
+
+    #[test]
+    fn bad_requests_are_refused() {
+        for bad in [
+            &br#"{"op":"format-disk"}"#[..],
+            br#"{"op":"status","x":1}"#,
+            br#"{"op":"upgrade"}"#,
+            br#"{"op":"upgrade","image":""}"#,
+            br#"{"op":"upgrade","image":"a b"}"#,
+            br#"{"op":"upgrade","image":"r/i:1","tries":0}"#,
+            br#"{"op":"upgrade","image":"r/i:1","tries":100}"#,
+            b"\xff",
+            b"[]",
+            b"",
+        ] {
+            assert!(
+                parse_request(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let long = format!(r#"{{"op":"upgrade","image":"{}"}}"#, "a".repeat(2000));
+        assert!(parse_request(long.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn events_on_the_wire() {
+        for e in [
+            Event::progress("pull", "pulling"),
+            Event::Done {
+                message: "ok".into(),
+                status: Box::new(status()),
+                reboot: true,
+            },
+            Event::Failed {
+                code: ErrorCode::Busy,
+                message: "an upgrade is in progress".into(),
+                written: false,
+            },
+        ] {
+            let mut out = Vec::new();
+            write_line(&mut out, &e).unwrap();
+            let line = read_line(&mut &out[..]).unwrap().unwrap();
+            assert_eq!(parse_event(&line).unwrap(), e);
+        }
+        let mut three = status();
+        three.slots = vec![three.slots[0].clone(); 3];
+        let e = Event::Done {
+            message: "ok".into(),
+            status: Box::new(three),
+            reboot: false,
+        };
+        assert!(parse_event(&serde_json::to_vec(&e).unwrap()).is_err());
+        assert!(parse_event(br#"{"event":"failed","code":"oops","message":""}"#).is_err());
+    }
+
+    #[test]
+    fn lines_are_bounded() {
+        let mut two = b"{}\nabc".to_vec();
+        let mut r = &two[..];
+        assert_eq!(read_line(&mut r).unwrap().unwrap(), b"{}");
+        assert!(read_line(&mut r).is_err(), "a cut line is an error");
+        two.clear();
+        assert_eq!(read_line(&mut &two[..]).unwrap(), None);
+        let long = vec![b'a'; MAX_LINE + 1];
+        assert!(read_line(&mut &long[..]).is_err());
+        let mut fits = vec![b'a'; MAX_LINE - 1];
+        fits.push(b'\n');
+        assert_eq!(
+            read_line(&mut &fits[..]).unwrap().unwrap().len(),
+            MAX_LINE - 1
+        );
+    }
+}

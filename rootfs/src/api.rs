@@ -1,0 +1,333 @@
+//! The node API's server (docs/node-api.md): mutual TLS 1.3 on
+//! [`PORT`](nodeapi::proto::PORT), the cluster CA and the node's
+//! certificate and key from META (`imager node provision`), one request per
+//! connection answered by JSON lines ([`nodeapi::proto`]).
+//!
+//! Each connection has a thread of its own (at most [`MAX_CONNECTIONS`] at
+//! once, each with read and write timeouts), so that a slow client holds no
+//! one else up. The role in the client's certificate decides what it may
+//! call ([`nodeapi::Role::may`]); an operation that changes the node holds
+//! the one operation slot, and a second one meanwhile is answered `busy`.
+//! A reboot or power-off is answered first, then asked of PID 1's
+//! supervisor ([`power::request`]), which stops everything, unmounts and
+//! syncs as for the power button.
+
+use crate::console::say;
+use crate::{power, secureboot, slots};
+use anyhow::{Context, Result, bail};
+use contract::Slot;
+use contract::meta::{Meta, Tag};
+use nodeapi::proto::{self, ErrorCode, Event, Request, SlotStatus, Status};
+use std::io::BufReader;
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Connections served at once; more are closed at once.
+pub const MAX_CONNECTIONS: usize = 16;
+/// How long a client may take to finish the handshake and send its
+/// request, and to take each answer line.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the server knows of the node it runs on.
+pub struct Node {
+    /// META's image name and the running version.
+    pub name: String,
+    pub version: String,
+    pub slot: Slot,
+    pub disk: slots::Disk,
+}
+
+struct Server {
+    node: Node,
+    config: Arc<rustls::ServerConfig>,
+    /// The operation in progress, if any.
+    operation: Mutex<Option<&'static str>>,
+    connections: AtomicUsize,
+}
+
+/// The operation slot, released when dropped.
+struct Operation<'a>(&'a Mutex<Option<&'static str>>);
+
+impl Drop for Operation<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut op) = self.0.lock() {
+            *op = None;
+        }
+    }
+}
+
+/// The node's credentials in META, when all three are there.
+pub fn credentials(meta: &Meta) -> Option<(&str, &str, &str)> {
+    Some((
+        meta.get(Tag::NodeCa)?,
+        meta.get(Tag::NodeCert)?,
+        meta.get(Tag::NodeKey)?,
+    ))
+}
+
+/// Starts serving the API in a thread of its own, when META holds the
+/// node's credentials; says on the console what it does.
+pub fn start(meta: &Meta, node: Node) -> Result<()> {
+    let Some((ca, cert, key)) = credentials(meta) else {
+        say("api: META has no node credentials (imager node provision): the node API is off");
+        return Ok(());
+    };
+    let config = nodeapi::tls::server_config(ca.as_bytes(), cert.as_bytes(), key.as_bytes())
+        .context("the node credentials in META (provision them again)")?;
+    let listener = TcpListener::bind(("0.0.0.0", proto::PORT))
+        .with_context(|| format!("listening on port {}", proto::PORT))?;
+    say(format!(
+        "api: listening on port {} (TLS 1.3, clients of the cluster CA in META)",
+        proto::PORT
+    ));
+    let server = Arc::new(Server {
+        node,
+        config,
+        operation: Mutex::new(None),
+        connections: AtomicUsize::new(0),
+    });
+    std::thread::Builder::new()
+        .name("api".into())
+        .spawn(move || accept(listener, server))
+        .context("starting the API thread")?;
+    Ok(())
+}
+
+fn accept(listener: TcpListener, server: Arc<Server>) {
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        if server.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            server.connections.fetch_sub(1, Ordering::SeqCst);
+            continue; // dropped: closed
+        }
+        let s = server.clone();
+        let spawned = std::thread::Builder::new()
+            .name("api-conn".into())
+            .spawn(move || {
+                let peer = stream
+                    .peer_addr()
+                    .map_or("?".to_string(), |a| a.to_string());
+                if let Err(e) = serve(&s, stream, &peer) {
+                    say(format!("api: {peer}: {e:#}"));
+                }
+                s.connections.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            server.connections.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+type Tls = rustls::StreamOwned<rustls::ServerConnection, TcpStream>;
+
+fn serve(server: &Server, stream: TcpStream, peer: &str) -> Result<()> {
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let conn = rustls::ServerConnection::new(server.config.clone()).context("TLS")?;
+    let mut tls = rustls::StreamOwned::new(conn, stream);
+    while tls.conn.is_handshaking() {
+        tls.conn
+            .complete_io(&mut tls.sock)
+            .context("TLS handshake (a client without a certificate of the cluster CA?)")?;
+    }
+    let role = nodeapi::tls::peer_role(&tls.conn)?;
+    let line = {
+        let mut r = BufReader::new(&mut tls);
+        proto::read_line(&mut r)?
+    };
+    let Some(line) = line else {
+        return Ok(());
+    };
+    let request = match proto::parse_request(&line) {
+        Ok(r) => r,
+        Err(e) => return finish(&mut tls, failed(ErrorCode::BadRequest, format!("{e:#}"))),
+    };
+    say(format!("api: {peer} ({}): {}", role.name(), request.name()));
+    if !role.may(request.op()) {
+        return finish(
+            &mut tls,
+            failed(
+                ErrorCode::Forbidden,
+                format!(
+                    "the role {} may not call {}: ask for a certificate of a role that may \
+                     (docs/node-api.md)",
+                    role.name(),
+                    request.name()
+                ),
+            ),
+        );
+    }
+    if let Request::Status {} = request {
+        let event = match status(server) {
+            Ok(s) => done("status", s, false),
+            Err(e) => failed(ErrorCode::Failed, format!("{e:#}")),
+        };
+        return finish(&mut tls, event);
+    }
+    let Some(_op) = server.begin(request.name()) else {
+        let now = server.current().unwrap_or("another operation");
+        return finish(
+            &mut tls,
+            failed(
+                ErrorCode::Busy,
+                format!("the node is busy with {now}: try again when it has ended"),
+            ),
+        );
+    };
+    let (event, then) = match operate(server, &request, &mut tls) {
+        Ok(r) => r,
+        Err(e) => (failed(ErrorCode::Failed, format!("{e:#}")), None),
+    };
+    finish(&mut tls, event)?;
+    if let Some(action) = then {
+        power::request(action);
+    }
+    Ok(())
+}
+
+impl Server {
+    /// Takes the operation slot for `name`, unless an operation holds it.
+    fn begin(&self, name: &'static str) -> Option<Operation<'_>> {
+        let mut op = self.operation.lock().ok()?;
+        if op.is_some() {
+            return None;
+        }
+        *op = Some(name);
+        Some(Operation(&self.operation))
+    }
+
+    fn current(&self) -> Option<&'static str> {
+        self.operation.lock().ok().and_then(|o| *o)
+    }
+}
+
+/// Runs a changing operation; its last event, and the power action that
+/// follows it once the answer is sent.
+fn operate(
+    server: &Server,
+    request: &Request,
+    tls: &mut Tls,
+) -> Result<(Event, Option<power::Action>)> {
+    let node = &server.node;
+    Ok(match request {
+        Request::Reboot {} => (
+            done("rebooting", status(server)?, true),
+            Some(power::Action::Reboot),
+        ),
+        Request::PowerOff {} => (
+            done("powering off", status(server)?, true),
+            Some(power::Action::PowerOff),
+        ),
+        Request::Rollback {} => {
+            proto::write_line(
+                tls,
+                &Event::progress("rollback", "making the other slot the default"),
+            )?;
+            match node.disk.rollback() {
+                Ok(r) => {
+                    say(format!(
+                        "api: rolled back: slot {} ({}) boots next; rebooting",
+                        r.to, r.version
+                    ));
+                    (
+                        done(
+                            &format!(
+                                "rolled back from slot {} to slot {} ({}); rebooting",
+                                r.from, r.to, r.version
+                            ),
+                            status(server)?,
+                            true,
+                        ),
+                        Some(power::Action::Reboot),
+                    )
+                }
+                Err(e) => (failed(ErrorCode::Refused, format!("{e:#}")), None),
+            }
+        }
+        Request::Upgrade { .. } | Request::Arm {} => (
+            failed(
+                ErrorCode::Refused,
+                format!(
+                    "{} over the API is not built in this runtime yet (issue 11): upgrade with \
+                     `imager upgrade` on the disk or from the installer image",
+                    request.name()
+                ),
+            ),
+            None,
+        ),
+        Request::Status {} => (done("status", status(server)?, false), None),
+    })
+}
+
+fn done(message: &str, status: Status, reboot: bool) -> Event {
+    Event::Done {
+        message: message.to_string(),
+        status: Box::new(status),
+        reboot,
+    }
+}
+
+fn failed(code: ErrorCode, message: String) -> Event {
+    Event::Failed {
+        code,
+        message,
+        written: false,
+    }
+}
+
+/// Sends the last event and closes the connection cleanly.
+fn finish(tls: &mut Tls, event: Event) -> Result<()> {
+    proto::write_line(tls, &event)?;
+    tls.conn.send_close_notify();
+    tls.conn
+        .complete_io(&mut tls.sock)
+        .context("closing the connection")?;
+    if let Event::Failed { code, message, .. } = &event {
+        say(format!("api: answered {}: {message}", code.name()));
+    }
+    Ok(())
+}
+
+/// The node's status: the disk's slot state read now.
+fn status(server: &Server) -> Result<Status> {
+    let node = &server.node;
+    let st = node.disk.status()?;
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .context("reading the boot id")?
+        .trim()
+        .to_string();
+    if boot_id.is_empty() {
+        bail!("the kernel gave an empty boot id");
+    }
+    let slots = Slot::ALL
+        .into_iter()
+        .map(|slot| {
+            let best = contract::state::best_entry(&st.entries, slot);
+            SlotStatus {
+                slot: slot.to_string(),
+                status: st.state.status(slot).name().to_string(),
+                version: st.state.version(slot).to_string(),
+                tries_left: best.and_then(|e| e.tries).map(|t| t.left),
+                tries_done: best.and_then(|e| e.tries).map(|t| t.done),
+            }
+        })
+        .collect();
+    Ok(Status {
+        boot_id,
+        name: node.name.clone(),
+        version: node.version.clone(),
+        booted_slot: node.slot.to_string(),
+        ready: true,
+        default_slot: st.state.default.to_string(),
+        next_boot: st.next_boot().map(|e| e.slot.to_string()),
+        slots,
+        pending_upgrade: st.state.pending.as_ref().map(|p| p.render()),
+        staged: None,
+        operation: server.current().map(str::to_string),
+        last_event: st.state.history.last().cloned(),
+        secure_boot: secureboot::state().as_str().to_string(),
+        uptime: crate::stage2::uptime().unwrap_or_default(),
+    })
+}
