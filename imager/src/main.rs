@@ -207,6 +207,11 @@ struct BootArgs {
     /// After ready, press the ACPI power button and wait for a clean power-off.
     #[arg(long)]
     shutdown: bool,
+    /// After ready, keep the machine running (with --reboots, through its
+    /// reboots) until it powers off by itself (the node API's power-off, or
+    /// the power button); the timeout covers the whole run.
+    #[arg(long, conflicts_with = "shutdown")]
+    stay: bool,
     /// Let the guest write to the image (default: a throw-away overlay).
     /// Extra disks (--disk FILE) are always written.
     #[arg(long)]
@@ -424,6 +429,7 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
         FirmwareArg::Bios => qemu::Firmware::Bios,
     };
     o.shutdown = a.shutdown;
+    o.stay = a.stay;
     o.write = a.write;
     o.kvm = a.kvm;
     o.memory_mib = a.memory;

@@ -59,6 +59,9 @@ pub struct BootOptions {
     pub write: bool,
     /// After ready, press the ACPI power button and wait for a clean power-off.
     pub shutdown: bool,
+    /// After ready, keep the machine running (through its reboots, with
+    /// `reboots`) until it powers off by itself; `timeout` covers it all.
+    pub stay: bool,
     /// Use KVM instead of TCG (only when a probe shows it works).
     pub kvm: bool,
     /// Mirror the console to stderr.
@@ -141,6 +144,7 @@ impl BootOptions {
             memory_mib: 512,
             write: false,
             shutdown: false,
+            stay: false,
             kvm: false,
             echo: true,
             sector_size: 512,
@@ -754,6 +758,8 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
             &mut session.con,
             session.deadline,
         )?)
+    } else if opts.stay {
+        Some(stay(&mut session)?)
     } else {
         None
     };
@@ -799,6 +805,16 @@ pub fn boot_until(opts: &BootOptions, patterns: &[&str]) -> Result<String> {
             session.con.tail()
         )
     })
+}
+
+/// Follows a machine after ready until it powers off by itself: whether it
+/// announced the power-off and QEMU exited cleanly.
+fn stay(session: &mut Session) -> Result<bool> {
+    session.wait_line("the machine's power-off", |l| {
+        l.contains("machined: powering off").then_some(())
+    })?;
+    let status = session.wait_exit("QEMU's exit after the power-off")?;
+    Ok(status.success())
 }
 
 /// Presses the ACPI power button through QMP and waits for QEMU to exit
