@@ -244,6 +244,7 @@ fn metal_6_1_profile_is_metal_with_linux_6_1() {
         names(&old.kernel.fragments),
         [
             "base.config",
+            "network.config",
             "kspp-6.1.config",
             "hardening-distro-6.1.config"
         ]
