@@ -34,6 +34,65 @@ pub const LOOPBACK: &str = "lo";
 pub const LOOPBACK_ADDRESS: Ipv4Addr = Ipv4Addr::LOCALHOST;
 pub const LOOPBACK_PREFIX: u8 = 8;
 
+/// The hardening sysctls the runtime writes (and reads back) whenever the
+/// kernel has IPv4, before the interface comes up: paths under `/proc/sys`,
+/// and values. KSPP recommends `net.core.bpf_jit_harden` (see
+/// [`SYSCTLS_IF_PRESENT`]) and SYN cookies; the rest are the usual host
+/// settings (CIS, DISA STIG): no ICMP redirects or source routes, strict
+/// reverse-path filtering, martians logged, no answer to broadcast pings or
+/// bogus ICMP errors, RFC 1337's TIME-WAIT assassination fix.
+pub const SYSCTLS: [(&str, &str); 4] = [
+    ("net/ipv4/tcp_syncookies", "1"),
+    ("net/ipv4/tcp_rfc1337", "1"),
+    ("net/ipv4/icmp_echo_ignore_broadcasts", "1"),
+    ("net/ipv4/icmp_ignore_bogus_error_responses", "1"),
+];
+
+/// Per-interface settings (`net/ipv4/conf/<NAME>/<setting>`), written for
+/// `all`, `default` and the configured interface: an interface that existed
+/// before `default` was written keeps its own value, and the kernel takes
+/// `accept_redirects`, `secure_redirects` and `send_redirects` as on when
+/// either `all` or the interface's is on.
+pub const CONF_SYSCTLS: [(&str, &str); 6] = [
+    ("rp_filter", "1"),
+    ("accept_redirects", "0"),
+    ("secure_redirects", "0"),
+    ("send_redirects", "0"),
+    ("accept_source_route", "0"),
+    ("log_martians", "1"),
+];
+
+/// Sysctls written only where the kernel has them: `net.core.bpf_jit_harden`
+/// exists only with `CONFIG_BPF_JIT`, which `network.config` leaves off.
+pub const SYSCTLS_IF_PRESENT: [(&str, &str); 1] = [("net/core/bpf_jit_harden", "2")];
+
+/// The sysctls to write (path under `/proc/sys`, value), in order: the
+/// global ones, then [`CONF_SYSCTLS`] for `all`, `default` and `interface`
+/// (if any). [`SYSCTLS_IF_PRESENT`] is not included: whether it applies
+/// depends on the running kernel.
+pub fn sysctls(interface: Option<&str>) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = SYSCTLS
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    for conf in ["all", "default"].into_iter().chain(interface) {
+        for (k, v) in CONF_SYSCTLS {
+            out.push((format!("net/ipv4/conf/{conf}/{k}"), v.to_string()));
+        }
+    }
+    out
+}
+
+/// The name `sysctl(8)` shows for a path under `/proc/sys`:
+/// `net.ipv4.conf.eth0.rp_filter` (a `.` in a component becomes `/`, as
+/// `sysctl` writes it).
+pub fn sysctl_name(path: &str) -> String {
+    path.split('/')
+        .map(|c| c.replace('.', "/"))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
 /// A static IPv4 configuration of one interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetConfig {
@@ -309,6 +368,25 @@ mod tests {
         let longest = "abcdefghijklmno:172.255.255.254/16:172.255.255.253";
         assert!(longest.len() <= MAX_VALUE_LEN);
         assert!(parse(longest).is_ok(), "{:?}", parse(longest));
+    }
+
+    #[test]
+    fn sysctl_list() {
+        let all = sysctls(None);
+        assert_eq!(all.len(), SYSCTLS.len() + 2 * CONF_SYSCTLS.len());
+        assert_eq!(all[0], ("net/ipv4/tcp_syncookies".into(), "1".into()));
+        let with = sysctls(Some("eth0"));
+        assert_eq!(with.len(), SYSCTLS.len() + 3 * CONF_SYSCTLS.len());
+        assert!(with.contains(&("net/ipv4/conf/eth0/accept_redirects".into(), "0".into())));
+        assert!(with.contains(&("net/ipv4/conf/default/rp_filter".into(), "1".into())));
+        assert_eq!(
+            sysctl_name("net/ipv4/conf/all/rp_filter"),
+            "net.ipv4.conf.all.rp_filter"
+        );
+        assert_eq!(
+            sysctl_name("net/ipv4/conf/eth0.100/rp_filter"),
+            "net.ipv4.conf.eth0/100.rp_filter"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod input;
 mod live;
 mod loopdev;
 mod mount;
+mod net;
 mod osrelease;
 mod partitions;
 mod power;
