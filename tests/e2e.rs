@@ -667,9 +667,10 @@ fn missing_boot_loader_is_a_clear_error() {
 
 #[test]
 fn kernel_options_dropped_by_kconfig_are_listed() {
-    // NFS needs networking, which the base config leaves out: Kconfig drops it.
-    let frag = scratch().join("needs-net.config");
-    std::fs::write(&frag, "CONFIG_NFS_FS=y\nCONFIG_XFS_FS=y\n").unwrap();
+    // Packet-socket diagnostics need packet sockets, which network.config
+    // leaves out: Kconfig drops it.
+    let frag = scratch().join("needs-packet.config");
+    std::fs::write(&frag, "CONFIG_PACKET_DIAG=y\nCONFIG_XFS_FS=y\n").unwrap();
     let p = write_profile("dropped", |t| {
         t.replace(
             "    - ../kernel-config/kspp.config\n",
@@ -680,7 +681,7 @@ fn kernel_options_dropped_by_kconfig_are_listed() {
         )
     });
     let err = failing_build(&p);
-    assert!(err.contains("CONFIG_NFS_FS"), "{err}");
+    assert!(err.contains("CONFIG_PACKET_DIAG"), "{err}");
     assert!(
         !err.contains("CONFIG_XFS_FS="),
         "an option Kconfig kept was listed:\n{err}"

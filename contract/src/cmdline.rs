@@ -41,6 +41,14 @@ pub const INSTALL_WIPE: &str = "machined.install.wipe";
 /// bytes, serials 20, WWNs and by-id names longer; 255 is a file name).
 pub const MAX_TARGET_LEN: usize = 255;
 
+/// The runtime's static IPv4 configuration:
+/// `machined.net=IFACE:ADDRESS/PREFIX[:GATEWAY]`
+/// (`machined.net=eth0:10.0.2.15/24:10.0.2.2`), parsed by
+/// [`crate::net::parse`] and written by [`crate::net::NetConfig::arg`]
+/// (the build renders the profile's `network` section into it). Without
+/// it the runtime brings up only `lo`.
+pub const NET: &str = "machined.net";
+
 /// The root filesystem's dm-verity root hash, 64 hex digits:
 /// `machined.verity=<hash>` (see [`crate::verity`]). The build always adds
 /// it; without it the runtime mounts the root unverified and says so.
@@ -176,6 +184,15 @@ pub fn live(cmdline: &str) -> Result<Option<String>, String> {
         return Err(format!("{LIVE}={} is not a hex ID (0-9, a-f)", excerpt(&v)));
     }
     Ok(Some(v))
+}
+
+/// The network configuration asked for: `Ok(None)` without [`NET`]; an
+/// error saying what is wrong with a value [`crate::net::parse`] refuses.
+pub fn net(cmdline: &str) -> Result<Option<crate::net::NetConfig>, String> {
+    match get(cmdline, NET) {
+        None => Ok(None),
+        Some(v) => crate::net::parse(&v).map(Some),
+    }
 }
 
 /// A disk named by [`INSTALL`].
@@ -386,6 +403,22 @@ mod tests {
         assert!(install("machined.install=vdb machined.install.wipe=yes").is_err());
         assert!(install("machined.install=").unwrap_err().contains("empty"));
         assert!(install("machined.install").unwrap_err().contains("empty"));
+    }
+
+    #[test]
+    fn net_key() {
+        assert_eq!(net("console=ttyS0"), Ok(None));
+        let c = net("a machined.net=eth0:10.0.2.15/24:10.0.2.2 b")
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.to_string(), "eth0 10.0.2.15/24 gateway 10.0.2.2");
+        // The last value wins, as for every key.
+        let c = net("machined.net=eth0:10.0.2.15/24 machined.net=eth1:10.0.3.15/24")
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.interface, "eth1");
+        assert!(net("machined.net").unwrap_err().contains("empty"));
+        assert!(net("machined.net=eth0").is_err());
     }
 
     #[test]

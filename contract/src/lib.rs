@@ -19,6 +19,7 @@ pub mod guid;
 pub mod iso;
 pub mod le;
 pub mod meta;
+pub mod net;
 pub mod partition;
 pub mod paths;
 pub mod ready;

@@ -242,6 +242,19 @@ struct BootArgs {
     /// keys into one with virt-fw-vars (docs/secureboot.md).
     #[arg(long, value_name = "VARS")]
     secure_boot: Option<PathBuf>,
+    /// Forward 127.0.0.1:HOSTPORT on the host to the guest's GUESTPORT
+    /// (TCP, QEMU's hostfwd). Repeatable.
+    #[arg(long = "forward", value_name = "HOSTPORT:GUESTPORT")]
+    forwards: Vec<String>,
+    /// Forward the guest's connections to GUESTIP:GUESTPORT (a free address
+    /// of QEMU's user-mode network 10.0.2.0/24, e.g. 10.0.2.100) to
+    /// HOSTIP:HOSTPORT on the host's loopback (TCP, QEMU's guestfwd; the
+    /// host side must be listening when QEMU starts). Repeatable.
+    #[arg(
+        long = "guest-forward",
+        value_name = "GUESTIP:GUESTPORT=HOSTIP:HOSTPORT"
+    )]
+    guest_forwards: Vec<String>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -451,6 +464,16 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
     o.reboots = a.reboots;
     o.serial = a.serial;
     o.secure_boot_vars = a.secure_boot;
+    o.net.forwards = a
+        .forwards
+        .iter()
+        .map(|f| qemu::net::Forward::parse(f))
+        .collect::<Result<_>>()?;
+    o.net.guest_forwards = a
+        .guest_forwards
+        .iter()
+        .map(|f| qemu::net::GuestForward::parse(f))
+        .collect::<Result<_>>()?;
     o.media = match (iso, a.usb) {
         (true, false) if a.write => bail!(
             "--write: a CD-ROM is read-only; add --usb to attach {} as a disk the guest writes",

@@ -311,6 +311,21 @@ pub struct LiveSection {
     pub wipe: bool,
 }
 
+/// The node's static IPv4 configuration, rendered onto the kernel command
+/// line as `machined.net=` ([`contract::net::NetConfig::arg`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSection {
+    /// The interface, as the kernel names it (`eth0`).
+    pub interface: String,
+    /// `ADDRESS/PREFIX` (`10.0.2.15/24`).
+    pub address: String,
+    /// The default route's gateway, inside the subnet; none: no default
+    /// route.
+    #[serde(default)]
+    pub gateway: Option<String>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CompressionSection {
@@ -363,11 +378,17 @@ pub struct Profile {
     /// Secure Boot with our own keys: the slots boot signed UKIs.
     #[serde(default)]
     pub secure_boot: Option<SecureBootSection>,
+    /// The node's IPv4 address (`machined.net=`); none: no network.
+    #[serde(default)]
+    pub network: Option<NetworkSection>,
     #[serde(default = "default_outputs")]
     pub outputs: Vec<Output>,
     /// Where the profile was read from (not a YAML key).
     #[serde(skip)]
     pub path: PathBuf,
+    /// The `network` section, checked (not a YAML key).
+    #[serde(skip)]
+    pub net: Option<contract::net::NetConfig>,
 }
 
 fn default_pretty() -> String {
@@ -498,7 +519,8 @@ impl Profile {
     }
 
     /// Checks every value; the error names the key path (`kernel.cmdline[2]`).
-    fn validate(&self) -> Result<(), Invalid> {
+    /// Sets [`Profile::net`] from the `network` section.
+    fn validate(&mut self) -> Result<(), Invalid> {
         let name_ok = !self.name.is_empty()
             && self.name.len() <= MAX_NAME
             && self
@@ -624,6 +646,7 @@ impl Profile {
                 );
             }
         }
+        self.net = self.check_network()?;
         self.check_cmdline()?;
         self.check_live()?;
         let c = &self.compression;
@@ -683,6 +706,30 @@ impl Profile {
         Ok(())
     }
 
+    /// `network`: each key with the runtime's own parser
+    /// ([`contract::net`]), then the combination (the gateway in the
+    /// subnet), named at the gateway.
+    fn check_network(&self) -> Result<Option<contract::net::NetConfig>, Invalid> {
+        use contract::net;
+        let Some(n) = &self.network else {
+            return Ok(None);
+        };
+        net::parse_interface(&n.interface).map_err(|e| Invalid::new("network.interface", e))?;
+        let (address, prefix) = net::parse_address(&n.address).map_err(|e| {
+            Invalid::new(
+                "network.address",
+                format!("{e}; write ADDRESS/PREFIX, e.g. 10.0.2.15/24"),
+            )
+        })?;
+        let gateway = match &n.gateway {
+            Some(g) => Some(net::parse_gateway(g).map_err(|e| Invalid::new("network.gateway", e))?),
+            None => None,
+        };
+        net::NetConfig::new(&n.interface, address, prefix, gateway)
+            .map(Some)
+            .map_err(|e| Invalid::new("network.gateway", e))
+    }
+
     /// Each argument printable ASCII without spaces; the whole line, with
     /// what the boot path adds, within what the kernel takes.
     fn check_cmdline(&self) -> Result<(), Invalid> {
@@ -695,8 +742,9 @@ impl Profile {
                 return invalid(
                     key(),
                     format!(
-                        "{name} is set by the boot entries (the slot, GRUB's trial) or by the \
-                         live section (live.install, live.wipe): remove it"
+                        "{name} is set by the boot entries (the slot, GRUB's trial), by the \
+                         live section (live.install, live.wipe) or by the network section: \
+                         remove it"
                     ),
                 );
             }
@@ -750,12 +798,14 @@ impl Profile {
             return invalid(
                 "kernel.cmdline",
                 format!(
-                    "the command line is {} bytes (the items joined by spaces); the kernel \
+                    "the command line is {} bytes (the items joined by spaces, and the network \
+                     section's {}=…); the kernel \
                      takes {} bytes in all, of which the build and the boot entry add {added} \
                      (` {}=<root hash>`, ` {}=A` and systemd-boot's ` initrd=…`), so these items may take at most {} bytes: \
                      shorten or remove some (a longer line is cut short at boot and the image \
                      never reaches ready)",
                     cmdline.len(),
+                    contract::cmdline::NET,
                     contract::cmdline::MAX_LEN,
                     contract::cmdline::VERITY,
                     contract::cmdline::SLOT,
@@ -783,9 +833,13 @@ impl Profile {
         self.uki_slots() || self.outputs.contains(&Output::Uki)
     }
 
-    /// The kernel command line as one string.
+    /// The kernel command line as one string: `kernel.cmdline`'s items,
+    /// then the `network` section's `machined.net=` (the build adds the
+    /// root hash, the boot entries the slot).
     pub fn cmdline(&self) -> String {
-        self.kernel.cmdline.join(" ")
+        let mut items = self.kernel.cmdline.clone();
+        items.extend(self.net.as_ref().map(contract::net::NetConfig::arg));
+        items.join(" ")
     }
 
     /// Partition size overrides in bytes, by label.
@@ -799,9 +853,11 @@ impl Profile {
 }
 
 /// Kernel command-line keys the profile's `kernel.cmdline` may not carry:
-/// the boot entries, the build (the root hash) and the live ISO set them.
-const RESERVED_CMDLINE: [&str; 6] = [
+/// the boot entries, the build (the root hash), the live ISO and the
+/// `network` section set them.
+const RESERVED_CMDLINE: [&str; 7] = [
     contract::cmdline::SLOT,
+    contract::cmdline::NET,
     contract::cmdline::TRIAL,
     contract::cmdline::LIVE,
     contract::cmdline::INSTALL,

@@ -9,7 +9,10 @@
 //! sleeps for a fixed time: every wait is for a console line or an exit.
 //! With [`BootOptions::secure_boot_vars`] the machine runs OVMF's Secure
 //! Boot build on that variable store itself (docs/secureboot.md);
-//! [`boot_until`] waits for a refusal line instead of ready.
+//! [`boot_until`] waits for a refusal line instead of ready. The guest has
+//! one virtio-net NIC on QEMU's restricted user-mode network ([`net`]).
+
+pub mod net;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
@@ -85,6 +88,9 @@ pub struct BootOptions {
     /// not copied, so that keys enrolled during the boot stay in it. TCG
     /// only. `None`: the plain OVMF with a private copy of its store.
     pub secure_boot_vars: Option<PathBuf>,
+    /// The guest's NIC on QEMU's restricted user-mode network, and port
+    /// forwards to and from the host's loopback ([`net`]).
+    pub net: net::NetOptions,
 }
 
 /// How the booted image is attached.
@@ -154,6 +160,7 @@ impl BootOptions {
             serial: None,
             disks: Vec::new(),
             secure_boot_vars: None,
+            net: net::NetOptions::default(),
         }
     }
 }
@@ -468,6 +475,7 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
                     .unwrap_or_default()
             ));
     }
+    cmd.args(net::args(&opts.net)?);
     cmd.args(["-monitor", "none"]);
     if uefi {
         cmd.args(["-serial", "stdio"]);

@@ -9,6 +9,7 @@ mod input;
 mod live;
 mod loopdev;
 mod mount;
+mod net;
 mod osrelease;
 mod partitions;
 mod power;

@@ -1,12 +1,13 @@
 //! Stage 2: PID 1 in the root filesystem. Finds the booted slot and META,
-//! reports ready, then supervises until power-off. A live boot
+//! sets up the network ([`crate::net`]), reports ready, serves the node API
+//! ([`crate::api`]), then supervises until power-off. A live boot
 //! (`machined.live=`) uses no disk: it reports ready, installs onto the disk
 //! `machined.install=` names (if any; see [`crate::live`]) and powers off,
 //! or supervises.
 
 use crate::console::{self, say};
 use crate::partitions::{self, Partition};
-use crate::{api, failure, live, osrelease, power, secureboot, slots, storage, verity};
+use crate::{api, failure, live, net, osrelease, power, secureboot, slots, storage, verity};
 use anyhow::{Context, Result};
 use contract::cmdline;
 use contract::meta::{Meta, SlotRecord, Tag};
@@ -66,6 +67,7 @@ pub fn run() -> Result<Infallible> {
     let trial = disk.assess(slot, &version, by_grub)?;
 
     storage::setup(&meta_part, slot, &version)?;
+    net::setup(&cmdline)?;
     failure::breakpoint(&cmdline, "ready")?;
     if trial {
         disk.bless(slot, &version)?;
@@ -135,6 +137,7 @@ fn run_live(cmdline: &str) -> Result<Infallible> {
             .unwrap_or_default()
     ));
     let version = version()?;
+    net::setup(cmdline)?;
     failure::breakpoint(cmdline, "ready")?;
     failure::ready();
     let supervisor = power::prepare()?;

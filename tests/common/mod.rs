@@ -354,7 +354,9 @@ pub fn cut_upgrade(
 
 /// QEMU booting `kernel` and `initramfs` directly (no firmware, no boot
 /// loader) with `append` as the command line, the console on stdout
-/// (piped, for [`follow_console`]), no reboot; add disks before spawning.
+/// (piped, for [`follow_console`]), no reboot, the NIC `imager boot` gives
+/// (`imager::qemu::net`: the runtime finds the interface its command line
+/// names); add disks before spawning.
 pub fn direct_qemu(kernel: &Path, initramfs: &Path, append: &str) -> Command {
     let mut c = Command::new("qemu-system-x86_64");
     c.args(["-machine", "q35", "-m", "768", "-nodefaults"])
@@ -365,6 +367,7 @@ pub fn direct_qemu(kernel: &Path, initramfs: &Path, append: &str) -> Command {
         .arg(initramfs)
         .arg("-append")
         .arg(append)
+        .args(imager::qemu::net::args(&Default::default()).expect("the default NIC"))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit());

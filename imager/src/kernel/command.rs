@@ -13,7 +13,12 @@ use std::process::ExitCode;
 pub const DEFAULT_SOURCE: &str = "/usr/src/linux-source-6.12.tar.xz";
 
 /// The default fragments, in kernel-config/, merged in this order.
-pub const DEFAULT_FRAGMENTS: [&str; 3] = ["base.config", "kspp.config", "hardening-distro.config"];
+pub const DEFAULT_FRAGMENTS: [&str; 4] = [
+    "base.config",
+    "network.config",
+    "kspp.config",
+    "hardening-distro.config",
+];
 
 /// `imager kernel build` from its flags (not from a profile).
 #[derive(Debug, Clone)]

@@ -244,6 +244,7 @@ fn metal_6_1_profile_is_metal_with_linux_6_1() {
         names(&old.kernel.fragments),
         [
             "base.config",
+            "network.config",
             "kspp-6.1.config",
             "hardening-distro-6.1.config"
         ]
@@ -698,5 +699,75 @@ fn unknown_keys_with_backquotes_are_cut() {
             .chars()
             .count()
             < 700
+    );
+}
+
+#[test]
+fn the_network_section_goes_onto_the_command_line() {
+    let net = "network:\n  interface: eth0\n  address: 10.0.2.15/24\n  gateway: 10.0.2.2\n";
+    let p = parse(&format!("{GOOD}{net}")).unwrap();
+    assert_eq!(
+        p.cmdline(),
+        "console=ttyS0 slab_nomerge machined.net=eth0:10.0.2.15/24:10.0.2.2"
+    );
+    // What the build writes is what the runtime reads.
+    assert_eq!(contract::cmdline::net(&p.cmdline()).unwrap(), p.net.clone());
+    assert_eq!(
+        p.net.as_ref().map(ToString::to_string).as_deref(),
+        Some("eth0 10.0.2.15/24 gateway 10.0.2.2")
+    );
+    let p = parse(&format!(
+        "{GOOD}network: {{interface: enp1s0, address: 192.168.7.2/30}}\n"
+    ))
+    .unwrap();
+    assert!(p.cmdline().ends_with(" machined.net=enp1s0:192.168.7.2/30"));
+    assert_eq!(parse(GOOD).unwrap().net, None);
+}
+
+#[test]
+fn network_errors_name_the_line_and_the_key() {
+    let net = |i: &str, a: &str, g: &str| {
+        refused(&format!(
+            "{GOOD}network:\n  interface: {i}\n  address: {a}\n  gateway: {g}\n"
+        ))
+    };
+    let e = net("eth0/1", "10.0.2.15/24", "10.0.2.2");
+    assert!(e.contains("line 17: network.interface:"), "{e}");
+    let e = net("averyveryverylongname", "10.0.2.15/24", "10.0.2.2");
+    assert!(
+        e.contains("network.interface:") && e.contains("at most 15"),
+        "{e}"
+    );
+    let e = net("eth0", "10.0.2.15", "10.0.2.2");
+    assert!(
+        e.contains("line 18: network.address:") && e.contains("ADDRESS/PREFIX"),
+        "{e}"
+    );
+    let e = net("eth0", "10.0.2.15/40", "10.0.2.2");
+    assert!(
+        e.contains("network.address:") && e.contains("1 to 32"),
+        "{e}"
+    );
+    let e = net("eth0", "10.0.2.15/24", "10.0.2");
+    assert!(e.contains("line 19: network.gateway:"), "{e}");
+    let e = net("eth0", "10.0.2.15/24", "10.0.3.2");
+    assert!(
+        e.contains("line 19: network.gateway:") && e.contains("not in the subnet"),
+        "{e}"
+    );
+    let e = refused(&format!("{GOOD}network:\n  address: 10.0.2.15/24\n"));
+    assert!(e.contains("interface"), "{e}");
+    let e = refused(&format!(
+        "{GOOD}network: {{interface: eth0, address: 10.0.2.15/24, dhcp: true}}\n"
+    ));
+    assert!(e.contains("dhcp"), "{e}");
+    // The key itself is the section's, not kernel.cmdline's.
+    let e = refused(&with_line(
+        "  cmdline:",
+        "  cmdline: [machined.net=eth0:10.0.2.15/24]",
+    ));
+    assert!(
+        e.contains("line 7: kernel.cmdline[0]:") && e.contains("network section"),
+        "{e}"
     );
 }

@@ -1,0 +1,297 @@
+//! The guest's network: one virtio-net NIC on QEMU's user-mode network
+//! (slirp), `restrict=on` so that the guest reaches nothing outside QEMU
+//! but what is forwarded explicitly, and only to the host's loopback:
+//!
+//! - [`Forward`]: a host port on 127.0.0.1 forwarded to a guest port
+//!   (`hostfwd`), how a test reaches a service of the guest;
+//! - [`GuestForward`]: an address and port of the user-mode network
+//!   forwarded to a loopback port of the host (`guestfwd`), how the guest
+//!   reaches a service a test runs on the host.
+//!
+//! The user-mode network is QEMU's default: `10.0.2.0/24`, the guest's
+//! DHCP address `10.0.2.15` (the default profiles configure it statically),
+//! the gateway (the host) `10.0.2.2`, DNS `10.0.2.3`. The NIC has no option
+//! ROM (`romfile=`): the firmware never tries to boot from the network.
+
+use anyhow::{Result, bail};
+use std::net::Ipv4Addr;
+
+/// The user-mode network QEMU gives the guest, and its reserved addresses.
+pub const NETWORK: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 0);
+pub const PREFIX: u8 = 24;
+/// The gateway: the host as the guest sees it.
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
+pub const DNS: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 3);
+/// The guest's own address (QEMU's first DHCP address; the default
+/// profiles' static address).
+pub const GUEST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
+
+/// `--forward HOSTPORT:GUESTPORT`: `127.0.0.1:HOSTPORT` on the host to the
+/// guest's GUESTPORT (TCP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Forward {
+    pub host_port: u16,
+    pub guest_port: u16,
+}
+
+/// `--guest-forward GUESTIP:GUESTPORT=HOSTIP:HOSTPORT`: connections of the
+/// guest to GUESTIP:GUESTPORT (an otherwise unused address of the
+/// user-mode network) go to HOSTIP:HOSTPORT, a loopback address of the
+/// host (TCP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GuestForward {
+    pub guest: Ipv4Addr,
+    pub guest_port: u16,
+    pub host: Ipv4Addr,
+    pub host_port: u16,
+}
+
+/// The guest's network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetOptions {
+    /// Give the guest its NIC at all.
+    pub nic: bool,
+    pub forwards: Vec<Forward>,
+    pub guest_forwards: Vec<GuestForward>,
+}
+
+impl Default for NetOptions {
+    fn default() -> Self {
+        NetOptions {
+            nic: true,
+            forwards: Vec::new(),
+            guest_forwards: Vec::new(),
+        }
+    }
+}
+
+/// A port 1-65535 in decimal.
+fn port(v: &str, what: &str) -> Result<u16> {
+    match v.parse::<u16>() {
+        Ok(p) if p != 0 && v.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
+        _ => bail!(
+            "{what} {}: not a port number (1 to 65535)",
+            crate::secret::excerpt(v)
+        ),
+    }
+}
+
+fn ipv4(v: &str, what: &str) -> Result<Ipv4Addr> {
+    v.parse()
+        .map_err(|_| anyhow::anyhow!("{what} {}: not an IPv4 address", crate::secret::excerpt(v)))
+}
+
+impl Forward {
+    /// Parses `HOSTPORT:GUESTPORT` (`8443:50000`).
+    pub fn parse(v: &str) -> Result<Forward> {
+        let Some((h, g)) = v.split_once(':') else {
+            bail!(
+                "--forward {}: write HOSTPORT:GUESTPORT (8443:50000); the host side is \
+                 127.0.0.1:HOSTPORT",
+                crate::secret::excerpt(v)
+            );
+        };
+        Ok(Forward {
+            host_port: port(h, "--forward: the host port")?,
+            guest_port: port(g, "--forward: the guest port")?,
+        })
+    }
+
+    /// QEMU's `hostfwd=` value.
+    pub fn render(&self) -> String {
+        format!(
+            "hostfwd=tcp:127.0.0.1:{}-:{}",
+            self.host_port, self.guest_port
+        )
+    }
+}
+
+impl GuestForward {
+    /// Parses `GUESTIP:GUESTPORT=HOSTIP:HOSTPORT`
+    /// (`10.0.2.100:5000=127.0.0.1:5000`).
+    pub fn parse(v: &str) -> Result<GuestForward> {
+        let shown = crate::secret::excerpt(v);
+        let hint = "write GUESTIP:GUESTPORT=HOSTIP:HOSTPORT (10.0.2.100:5000=127.0.0.1:5000)";
+        let Some((g, h)) = v.split_once('=') else {
+            bail!("--guest-forward {shown}: {hint}");
+        };
+        let (Some((gip, gport)), Some((hip, hport))) = (g.split_once(':'), h.split_once(':'))
+        else {
+            bail!("--guest-forward {shown}: {hint}");
+        };
+        let f = GuestForward {
+            guest: ipv4(gip, "--guest-forward: the guest address")?,
+            guest_port: port(gport, "--guest-forward: the guest port")?,
+            host: ipv4(hip, "--guest-forward: the host address")?,
+            host_port: port(hport, "--guest-forward: the host port")?,
+        };
+        let mask = u32::from(contract::net::netmask(PREFIX));
+        let in_net = u32::from(f.guest) & mask == u32::from(NETWORK);
+        let broadcast = Ipv4Addr::from(u32::from(NETWORK) | !mask);
+        if !in_net || [NETWORK, GATEWAY, DNS, GUEST, broadcast].contains(&f.guest) {
+            bail!(
+                "--guest-forward {shown}: the guest address must be a free address of QEMU's \
+                 user-mode network {NETWORK}/{PREFIX}: not the network, the gateway {GATEWAY}, \
+                 the DNS server {DNS}, the guest {GUEST} or the broadcast address (10.0.2.100, \
+                 say)"
+            );
+        }
+        if !f.host.is_loopback() {
+            bail!(
+                "--guest-forward {shown}: the host address must be a loopback address \
+                 (127.0.0.1): the guest may reach only services on this host's loopback"
+            );
+        }
+        Ok(f)
+    }
+
+    /// QEMU's `guestfwd=` value. QEMU connects its `tcp:` character device
+    /// when it starts: the host side must be listening by then.
+    pub fn render(&self) -> String {
+        format!(
+            "guestfwd=tcp:{}:{}-tcp:{}:{}",
+            self.guest, self.guest_port, self.host, self.host_port
+        )
+    }
+}
+
+/// QEMU's arguments for the guest's network: none without a NIC; else the
+/// user-mode netdev (restricted, with the forwards) and a virtio-net NIC
+/// without option ROM. Refuses a host port forwarded twice, or a guest
+/// address and port forwarded twice.
+pub fn args(net: &NetOptions) -> Result<Vec<String>> {
+    if !net.nic {
+        if !net.forwards.is_empty() || !net.guest_forwards.is_empty() {
+            bail!("port forwards need the guest's NIC");
+        }
+        return Ok(Vec::new());
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for f in &net.forwards {
+        if !seen.insert(f.host_port) {
+            bail!("--forward: host port {} is forwarded twice", f.host_port);
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for f in &net.guest_forwards {
+        if !seen.insert((f.guest, f.guest_port)) {
+            bail!(
+                "--guest-forward: {}:{} is forwarded twice",
+                f.guest,
+                f.guest_port
+            );
+        }
+    }
+    let mut netdev = "user,id=net0,restrict=on".to_string();
+    for f in &net.forwards {
+        netdev.push(',');
+        netdev.push_str(&f.render());
+    }
+    for f in &net.guest_forwards {
+        netdev.push(',');
+        netdev.push_str(&f.render());
+    }
+    Ok(vec![
+        "-netdev".into(),
+        netdev,
+        "-device".into(),
+        "virtio-net-pci,netdev=net0,romfile=".into(),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_the_nic_and_the_forwards() {
+        assert_eq!(
+            args(&NetOptions::default()).unwrap(),
+            [
+                "-netdev",
+                "user,id=net0,restrict=on",
+                "-device",
+                "virtio-net-pci,netdev=net0,romfile="
+            ]
+        );
+        let net = NetOptions {
+            nic: true,
+            forwards: vec![
+                Forward::parse("8443:50000").unwrap(),
+                Forward::parse("2222:22").unwrap(),
+            ],
+            guest_forwards: vec![GuestForward::parse("10.0.2.100:5000=127.0.0.1:5001").unwrap()],
+        };
+        assert_eq!(
+            args(&net).unwrap()[1],
+            "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:8443-:50000,\
+             hostfwd=tcp:127.0.0.1:2222-:22,guestfwd=tcp:10.0.2.100:5000-tcp:127.0.0.1:5001"
+        );
+        let none = NetOptions {
+            nic: false,
+            ..NetOptions::default()
+        };
+        assert!(args(&none).unwrap().is_empty());
+    }
+
+    #[test]
+    fn refuses_bad_forwards() {
+        for (bad, why) in [
+            ("8443", "HOSTPORT:GUESTPORT"),
+            ("0:22", "not a port"),
+            ("65536:22", "not a port"),
+            ("+80:22", "not a port"),
+            ("80:", "not a port"),
+            (":22", "not a port"),
+            ("80:22:1", "not a port"),
+            ("127.0.0.1:80:22", "not a port"),
+        ] {
+            let e = Forward::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        for (bad, why) in [
+            ("10.0.2.100:5000", "GUESTIP:GUESTPORT=HOSTIP:HOSTPORT"),
+            (
+                "10.0.2.100=127.0.0.1:5000",
+                "GUESTIP:GUESTPORT=HOSTIP:HOSTPORT",
+            ),
+            ("10.0.2.100:0=127.0.0.1:5000", "not a port"),
+            ("10.0.2.100:5000=127.0.0.1:x", "not a port"),
+            ("10.0.2:5000=127.0.0.1:5000", "not an IPv4 address"),
+            ("10.0.2.100:5000=localhost:5000", "not an IPv4 address"),
+            ("10.0.3.100:5000=127.0.0.1:5000", "free address"),
+            ("10.0.2.2:5000=127.0.0.1:5000", "free address"),
+            ("10.0.2.3:5000=127.0.0.1:5000", "free address"),
+            ("10.0.2.15:5000=127.0.0.1:5000", "free address"),
+            ("10.0.2.255:5000=127.0.0.1:5000", "free address"),
+            ("10.0.2.0:5000=127.0.0.1:5000", "free address"),
+            ("10.0.2.100:5000=192.168.1.1:5000", "loopback"),
+            ("10.0.2.100:5000=0.0.0.0:5000", "loopback"),
+        ] {
+            let e = GuestForward::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let twice = NetOptions {
+            forwards: vec![
+                Forward::parse("80:1").unwrap(),
+                Forward::parse("80:2").unwrap(),
+            ],
+            ..NetOptions::default()
+        };
+        assert!(args(&twice).unwrap_err().to_string().contains("twice"));
+        let twice = NetOptions {
+            guest_forwards: vec![
+                GuestForward::parse("10.0.2.100:5000=127.0.0.1:1").unwrap(),
+                GuestForward::parse("10.0.2.100:5000=127.0.0.1:2").unwrap(),
+            ],
+            ..NetOptions::default()
+        };
+        assert!(args(&twice).unwrap_err().to_string().contains("twice"));
+        let nic_off = NetOptions {
+            nic: false,
+            forwards: vec![Forward::parse("80:1").unwrap()],
+            ..NetOptions::default()
+        };
+        assert!(args(&nic_off).is_err());
+    }
+}

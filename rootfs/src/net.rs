@@ -1,0 +1,407 @@
+//! The network (`docs/design.md`, "Network"): the loopback interface, the
+//! hardening sysctls, and the one interface `machined.net=` names, with its
+//! static IPv4 address and default route, set through ioctls on an
+//! `AF_INET` datagram socket.
+//!
+//! Only a hardening sysctl that cannot be set, or does not read back as
+//! written, is an error ([`setup`] returns it and the boot fails): a node
+//! running with weaker settings than it says must not reach ready. A bad
+//! `machined.net=`, an interface that never appears or one that cannot be
+//! configured is a warning on the console, and the node runs on without
+//! network: it still boots, assesses and blesses its slot, but cannot be
+//! reached.
+
+use crate::console::say;
+use crate::sys::check;
+use anyhow::{Context, Result};
+use contract::cmdline;
+use contract::net::{self, NetConfig};
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// How long to wait for the named interface to appear.
+const INTERFACE_TIMEOUT: Duration = Duration::from_secs(10);
+const INTERFACE_POLL: Duration = Duration::from_millis(50);
+
+/// Sets up the network as the command line says, saying on the console
+/// what it did. `Err` only for a hardening sysctl (see the module's
+/// documentation).
+pub fn setup(cmdline: &str) -> Result<()> {
+    let proc_sys = Path::new("/proc/sys");
+    if !proc_sys.join("net/ipv4").is_dir() {
+        say(match cmdline::get(cmdline, cmdline::NET) {
+            Some(_) => format!(
+                "net: warning: {}= is given but this kernel has no IPv4 stack (built without \
+                 kernel-config/network.config); no network",
+                cmdline::NET
+            ),
+            None => "net: this kernel has no IPv4 stack; no network".to_string(),
+        });
+        return Ok(());
+    }
+    let wanted = cmdline::net(cmdline).unwrap_or_else(|e| {
+        say(format!("net: warning: {e}; no network"));
+        None
+    });
+    if let Err(e) = Interface::up(net::LOOPBACK, net::LOOPBACK_ADDRESS, net::LOOPBACK_PREFIX) {
+        say(format!("net: warning: loopback {}: {e:#}", net::LOOPBACK));
+    }
+    let present = match &wanted {
+        Some(c) => match wait_for_interface(
+            Path::new("/sys"),
+            &c.interface,
+            INTERFACE_TIMEOUT,
+            INTERFACE_POLL,
+        ) {
+            Ok(()) => Some(c),
+            Err(seen) => {
+                say(format!(
+                    "net: warning: no interface {} appeared in {} s (interfaces: {}); no network",
+                    c.interface,
+                    INTERFACE_TIMEOUT.as_secs(),
+                    if seen.is_empty() {
+                        "none".to_string()
+                    } else {
+                        seen.join(", ")
+                    }
+                ));
+                None
+            }
+        },
+        None => None,
+    };
+    // Before the interface comes up.
+    let set = apply_sysctls(
+        proc_sys,
+        &sysctls(proc_sys, present.map(|c| c.interface.as_str())),
+    )?;
+    say(format!(
+        "net: sysctls set and read back: {}",
+        set.iter()
+            .map(|(k, v)| format!("{}={v}", net::sysctl_name(k)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    ));
+    match present {
+        Some(c) => match configure(c) {
+            Ok(()) => say(format!("net: {c} (up)")),
+            Err(e) => say(format!(
+                "net: warning: {c}: {e:#}; no network (the interface may be partly configured)"
+            )),
+        },
+        None if wanted.is_none() && cmdline::get(cmdline, cmdline::NET).is_none() => say(format!(
+            "net: no {}= on the kernel command line; no network",
+            cmdline::NET
+        )),
+        None => {}
+    }
+    Ok(())
+}
+
+/// The sysctls to write under `proc_sys`: [`net::sysctls`], and those of
+/// [`net::SYSCTLS_IF_PRESENT`] that this kernel has.
+pub fn sysctls(proc_sys: &Path, interface: Option<&str>) -> Vec<(String, String)> {
+    let mut list = net::sysctls(interface);
+    for (k, v) in net::SYSCTLS_IF_PRESENT {
+        if proc_sys.join(k).exists() {
+            list.push((k.to_string(), v.to_string()));
+        }
+    }
+    list
+}
+
+/// Writes each sysctl under `proc_sys` and reads it back; the first that
+/// cannot be written or reads back otherwise is an error naming it.
+/// Returns what was set.
+pub fn apply_sysctls(proc_sys: &Path, list: &[(String, String)]) -> Result<Vec<(String, String)>> {
+    for (k, v) in list {
+        let path = proc_sys.join(k);
+        let name = net::sysctl_name(k);
+        // Never created: a sysctl the kernel does not have is an error.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{v}\n").as_bytes()))
+            .with_context(|| format!("cannot set {name}={v} ({})", path.display()))?;
+        let back = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read back {name} ({})", path.display()))?;
+        if back.trim() != v {
+            anyhow::bail!(
+                "{name}={v} did not hold: {} reads back {:?}",
+                path.display(),
+                back.trim().chars().take(40).collect::<String>()
+            );
+        }
+    }
+    Ok(list.to_vec())
+}
+
+/// Polls `<sys>/class/net` until `name` is there or `timeout` passes;
+/// `Err` with the interfaces seen.
+pub fn wait_for_interface(
+    sys: &Path,
+    name: &str,
+    timeout: Duration,
+    interval: Duration,
+) -> Result<(), Vec<String>> {
+    let class = sys.join("class/net");
+    let start = Instant::now();
+    loop {
+        if class.join(name).exists() {
+            return Ok(());
+        }
+        if start.elapsed() >= timeout {
+            let mut seen: Vec<String> = std::fs::read_dir(&class)
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            seen.sort();
+            return Err(seen);
+        }
+        std::thread::sleep(interval);
+    }
+}
+
+/// Address, netmask, up, then the default route via the gateway.
+fn configure(c: &NetConfig) -> Result<()> {
+    let i = Interface::up(&c.interface, c.address, c.prefix)?;
+    if let Some(g) = c.gateway {
+        i.default_route(g)?;
+    }
+    Ok(())
+}
+
+/// An interface being configured: its name and an `AF_INET` datagram
+/// socket for the ioctls.
+struct Interface<'a> {
+    name: &'a str,
+    sock: OwnedFd,
+}
+
+impl<'a> Interface<'a> {
+    /// Sets the address and netmask of `name` and brings it up.
+    fn up(name: &'a str, address: Ipv4Addr, prefix: u8) -> Result<Self> {
+        // SAFETY: socket(2) with constant arguments.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        let fd = check(fd, || "socket(AF_INET, SOCK_DGRAM)")?;
+        // SAFETY: fd was just opened and is owned by nobody else.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let i = Interface { name, sock };
+        i.set_addr(libc::SIOCSIFADDR, address, "address")?;
+        i.set_addr(libc::SIOCSIFNETMASK, net::netmask(prefix), "netmask")?;
+        let mut req = i.request();
+        i.ioctl(libc::SIOCGIFFLAGS, &mut req, "read the flags")?;
+        // SAFETY: SIOCGIFFLAGS filled in the flags member.
+        let flags = unsafe { req.ifr_ifru.ifru_flags };
+        req.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
+        i.ioctl(libc::SIOCSIFFLAGS, &mut req, "bring it up")?;
+        Ok(i)
+    }
+
+    /// An `ifreq` naming the interface, the rest zero.
+    fn request(&self) -> libc::ifreq {
+        // SAFETY: ifreq is plain data; all zero is a valid value.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        // The name is at most 15 bytes (contract::net), so the NUL stays.
+        for (d, s) in req
+            .ifr_name
+            .iter_mut()
+            .zip(self.name.bytes().take(libc::IFNAMSIZ - 1))
+        {
+            *d = s as libc::c_char;
+        }
+        req
+    }
+
+    fn ioctl(&self, request: libc::c_ulong, req: &mut libc::ifreq, what: &str) -> Result<()> {
+        // SAFETY: req is a valid ifreq for these SIOC*IF* requests.
+        let ret = unsafe { libc::ioctl(self.sock.as_raw_fd(), request as _, req as *mut _) };
+        check(ret, || format!("{}: {what}", self.name)).map(drop)
+    }
+
+    fn set_addr(&self, request: libc::c_ulong, a: Ipv4Addr, what: &str) -> Result<()> {
+        let mut req = self.request();
+        req.ifr_ifru.ifru_addr = sockaddr(a);
+        self.ioctl(request, &mut req, &format!("set the {what} {a}"))
+    }
+
+    /// The default route via `gateway`, bound to this interface.
+    fn default_route(&self, gateway: Ipv4Addr) -> Result<()> {
+        let dev = crate::sys::cstr(self.name)?;
+        let mut rt = RtEntry {
+            rt_pad1: 0,
+            rt_dst: sockaddr(Ipv4Addr::UNSPECIFIED),
+            rt_gateway: sockaddr(gateway),
+            rt_genmask: sockaddr(Ipv4Addr::UNSPECIFIED),
+            rt_flags: libc::RTF_UP | libc::RTF_GATEWAY,
+            rt_pad2: 0,
+            rt_pad3: 0,
+            rt_pad4: std::ptr::null_mut(),
+            rt_metric: 0,
+            rt_dev: dev.as_ptr().cast_mut(),
+            rt_mtu: 0,
+            rt_window: 0,
+            rt_irtt: 0,
+        };
+        // SAFETY: rt is a valid struct rtentry; rt_dev points to `dev`,
+        // alive until after the call.
+        let ret = unsafe {
+            libc::ioctl(
+                self.sock.as_raw_fd(),
+                libc::SIOCADDRT as _,
+                &mut rt as *mut RtEntry,
+            )
+        };
+        check(ret, || {
+            format!("{}: add the default route via {gateway}", self.name)
+        })
+        .map(drop)
+    }
+}
+
+/// The kernel's `struct rtentry` (`include/uapi/linux/route.h`), which the
+/// libc crate defines for musl only.
+#[repr(C)]
+struct RtEntry {
+    rt_pad1: libc::c_ulong,
+    rt_dst: libc::sockaddr,
+    rt_gateway: libc::sockaddr,
+    rt_genmask: libc::sockaddr,
+    rt_flags: libc::c_ushort,
+    rt_pad2: libc::c_short,
+    rt_pad3: libc::c_ulong,
+    rt_pad4: *mut libc::c_void,
+    rt_metric: libc::c_short,
+    rt_dev: *mut libc::c_char,
+    rt_mtu: libc::c_ulong,
+    rt_window: libc::c_ulong,
+    rt_irtt: libc::c_ushort,
+}
+
+/// `a` as a `sockaddr_in` in a `sockaddr`, as the ioctls take it.
+fn sockaddr(a: Ipv4Addr) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(a).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sockaddr_in and sockaddr are both 16 bytes of plain data;
+    // the kernel reads a sockaddr_in from it (family AF_INET).
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("machined-net-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A /proc/sys with a file for every sysctl `list` names.
+    fn proc_sys(name: &str, list: &[(String, String)]) -> PathBuf {
+        let root = scratch(name);
+        for (k, _) in list {
+            let p = root.join(k);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, "9\n").unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn sysctls_are_written_and_read_back() {
+        let list = net::sysctls(Some("eth0"));
+        let root = proc_sys("write", &list);
+        // Without the JIT's sysctl it is not in the list; with it, it is.
+        assert_eq!(sysctls(&root, Some("eth0")), list);
+        let jit = root.join("net/core/bpf_jit_harden");
+        std::fs::create_dir_all(jit.parent().unwrap()).unwrap();
+        std::fs::write(&jit, "0\n").unwrap();
+        let full = sysctls(&root, Some("eth0"));
+        assert_eq!(full.len(), list.len() + 1);
+        let set = apply_sysctls(&root, &full).unwrap();
+        assert_eq!(set, full);
+        for (k, v) in &full {
+            assert_eq!(
+                std::fs::read_to_string(root.join(k)).unwrap(),
+                format!("{v}\n")
+            );
+        }
+        assert_eq!(std::fs::read_to_string(&jit).unwrap(), "2\n");
+        assert_eq!(
+            std::fs::read_to_string(root.join("net/ipv4/conf/eth0/accept_redirects")).unwrap(),
+            "0\n"
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_sysctl_that_cannot_be_set_or_does_not_hold_is_named() {
+        let list = net::sysctls(None);
+        let root = proc_sys("fail", &list);
+        // Missing: cannot be written.
+        std::fs::remove_file(root.join("net/ipv4/conf/default/rp_filter")).unwrap();
+        let e = format!("{:#}", apply_sysctls(&root, &list).unwrap_err());
+        assert!(
+            e.contains("cannot set net.ipv4.conf.default.rp_filter=1"),
+            "{e}"
+        );
+        // Written but reads back otherwise (as /dev/null does).
+        let syn = root.join("net/ipv4/tcp_syncookies");
+        std::fs::remove_file(&syn).unwrap();
+        std::os::unix::fs::symlink("/dev/null", &syn).unwrap();
+        let e = format!("{:#}", apply_sysctls(&root, &list).unwrap_err());
+        assert!(
+            e.contains("net.ipv4.tcp_syncookies=1 did not hold") && e.contains("\"\""),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn waits_for_the_interface_and_lists_those_seen() {
+        let sys = scratch("sys");
+        let class = sys.join("class/net");
+        std::fs::create_dir_all(class.join("lo")).unwrap();
+        std::fs::create_dir_all(class.join("ens3")).unwrap();
+        let tick = Duration::from_millis(1);
+        assert_eq!(
+            wait_for_interface(&sys, "eth0", Duration::ZERO, tick),
+            Err(vec!["ens3".to_string(), "lo".to_string()])
+        );
+        assert_eq!(
+            wait_for_interface(&sys, "ens3", Duration::ZERO, tick),
+            Ok(())
+        );
+        // No sysfs at all: nothing seen.
+        assert_eq!(
+            wait_for_interface(&sys.join("none"), "eth0", Duration::ZERO, tick),
+            Err(vec![])
+        );
+        std::fs::remove_dir_all(&sys).unwrap();
+    }
+
+    #[test]
+    fn sockaddrs_carry_the_address_in_network_order() {
+        let s = sockaddr(Ipv4Addr::new(10, 0, 2, 15));
+        assert_eq!(s.sa_family, libc::AF_INET as libc::sa_family_t);
+        // sa_data: port (2 bytes), then the address.
+        let data: Vec<u8> = s.sa_data.iter().map(|&b| b as u8).collect();
+        assert_eq!(&data[..6], &[0, 0, 10, 0, 2, 15]);
+        assert_eq!(std::mem::size_of::<RtEntry>(), 120);
+    }
+}
