@@ -282,7 +282,13 @@ fn the_node_api_serves_each_role_what_it_may_and_follows_the_node_through_rollba
     assert_eq!(s["slots"][0]["version"], "0.1.0");
     assert_eq!(s["slots"][1]["status"], "good");
     assert_eq!(s["slots"][1]["version"], "0.2.0");
-    assert!(s["last_event"].as_str().unwrap().contains("bless"), "{s}");
+    assert!(
+        s["last_event"]
+            .as_str()
+            .unwrap()
+            .contains("upgrade-succeeded slot=B"),
+        "{s}"
+    );
     let boot1 = s["boot_id"].as_str().unwrap().to_string();
     assert_eq!(boot1.len(), 36, "{boot1}");
 

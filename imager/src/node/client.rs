@@ -104,16 +104,19 @@ impl Client {
         &self.shown
     }
 
+    /// Opens a connection within `timeout`, whose reads and writes time
+    /// out after `io`.
     fn connect(
         &self,
         timeout: Duration,
+        io: Duration,
     ) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>> {
         let mut last = None;
         for a in &self.addrs {
             match TcpStream::connect_timeout(a, timeout) {
                 Ok(sock) => {
-                    sock.set_read_timeout(Some(READ_TIMEOUT))?;
-                    sock.set_write_timeout(Some(READ_TIMEOUT))?;
+                    sock.set_read_timeout(Some(io))?;
+                    sock.set_write_timeout(Some(io))?;
                     let conn = rustls::ClientConnection::new(
                         self.config.clone(),
                         self.server_name.clone(),
@@ -134,16 +137,17 @@ impl Client {
     /// Sends `request` and reads the events to the last, each passed to
     /// `on_event`; returns the last (`Done` or `Failed`).
     pub fn call(&self, request: &Request, mut on_event: impl FnMut(&Event)) -> Result<Event> {
-        self.call_with(request, CONNECT_TIMEOUT, &mut on_event)
+        self.call_with(request, CONNECT_TIMEOUT, READ_TIMEOUT, &mut on_event)
     }
 
     fn call_with(
         &self,
         request: &Request,
         connect: Duration,
+        io: Duration,
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<Event> {
-        let mut tls = self.connect(connect)?;
+        let mut tls = self.connect(connect, io)?;
         proto::write_line(&mut tls, request).map_err(|e| self.explain(e))?;
         let mut r = BufReader::new(tls);
         loop {
@@ -165,11 +169,11 @@ impl Client {
 
     /// The node's status.
     pub fn status(&self) -> Result<Status> {
-        self.status_within(CONNECT_TIMEOUT)
+        self.status_within(CONNECT_TIMEOUT, READ_TIMEOUT)
     }
 
-    fn status_within(&self, connect: Duration) -> Result<Status> {
-        match self.call_with(&Request::Status {}, connect, &mut |_| {})? {
+    fn status_within(&self, connect: Duration, io: Duration) -> Result<Status> {
+        match self.call_with(&Request::Status {}, connect, io, &mut |_| {})? {
             Event::Done { status, .. } => Ok(*status),
             Event::Failed { code, message, .. } => {
                 bail!("the node refused status ({}): {message}", code.name())
@@ -187,7 +191,7 @@ impl Client {
         } else if text.contains("NotValidForName") {
             "the node's certificate is not for this name or address: pass --server-name with \
              a name its certificate has (`imager node credentials --node NAME --address IP`)"
-        } else if text.contains("AlertReceived") {
+        } else if text.contains("AlertReceived") || text.contains("received fatal alert") {
             "the node refused this client's certificate: it must be issued by the cluster CA \
              the node was provisioned with (`imager node provision`)"
         } else {
@@ -210,7 +214,10 @@ impl Client {
         let start = Instant::now();
         let mut last_error = String::from("no answer yet");
         while start.elapsed() < timeout {
-            match self.status_within(Duration::from_secs(5)) {
+            // Short timeouts: a connection opened while the node went down
+            // is never closed by the node (user-mode networking keeps the
+            // host's end open), so it must not hold the wait up.
+            match self.status_within(Duration::from_secs(5), Duration::from_secs(10)) {
                 Ok(s) if s.boot_id == before.boot_id => {
                     last_error = "the node has not rebooted yet".into();
                 }
