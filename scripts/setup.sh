@@ -21,6 +21,9 @@ packages=(
   xfsprogs
   # readers of the installer's OCI image, used by the tests
   skopeo umoci
+  # the distribution registry (v2) the registry client's tests pull from,
+  # started by them on 127.0.0.1 (not the system service)
+  docker-registry
   # reader of the ISO images, used by the tests (the ISO is written by imager)
   xorriso
   # the build's epoch (git), benchmarks (python3), static linking (libc6-dev)
