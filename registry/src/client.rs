@@ -76,7 +76,7 @@ impl std::fmt::Debug for Client {
 /// What one request is for, in messages.
 struct Target<'a> {
     reference: &'a Reference,
-    /// "image", "manifest sha256:…", "layer sha256:…"
+    /// "the manifest", "blob sha256:…"
     what: String,
 }
 
@@ -270,7 +270,7 @@ impl Client {
         let path = format!("/v2/{}/manifests/{selector}", reference.name());
         let target = Target {
             reference,
-            what: "image".into(),
+            what: "the manifest".into(),
         };
         let response = self.get(&target, &path, Some(&manifest::ACCEPTED.join(", ")))?;
         if let Some(n) = content_length(&response)? {
@@ -420,7 +420,7 @@ fn status_error(status: StatusCode, target: &Target) -> Error {
     let name = reference.name();
     let code = status.as_u16();
     match code {
-        404 if target.what == "image" => {
+        404 if target.what == "the manifest" => {
             let by = if reference.digest().is_some() {
                 "check the digest"
             } else {
