@@ -509,3 +509,53 @@ fn transport_error(e: ureq::Error, reference: &Reference, url: &str) -> Error {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redirects_never_downgrade() {
+        let Ok(client) = Client::new(Options {
+            plain_http: vec!["plain:5000".into()],
+            ..Options::default()
+        }) else {
+            panic!("a client");
+        };
+        let Ok(r) = Reference::parse("reg.example:5000/a:1") else {
+            panic!("a reference");
+        };
+        let from = "https://reg.example:5000/v2/a/blobs/sha256:00";
+        let go = |location: &str| client.redirect(from, location, &r);
+        assert_eq!(
+            go("/storage/x?sig=1").ok().as_deref(),
+            Some("https://reg.example:5000/storage/x?sig=1")
+        );
+        assert_eq!(
+            go("https://cdn.example/x").ok().as_deref(),
+            Some("https://cdn.example/x")
+        );
+        assert_eq!(
+            go("http://plain:5000/x").ok().as_deref(),
+            Some("http://plain:5000/x")
+        );
+        for refused in [
+            "http://cdn.example/x",
+            "http://user@cdn.example/x",
+            "http://plain:5001/x",
+            "ftp://cdn.example/x",
+            "//cdn.example/x",
+            "x/y",
+            "",
+        ] {
+            let Err(e) = go(refused) else {
+                panic!("{refused} followed");
+            };
+            assert_eq!(e.kind(), ErrorKind::Http, "{refused}: {e}");
+        }
+        let Err(e) = go("http://cdn.example/x") else {
+            panic!("followed");
+        };
+        assert!(e.to_string().contains("no downgrade"), "{e}");
+    }
+}

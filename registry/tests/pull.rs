@@ -523,3 +523,55 @@ fn a_built_installer_image_round_trips() {
         assert_eq!(n as u64, d.size);
     }
 }
+
+#[test]
+fn a_registry_that_stalls_times_out() {
+    let quick = |addr: &str| {
+        Client::new(Options {
+            plain_http: vec![addr.to_string()],
+            read_timeout: Duration::from_secs(1),
+            ..Options::default()
+        })
+        .unwrap()
+    };
+    // Accepts the connection, never answers.
+    let addr = common::stalling_server("", Vec::new());
+    let started = Instant::now();
+    let e = quick(&addr)
+        .manifest(&reference(&format!("{addr}/metal/installer:0.1.0")))
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(e.kind(), ErrorKind::Unreachable, "{e}");
+    assert!(
+        e.to_string()
+            .starts_with(&format!("cannot reach registry {addr} (timed out")),
+        "{e}"
+    );
+    // Answers a blob, sends part of it, then nothing.
+    let addr = common::stalling_server(
+        "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n",
+        vec![0u8; 30_000],
+    );
+    let d = Descriptor {
+        media_type: common::OCI_LAYER.into(),
+        digest: Digest::of(&[0u8; 100_000]),
+        size: 100_000,
+    };
+    let started = Instant::now();
+    let e = read_blob(&quick(&addr), &reference(&format!("{addr}/x:1")), &d).unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(e.kind(), ErrorKind::Truncated, "{e}");
+    assert!(
+        e.to_string()
+            .contains("the stream failed after 30000 of 100000 bytes"),
+        "{e}"
+    );
+}

@@ -332,3 +332,32 @@ pub fn endless_server(content_type: &'static str) -> (String, Arc<AtomicU64>) {
     });
     (addr, sent)
 }
+
+/// A server on 127.0.0.1 that reads each request, sends `head` (status line
+/// and headers, or nothing) and then `body_prefix`, and then sends nothing
+/// more while holding the connection open for a minute: a registry that
+/// stalls.
+pub fn stalling_server(head: &'static str, body_prefix: Vec<u8>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let prefix = body_prefix.clone();
+            std::thread::spawn(move || {
+                let mut head_in = Vec::new();
+                let mut b = [0u8; 1];
+                while !head_in.ends_with(b"\r\n\r\n") && head_in.len() < 65536 {
+                    match conn.read(&mut b) {
+                        Ok(1) => head_in.push(b[0]),
+                        _ => return,
+                    }
+                }
+                let _ = conn.write_all(head.as_bytes());
+                let _ = conn.write_all(&prefix);
+                std::thread::sleep(Duration::from_secs(60));
+            });
+        }
+    });
+    addr
+}
