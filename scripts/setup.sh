@@ -21,6 +21,9 @@ packages=(
   xfsprogs
   # readers of the installer's OCI image, used by the tests
   skopeo umoci
+  # the distribution registry (v2) the registry client's tests pull from,
+  # started by them on 127.0.0.1 (not the system service)
+  docker-registry
   # reader of the ISO images, used by the tests (the ISO is written by imager)
   xorriso
   # the build's epoch (git), benchmarks (python3), static linking (libc6-dev)
@@ -64,6 +67,13 @@ else
   echo "setup: all ${#packages[@]} packages present"
 fi
 
+# Debian's docker-registry package enables a registry service on :5000 of
+# every interface; the tests start their own, on 127.0.0.1 only.
+if command -v systemctl >/dev/null && systemctl is-enabled --quiet docker-registry 2>/dev/null; then
+  echo "setup: disabling the docker-registry service (the tests start their own on 127.0.0.1)"
+  s=""; [ "$(id -u)" -eq 0 ] || s="sudo"
+  $s systemctl disable --now docker-registry >/dev/null 2>&1 || true
+fi
 
 # The fuzzer driver for scripts/fuzz (which scripts/test runs).
 if ! command -v cargo-fuzz >/dev/null; then

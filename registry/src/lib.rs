@@ -1,0 +1,27 @@
+//! Pulls images from an OCI registry (the distribution specification's
+//! pull API), synchronously, for `machined` and `imager`:
+//!
+//! - [`Reference::parse`]: `REGISTRY/NAME:TAG`, `REGISTRY/NAME@sha256:…`,
+//!   strict and bounded.
+//! - [`Client::manifest`]: the image manifest (an index resolved to
+//!   linux/amd64), bounded before it is read and checked against the
+//!   reference's digest.
+//! - [`Client::blob`]: a layer or config, streamed through a reader that
+//!   hashes it and fails, rather than ending, unless it is exactly the blob
+//!   its descriptor names.
+//!
+//! HTTPS with rustls (ring provider, Mozilla roots or a given CA), plain
+//! HTTP only for the registries named in [`Options::plain_http`], anonymous
+//! pulls only. The contract, bounds and errors: docs/registry.md.
+
+mod blob;
+mod client;
+mod error;
+pub mod manifest;
+mod reference;
+
+pub use blob::VerifiedReader;
+pub use client::{BlobReader, Client, MAX_REDIRECTS, Options};
+pub use error::{Error, ErrorKind};
+pub use manifest::{Descriptor, ImageManifest};
+pub use reference::{Digest, MAX_NAME, MAX_REFERENCE, MAX_REGISTRY, MAX_TAG, Reference};
