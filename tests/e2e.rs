@@ -114,11 +114,57 @@ fn cpio_lists_the_initramfs() {
 #[test]
 fn boots_under_ovmf_to_ready_on_slot_a_with_kspp_cmdline() {
     let raw = image().artifact("raw");
+    let log = scratch().join("ovmf-boot.console");
     let out = ok(imager()
         .args(["boot", "--json", "--shutdown", "--timeout", "600"])
+        .arg("--console-log")
+        .arg(&log)
         .arg(&raw));
     let r: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(r["ready"], true);
+    // The profile's network section: the NIC `imager boot` gives is up
+    // with QEMU's user-mode addresses, after the hardening sysctls were
+    // written and read back (the runtime fails the boot when one does not
+    // hold: there is no shell in the image to read them from outside).
+    let console = std::fs::read_to_string(&log).unwrap();
+    let net: Vec<&str> = console
+        .lines()
+        .filter(|l| l.starts_with("machined: net: "))
+        .collect();
+    assert_eq!(
+        net.last().copied(),
+        Some("machined: net: eth0 10.0.2.15/24 gateway 10.0.2.2 (up)"),
+        "{console}"
+    );
+    let sysctls = net
+        .iter()
+        .find(|l| l.starts_with("machined: net: sysctls set and read back: "))
+        .unwrap_or_else(|| panic!("no sysctl line:\n{console}"));
+    let mut want: Vec<(String, String)> = contract::net::sysctls(Some("eth0"));
+    // net.core.bpf_jit_harden exists only with the BPF JIT (off here).
+    let jit = std::fs::read_to_string(image().artifact("kernel-config"))
+        .unwrap()
+        .lines()
+        .any(|l| l == "CONFIG_BPF_JIT=y");
+    want.extend(
+        contract::net::SYSCTLS_IF_PRESENT
+            .iter()
+            .filter(|_| jit)
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    assert_eq!(
+        jit,
+        sysctls.contains("net.core.bpf_jit_harden=2"),
+        "{sysctls}"
+    );
+    for (k, v) in &want {
+        let item = format!("{}={v}", contract::net::sysctl_name(k));
+        assert!(
+            sysctls.split(' ').any(|w| w == item),
+            "{item} not in {sysctls}"
+        );
+    }
+    assert!(sysctls.contains("net.ipv4.tcp_syncookies=1"), "{sysctls}");
     assert_eq!(r["firmware"], "uefi");
     assert_eq!(r["slot"], "A");
     assert_eq!(r["version"], "0.1.0");

@@ -175,6 +175,9 @@ fn has(console: &[String], text: &str) -> bool {
 
 const STAYS_UP: &str = "the live system stays up";
 
+/// The runtime's line for the default profiles' network section.
+const UP: &str = "machined: net: eth0 10.0.2.15/24 gateway 10.0.2.2 (up)";
+
 /// A blank disk named by serial: the live system reaches ready (the live
 /// ready line, which `imager boot` parses), installs, powers off; the disk
 /// then boots the installed version from slot A under UEFI and BIOS.
@@ -198,6 +201,8 @@ fn live_install_onto_a_blank_disk_then_the_disk_boots() {
         .find_map(|l| imager::qemu::parse_ready(l))
         .unwrap_or_else(|| panic!("no ready line:\n{all}"));
     assert!(ready.live && ready.slot.is_none(), "{ready:?}");
+    // The profile's network section, configured before ready.
+    assert!(has(&console, UP), "{all}");
     assert!(
         has(
             &console,
@@ -257,51 +262,62 @@ fn live_install_refusals_leave_the_system_up_and_the_disk_unchanged() {
     let before = digest(&data);
     let small = blank("refuse-small", 100 << 20);
     let empty = blank("refuse-blank", 1 << 30);
-    let cases: [(&Path, bool, String, &str); 7] = [
+    // The last cases also carry a machined.net= that cannot be used (it
+    // wins over the image's): the node says why and runs without network.
+    let cases: [(&Path, bool, String, &str, &str); 7] = [
         (
             &data,
             false,
             format!("machined.live={ID} machined.install=vdb"),
             "refusing /dev/vdb (serial:target1): it holds data: a GPT partition table",
+            UP,
         ),
         (
             &data,
             false,
             format!("machined.live={ID} machined.install=/dev/disk/by-id/virtio-target1-part2"),
             "is a partition (of /dev/vdb)",
+            UP,
         ),
         (
             &empty,
             false,
             format!("machined.live={ID} machined.install=serial:live-iso machined.install.wipe=1"),
             "refusing /dev/vda (serial:live-iso): it is the boot medium",
+            UP,
         ),
         (
             &empty,
             true,
             format!("machined.live={ID} machined.install=serial:target1"),
             "(serial:target1) is read-only",
+            UP,
         ),
         (
             &small,
             false,
             format!("machined.live={ID} machined.install=/dev/vdb"),
             "install onto a disk of at least",
+            UP,
         ),
         (
             &empty,
             false,
-            "machined.live=.. machined.install=vdb".to_string(),
+            "machined.live=.. machined.install=vdb machined.net=eth9:10.0.3.15/24".to_string(),
             "machined.live has no valid ID",
+            "machined: net: warning: no interface eth9 appeared in 10 s (interfaces: eth0, lo); \
+             no network",
         ),
         (
             &empty,
             false,
-            format!("machined.live={ID} machined.install=../vdb"),
+            format!("machined.live={ID} machined.install=../vdb machined.net=eth0:10.0.2.15/33"),
             "machined.install=\"../vdb\" is not a disk",
+            "machined: net: warning: machined.net=\"eth0:10.0.2.15/33\": the prefix length \
+             \"33\" is not a number from 1 to 32; no network",
         ),
     ];
-    for (disk, ro, append, want) in cases {
+    for (disk, ro, append, want, net) in cases {
         let (console, exited) = boot(disk, ro, &append, STAYS_UP);
         let all = console.join("\n");
         assert!(!exited, "{append}: QEMU exited:\n{all}");
@@ -315,6 +331,12 @@ fn live_install_refusals_leave_the_system_up_and_the_disk_unchanged() {
             "{append}: want {want:?} in {line:?}:\n{all}"
         );
         assert!(!has(&console, "powering off"), "{all}");
+        assert!(has(&console, net), "{append}: want {net:?}:\n{all}");
+        let net_lines = console
+            .iter()
+            .filter(|l| l.starts_with("machined: net: ") && !l.contains(" sysctls "))
+            .count();
+        assert_eq!(net_lines, 1, "{append}: one line on the network:\n{all}");
     }
     assert_eq!(digest(&data), before, "the disk was written");
     for p in [&small, &empty] {

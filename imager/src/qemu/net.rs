@@ -145,8 +145,11 @@ impl GuestForward {
         Ok(f)
     }
 
-    /// QEMU's `guestfwd=` value. QEMU connects its `tcp:` character device
-    /// when it starts: the host side must be listening by then.
+    /// QEMU's `guestfwd=` value. QEMU (7.2) connects its `tcp:` character
+    /// device once, when it starts (it exits with "Failed to connect" when
+    /// nothing listens), and the guest's connections share that one
+    /// stream: the host side must be listening before the boot, and serve
+    /// one connection at a time.
     pub fn render(&self) -> String {
         format!(
             "guestfwd=tcp:{}:{}-tcp:{}:{}",
