@@ -371,6 +371,22 @@ pub fn slot_entry(
     }
 }
 
+/// The length of the command line the kernel receives from a slot's boot
+/// entry with the image command line `cmdline` (see
+/// [`crate::cmdline::loaded_len`]): the longest over both slots, for any
+/// kernel and initramfs (their names have fixed lengths).
+pub fn loaded_cmdline_len(cmdline: &str) -> usize {
+    let any_sha = "0".repeat(64);
+    Slot::ALL
+        .iter()
+        .map(|&slot| {
+            let e = slot_entry(slot, &any_sha, &any_sha, "- -", "-", cmdline);
+            crate::cmdline::loaded_len(&e.options, &[&e.initrd])
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// systemd-boot's loader.conf: no menu, no editor (the command line cannot be
 /// changed at the console) and no `default`: the order of the entries decides
 /// (see the module documentation), so that an entry whose tries ran out is
@@ -393,6 +409,20 @@ pub fn loader_conf_enrolling(mode: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loaded_cmdline_len_counts_the_slot_and_initrd_arguments() {
+        let sha = "0".repeat(64);
+        let e = slot_entry(Slot::B, &sha, &sha, "Imager 1.0", "1.0", "console=ttyS0");
+        assert_eq!(
+            loaded_cmdline_len("console=ttyS0"),
+            crate::cmdline::loaded_len(&e.options, &[&e.initrd])
+        );
+        // " machined.slot=A", then " initrd=\" and the initramfs path.
+        let fixed = loaded_cmdline_len("");
+        assert_eq!(loaded_cmdline_len("x"), fixed + 1 + 1);
+        assert_eq!(loaded_cmdline_len(&"y".repeat(100)), fixed + 100 + 1);
+    }
 
     #[test]
     fn entry_round_trip_and_names() {

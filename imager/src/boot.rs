@@ -67,20 +67,9 @@ pub fn image_title(name: &str, version: &str) -> String {
 }
 
 /// The length of the command line the kernel receives from a slot's boot
-/// entry with the image command line `cmdline` (see
-/// [`contract::cmdline::loaded_len`]): the longest over both slots, for any
-/// kernel and initramfs (their names have fixed lengths).
-pub fn loaded_cmdline_len(cmdline: &str) -> usize {
-    let any_sha = "0".repeat(64);
-    Slot::ALL
-        .iter()
-        .map(|&slot| {
-            let e = entry(slot, &any_sha, &any_sha, "-", "-", cmdline);
-            contract::cmdline::loaded_len(&e.options, &[&e.initrd])
-        })
-        .max()
-        .unwrap_or(0)
-}
+/// entry with the image command line `cmdline`: the contract's (the signed
+/// manifest checks it too).
+pub use contract::boot::loaded_cmdline_len;
 
 /// The boot entry of `slot` (see [`contract::boot::slot_entry`]).
 pub fn entry(
