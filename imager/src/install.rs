@@ -23,6 +23,7 @@ use bootstate::ops::{self, Payload, PayloadFile};
 use contract::meta::Tag;
 use contract::partition::PartitionRole;
 use contract::{Slot, paths};
+use payload::verify::{not_trusted, verify_trusted};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -109,7 +110,7 @@ fn payload_dir(
         );
     }
     let work = tempfile::tempdir().context("creating a temporary directory")?;
-    let verify = |manifest: &[u8], signature: &[u8]| verify_signed(manifest, signature, trusted);
+    let verify = |manifest: &[u8], signature: &[u8]| verify_trusted(manifest, signature, trusted);
     let dir = oci::extract_payload(installer, work.path(), &verify).with_context(|| {
         format!(
             "reading {} as an installer image (an OCI archive such as installer.tar; or pass \
@@ -118,56 +119,6 @@ fn payload_dir(
         )
     })?;
     Ok((dir, Some(work)))
-}
-
-/// The payload manifest `bytes` with its `signature`, verified against the
-/// `trusted` keys: the manifest decoded from those bytes, or why none of the
-/// keys signed it.
-fn verify_signed(bytes: &[u8], signature: &[u8], trusted: &[VerifyingKey]) -> Result<Manifest> {
-    let name = format!(
-        "{}/{}",
-        paths::INSTALLER_PAYLOAD_DIR,
-        paths::PAYLOAD_MANIFEST
-    );
-    let sig_name = format!(
-        "{}/{}",
-        paths::INSTALLER_PAYLOAD_DIR,
-        paths::PAYLOAD_SIGNATURE
-    );
-    let mut errors = Vec::new();
-    for key in trusted {
-        match sign::verify_manifest_bytes(bytes, signature, key, &name, &sig_name) {
-            Ok(m) => return Ok(m),
-            Err(e) => errors.push(format!("{e:#}")),
-        }
-    }
-    Err(not_trusted(trusted, sign::claimed_key_id(bytes), &errors))
-}
-
-/// Why a payload manifest (which says it was signed by `claimed`) is not
-/// trusted: none of `trusted` verified it, for these `errors`.
-fn not_trusted(
-    trusted: &[VerifyingKey],
-    claimed: Option<String>,
-    errors: &[String],
-) -> anyhow::Error {
-    let ids: Vec<String> = trusted.iter().map(sign::key_id).collect();
-    let why = match claimed {
-        Some(k) if !ids.contains(&k) => format!(
-            "it says it is signed by {k}; build the installer with the key the disk \
-             trusts (imager build --key), or install the disk afresh with \
-             `imager install --key` for the new key"
-        ),
-        _ => format!(
-            "its signature does not verify: the payload was modified or damaged ({})",
-            errors.join("; ")
-        ),
-    };
-    anyhow::anyhow!(
-        "the installer's payload is not signed by a key this disk trusts ({}): {why}; \
-         nothing was written",
-        ids.join(", ")
-    )
 }
 
 /// Loads the payload of `installer` and verifies it against `trusted`:

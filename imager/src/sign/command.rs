@@ -53,9 +53,7 @@ pub fn dev_key_for(output: &Path, manifest: &Path) -> Option<PathBuf> {
         .and_then(|v| v.get("key_id")?.as_str().map(str::to_string));
     candidates
         .iter()
-        .find(|p| {
-            super::keys::load_public_key(p).is_ok_and(|k| Some(super::keys::key_id(&k)) == claimed)
-        })
+        .find(|p| super::keys::load_public_key(p).is_ok_and(|k| Some(super::key_id(&k)) == claimed))
         .or(candidates.first())
         .cloned()
 }
@@ -110,7 +108,7 @@ pub fn run_keygen(args: &KeygenOptions) -> Result<()> {
 /// caller to print.
 pub fn run_verify(args: &VerifyOptions) -> Result<i32> {
     let manifest = if args.manifest.is_dir() {
-        args.manifest.join(super::manifest::MANIFEST_NAME)
+        args.manifest.join(super::MANIFEST_NAME)
     } else {
         args.manifest.clone()
     };
@@ -152,7 +150,7 @@ pub fn run_verify_to(
                     "manifest": args.manifest.display().to_string(),
                     "ok": false,
                     "problems": 1,
-                    "key_id": super::keys::key_id(&key),
+                    "key_id": super::key_id(&key),
                     "error": format!("{e:#}"),
                     "artifacts": [],
                 });

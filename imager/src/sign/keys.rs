@@ -9,11 +9,11 @@ use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
 use ed25519_dalek::pkcs8::spki::der::zeroize::Zeroizing;
 use ed25519_dalek::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePrivateKey, EncodePublicKey};
 use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
-use sha2::{Digest, Sha256};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::io::write_atomic;
+use payload::keys::key_id;
 
 /// File name of the development private key inside the key directory.
 pub const DEV_KEY: &str = "dev.key";
@@ -35,13 +35,6 @@ pub trait Signer {
     }
     /// A detached ed25519 (RFC 8032, pure) signature over `message`.
     fn sign(&self, message: &[u8]) -> Result<Signature>;
-}
-
-/// The key id of a public key: `ed25519:` + the first 16 hex digits of the
-/// SHA-256 of its raw 32 bytes.
-pub fn key_id(key: &VerifyingKey) -> String {
-    let digest = Sha256::digest(key.as_bytes());
-    format!("ed25519:{}", &hex::encode(digest)[..16])
 }
 
 /// A signer whose private key is a PKCS#8 PEM file.
@@ -368,25 +361,4 @@ pub fn load_or_create_dev_key(dir: &Path) -> Result<(FileSigner, bool)> {
         write_public_key(&public, &signer.public_key())?;
     }
     Ok((signer, created))
-}
-
-/// Parses the concatenated PEM public keys of META's `trusted-keys`.
-pub fn parse_trusted_keys(text: &str) -> Result<Vec<VerifyingKey>> {
-    const BEGIN: &str = "-----BEGIN PUBLIC KEY-----";
-    const END: &str = "-----END PUBLIC KEY-----";
-    let mut keys = Vec::new();
-    let mut rest = text;
-    while let Some(b) = rest.find(BEGIN) {
-        let after = &rest[b..];
-        let e = after
-            .find(END)
-            .context("a trusted key in META has no END line")?;
-        let pem = &after[..e + END.len()];
-        keys.push(
-            VerifyingKey::from_public_key_pem(pem)
-                .map_err(|e| anyhow::anyhow!("a trusted key in META is not ed25519: {e}"))?,
-        );
-        rest = &after[e + END.len()..];
-    }
-    Ok(keys)
 }

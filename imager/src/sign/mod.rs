@@ -5,6 +5,10 @@
 //! `manifest.json.sig`, the raw 64-byte ed25519 signature over the exact
 //! bytes of `manifest.json`. Keys are PEM files openssl reads and writes.
 //! `docs/signing.md` describes the formats and how to verify with openssl.
+//!
+//! The manifest's format, key ids and the signature check live in the
+//! `payload` crate (shared with machined) and are re-exported here; the
+//! files, key generation and signing are this module's.
 
 mod command;
 mod keys;
@@ -20,13 +24,15 @@ pub use command::{
 };
 pub use ed25519_dalek::{Signature, VerifyingKey};
 pub use keys::{
-    DEV_KEY, DEV_PUB, FileSigner, Signer, key_id, keygen, load_or_create_dev_key, load_public_key,
-    parse_trusted_keys, public_key_pem,
+    DEV_KEY, DEV_PUB, FileSigner, Signer, keygen, load_or_create_dev_key, load_public_key,
+    public_key_pem,
 };
-pub use manifest::{
-    Boot, FORMAT, MANIFEST_NAME, Manifest, SIGNATURE_NAME, check_digest, check_path, describe,
-    signature_path, write_signed_manifest,
+pub use manifest::{describe, signature_path, write_signed_manifest};
+// The format, key ids and signature check are the payload crate's, which
+// machined shares.
+pub use payload::keys::{key_id, parse_trusted_keys};
+pub use payload::manifest::{
+    Boot, FORMAT, MANIFEST_NAME, Manifest, SIGNATURE_NAME, check_digest, check_path,
 };
-pub use verify::{
-    ArtifactCheck, Status, VerifyReport, claimed_key_id, verify, verify_manifest_bytes,
-};
+pub use payload::verify::{claimed_key_id, verify_manifest_bytes};
+pub use verify::{ArtifactCheck, Status, VerifyReport, verify};

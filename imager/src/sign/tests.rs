@@ -819,66 +819,6 @@ fn manifest_bytes_are_canonical_and_deterministic() {
     );
 }
 
-#[test]
-fn the_boot_field_is_optional_canonical_and_one_line() {
-    let art = Artifact {
-        kind: Kind::Kernel,
-        path: "vmlinuz".into(),
-        sha256: "b".repeat(64),
-        size: 42,
-    };
-    let mut m = Manifest {
-        key_id: "ed25519:0123456789abcdef".into(),
-        ..Manifest::new("os", "1.0", "profiles/x.yaml", 0, vec![art])
-    };
-    // Without it, no key at all (manifests of earlier builds stay the same).
-    let plain = String::from_utf8(m.to_bytes().unwrap()).unwrap();
-    assert!(!plain.contains("boot"), "{plain}");
-    assert_eq!(Manifest::parse(plain.as_bytes()).unwrap().boot, None);
-    m.boot = Some(Boot {
-        title: "Imager 1.0".into(),
-        cmdline: "console=ttyS0 slab_nomerge".into(),
-        secure_boot_enroll: None,
-    });
-    let text = String::from_utf8(m.to_bytes().unwrap()).unwrap();
-    assert!(
-        text.contains(
-            "  \"key_id\": \"ed25519:0123456789abcdef\",\n  \"boot\": {\n    \"title\": \"Imager 1.0\",\n    \"cmdline\": \"console=ttyS0 slab_nomerge\"\n  },\n  \"artifacts\": ["
-        ),
-        "{text}"
-    );
-    assert_eq!(Manifest::parse(text.as_bytes()).unwrap(), m);
-    // Unknown fields in it are refused, like everywhere in the manifest.
-    let extra = text.replace("\"title\":", "\"entry\": \"x\",\n    \"title\":");
-    assert!(Manifest::parse(extra.as_bytes()).is_err());
-    // A newline would add a line to the boot entry the installer writes.
-    let mut bad = m.clone();
-    bad.boot = Some(Boot {
-        title: "Imager".into(),
-        cmdline: "quiet\ninitrd /evil".into(),
-        secure_boot_enroll: None,
-    });
-    let e = bad.to_bytes().unwrap_err().to_string();
-    assert!(
-        e.contains("boot.cmdline") && e.contains("control character"),
-        "{e}"
-    );
-    let forged = text.replace("slab_nomerge", "slab_nomerge\\ninitrd /evil");
-    let e = format!("{:#}", Manifest::parse(forged.as_bytes()).unwrap_err());
-    assert!(e.contains("control character"), "{e}");
-    // A command line the boot path would cut short is refused in a
-    // manifest too: the installer must not install what cannot boot.
-    let limit = contract::cmdline::MAX_LEN - (crate::boot::loaded_cmdline_len("x") - 1);
-    let fits = text.replace("console=ttyS0 slab_nomerge", &"x".repeat(limit));
-    assert!(Manifest::parse(fits.as_bytes()).is_ok());
-    let long = text.replace("console=ttyS0 slab_nomerge", &"x".repeat(limit + 1));
-    let e = format!("{:#}", Manifest::parse(long.as_bytes()).unwrap_err());
-    assert!(
-        e.contains("boot.cmdline") && e.contains("would not boot"),
-        "{e}"
-    );
-}
-
 // ---------------------------------------------------------------- CLI
 // (The argument parsing is tested with the binary, in cli/sign.rs.)
 

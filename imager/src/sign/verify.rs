@@ -6,10 +6,12 @@ use serde::Serialize;
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use super::keys::key_id;
-use super::manifest::{MANIFEST_NAME, Manifest, check_digest, check_path, signature_path};
+use super::manifest::signature_path;
 use crate::artifact::Kind;
 use crate::io::sha256_file;
+use payload::keys::key_id;
+use payload::manifest::{MANIFEST_NAME, Manifest, check_digest, check_path};
+use payload::verify::check_signed;
 
 /// A manifest is a small JSON file; anything larger is not one.
 const MAX_MANIFEST: u64 = 64 * 1024 * 1024;
@@ -204,76 +206,6 @@ pub fn verify(manifest_path: &Path, public_key: &VerifyingKey) -> Result<VerifyR
         artifacts,
         verified: manifest,
     })
-}
-
-/// Verifies that `signature` (the bytes of the signature file `sig_name`:
-/// a raw 64-byte ed25519 signature) signs `bytes` (the manifest `name`) with
-/// the trusted `public_key`, and decodes the manifest from those very bytes.
-/// The artifacts it lists are not checked: that is the caller's job (or
-/// [`verify`]'s, for a manifest in a directory).
-pub fn verify_manifest_bytes(
-    bytes: &[u8],
-    signature: &[u8],
-    public_key: &VerifyingKey,
-    name: &str,
-    sig_name: &str,
-) -> Result<Manifest> {
-    let raw: [u8; 64] = signature.try_into().map_err(|_| {
-        anyhow::anyhow!(
-            "signature {sig_name} is {} bytes, expected a raw 64-byte ed25519 signature",
-            signature.len()
-        )
-    })?;
-    check_signed(
-        bytes,
-        &Signature::from_bytes(&raw),
-        public_key,
-        name,
-        sig_name,
-    )
-}
-
-/// The key id a manifest that is not trusted says signed it, when it looks
-/// like one (`ed25519:` and 16 hex digits): only to explain a failure, and
-/// never more of the untrusted bytes than that.
-pub fn claimed_key_id(bytes: &[u8]) -> Option<String> {
-    let v = serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
-    let k = v.get("key_id")?.as_str()?;
-    let hex = k.strip_prefix("ed25519:")?;
-    (hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then(|| k.to_string())
-}
-
-/// The signature check of [`verify`] and [`verify_manifest_bytes`].
-fn check_signed(
-    bytes: &[u8],
-    signature: &Signature,
-    public_key: &VerifyingKey,
-    name: &str,
-    sig_name: &str,
-) -> Result<Manifest> {
-    let trusted = key_id(public_key);
-    if public_key.verify_strict(bytes, signature).is_err() {
-        match claimed_key_id(bytes) {
-            Some(claimed) if claimed != trusted => bail!(
-                "{name} is signed by key {claimed} but the trusted key is {trusted}: \
-                 pass --key with the public key that signed it"
-            ),
-            _ => bail!(
-                "signature {sig_name} does not match {name}: the manifest was modified after \
-                 signing (or the signature was damaged)"
-            ),
-        }
-    }
-    let manifest = Manifest::parse(bytes)
-        .with_context(|| format!("{name} is correctly signed but unusable"))?;
-    if manifest.key_id != trusted {
-        bail!(
-            "{name} is signed by the trusted key {trusted} but names key {} in key_id: \
-             refusing an inconsistent manifest",
-            manifest.key_id
-        );
-    }
-    Ok(manifest)
 }
 
 /// The detached signature `sig_path` of `manifest_path`: a raw 64-byte

@@ -1,0 +1,72 @@
+//! Artifacts: what a build produces, as listed in the manifest and in
+//! `imager build --json`.
+
+use serde::{Deserialize, Serialize};
+
+/// What an artifact is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    Kernel,
+    KernelConfig,
+    Initramfs,
+    Rootfs,
+    /// The root filesystem's dm-verity hash device (also in the initramfs).
+    RootfsVerity,
+    Raw,
+    Iso,
+    Installer,
+    /// systemd-boot, carried in the installer's payload for `imager install`.
+    BootLoader,
+    /// GRUB's boot.img, carried in the installer's payload (BIOS path).
+    GrubBoot,
+    /// GRUB's core.img, carried in the installer's payload (BIOS path).
+    GrubCore,
+    /// A slot's Unified Kernel Image (`uki-a.efi`, `uki-b.efi`): the
+    /// output `uki`, and the payload of images whose slots boot UKIs.
+    Uki,
+    /// The db certificate (PEM) a Secure Boot payload's UKIs are signed
+    /// for: META's `secure-boot` record after an install.
+    SecureBootDb,
+    /// A signed EFI variable update (`PK.auth`, `KEK.auth`, `db.auth`)
+    /// that systemd-boot enrols from the ESP.
+    SecureBootAuth,
+    Manifest,
+    Signature,
+    PublicKey,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Kernel => "kernel",
+            Kind::KernelConfig => "kernel-config",
+            Kind::Initramfs => "initramfs",
+            Kind::Rootfs => "rootfs",
+            Kind::RootfsVerity => "rootfs-verity",
+            Kind::Raw => "raw",
+            Kind::Iso => "iso",
+            Kind::Installer => "installer",
+            Kind::BootLoader => "boot-loader",
+            Kind::GrubBoot => "grub-boot",
+            Kind::GrubCore => "grub-core",
+            Kind::Uki => "uki",
+            Kind::SecureBootDb => "secure-boot-db",
+            Kind::SecureBootAuth => "secure-boot-auth",
+            Kind::Manifest => "manifest",
+            Kind::Signature => "signature",
+            Kind::PublicKey => "public-key",
+        }
+    }
+}
+
+/// One produced file. `path` is relative to the output directory in the
+/// manifest, and as given on the command line in `--json` output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Artifact {
+    pub kind: Kind,
+    pub path: String,
+    pub sha256: String,
+    pub size: u64,
+}

@@ -1,0 +1,20 @@
+//! The installer payload's signed manifest: its format ([`manifest`]), the
+//! artifacts it lists ([`artifact`]), key ids and META's trusted keys
+//! ([`keys`]) and the signature check ([`verify`]).
+//!
+//! imager writes and verifies manifests with it; machined will verify what
+//! it pulls from a registry with it, against the keys in META, before it
+//! writes anything. So this crate stays small: serde, sha2 and ed25519
+//! verification, no file system and no key generation. `docs/signing.md`
+//! describes the formats.
+
+pub mod artifact;
+pub mod keys;
+pub mod manifest;
+pub mod text;
+pub mod verify;
+
+#[cfg(test)]
+mod tests;
+
+pub use ed25519_dalek::{Signature, VerifyingKey};

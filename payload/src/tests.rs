@@ -1,0 +1,211 @@
+//! The format, key ids and signature check, on bytes. (imager's
+//! `sign::tests` cover the files: signing, keys, openssl, `imager verify`.)
+
+use crate::VerifyingKey;
+use crate::artifact::{Artifact, Kind};
+use crate::keys::{key_id, parse_trusted_keys};
+use crate::manifest::{Boot, Manifest, check_path};
+use crate::verify::{claimed_key_id, not_trusted, verify_manifest_bytes, verify_trusted};
+use ed25519_dalek::pkcs8::EncodePublicKey;
+use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
+use ed25519_dalek::{Signer, SigningKey};
+
+fn key(seed: u8) -> SigningKey {
+    SigningKey::from_bytes(&[seed; 32])
+}
+
+/// A canonical manifest signed by `signer`: (bytes, raw signature).
+fn signed(signer: &SigningKey) -> (Vec<u8>, Vec<u8>) {
+    let m = Manifest {
+        key_id: key_id(&signer.verifying_key()),
+        ..Manifest::new(
+            "os",
+            "1.0",
+            "installer",
+            0,
+            vec![Artifact {
+                kind: Kind::Raw,
+                path: "disk.raw".into(),
+                sha256: "a".repeat(64),
+                size: 42,
+            }],
+        )
+    };
+    let bytes = m.to_bytes().unwrap();
+    let sig = signer.sign(&bytes).to_bytes().to_vec();
+    (bytes, sig)
+}
+
+#[test]
+fn unsafe_paths_are_refused() {
+    for bad in [
+        "../x",
+        "/etc/passwd",
+        "a/../../x",
+        "",
+        "./a",
+        "a//b",
+        "a/",
+        "a\0b",
+        "manifest.json",
+        "manifest.json.sig",
+    ] {
+        assert!(check_path(bad).is_err(), "{bad:?} accepted");
+    }
+    for good in ["a", "a/b.raw", "..a", "a..b", ".hidden"] {
+        assert!(check_path(good).is_ok(), "{good:?} refused");
+    }
+}
+
+#[test]
+fn a_manifest_verifies_with_any_trusted_key_that_signed_it() {
+    let (k, other) = (key(1), key(2));
+    let (bytes, sig) = signed(&k);
+    let trusted = [other.verifying_key(), k.verifying_key()];
+    let m = verify_trusted(&bytes, &sig, &trusted).unwrap();
+    assert_eq!(m, Manifest::parse(&bytes).unwrap());
+    assert_eq!(m.key_id, key_id(&k.verifying_key()));
+    let one = verify_manifest_bytes(&bytes, &sig, &k.verifying_key(), "m", "s").unwrap();
+    assert_eq!(one, m);
+}
+
+#[test]
+fn an_untrusted_key_is_named_and_a_modification_is_explained() {
+    let (k, other) = (key(1), key(2));
+    let (bytes, sig) = signed(&k);
+    let (kid, oid) = (key_id(&k.verifying_key()), key_id(&other.verifying_key()));
+    let e = format!(
+        "{:#}",
+        verify_trusted(&bytes, &sig, &[other.verifying_key()]).unwrap_err()
+    );
+    assert_eq!(
+        e,
+        format!(
+            "the installer's payload is not signed by a key this disk trusts ({oid}): it says \
+             it is signed by {kid}; build the installer with the key the disk trusts (imager \
+             build --key), or install the disk afresh with `imager install --key` for the new \
+             key; nothing was written"
+        )
+    );
+    // Modified after signing: the claimed key is trusted, the signature fails.
+    let mut changed = bytes.clone();
+    let at = changed.len() - 10;
+    changed[at] ^= 1;
+    let e = format!(
+        "{:#}",
+        verify_trusted(&changed, &sig, &[k.verifying_key()]).unwrap_err()
+    );
+    assert!(
+        e.contains("its signature does not verify: the payload was modified or damaged (")
+            && e.contains(&format!(
+                "signature {}/{} does not match",
+                contract::paths::INSTALLER_PAYLOAD_DIR,
+                contract::paths::PAYLOAD_SIGNATURE
+            ))
+            && e.ends_with("; nothing was written"),
+        "{e}"
+    );
+    // Not a raw 64-byte signature.
+    let e = format!(
+        "{:#}",
+        verify_trusted(&bytes, &sig[..63], &[k.verifying_key()]).unwrap_err()
+    );
+    assert!(e.contains("is 63 bytes, expected a raw 64-byte"), "{e}");
+    // No key at all: nothing verifies, and the message says which key signed.
+    let e = format!("{:#}", verify_trusted(&bytes, &sig, &[]).unwrap_err());
+    assert!(e.contains(&format!("it says it is signed by {kid}")), "{e}");
+    let e = not_trusted(&[k.verifying_key()], Some(kid.clone()), &["x".into()]).to_string();
+    assert!(
+        e.contains("its signature does not verify") && e.contains("(x)"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_claimed_key_id_is_only_a_key_id() {
+    let (bytes, _) = signed(&key(1));
+    assert_eq!(
+        claimed_key_id(&bytes),
+        Some(key_id(&key(1).verifying_key()))
+    );
+    assert_eq!(claimed_key_id(br#"{"key_id": "ed25519:0123"}"#), None);
+    assert_eq!(
+        claimed_key_id(br#"{"key_id": "rsa:0123456789abcdef"}"#),
+        None
+    );
+    assert_eq!(claimed_key_id(b"not json"), None);
+}
+
+#[test]
+fn trusted_keys_are_read_from_concatenated_pem() {
+    let pem = |k: &SigningKey| k.verifying_key().to_public_key_pem(LineEnding::LF).unwrap();
+    let text = format!("{}{}", pem(&key(1)), pem(&key(2)));
+    let keys: Vec<VerifyingKey> = parse_trusted_keys(&text).unwrap();
+    assert_eq!(keys, [key(1).verifying_key(), key(2).verifying_key()]);
+    assert_eq!(parse_trusted_keys("").unwrap(), []);
+    let cut = &text[..text.len() - 30];
+    let e = format!("{:#}", parse_trusted_keys(cut).unwrap_err());
+    assert!(e.contains("has no END line"), "{e}");
+    let id = key_id(&key(1).verifying_key());
+    assert!(id.starts_with("ed25519:") && id.len() == "ed25519:".len() + 16);
+}
+
+#[test]
+fn the_boot_field_is_optional_canonical_and_one_line() {
+    let art = Artifact {
+        kind: Kind::Kernel,
+        path: "vmlinuz".into(),
+        sha256: "b".repeat(64),
+        size: 42,
+    };
+    let mut m = Manifest {
+        key_id: "ed25519:0123456789abcdef".into(),
+        ..Manifest::new("os", "1.0", "profiles/x.yaml", 0, vec![art])
+    };
+    // Without it, no key at all (manifests of earlier builds stay the same).
+    let plain = String::from_utf8(m.to_bytes().unwrap()).unwrap();
+    assert!(!plain.contains("boot"), "{plain}");
+    assert_eq!(Manifest::parse(plain.as_bytes()).unwrap().boot, None);
+    m.boot = Some(Boot {
+        title: "Imager 1.0".into(),
+        cmdline: "console=ttyS0 slab_nomerge".into(),
+        secure_boot_enroll: None,
+    });
+    let text = String::from_utf8(m.to_bytes().unwrap()).unwrap();
+    assert!(
+        text.contains(
+            "  \"key_id\": \"ed25519:0123456789abcdef\",\n  \"boot\": {\n    \"title\": \"Imager 1.0\",\n    \"cmdline\": \"console=ttyS0 slab_nomerge\"\n  },\n  \"artifacts\": ["
+        ),
+        "{text}"
+    );
+    assert_eq!(Manifest::parse(text.as_bytes()).unwrap(), m);
+    // Unknown fields in it are refused, like everywhere in the manifest.
+    let extra = text.replace("\"title\":", "\"entry\": \"x\",\n    \"title\":");
+    assert!(Manifest::parse(extra.as_bytes()).is_err());
+    // A newline would add a line to the boot entry the installer writes.
+    let mut bad = m.clone();
+    bad.boot = Some(Boot {
+        title: "Imager".into(),
+        cmdline: "quiet\ninitrd /evil".into(),
+        secure_boot_enroll: None,
+    });
+    let e = bad.to_bytes().unwrap_err().to_string();
+    assert!(
+        e.contains("boot.cmdline") && e.contains("control character"),
+        "{e}"
+    );
+    let forged = text.replace("slab_nomerge", "slab_nomerge\\ninitrd /evil");
+    let e = format!("{:#}", Manifest::parse(forged.as_bytes()).unwrap_err());
+    assert!(e.contains("control character"), "{e}");
+    // A command line the boot path would cut short is refused in a
+    // manifest too: the installer must not install what cannot boot.
+    let limit = contract::cmdline::MAX_LEN - (contract::boot::loaded_cmdline_len("x") - 1);
+    let fits = text.replace("console=ttyS0 slab_nomerge", &"x".repeat(limit));
+    assert!(Manifest::parse(fits.as_bytes()).is_ok());
+    let long = text.replace("console=ttyS0 slab_nomerge", &"x".repeat(limit + 1));
+    let e = format!("{:#}", Manifest::parse(long.as_bytes()).unwrap_err());
+    assert!(
+        e.contains("boot.cmdline") && e.contains("would not boot"),
+        "{e}"
+    );
+}

@@ -1,0 +1,142 @@
+//! The signature check of a manifest: against one trusted key
+//! ([`verify_manifest_bytes`]) or against the keys a disk trusts
+//! ([`verify_trusted`], the installer payload's check).
+//!
+//! Only bytes: the manifest and its signature as read (from a directory, an
+//! installer image or a registry). The artifacts the manifest lists are the
+//! caller's to check (imager's `sign::verify`, for a manifest in a directory).
+
+use anyhow::{Context, Result, bail};
+use contract::paths;
+use ed25519_dalek::{Signature, VerifyingKey};
+
+use crate::keys::key_id;
+use crate::manifest::Manifest;
+
+/// Verifies that `signature` (the bytes of the signature file `sig_name`:
+/// a raw 64-byte ed25519 signature) signs `bytes` (the manifest `name`) with
+/// the trusted `public_key`, and decodes the manifest from those very bytes.
+/// The artifacts it lists are not checked: that is the caller's job (or
+/// imager's `sign::verify`, for a manifest in a directory).
+pub fn verify_manifest_bytes(
+    bytes: &[u8],
+    signature: &[u8],
+    public_key: &VerifyingKey,
+    name: &str,
+    sig_name: &str,
+) -> Result<Manifest> {
+    let raw: [u8; 64] = signature.try_into().map_err(|_| {
+        anyhow::anyhow!(
+            "signature {sig_name} is {} bytes, expected a raw 64-byte ed25519 signature",
+            signature.len()
+        )
+    })?;
+    check_signed(
+        bytes,
+        &Signature::from_bytes(&raw),
+        public_key,
+        name,
+        sig_name,
+    )
+}
+
+/// The key id a manifest that is not trusted says signed it, when it looks
+/// like one (`ed25519:` and 16 hex digits): only to explain a failure, and
+/// never more of the untrusted bytes than that.
+pub fn claimed_key_id(bytes: &[u8]) -> Option<String> {
+    let v = serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
+    let k = v.get("key_id")?.as_str()?;
+    let hex = k.strip_prefix("ed25519:")?;
+    (hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then(|| k.to_string())
+}
+
+/// The signature check of [`verify_manifest_bytes`] (and of imager's
+/// `sign::verify`, which reads the signature from a file): `signature`
+/// signs `bytes` (the manifest `name`; its signature file is `sig_name`)
+/// with `public_key`, and the manifest decoded from those very bytes names
+/// that key.
+pub fn check_signed(
+    bytes: &[u8],
+    signature: &Signature,
+    public_key: &VerifyingKey,
+    name: &str,
+    sig_name: &str,
+) -> Result<Manifest> {
+    let trusted = key_id(public_key);
+    if public_key.verify_strict(bytes, signature).is_err() {
+        match claimed_key_id(bytes) {
+            Some(claimed) if claimed != trusted => bail!(
+                "{name} is signed by key {claimed} but the trusted key is {trusted}: \
+                 pass --key with the public key that signed it"
+            ),
+            _ => bail!(
+                "signature {sig_name} does not match {name}: the manifest was modified after \
+                 signing (or the signature was damaged)"
+            ),
+        }
+    }
+    let manifest = Manifest::parse(bytes)
+        .with_context(|| format!("{name} is correctly signed but unusable"))?;
+    if manifest.key_id != trusted {
+        bail!(
+            "{name} is signed by the trusted key {trusted} but names key {} in key_id: \
+             refusing an inconsistent manifest",
+            manifest.key_id
+        );
+    }
+    Ok(manifest)
+}
+
+/// The payload manifest `bytes` with its `signature`, verified against the
+/// `trusted` keys: the manifest decoded from those bytes, or why none of the
+/// keys signed it.
+pub fn verify_trusted(
+    bytes: &[u8],
+    signature: &[u8],
+    trusted: &[VerifyingKey],
+) -> Result<Manifest> {
+    let name = format!(
+        "{}/{}",
+        paths::INSTALLER_PAYLOAD_DIR,
+        paths::PAYLOAD_MANIFEST
+    );
+    let sig_name = format!(
+        "{}/{}",
+        paths::INSTALLER_PAYLOAD_DIR,
+        paths::PAYLOAD_SIGNATURE
+    );
+    let mut errors = Vec::new();
+    for key in trusted {
+        match verify_manifest_bytes(bytes, signature, key, &name, &sig_name) {
+            Ok(m) => return Ok(m),
+            Err(e) => errors.push(format!("{e:#}")),
+        }
+    }
+    Err(not_trusted(trusted, claimed_key_id(bytes), &errors))
+}
+
+/// Why a payload manifest (which says it was signed by `claimed`) is not
+/// trusted: none of `trusted` verified it, for these `errors`.
+pub fn not_trusted(
+    trusted: &[VerifyingKey],
+    claimed: Option<String>,
+    errors: &[String],
+) -> anyhow::Error {
+    let ids: Vec<String> = trusted.iter().map(key_id).collect();
+    let why = match claimed {
+        Some(k) if !ids.contains(&k) => format!(
+            "it says it is signed by {k}; build the installer with the key the disk \
+             trusts (imager build --key), or install the disk afresh with \
+             `imager install --key` for the new key"
+        ),
+        _ => format!(
+            "its signature does not verify: the payload was modified or damaged ({})",
+            errors.join("; ")
+        ),
+    };
+    anyhow::anyhow!(
+        "the installer's payload is not signed by a key this disk trusts ({}): {why}; \
+         nothing was written",
+        ids.join(", ")
+    )
+}
