@@ -1,15 +1,18 @@
 //! End-to-end tests of the node API (docs/node-api.md), booted under OVMF
 //! with QEMU's user-mode network: the API reached through a port forwarded
-//! on the host's loopback, nothing else. A v1 disk upgraded offline to v2
-//! (so both slots hold a version) is provisioned with a node's credentials
-//! and booted once; the test then talks to it as clients of each role, and
-//! as clients of another CA, and follows it through a rollback, a reboot
-//! and a power-off.
+//! on the host's loopback (`hostfwd`), a registry on the host's loopback
+//! reached by the guest at 10.0.2.100:5000 (`guestfwd`), nothing else. A
+//! v1 disk is provisioned with a node's credentials and booted once; the
+//! test then talks to it as clients of each role and of another CA, has it
+//! refuse bad images, upgrade itself to v2 from the registry, roll back,
+//! reboot and power off.
 
 // Test helpers panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "../registry/tests/common/mod.rs"]
+mod reg;
 
 use common::*;
 use serde_json::Value;
@@ -18,19 +21,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+/// Where the guest reaches the test's registry.
+const GUEST_REGISTRY: &str = "10.0.2.100:5000";
+
 fn build_variant_of(base: &str, name: &str, edit: impl Fn(String) -> String) -> Build {
     let profile = write_profile_from(base, name, edit);
     build_profile(name, &profile, &["--key", &dev_key().display().to_string()])
-}
-
-/// A free TCP port on the host's loopback (bound and released: QEMU binds
-/// it next).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The cluster's credentials: clients `watcher` (reader), `ops`
@@ -79,7 +75,7 @@ struct Vm {
 }
 
 impl Vm {
-    fn start(disk: &Path, port: u16) -> Vm {
+    fn start(disk: &Path, port: u16, registry: &str) -> Vm {
         let log = disk.with_extension("console.log");
         let _ = std::fs::remove_file(&log);
         let child = imager()
@@ -93,6 +89,8 @@ impl Vm {
             ])
             .args(["--timeout", "1200", "--forward"])
             .arg(format!("{port}:{}", nodeapi::proto::PORT))
+            .arg("--guest-forward")
+            .arg(format!("{GUEST_REGISTRY}={registry}"))
             .arg("--console-log")
             .arg(&log)
             .arg(disk)
@@ -197,10 +195,34 @@ fn meta_value(report: &Value, key: &str) -> Option<String> {
         .map(|kv| kv[1].as_str().unwrap().to_string())
 }
 
+/// `imager node upgrade --image IMAGE ARGS` as `client`.
+fn upgrade(vm: &Vm, dir: &Path, client: &str, image: &str, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["upgrade", "--image", image];
+    all.extend_from_slice(args);
+    node_cmd(vm, dir, client, &all)
+}
+
+/// The slots as the node reports them: (status, version) of A and B.
+fn slots(s: &Value) -> [(String, String); 2] {
+    [0, 1].map(|i| {
+        (
+            s["slots"][i]["status"].as_str().unwrap().to_string(),
+            s["slots"][i]["version"].as_str().unwrap().to_string(),
+        )
+    })
+}
+
 #[test]
-fn the_node_api_serves_each_role_what_it_may_and_follows_the_node_through_rollback_reboot_and_power_off()
- {
-    let v1 = build_variant_of("metal", "node-v1", |t| t);
+fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_may() {
+    let v1 = build_variant_of("metal", "node-v1", |t| {
+        // The test's registry is plain HTTP on the loopback: allowed by name.
+        t.replace(
+            "    - vdso32=0\n",
+            &format!(
+                "    - vdso32=0\n    - machined.plain_http={GUEST_REGISTRY},10.0.2.101:5000\n"
+            ),
+        )
+    });
     let v2 = build_variant_of("installer", "node-v2", |t| {
         t.replace("version: 0.1.0", "version: 0.2.0")
     });
@@ -208,12 +230,23 @@ fn the_node_api_serves_each_role_what_it_may_and_follows_the_node_through_rollba
     let (creds, other) = credentials(&dir);
     let mixed = dir.join("mixed");
 
+    // v2's installer image in a registry on the host's loopback.
+    let registry = reg::Registry::start();
+    let out = run(std::process::Command::new(reg::tool("skopeo"))
+        .args(["copy", "--preserve-digests", "--dest-tls-verify=false"])
+        .arg(format!(
+            "oci-archive:{}",
+            v2.dir.join("installer.tar").display()
+        ))
+        .arg(format!("docker://{}/metal/installer:0.2.0", registry.addr)));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let image = format!("{GUEST_REGISTRY}/metal/installer:0.2.0");
+
     let disk = sparse_copy(&v1.artifact("raw"), "node");
-    ok(imager()
-        .args(["upgrade", "--installer"])
-        .arg(v2.dir.join("installer.tar"))
-        .arg("--disk")
-        .arg(&disk));
 
     // Provisioning: the key goes into META and is never shown.
     ok(imager()
@@ -259,11 +292,11 @@ fn the_node_api_serves_each_role_what_it_may_and_follows_the_node_through_rollba
     assert!(refused(&out).contains("node2"));
     assert_eq!(meta_value(&inspect(&disk), "node-cert").unwrap(), cert);
 
-    // The node: v2 on trial in slot B, blessed at its first boot.
-    let port = free_port();
-    let mut vm = Vm::start(&disk, port);
+    // The node: v1 on slot A.
+    let port = reg::free_port();
+    let mut vm = Vm::start(&disk, port, &registry.addr);
     let ready = vm.wait_for("ready version=", 1);
-    assert!(ready.contains("version=0.2.0 slot=B"), "{ready}");
+    assert!(ready.contains("version=0.1.0 slot=A"), "{ready}");
     let console = vm.console();
     assert!(
         console.contains("api: listening on port 50000"),
@@ -273,28 +306,21 @@ fn the_node_api_serves_each_role_what_it_may_and_follows_the_node_through_rollba
 
     // Status, as the reader.
     let s = status(&vm, &creds, "watcher");
-    assert_eq!(s["version"], "0.2.0");
-    assert_eq!(s["booted_slot"], "B");
+    assert_eq!(s["version"], "0.1.0");
+    assert_eq!(s["booted_slot"], "A");
     assert_eq!(s["name"], "metal");
     assert_eq!(s["ready"], true);
-    assert_eq!(s["next_boot"], "B");
-    assert_eq!(s["slots"][0]["status"], "good");
-    assert_eq!(s["slots"][0]["version"], "0.1.0");
-    assert_eq!(s["slots"][1]["status"], "good");
-    assert_eq!(s["slots"][1]["version"], "0.2.0");
-    assert!(
-        s["last_event"]
-            .as_str()
-            .unwrap()
-            .contains("upgrade-succeeded slot=B"),
-        "{s}"
-    );
+    assert_eq!(s["next_boot"], "A");
+    let before = slots(&s);
+    assert_eq!(before[0], ("good".to_string(), "0.1.0".to_string()));
+    assert_eq!(before[1].0, "empty");
     let boot1 = s["boot_id"].as_str().unwrap().to_string();
     assert_eq!(boot1.len(), 36, "{boot1}");
 
-    // What the reader may not do, and clients of another CA: refused,
-    // nothing happens.
+    // Refusals: each leaves the slots as they were and the node up.
     let err = refused(&node_cmd(&vm, &creds, "watcher", &["reboot"]));
+    assert!(err.contains("forbidden"), "{err}");
+    let err = refused(&upgrade(&vm, &creds, "watcher", &image, &[]));
     assert!(err.contains("forbidden"), "{err}");
     let err = refused(&node_cmd(&vm, &creds, "ops", &["poweroff"]));
     assert!(err.contains("forbidden"), "{err}");
@@ -302,7 +328,129 @@ fn the_node_api_serves_each_role_what_it_may_and_follows_the_node_through_rollba
     assert!(err.contains("refused this client's certificate"), "{err}");
     let err = refused(&node_cmd(&vm, &other, "mallory", &["status"]));
     assert!(err.contains("not issued by the cluster CA"), "{err}");
-    assert_eq!(status(&vm, &creds, "watcher")["boot_id"], boot1.as_str());
+    let err = refused(&node_cmd(&vm, &creds, "ops", &["rollback"]));
+    assert!(err.contains("refused"), "{err}");
+    let err = refused(&upgrade(
+        &vm,
+        &creds,
+        "ops",
+        "10.0.2.101:5000/metal/installer:0.2.0",
+        &[],
+    ));
+    assert!(err.contains("cannot reach"), "unreachable registry: {err}");
+    let err = refused(&upgrade(
+        &vm,
+        &creds,
+        "ops",
+        &format!("{GUEST_REGISTRY}/metal/installer:9.9.9"),
+        &[],
+    ));
+    assert!(err.contains("no image"), "missing tag: {err}");
+    let zeros = "0".repeat(64);
+    let err = refused(&upgrade(
+        &vm,
+        &creds,
+        "ops",
+        &format!("{GUEST_REGISTRY}/metal/installer@sha256:{zeros}"),
+        &[],
+    ));
+    assert!(err.contains("nothing was written"), "wrong digest: {err}");
+    // A tampered payload layer (in the registry's storage): refused after
+    // streaming, before any write.
+    let m: Value = serde_json::from_str(&ok(std::process::Command::new(reg::tool("skopeo"))
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(format!("docker://{}/metal/installer:0.2.0", registry.addr))))
+    .unwrap();
+    let layer = m["layers"][1]["digest"].as_str().unwrap();
+    let blob = registry.blob_file(&registry::Digest::parse(layer).unwrap());
+    let original = std::fs::read(&blob).unwrap();
+    let mut bad = original.clone();
+    let at = bad.len() / 2;
+    bad[at] ^= 0x40;
+    std::fs::write(&blob, &bad).unwrap();
+    let err = refused(&upgrade(&vm, &creds, "ops", &image, &[]));
+    assert!(
+        err.contains("not the signed file") || err.contains("digest"),
+        "tampered layer: {err}"
+    );
+    std::fs::write(&blob, &original).unwrap();
+    let s = status(&vm, &creds, "watcher");
+    assert_eq!(slots(&s), before, "a refusal changed the slots");
+    assert_eq!(s["boot_id"], boot1.as_str());
+
+    // The upgrade, followed through the reboot; a second one meanwhile is
+    // answered busy.
+    let first = imager()
+        .arg("node")
+        .args(["upgrade", "--image", &image, "--wait", "--timeout", "900"])
+        .args([
+            "--node",
+            &vm.node(),
+            "--server-name",
+            "node1",
+            "--client",
+            "ops",
+        ])
+        .arg("--credentials")
+        .arg(&creds)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let s = status(&vm, &creds, "watcher");
+        if s["operation"] == "upgrade" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no upgrade in progress: {s}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let err = refused(&upgrade(&vm, &creds, "ops", &image, &[]));
+    assert!(err.contains("busy"), "{err}");
+    let out = first.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "upgrade --wait: {}\nconsole:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        tail(&vm.console())
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("back") && said.contains("slot B"), "{said}");
+    let s = status(&vm, &creds, "watcher");
+    assert_eq!(
+        (s["booted_slot"].as_str(), s["version"].as_str()),
+        (Some("B"), Some("0.2.0"))
+    );
+    assert_eq!(
+        slots(&s),
+        [
+            ("good".to_string(), "0.1.0".to_string()),
+            ("good".to_string(), "0.2.0".to_string())
+        ]
+    );
+    assert!(
+        s["last_event"]
+            .as_str()
+            .unwrap()
+            .contains("upgrade-succeeded slot=B"),
+        "{s}"
+    );
+    let boot2 = s["boot_id"].as_str().unwrap().to_string();
+    assert_ne!(boot2, boot1);
+    // /var was kept across the upgrade.
+    let v2_ready = vm.wait_for("ready version=", 2);
+    assert!(v2_ready.contains("version=0.2.0 slot=B"), "{v2_ready}");
+    let storage: Vec<String> = vm
+        .console()
+        .lines()
+        .filter(|l| l.contains("machined: storage "))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        storage.last().unwrap().contains("EPHEMERAL=kept"),
+        "{storage:?}"
+    );
 
     // Rollback, followed through the reboot: back on A, v1.
     let out = node_cmd(
@@ -324,9 +472,8 @@ fn the_node_api_serves_each_role_what_it_may_and_follows_the_node_through_rollba
         (s["booted_slot"].as_str(), s["version"].as_str()),
         (Some("A"), Some("0.1.0"))
     );
-    let boot2 = s["boot_id"].as_str().unwrap().to_string();
-    assert_ne!(boot2, boot1);
-    assert!(vm.wait_for("ready version=", 2).contains("slot=A"));
+    let boot3 = s["boot_id"].as_str().unwrap().to_string();
+    assert_ne!(boot3, boot2);
 
     // A reboot, followed: the same slot, a new boot id.
     let out = node_cmd(&vm, &creds, "ops", &["reboot", "--wait", "--json"]);
@@ -343,18 +490,15 @@ fn the_node_api_serves_each_role_what_it_may_and_follows_the_node_through_rollba
     assert_eq!(lines[0]["reboot"], true);
     let back = lines.last().unwrap();
     assert_eq!(back["booted_slot"], "A");
-    assert_ne!(back["boot_id"], boot2.as_str());
-    assert_ne!(back["boot_id"], boot1.as_str());
+    assert_ne!(back["boot_id"], boot3.as_str());
 
     // Power-off, by the admin: QEMU exits after a clean shutdown.
-    ok(&mut {
-        let mut c = imager();
-        c.arg("node")
-            .args(["poweroff", "--node", &vm.node(), "--server-name", "node1"])
-            .args(["--client", "root", "--credentials"])
-            .arg(&creds);
-        c
-    });
+    let out = node_cmd(&vm, &creds, "root", &["poweroff"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let deadline = Instant::now() + Duration::from_secs(300);
     let status = loop {
         if let Some(s) = vm.child.try_wait().unwrap() {
@@ -376,4 +520,7 @@ fn the_node_api_serves_each_role_what_it_may_and_follows_the_node_through_rollba
         "{}",
         tail(&console)
     );
+    // The disk afterwards: A the default again, both versions kept.
+    let r = inspect(&disk);
+    assert_eq!(r["slots"]["default"], "A", "{}", r["slots"]);
 }

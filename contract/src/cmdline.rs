@@ -53,6 +53,22 @@ pub const NET: &str = "machined.net";
 /// `machined.verity=<hash>` (see [`crate::verity`]). The build always adds
 /// it; without it the runtime mounts the root unverified and says so.
 pub const VERITY: &str = "machined.verity";
+/// Registries (`HOST:PORT`, comma-separated) a node may pull installer
+/// images from over plain HTTP; every other registry is reached over HTTPS
+/// only.
+pub const PLAIN_HTTP: &str = "machined.plain_http";
+
+/// The registries [`PLAIN_HTTP`] names (empty when it is absent).
+pub fn plain_http(cmdline: &str) -> Vec<String> {
+    get(cmdline, PLAIN_HTTP)
+        .map(|v| {
+            v.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
 /// The bytes [`VERITY`] adds to a command line: a space, the key, `=` and
 /// the hash.
 pub const VERITY_ARG_LEN: usize = 1 + VERITY.len() + 1 + 2 * crate::verity::DIGEST_LEN;

@@ -1,5 +1,6 @@
-//! Boot Loader Specification entries, entry names, kernel command lines and
-//! the rootfs manifest: parsers the runtime and inspect feed with disk data.
+//! Boot Loader Specification entries, entry names, kernel command lines
+//! (with the runtime's keys: the live install, the network, plain-HTTP
+//! registries) and the rootfs manifest: parsers the runtime and inspect feed with disk data.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
@@ -15,5 +16,11 @@ fuzz_target!(|data: &[u8]| {
     let _ = contract::cmdline::live(&text);
     let _ = contract::cmdline::install(&text);
     let _ = contract::cmdline::parse_install_target(&text);
+    // The network (`machined.net=`) and the registries allowed plain HTTP:
+    // what parses renders back to the same value.
+    if let Ok(n) = contract::net::parse(&text) {
+        assert_eq!(contract::net::parse(&n.value()).ok(), Some(n.clone()));
+    }
+    let _ = contract::cmdline::plain_http(&text);
     let _ = contract::skeleton::parse(&text);
 });

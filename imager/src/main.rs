@@ -33,6 +33,10 @@ enum Command {
     Keygen(cli::sign::KeygenArgs),
     /// Check a manifest's signature and the digests of its artifacts.
     Verify(cli::sign::VerifyArgs),
+    /// Run by QEMU for each connection of the guest to a `--guest-forward`:
+    /// copies stdin and stdout to and from HOST:PORT (loopback only).
+    #[command(hide = true)]
+    Relay { to: String },
     /// The node API: credentials, provisioning, and the client (status,
     /// rollback, reboot, power-off).
     Node {
@@ -403,6 +407,10 @@ fn run() -> Result<ExitCode> {
         Command::Verify(a) => Ok(exit(sign::run_verify(&a.options())?)),
         Command::Secureboot { command } => cli::secureboot::run(&command),
         Command::Node { command } => cli::node::run(&command),
+        Command::Relay { to } => {
+            qemu::net::relay(&to)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Boot(a) => boot(a),
         Command::Inspect(a) => Ok(exit(imager::inspect::run(
             &a.image,

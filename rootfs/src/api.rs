@@ -13,7 +13,7 @@
 //! syncs as for the power button.
 
 use crate::console::say;
-use crate::{power, secureboot, slots};
+use crate::{power, pull, secureboot, slots};
 use anyhow::{Context, Result, bail};
 use contract::Slot;
 use contract::meta::{Meta, Tag};
@@ -37,6 +37,9 @@ pub struct Node {
     pub version: String,
     pub slot: Slot,
     pub disk: slots::Disk,
+    /// Registries an upgrade may pull from over plain HTTP
+    /// (`machined.plain_http=` on the signed command line).
+    pub plain_http: Vec<String>,
 }
 
 struct Server {
@@ -246,19 +249,108 @@ fn operate(
                 Err(e) => (failed(ErrorCode::Refused, format!("{e:#}")), None),
             }
         }
-        Request::Upgrade { .. } | Request::Arm {} => (
+        Request::Upgrade {
+            image,
+            stage,
+            preserve,
+            tries,
+        } => {
+            if *stage || !*preserve {
+                let what = if *stage {
+                    "--stage"
+                } else {
+                    "--preserve=false"
+                };
+                return Ok((
+                    failed(
+                        ErrorCode::Refused,
+                        format!(
+                            "{what} is not built in this runtime yet (issue 11); nothing was \
+                             written"
+                        ),
+                    ),
+                    None,
+                ));
+            }
+            return upgrade(server, image, tries.unwrap_or(proto::DEFAULT_TRIES), tls);
+        }
+        Request::Arm {} => (
             failed(
                 ErrorCode::Refused,
-                format!(
-                    "{} over the API is not built in this runtime yet (issue 11): upgrade with \
-                     `imager upgrade` on the disk or from the installer image",
-                    request.name()
-                ),
+                "arm (of a staged upgrade) is not built in this runtime yet (issue 11)".into(),
             ),
             None,
         ),
         Request::Status {} => (done("status", status(server)?, false), None),
     })
+}
+
+/// An upgrade from a registry ([`pull`]): pulled and verified before the
+/// first write, then written as `imager upgrade` writes it, then a reboot
+/// into the new slot. Nothing needs stopping or unmounting first: the
+/// runtime runs no workloads, and BOOT and META are never mounted (the
+/// staged files on EPHEMERAL stay mounted until the reboot unmounts them).
+fn upgrade(
+    server: &Server,
+    image: &str,
+    tries: u32,
+    tls: &mut Tls,
+) -> Result<(Event, Option<power::Action>)> {
+    let node = &server.node;
+    let meta = node.disk.status()?.meta;
+    let mut progress = |step: &str, message: String| {
+        say(format!("api: upgrade: {message}"));
+        // A client gone away does not stop the upgrade.
+        let _ = proto::write_line(tls, &Event::progress(step, message));
+    };
+    let request = pull::Pull {
+        image,
+        plain_http: node.plain_http.clone(),
+    };
+    let staged = match pull::pull(&request, &meta, &pull::staging_dir(), &mut progress) {
+        Ok(s) => s,
+        Err(e) => {
+            return Ok((
+                failed(ErrorCode::Refused, format!("{e:#}; nothing was written")),
+                None,
+            ));
+        }
+    };
+    progress(
+        "write",
+        format!(
+            "installing {} into the other slot ({} tries)",
+            staged.payload.version, tries
+        ),
+    );
+    match node.disk.upgrade(&staged.payload, staged.epoch, tries) {
+        Ok(up) => {
+            let message = format!(
+                "upgraded from {} (slot {}) to {} (slot {}), signed by {}, image {}; rebooting \
+                 into slot {}",
+                up.from_version,
+                up.from,
+                staged.payload.version,
+                up.to,
+                staged.key_id,
+                staged.digest,
+                up.to
+            );
+            say(format!("api: {message}"));
+            Ok((
+                done(&message, status(server)?, true),
+                Some(power::Action::Reboot),
+            ))
+        }
+        Err(e) => Ok((
+            Event::Failed {
+                code: ErrorCode::Failed,
+                message: format!("{e:#}"),
+                written: true,
+            },
+            None,
+        )),
+    }
 }
 
 fn done(message: &str, status: Status, reboot: bool) -> Event {

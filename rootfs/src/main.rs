@@ -13,6 +13,7 @@ mod net;
 mod osrelease;
 mod partitions;
 mod power;
+mod pull;
 mod secureboot;
 mod skeleton;
 mod slots;

@@ -72,16 +72,34 @@ impl Disk {
         &self,
         f: impl FnOnce(&mut BootFs<Window<File>>, &mut Window<File>) -> Result<R>,
     ) -> Result<R> {
+        self.with_epoch(0, f)
+    }
+
+    /// [`Disk::with`], files written on BOOT dated `epoch` (an upgrade's
+    /// files carry its payload's SOURCE_DATE_EPOCH, as `imager upgrade`
+    /// writes them).
+    fn with_epoch<R>(
+        &self,
+        epoch: u64,
+        f: impl FnOnce(&mut BootFs<Window<File>>, &mut Window<File>) -> Result<R>,
+    ) -> Result<R> {
         match &self.src {
             Source::Whole(path) => {
                 let disk = bootstate::disk::Disk::open_waiting(path, Access::Write)?;
-                let (mut boot, mut meta) = (disk.boot(0)?, disk.meta()?);
+                let (mut boot, mut meta) = (disk.boot(epoch)?, disk.meta()?);
                 f(&mut boot, &mut meta)
             }
-            Source::Parts(boot, meta) => {
-                f(&mut BootFs::new(open_part(boot)?, 0), &mut open_part(meta)?)
-            }
+            Source::Parts(boot, meta) => f(
+                &mut BootFs::new(open_part(boot)?, epoch),
+                &mut open_part(meta)?,
+            ),
         }
+    }
+
+    /// Installs `payload` into the slot that is not the fallback, tried
+    /// next with `tries` boots ([`ops::upgrade`], as `imager upgrade`).
+    pub fn upgrade(&self, payload: &ops::Payload, epoch: u64, tries: u32) -> Result<ops::Upgraded> {
+        self.with_epoch(epoch, |boot, meta| ops::upgrade(boot, meta, payload, tries))
     }
 
     /// Records what this boot of `booted` means and says it; returns

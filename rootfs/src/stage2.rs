@@ -81,6 +81,7 @@ pub fn run() -> Result<Infallible> {
         version: version.clone(),
         slot,
         disk,
+        plain_http: cmdline::plain_http(&cmdline),
     };
     if let Err(e) = api::start(&meta, node) {
         say(format!("api: not started: {e:#}"));

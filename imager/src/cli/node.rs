@@ -23,6 +23,10 @@ pub enum NodeCommand {
     /// The node's boot id, version, slots, what boots next and the
     /// operation in progress.
     Status(StatusArgs),
+    /// Have the node pull an installer image from its registry, verify it,
+    /// install it into the other slot and reboot into it (on trial: it is
+    /// blessed when it gets ready, or the previous version comes back).
+    Upgrade(UpgradeArgs),
     /// Make the other slot the default and reboot into it.
     Rollback(PowerArgs),
     /// Reboot the node.
@@ -87,6 +91,27 @@ pub struct StatusArgs {
     /// Print the status as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpgradeArgs {
+    #[command(flatten)]
+    pub power: PowerArgs,
+    /// The installer image: REGISTRY/NAME:TAG or REGISTRY/NAME@sha256:…
+    /// (plain HTTP only for registries the node's profile allows).
+    #[arg(long, value_name = "REF")]
+    pub image: String,
+    /// Boots the new slot is tried before the boot loader falls back.
+    #[arg(long, default_value_t = nodeapi::proto::DEFAULT_TRIES, value_parser = clap::value_parser!(u32).range(1..=99))]
+    pub tries: u32,
+    /// Download, verify and write the other slot without arming it (`arm`
+    /// later).
+    #[arg(long)]
+    pub stage: bool,
+    /// Keep EPHEMERAL (/var); `--preserve=false` wipes it at the next boot
+    /// (admin).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub preserve: bool,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -160,6 +185,15 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        NodeCommand::Upgrade(a) => operate(
+            &a.power,
+            &Request::Upgrade {
+                image: a.image.clone(),
+                stage: a.stage,
+                preserve: a.preserve,
+                tries: Some(a.tries),
+            },
+        ),
         NodeCommand::Rollback(a) => operate(a, &Request::Rollback {}),
         NodeCommand::Reboot(a) => operate(a, &Request::Reboot {}),
         NodeCommand::Poweroff(a) => operate(a, &Request::PowerOff {}),

@@ -51,6 +51,9 @@ pub struct GuestForward {
 pub struct NetOptions {
     /// Give the guest its NIC at all.
     pub nic: bool,
+    /// The program QEMU runs for each connection of a [`GuestForward`]
+    /// (`PROGRAM relay HOST:PORT`); this program when `None`.
+    pub relay: Option<std::path::PathBuf>,
     pub forwards: Vec<Forward>,
     pub guest_forwards: Vec<GuestForward>,
 }
@@ -59,6 +62,7 @@ impl Default for NetOptions {
     fn default() -> Self {
         NetOptions {
             nic: true,
+            relay: None,
             forwards: Vec::new(),
             guest_forwards: Vec::new(),
         }
@@ -145,17 +149,57 @@ impl GuestForward {
         Ok(f)
     }
 
-    /// QEMU's `guestfwd=` value. QEMU (7.2) connects its `tcp:` character
-    /// device once, when it starts (it exits with "Failed to connect" when
-    /// nothing listens), and the guest's connections share that one
-    /// stream: the host side must be listening before the boot, and serve
-    /// one connection at a time.
-    pub fn render(&self) -> String {
-        format!(
-            "guestfwd=tcp:{}:{}-tcp:{}:{}",
+    /// QEMU's `guestfwd=` value: each connection of the guest runs
+    /// `relay` (this program: `imager relay HOST:PORT`, [`relay`]), which
+    /// connects to the host's port and copies both ways. (QEMU's other
+    /// form, a `tcp:` character device, connects once when QEMU starts and
+    /// makes every connection of the guest share that one stream: no use
+    /// for an HTTP client, nor across the guest's reboots.)
+    pub fn render(&self, relay: &std::path::Path) -> Result<String> {
+        let program = relay.to_str().filter(|p| {
+            !p.is_empty() && !p.contains([',', '\'', '"', '\\', '\n']) && p.starts_with('/')
+        });
+        let Some(program) = program else {
+            bail!(
+                "--guest-forward: this program's path {} cannot be put in QEMU's options (it \
+                 must be absolute, without commas or quotes)",
+                relay.display()
+            );
+        };
+        Ok(format!(
+            "guestfwd=tcp:{}:{}-cmd:{program} relay {}:{}",
             self.guest, self.guest_port, self.host, self.host_port
-        )
+        ))
     }
+}
+
+/// `imager relay HOST:PORT`, run by QEMU for each connection of the guest
+/// to a [`GuestForward`]: connects to HOST:PORT (a loopback address only)
+/// and copies stdin to it and what it sends to stdout, until both ends are
+/// done.
+pub fn relay(to: &str) -> Result<()> {
+    use anyhow::Context;
+    use std::io::Write;
+    let addr: std::net::SocketAddr = to
+        .parse()
+        .map_err(|_| anyhow::anyhow!("relay: {to:?} is not IP:PORT"))?;
+    if !addr.ip().is_loopback() {
+        bail!("relay: {addr} is not a loopback address");
+    }
+    let stream = std::net::TcpStream::connect(addr).with_context(|| format!("relay: {addr}"))?;
+    let mut up = stream.try_clone().context("relay")?;
+    let upstream = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut up);
+        let _ = up.shutdown(std::net::Shutdown::Write);
+    });
+    let mut down = stream;
+    let mut out = std::io::stdout().lock();
+    let _ = std::io::copy(&mut down, &mut out);
+    let _ = out.flush();
+    // The host's side is done: so is the relay (QEMU closes the guest's
+    // connection when this process ends).
+    drop(upstream);
+    Ok(())
 }
 
 /// QEMU's arguments for the guest's network: none without a NIC; else the
@@ -190,9 +234,16 @@ pub fn args(net: &NetOptions) -> Result<Vec<String>> {
         netdev.push(',');
         netdev.push_str(&f.render());
     }
-    for f in &net.guest_forwards {
-        netdev.push(',');
-        netdev.push_str(&f.render());
+    if !net.guest_forwards.is_empty() {
+        let relay = match &net.relay {
+            Some(r) => r.clone(),
+            None => std::env::current_exe()
+                .map_err(|e| anyhow::anyhow!("--guest-forward: finding this program: {e}"))?,
+        };
+        for f in &net.guest_forwards {
+            netdev.push(',');
+            netdev.push_str(&f.render(&relay)?);
+        }
     }
     Ok(vec![
         "-netdev".into(),
@@ -224,11 +275,13 @@ mod tests {
                 Forward::parse("2222:22").unwrap(),
             ],
             guest_forwards: vec![GuestForward::parse("10.0.2.100:5000=127.0.0.1:5001").unwrap()],
+            relay: Some("/usr/bin/imager".into()),
         };
         assert_eq!(
             args(&net).unwrap()[1],
             "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:8443-:50000,\
-             hostfwd=tcp:127.0.0.1:2222-:22,guestfwd=tcp:10.0.2.100:5000-tcp:127.0.0.1:5001"
+             hostfwd=tcp:127.0.0.1:2222-:22,\
+             guestfwd=tcp:10.0.2.100:5000-cmd:/usr/bin/imager relay 127.0.0.1:5001"
         );
         let none = NetOptions {
             nic: false,
