@@ -17,6 +17,7 @@ mod reg;
 use common::*;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -96,6 +97,8 @@ impl Vm {
             .arg(disk)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // Its own process group: dropped, it goes with its QEMU.
+            .process_group(0)
             .spawn()
             .unwrap();
         Vm { child, log, port }
@@ -136,7 +139,10 @@ impl Vm {
 
 impl Drop for Vm {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // imager boot and the QEMU it started, whose group it leads.
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
         let _ = self.child.wait();
     }
 }
@@ -475,6 +481,53 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let boot3 = s["boot_id"].as_str().unwrap().to_string();
     assert_ne!(boot3, boot2);
 
+    // An upgrade that wipes /var (the admin's alone), staged: written
+    // without a reboot and without changing what boots, then armed.
+    let err = refused(&upgrade(&vm, &creds, "ops", &image, &["--preserve=false"]));
+    assert!(err.contains("forbidden"), "{err}");
+    let err = refused(&node_cmd(&vm, &creds, "ops", &["arm"]));
+    assert!(err.contains("nothing is staged"), "{err}");
+    let out = upgrade(
+        &vm,
+        &creds,
+        "root",
+        &image,
+        &["--preserve=false", "--stage", "--wait"],
+    );
+    assert!(
+        out.status.success(),
+        "upgrade --stage: {}\nconsole:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        tail(&vm.console())
+    );
+    let s = status(&vm, &creds, "watcher");
+    assert_eq!(s["boot_id"], boot3.as_str(), "staging rebooted");
+    assert_eq!(s["next_boot"], "A", "staging armed: {s}");
+    assert_eq!(s["staged"], "0.2.0 in slot B", "{s}");
+    let out = node_cmd(&vm, &creds, "ops", &["arm", "--wait"]);
+    assert!(
+        out.status.success(),
+        "arm --wait: {}\nconsole:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        tail(&vm.console())
+    );
+    let ready = vm.wait_for("ready version=", 4);
+    assert!(ready.contains("version=0.2.0 slot=B"), "{ready}");
+    let console = vm.console();
+    let storage = console
+        .lines()
+        .rfind(|l| l.contains("machined: storage "))
+        .unwrap();
+    assert!(
+        storage.contains("STATE=kept EPHEMERAL=made") && storage.contains(" boot=1 "),
+        "{storage}"
+    );
+    assert!(console.contains("wiping EPHEMERAL"), "{}", tail(&console));
+    let boot4 = status(&vm, &creds, "watcher")["boot_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
     // A reboot, followed: the same slot, a new boot id.
     let out = node_cmd(&vm, &creds, "ops", &["reboot", "--wait", "--json"]);
     assert!(
@@ -489,8 +542,9 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     assert_eq!(lines[0]["event"], "done", "{lines:?}");
     assert_eq!(lines[0]["reboot"], true);
     let back = lines.last().unwrap();
-    assert_eq!(back["booted_slot"], "A");
-    assert_ne!(back["boot_id"], boot3.as_str());
+    assert_eq!(back["booted_slot"], "B");
+    assert_ne!(back["boot_id"], boot4.as_str());
+    assert_ne!(boot4, boot3);
 
     // Power-off, by the admin: QEMU exits after a clean shutdown.
     let out = node_cmd(&vm, &creds, "root", &["poweroff"]);
@@ -520,7 +574,9 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         "{}",
         tail(&console)
     );
-    // The disk afterwards: A the default again, both versions kept.
+    // The disk afterwards: B the default, both versions kept, no wipe
+    // pending.
     let r = inspect(&disk);
-    assert_eq!(r["slots"]["default"], "A", "{}", r["slots"]);
+    assert_eq!(r["slots"]["default"], "B", "{}", r["slots"]);
+    assert!(meta_value(&r, "wipe-ephemeral").is_none());
 }

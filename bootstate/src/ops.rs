@@ -585,16 +585,45 @@ pub fn upgrade<B: Device, M: Device>(
     apply_upgrade(boot, meta_dev, payload, plan, tries)
 }
 
-/// The writes of an upgrade `plan`, in their order (docs/design.md).
-fn apply_upgrade<B: Device, M: Device>(
+/// What staging an upgrade wrote ([`stage`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Staged {
+    /// The slot whose files were written; it boots nothing until armed.
+    pub target: Slot,
+    pub bytes_written: u64,
+}
+
+/// Writes the files of `payload` into the slot an upgrade would take, as
+/// the first steps of [`upgrade`] write them (checked before, read back
+/// after), without arming it: META and the boot entries of both slots stay
+/// as they are, except that the target slot's entries go (it is being
+/// rewritten). [`upgrade`] with the same payload later arms it, finding
+/// the files in place. A cut anywhere leaves what a cut in those steps of
+/// an upgrade leaves: the fallback slot boots.
+pub fn stage<B: Device, M: Device>(
     boot: &mut BootFs<B>,
     meta_dev: &mut M,
     payload: &Payload,
-    plan: UpgradePlan,
-    tries: u32,
-) -> Result<Upgraded> {
+) -> Result<Staged> {
+    let plan = plan_upgrade(boot, meta_dev, payload, 1, GrubRendering::Keep)?;
+    let bytes_written = write_slot_files(boot, payload, &plan)?;
+    Ok(Staged {
+        target: plan.target,
+        bytes_written,
+    })
+}
+
+/// Steps 0 to 3 of an upgrade `plan`: the target slot's old entries and
+/// files go, its new files are written and read back against the signed
+/// digests. Returns the bytes of files written.
+fn write_slot_files<B: Device>(
+    boot: &mut BootFs<B>,
+    payload: &Payload,
+    plan: &UpgradePlan,
+) -> Result<u64> {
     let (target, fallback) = (plan.target, plan.fallback);
     let files = slot_files(payload, &plan.entry);
+    let mut bytes_written = 0;
     // 0. Clusters that no file holds (left by cut upgrades) are freed.
     if plan.reclaim {
         boot.reclaim()?;
@@ -631,7 +660,6 @@ fn apply_upgrade<B: Device, M: Device>(
         }
     }
     // 3. The new files, then read back against the signed digests.
-    let mut bytes_written = 0;
     for (path, pf) in &files {
         if !boot.exists(path)? {
             let mut src =
@@ -658,6 +686,19 @@ fn apply_upgrade<B: Device, M: Device>(
             g.len() as u64,
         )?;
     }
+    Ok(bytes_written)
+}
+
+/// The writes of an upgrade `plan`, in their order (docs/design.md).
+fn apply_upgrade<B: Device, M: Device>(
+    boot: &mut BootFs<B>,
+    meta_dev: &mut M,
+    payload: &Payload,
+    plan: UpgradePlan,
+    tries: u32,
+) -> Result<Upgraded> {
+    let (target, fallback) = (plan.target, plan.fallback);
+    let mut bytes_written = write_slot_files(boot, payload, &plan)?;
     // 4. META: the intent, before the switch.
     meta::write(meta_dev, &plan.new_meta)?;
     // 5. The switch: the new entry, generation above all. A UKI is read

@@ -44,6 +44,10 @@ pub enum Tag {
     PendingUpgrade = 0x20,
     /// Upgrade and rollback history, one event per line, oldest first.
     History = 0x21,
+    /// The next boot formats EPHEMERAL afresh (an upgrade over the node API
+    /// with `--preserve=false`): the value says which upgrade asked for it.
+    /// Removed once EPHEMERAL is formatted and mounted.
+    WipeEphemeral = 0x22,
     /// Public keys (PEM, concatenated) whose signatures the installer
     /// accepts for upgrades of this disk.
     TrustedKeys = 0x30,
@@ -73,13 +77,14 @@ pub enum Tag {
 }
 
 impl Tag {
-    pub const ALL: [Tag; 13] = [
+    pub const ALL: [Tag; 14] = [
         Tag::ImageName,
         Tag::DefaultSlot,
         Tag::SlotA,
         Tag::SlotB,
         Tag::PendingUpgrade,
         Tag::History,
+        Tag::WipeEphemeral,
         Tag::TrustedKeys,
         Tag::SecureBoot,
         Tag::SecureBootLeaving,
@@ -97,6 +102,7 @@ impl Tag {
             Tag::SlotB => "slot-b",
             Tag::PendingUpgrade => "pending-upgrade",
             Tag::History => "history",
+            Tag::WipeEphemeral => "wipe-ephemeral",
             Tag::TrustedKeys => "trusted-keys",
             Tag::SecureBoot => "secure-boot",
             Tag::SecureBootLeaving => "secure-boot-leaving",

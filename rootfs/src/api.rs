@@ -48,6 +48,17 @@ struct Server {
     /// The operation in progress, if any.
     operation: Mutex<Option<&'static str>>,
     connections: AtomicUsize,
+    /// An upgrade staged (`--stage`) and not armed yet; kept until `arm`
+    /// or a reboot (its files stay on EPHEMERAL and in the inactive slot).
+    staged: Mutex<Option<StagedUpgrade>>,
+}
+
+/// What `arm` needs of a staged upgrade.
+struct StagedUpgrade {
+    staged: pull::Staged,
+    tries: u32,
+    preserve: bool,
+    target: Slot,
 }
 
 /// The operation slot, released when dropped.
@@ -90,6 +101,7 @@ pub fn start(meta: &Meta, node: Node) -> Result<()> {
         config,
         operation: Mutex::new(None),
         connections: AtomicUsize::new(0),
+        staged: Mutex::new(None),
     });
     std::thread::Builder::new()
         .name("api".into())
@@ -272,15 +284,41 @@ fn operate(
                     None,
                 ));
             }
-            return upgrade(server, image, tries.unwrap_or(proto::DEFAULT_TRIES), tls);
+            return upgrade(
+                server,
+                image,
+                tries.unwrap_or(proto::DEFAULT_TRIES),
+                *preserve,
+                *stage,
+                tls,
+            );
         }
-        Request::Arm {} => (
-            failed(
-                ErrorCode::Refused,
-                "arm (of a staged upgrade) is not built in this runtime yet (issue 11)".into(),
-            ),
-            None,
-        ),
+        Request::Arm {} => {
+            let taken = server.staged.lock().ok().and_then(|mut s| s.take());
+            let Some(s) = taken else {
+                return Ok((
+                    failed(
+                        ErrorCode::Refused,
+                        "nothing is staged: stage an upgrade first (`imager node upgrade \
+                         --stage`); nothing was written"
+                            .into(),
+                    ),
+                    None,
+                ));
+            };
+            let mut progress = |step: &str, message: String| {
+                say(format!("api: arm: {message}"));
+                let _ = proto::write_line(tls, &Event::progress(step, message));
+            };
+            progress(
+                "write",
+                format!(
+                    "arming slot {} with {} ({} tries)",
+                    s.target, s.staged.payload.version, s.tries
+                ),
+            );
+            return switch(server, s.staged, s.tries, s.preserve, &mut progress);
+        }
         Request::Status {} => (done("status", status(server)?, false), None),
     })
 }
@@ -294,6 +332,8 @@ fn upgrade(
     server: &Server,
     image: &str,
     tries: u32,
+    preserve: bool,
+    stage: bool,
     tls: &mut Tls,
 ) -> Result<(Event, Option<power::Action>)> {
     let node = &server.node;
@@ -316,15 +356,96 @@ fn upgrade(
             ));
         }
     };
+    if stage {
+        progress(
+            "write",
+            format!(
+                "writing {} into the other slot, not armed (--stage)",
+                staged.payload.version
+            ),
+        );
+        return Ok(match node.disk.stage(&staged.payload, staged.epoch) {
+            Ok(st) => {
+                let message = format!(
+                    "staged {} in slot {} ({} bytes written), signed by {}, image {}; `arm` \
+                     makes it boot next",
+                    staged.payload.version,
+                    st.target,
+                    st.bytes_written,
+                    staged.key_id,
+                    staged.digest
+                );
+                say(format!("api: {message}"));
+                if let Ok(mut s) = server.staged.lock() {
+                    *s = Some(StagedUpgrade {
+                        staged,
+                        tries,
+                        preserve,
+                        target: st.target,
+                    });
+                }
+                (done(&message, status(server)?, false), None)
+            }
+            Err(e) => (
+                Event::Failed {
+                    code: ErrorCode::Failed,
+                    message: format!("{e:#}; the slot in use still boots"),
+                    written: true,
+                },
+                None,
+            ),
+        });
+    }
+    // A new upgrade replaces what was staged.
+    if let Ok(mut s) = server.staged.lock() {
+        *s = None;
+    }
     progress(
         "write",
         format!(
-            "installing {} into the other slot ({} tries)",
-            staged.payload.version, tries
+            "installing {} into the other slot ({tries} tries)",
+            staged.payload.version
         ),
     );
+    switch(server, staged, tries, preserve, &mut progress)
+}
+
+/// The upgrade's writes (or the arming of a staged one, whose files are
+/// found in place), then the reboot into the new slot; with `preserve`
+/// false, META's `wipe-ephemeral` after the switch.
+fn switch(
+    server: &Server,
+    staged: pull::Staged,
+    tries: u32,
+    preserve: bool,
+    progress: &mut dyn FnMut(&str, String),
+) -> Result<(Event, Option<power::Action>)> {
+    let node = &server.node;
     match node.disk.upgrade(&staged.payload, staged.epoch, tries) {
         Ok(up) => {
+            // After the switch, so that a refused or failed upgrade never
+            // costs /var (a cut between the two leaves /var kept).
+            if !preserve {
+                let why = format!("upgrade to {} slot {}", staged.payload.version, up.to);
+                if let Err(e) = node.disk.set_wipe_ephemeral(Some(&why)) {
+                    return Ok((
+                        Event::Failed {
+                            code: ErrorCode::Failed,
+                            message: format!(
+                                "slot {} has {} armed, but asking the next boot to wipe \
+                                 EPHEMERAL failed: {e:#}; not rebooting",
+                                up.to, staged.payload.version
+                            ),
+                            written: true,
+                        },
+                        None,
+                    ));
+                }
+                progress(
+                    "write",
+                    "EPHEMERAL (/var) is wiped at the next boot (--preserve=false)".into(),
+                );
+            }
             let message = format!(
                 "upgraded from {} (slot {}) to {} (slot {}), signed by {}, image {}; rebooting \
                  into slot {}",
@@ -416,7 +537,10 @@ fn status(server: &Server) -> Result<Status> {
         next_boot: st.next_boot().map(|e| e.slot.to_string()),
         slots,
         pending_upgrade: st.state.pending.as_ref().map(|p| p.render()),
-        staged: None,
+        staged: server.staged.lock().ok().and_then(|s| {
+            s.as_ref()
+                .map(|s| format!("{} in slot {}", s.staged.payload.version, s.target))
+        }),
         operation: server.current().map(str::to_string),
         last_event: st.state.history.last().cloned(),
         secure_boot: secureboot::state().as_str().to_string(),

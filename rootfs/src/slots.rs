@@ -165,6 +165,28 @@ impl Disk {
         self.with(|boot, meta| ops::rollback(boot, meta, false))
     }
 
+    /// Writes `payload` into the slot an upgrade would take without arming
+    /// it ([`ops::stage`]).
+    pub fn stage(&self, payload: &ops::Payload, epoch: u64) -> Result<ops::Staged> {
+        self.with_epoch(epoch, |boot, meta| ops::stage(boot, meta, payload))
+    }
+
+    /// Sets (`Some(why)`) or removes (`None`) META's `wipe-ephemeral`; one
+    /// META write (both copies, in their order), nothing else.
+    pub fn set_wipe_ephemeral(&self, why: Option<&str>) -> Result<()> {
+        self.with(|_, meta_dev| {
+            let (mut meta, _) = bootstate::meta::read(meta_dev)?;
+            if meta.get(contract::meta::Tag::WipeEphemeral) == why {
+                return Ok(());
+            }
+            match why {
+                Some(w) => meta.set(contract::meta::Tag::WipeEphemeral, w),
+                None => meta.remove(contract::meta::Tag::WipeEphemeral),
+            }
+            bootstate::meta::write(meta_dev, &meta)
+        })
+    }
+
     /// Blesses the trial boot of `booted`.
     pub fn bless(&mut self, booted: Slot, version: &str) -> Result<()> {
         let b = self

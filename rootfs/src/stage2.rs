@@ -66,7 +66,12 @@ pub fn run() -> Result<Infallible> {
     let by_grub = cmdline::trial(&cmdline).is_some();
     let trial = disk.assess(slot, &version, by_grub)?;
 
-    storage::setup(&meta_part, slot, &version)?;
+    let wipe = meta.get(Tag::WipeEphemeral).is_some();
+    storage::setup(&meta_part, slot, &version, wipe)?;
+    if wipe {
+        disk.set_wipe_ephemeral(None)
+            .context("removing META's wipe-ephemeral after the wipe")?;
+    }
     net::setup(&cmdline)?;
     failure::breakpoint(&cmdline, "ready")?;
     if trial {

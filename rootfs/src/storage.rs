@@ -96,13 +96,22 @@ pub fn report_line(
 /// Does it all; see the module documentation. `meta` is the META partition
 /// stage 2 chose: STATE and EPHEMERAL are taken from its disk, never from
 /// another disk that also carries our labels.
-pub fn setup(meta: &Partition, slot: Slot, version: &str) -> Result<()> {
+/// `wipe_ephemeral`: format EPHEMERAL afresh whatever it holds (META's
+/// `wipe-ephemeral`, an upgrade's `--preserve=false`).
+pub fn setup(meta: &Partition, slot: Slot, version: &str, wipe_ephemeral: bool) -> Result<()> {
     let (disk, state, ephemeral) = wait_for_partitions(meta)?;
     grow_ephemeral(&disk, &ephemeral).with_context(|| format!("grow EPHEMERAL on /dev/{disk}"))?;
     let state_dev = format!("/dev/{}", state.name);
     let eph_dev = format!("/dev/{}", ephemeral.name);
     let state_made = format_if_blank(&state_dev, PartitionRole::State.label())?;
-    let eph_made = format_if_blank(&eph_dev, PartitionRole::Ephemeral.label())?;
+    let eph_made = if wipe_ephemeral {
+        say(format!(
+            "stage2: wiping EPHEMERAL ({eph_dev}) as the last upgrade asked (--preserve=false)"
+        ));
+        format(&eph_dev, PartitionRole::Ephemeral.label())?
+    } else {
+        format_if_blank(&eph_dev, PartitionRole::Ephemeral.label())?
+    };
 
     mount::mount(
         Some(&eph_dev),
@@ -291,6 +300,11 @@ fn format_if_blank(dev: &str, label: &str) -> Result<Made> {
             );
         }
     }
+    format(dev, label)
+}
+
+/// Makes a new XFS filesystem labelled `label` on `dev`, whatever it held.
+fn format(dev: &str, label: &str) -> Result<Made> {
     let started = Instant::now();
     let out = std::process::Command::new(MKFS_XFS)
         .args(["-f", "-K", "-L", label, dev])

@@ -1175,3 +1175,50 @@ fn entering_secure_boot_cut_at_any_write_finishes_and_takes_effect_at_the_blessi
     assert_eq!(firmware_tries(&mut boot), Slot::B);
     assert_eq!(firmware_loader(&e), new_loader);
 }
+
+#[test]
+fn a_staged_upgrade_changes_no_boot_until_armed_and_a_cut_stage_boots_the_old_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b0, m0) = disk(40);
+    let v2 = payload(dir.path(), "2", 40_000);
+    let (mut b, mut m) = (b0.clone(), m0.clone());
+    let mut boot = BootFs::new(&mut b, 0);
+    let before = status(&mut boot, &mut m).unwrap();
+    let staged = stage(&mut boot, &mut m, &v2).unwrap();
+    assert_eq!(staged.target, Slot::B);
+    assert_eq!(staged.bytes_written, v2.kernel.len + v2.initramfs.len);
+    // Nothing armed: META as it was, A's entry the only one, A boots.
+    let after = status(&mut boot, &mut m).unwrap();
+    assert_eq!(after.meta, before.meta);
+    assert_eq!(entries(&mut boot), [EntryName::good(1, Slot::A)]);
+    assert_eq!(firmware_tries(&mut boot), Slot::A);
+    assert_eq!(
+        assess(&mut boot, &mut m, Slot::A).unwrap(),
+        BootOutcome::Steady
+    );
+    // Arming is the upgrade, which finds the files in place.
+    let up = upgrade(&mut boot, &mut m, &v2, 3).unwrap();
+    assert_eq!((up.to, up.bytes_written), (Slot::B, 0));
+    assert_eq!(firmware_tries(&mut boot), Slot::B);
+
+    // A stage cut at any write leaves A booting and META untouched; the
+    // upgrade then finishes.
+    let count = {
+        let mut b = Faulty::counting(b0.clone());
+        let mut m = b.share(m0.clone());
+        stage(&mut BootFs::new(&mut b, 0), &mut m, &v2).unwrap();
+        b.writes()
+    };
+    assert!(count > 4, "{count}");
+    for cut in 0..count {
+        let mut b = Faulty::failing_at(b0.clone(), cut);
+        let mut m = b.share(m0.clone());
+        assert!(stage(&mut BootFs::new(&mut b, 0), &mut m, &v2).is_err());
+        let (mut b, mut m) = (b.into_inner(), m.into_inner());
+        assert_eq!(m.get_ref(), m0.get_ref(), "cut {cut} wrote META");
+        let mut boot = BootFs::new(&mut b, 0);
+        assert_eq!(firmware_tries(&mut boot), Slot::A, "cut {cut}");
+        upgrade(&mut boot, &mut m, &v2, 3).unwrap();
+        assert_eq!(firmware_tries(&mut boot), Slot::B, "cut {cut}");
+    }
+}

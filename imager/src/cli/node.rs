@@ -27,6 +27,9 @@ pub enum NodeCommand {
     /// install it into the other slot and reboot into it (on trial: it is
     /// blessed when it gets ready, or the previous version comes back).
     Upgrade(UpgradeArgs),
+    /// Arm the upgrade staged with `upgrade --stage` (it boots next) and
+    /// reboot into it.
+    Arm(PowerArgs),
     /// Make the other slot the default and reboot into it.
     Rollback(PowerArgs),
     /// Reboot the node.
@@ -194,6 +197,7 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
                 tries: Some(a.tries),
             },
         ),
+        NodeCommand::Arm(a) => operate(a, &Request::Arm {}),
         NodeCommand::Rollback(a) => operate(a, &Request::Rollback {}),
         NodeCommand::Reboot(a) => operate(a, &Request::Reboot {}),
         NodeCommand::Poweroff(a) => operate(a, &Request::PowerOff {}),
@@ -257,7 +261,11 @@ fn operate(a: &PowerArgs, request: &Request) -> Result<ExitCode> {
             "the node refused {} ({}): {message}{}",
             request.name(),
             code.name(),
-            if written { "" } else { "; nothing was written" }
+            if written || message.contains("nothing was written") {
+                ""
+            } else {
+                "; nothing was written"
+            }
         ),
         Event::Progress { .. } => unreachable!("call returns the last event"),
     };

@@ -192,10 +192,23 @@ pub fn relay(to: &str) -> Result<()> {
         let _ = std::io::copy(&mut std::io::stdin().lock(), &mut up);
         let _ = up.shutdown(std::net::Shutdown::Write);
     });
+    // Each piece goes out at once: stdout is line-buffered, and a reply
+    // that does not end in a newline (an HTTP body on a kept-alive
+    // connection) would wait in the buffer for ever.
     let mut down = stream;
     let mut out = std::io::stdout().lock();
-    let _ = std::io::copy(&mut down, &mut out);
-    let _ = out.flush();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        use std::io::Read;
+        match down.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if out.write_all(&buf[..n]).and_then(|()| out.flush()).is_err() {
+                    break;
+                }
+            }
+        }
+    }
     // The host's side is done: so is the relay (QEMU closes the guest's
     // connection when this process ends).
     drop(upstream);
