@@ -1,15 +1,17 @@
 //! The installer payload's signed manifest: its format ([`manifest`]), the
 //! artifacts it lists ([`artifact`]), key ids and META's trusted keys
-//! ([`keys`]) and the signature check ([`verify`]).
+//! ([`keys`]), the signature check ([`verify`]), and the installer image's
+//! layers read as streams ([`layer`]).
 //!
-//! imager writes and verifies manifests with it; machined will verify what
+//! imager writes and verifies manifests with it; machined verifies what
 //! it pulls from a registry with it, against the keys in META, before it
-//! writes anything. So this crate stays small: serde, sha2 and ed25519
+//! writes anything. So this crate stays small: serde, sha2, tar and ed25519
 //! verification, no file system and no key generation. `docs/signing.md`
 //! describes the formats.
 
 pub mod artifact;
 pub mod keys;
+pub mod layer;
 pub mod manifest;
 pub mod text;
 pub mod verify;

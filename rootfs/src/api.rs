@@ -267,23 +267,6 @@ fn operate(
             preserve,
             tries,
         } => {
-            if *stage || !*preserve {
-                let what = if *stage {
-                    "--stage"
-                } else {
-                    "--preserve=false"
-                };
-                return Ok((
-                    failed(
-                        ErrorCode::Refused,
-                        format!(
-                            "{what} is not built in this runtime yet (issue 11); nothing was \
-                             written"
-                        ),
-                    ),
-                    None,
-                ));
-            }
             return upgrade(
                 server,
                 image,

@@ -26,25 +26,13 @@ use anyhow::{Context, Result, bail, ensure};
 use bootstate::ops::{Payload, PayloadFile, SlotUkis};
 use contract::Slot;
 use contract::meta::{Meta, Tag};
-use contract::paths::{self, INSTALLER_PAYLOAD_DIR};
+use contract::paths;
 use payload::artifact::Kind;
-use payload::manifest::Manifest;
-use sha2::{Digest, Sha256};
-use std::io::{Read, Write};
+use payload::layer::{LAYER_TAR, MANIFEST_LAYER, MAX_LAYERS, MAX_SMALL, PAYLOAD_LAYER};
 use std::path::{Path, PathBuf};
 
 /// Where a pulled payload is staged: on EPHEMERAL, never in memory.
 pub const STAGING_DIR: &str = "/var/lib/machined/upgrade";
-/// The most bytes of the signed manifest or its signature read.
-const MAX_SMALL: u64 = 1 << 20;
-/// The layers of an installer image: the signed manifest's, then the
-/// payload's (`imager::oci`, docs/design.md "The installer image").
-const MANIFEST_LAYER: usize = 0;
-const PAYLOAD_LAYER: usize = 1;
-const MAX_LAYERS: usize = 8;
-/// The only layer media type read: uncompressed tar, as imager writes it
-/// and `skopeo copy --preserve-digests` keeps it.
-const LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
 
 /// What a pull is asked for.
 pub struct Pull<'a> {
@@ -123,7 +111,7 @@ pub fn pull(
     let blob = client
         .blob(&reference, first)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (bytes, signature) = signed_manifest(blob)
+    let (bytes, signature) = payload::layer::signed_manifest(blob)
         .with_context(|| format!("reading the signed manifest of {reference}"))?;
     let manifest = payload::verify::verify_trusted(&bytes, &signature, &keys)?;
     // The key id is part of the signed bytes, and one of `keys` signed them.
@@ -155,7 +143,7 @@ pub fn pull(
     );
 
     // 2. The listed files, streamed to EPHEMERAL and checked.
-    let wanted = wanted_files(&manifest)?;
+    let wanted = payload::layer::slot_files(&manifest)?;
     reset_dir(staging)?;
     let second = &image.layers[PAYLOAD_LAYER];
     say(
@@ -165,8 +153,30 @@ pub fn pull(
     let blob = client
         .blob(&reference, second)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let mut staged = stage_files(blob, &wanted, staging)
+    let mut open = |name: &str| -> Result<Box<dyn std::io::Write>> {
+        let dest = staging.join(name);
+        let f =
+            std::fs::File::create(&dest).with_context(|| format!("creating {}", dest.display()))?;
+        Ok(Box::new(std::io::BufWriter::with_capacity(1 << 16, f)))
+    };
+    let written = payload::layer::stage_files(blob, &wanted, &mut open)
         .with_context(|| format!("streaming the payload of {reference}; nothing was written"))?;
+    // On the disk before BOOT is written from them.
+    let mut staged = std::collections::BTreeMap::new();
+    for (name, f) in written {
+        let path = staging.join(&name);
+        std::fs::File::open(&path)
+            .and_then(|f| f.sync_all())
+            .with_context(|| format!("flushing {}", path.display()))?;
+        staged.insert(
+            name,
+            PayloadFile {
+                path,
+                sha256: f.sha256,
+                len: f.len,
+            },
+        );
+    }
     for (name, _) in &wanted {
         ensure!(
             staged.contains_key(name),
@@ -227,160 +237,6 @@ fn check_version(v: &str) -> Result<()> {
         bail!("the payload's version {v:?} is empty, long, or has spaces or control characters");
     }
     Ok(())
-}
-
-/// The payload's manifest and signature from the first layer (a tar that
-/// holds them and nothing else but directories), each bounded.
-fn signed_manifest(blob: impl Read) -> Result<(Vec<u8>, Vec<u8>)> {
-    let manifest_path = format!("{INSTALLER_PAYLOAD_DIR}/{}", paths::PAYLOAD_MANIFEST);
-    let sig_path = format!("{INSTALLER_PAYLOAD_DIR}/{}", paths::PAYLOAD_SIGNATURE);
-    let mut archive = tar::Archive::new(blob);
-    let (mut manifest, mut signature) = (None, None);
-    for entry in archive.entries().context("reading the first layer")? {
-        let mut e = entry.context("reading the first layer")?;
-        let path = entry_path(&e)?;
-        match e.header().entry_type() {
-            tar::EntryType::Directory => continue,
-            tar::EntryType::Regular => {}
-            t => bail!("the first layer has {path:?} of type {t:?}: only regular files"),
-        }
-        let slot = if path == manifest_path {
-            &mut manifest
-        } else if path == sig_path {
-            &mut signature
-        } else {
-            bail!("the first layer holds {path:?}: it must hold only the signed manifest");
-        };
-        let mut bytes = Vec::new();
-        (&mut e).take(MAX_SMALL + 1).read_to_end(&mut bytes)?;
-        ensure!(
-            bytes.len() as u64 <= MAX_SMALL,
-            "{path} is over {MAX_SMALL} bytes"
-        );
-        ensure!(slot.is_none(), "{path} is in the first layer twice");
-        *slot = Some(bytes);
-    }
-    // The layer's digest is checked at its end: reach it.
-    drain(archive.into_inner())?;
-    match (manifest, signature) {
-        (Some(m), Some(s)) => Ok((m, s)),
-        _ => bail!("the first layer lacks {manifest_path} or {sig_path}"),
-    }
-}
-
-/// Reads what is left of a blob: its digest is verified at the end.
-fn drain(mut r: impl Read) -> Result<()> {
-    std::io::copy(&mut r, &mut std::io::sink()).context("reading the layer to its end")?;
-    Ok(())
-}
-
-fn entry_path<R: Read>(e: &tar::Entry<R>) -> Result<String> {
-    let raw = e.path_bytes();
-    let text = std::str::from_utf8(&raw).context("a layer entry's name is not UTF-8")?;
-    let t = text.trim_start_matches("./").trim_end_matches('/');
-    ensure!(
-        t.len() <= 255 && !t.split('/').any(|c| c == ".." || c.is_empty()),
-        "a layer entry's name is not a plain relative path"
-    );
-    Ok(t.to_string())
-}
-
-/// The files a slot needs, by name in the payload directory: the kernel,
-/// the initramfs and the slots' UKIs.
-fn wanted_files(m: &Manifest) -> Result<Vec<(String, payload::artifact::Artifact)>> {
-    let mut out = Vec::new();
-    for a in &m.artifacts {
-        if matches!(a.kind, Kind::Kernel | Kind::Initramfs | Kind::Uki) {
-            payload::manifest::check_path(&a.path)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", a.path))?;
-            ensure!(
-                !a.path.contains('/'),
-                "{}: payload files are directly in the payload directory",
-                a.path
-            );
-            out.push((a.path.clone(), a.clone()));
-        }
-    }
-    Ok(out)
-}
-
-/// Streams the payload layer, writing each wanted file into `staging` while
-/// hashing it; every file must be its signed size and digest.
-fn stage_files(
-    blob: impl Read,
-    wanted: &[(String, payload::artifact::Artifact)],
-    staging: &Path,
-) -> Result<std::collections::BTreeMap<String, PayloadFile>> {
-    let mut staged = std::collections::BTreeMap::new();
-    let mut archive = tar::Archive::new(blob);
-    for entry in archive.entries().context("reading the payload layer")? {
-        let mut e = entry.context("reading the payload layer")?;
-        let path = entry_path(&e)?;
-        let Some(name) = path
-            .strip_prefix(INSTALLER_PAYLOAD_DIR)
-            .and_then(|p| p.strip_prefix('/'))
-        else {
-            continue;
-        };
-        let Some((_, a)) = wanted.iter().find(|(n, _)| n == name) else {
-            continue;
-        };
-        ensure!(
-            e.header().entry_type() == tar::EntryType::Regular,
-            "{path} in the payload layer is not a regular file"
-        );
-        ensure!(
-            !staged.contains_key(name),
-            "{path} is in the payload layer twice"
-        );
-        let dest = staging.join(name);
-        let mut out =
-            std::fs::File::create(&dest).with_context(|| format!("creating {}", dest.display()))?;
-        let mut hash = Sha256::new();
-        let mut buf = vec![0u8; 1 << 16];
-        let mut len = 0u64;
-        loop {
-            let n = e
-                .read(&mut buf)
-                .with_context(|| format!("reading {path}"))?;
-            if n == 0 {
-                break;
-            }
-            len += n as u64;
-            ensure!(
-                len <= a.size,
-                "{path} is longer than the {} bytes its signed manifest says",
-                a.size
-            );
-            hash.update(&buf[..n]);
-            out.write_all(&buf[..n])
-                .with_context(|| format!("writing {}", dest.display()))?;
-        }
-        let sha = hex(&hash.finalize());
-        ensure!(
-            len == a.size && sha == a.sha256,
-            "{path} is not the signed file ({len} bytes, sha256 {sha}; signed: {} bytes, {}): \
-             the image was changed",
-            a.size,
-            a.sha256
-        );
-        out.sync_all()
-            .with_context(|| format!("flushing {}", dest.display()))?;
-        staged.insert(
-            name.to_string(),
-            PayloadFile {
-                path: dest,
-                sha256: sha,
-                len,
-            },
-        );
-    }
-    drain(archive.into_inner())?;
-    Ok(staged)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Empties (or makes) the staging directory.

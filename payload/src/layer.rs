@@ -1,0 +1,185 @@
+//! The layers of an installer image, read as streams (docs/design.md,
+//! "The installer image"): the first holds only the payload's signed
+//! manifest and its signature ([`signed_manifest`]); the second the
+//! payload's files, of which [`stage_files`] takes those a slot needs
+//! ([`slot_files`]), each checked against its signed size and digest while
+//! it is written. Both read their layer to its end, so that a reader that
+//! verifies the layer's digest at its end (`registry::Client::blob`) has
+//! verified it when they return. Untrusted bytes: every read is bounded,
+//! nothing but regular files and directories is accepted, and nothing
+//! panics (fuzz target `installer_layer`).
+
+use crate::artifact::{Artifact, Kind};
+use crate::manifest::{Manifest, check_path};
+use anyhow::{Context, Result, bail, ensure};
+use contract::paths::{self, INSTALLER_PAYLOAD_DIR};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+
+/// The most bytes of the signed manifest or its signature read.
+pub const MAX_SMALL: u64 = 1 << 20;
+/// The layers of an installer image: the signed manifest's, then the
+/// payload's.
+pub const MANIFEST_LAYER: usize = 0;
+pub const PAYLOAD_LAYER: usize = 1;
+/// The most layers an installer image may have.
+pub const MAX_LAYERS: usize = 8;
+/// The layer media type read from a registry: uncompressed tar, as imager
+/// writes it and `skopeo copy --preserve-digests` keeps it.
+pub const LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+
+/// A file of the payload written by [`stage_files`]: its SHA-256 (hex) and
+/// length, both the signed ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StagedFile {
+    pub sha256: String,
+    pub len: u64,
+}
+
+/// The payload's manifest and signature from the first layer (a tar that
+/// holds them and nothing else but directories), each bounded.
+pub fn signed_manifest(blob: impl Read) -> Result<(Vec<u8>, Vec<u8>)> {
+    let manifest_path = format!("{INSTALLER_PAYLOAD_DIR}/{}", paths::PAYLOAD_MANIFEST);
+    let sig_path = format!("{INSTALLER_PAYLOAD_DIR}/{}", paths::PAYLOAD_SIGNATURE);
+    let mut archive = tar::Archive::new(blob);
+    let (mut manifest, mut signature) = (None, None);
+    for entry in archive.entries().context("reading the first layer")? {
+        let mut e = entry.context("reading the first layer")?;
+        let path = entry_path(&e)?;
+        match e.header().entry_type() {
+            tar::EntryType::Directory => continue,
+            tar::EntryType::Regular => {}
+            t => bail!("the first layer has {path:?} of type {t:?}: only regular files"),
+        }
+        let slot = if path == manifest_path {
+            &mut manifest
+        } else if path == sig_path {
+            &mut signature
+        } else {
+            bail!("the first layer holds {path:?}: it must hold only the signed manifest");
+        };
+        let mut bytes = Vec::new();
+        (&mut e).take(MAX_SMALL + 1).read_to_end(&mut bytes)?;
+        ensure!(
+            bytes.len() as u64 <= MAX_SMALL,
+            "{path} is over {MAX_SMALL} bytes"
+        );
+        ensure!(slot.is_none(), "{path} is in the first layer twice");
+        *slot = Some(bytes);
+    }
+    // The layer's digest is checked at its end: reach it.
+    drain(archive.into_inner())?;
+    match (manifest, signature) {
+        (Some(m), Some(s)) => Ok((m, s)),
+        _ => bail!("the first layer lacks {manifest_path} or {sig_path}"),
+    }
+}
+
+/// Reads what is left of a blob: its digest is verified at the end.
+fn drain(mut r: impl Read) -> Result<()> {
+    std::io::copy(&mut r, &mut std::io::sink()).context("reading the layer to its end")?;
+    Ok(())
+}
+
+fn entry_path<R: Read>(e: &tar::Entry<R>) -> Result<String> {
+    let raw = e.path_bytes();
+    let text = std::str::from_utf8(&raw).context("a layer entry's name is not UTF-8")?;
+    let t = text.trim_start_matches("./").trim_end_matches('/');
+    ensure!(
+        t.len() <= 255 && !t.split('/').any(|c| c == ".." || c.is_empty()),
+        "a layer entry's name is not a plain relative path"
+    );
+    Ok(t.to_string())
+}
+
+/// The files a slot needs, by name in the payload directory: the kernel,
+/// the initramfs and the slots' UKIs.
+pub fn slot_files(m: &Manifest) -> Result<Vec<(String, Artifact)>> {
+    let mut out = Vec::new();
+    for a in &m.artifacts {
+        if matches!(a.kind, Kind::Kernel | Kind::Initramfs | Kind::Uki) {
+            check_path(&a.path).map_err(|e| anyhow::anyhow!("{}: {e}", a.path))?;
+            ensure!(
+                !a.path.contains('/'),
+                "{}: payload files are directly in the payload directory",
+                a.path
+            );
+            out.push((a.path.clone(), a.clone()));
+        }
+    }
+    Ok(out)
+}
+
+/// Streams the payload layer: each file of `wanted` (by name in the
+/// payload directory) goes to the writer `open` gives for its name while it
+/// is hashed, and must be its signed size and digest (a file longer than
+/// signed is refused as soon as it is); other entries are skipped, a
+/// wanted file twice or not a regular file is refused. Returns what was
+/// written, by name; the caller checks that nothing wanted is missing.
+pub fn stage_files(
+    blob: impl Read,
+    wanted: &[(String, Artifact)],
+    open: &mut dyn FnMut(&str) -> Result<Box<dyn Write>>,
+) -> Result<BTreeMap<String, StagedFile>> {
+    let mut staged = BTreeMap::new();
+    let mut archive = tar::Archive::new(blob);
+    for entry in archive.entries().context("reading the payload layer")? {
+        let mut e = entry.context("reading the payload layer")?;
+        let path = entry_path(&e)?;
+        let Some(name) = path
+            .strip_prefix(INSTALLER_PAYLOAD_DIR)
+            .and_then(|p| p.strip_prefix('/'))
+        else {
+            continue;
+        };
+        let Some((_, a)) = wanted.iter().find(|(n, _)| n == name) else {
+            continue;
+        };
+        ensure!(
+            e.header().entry_type() == tar::EntryType::Regular,
+            "{path} in the payload layer is not a regular file"
+        );
+        ensure!(
+            !staged.contains_key(name),
+            "{path} is in the payload layer twice"
+        );
+        let mut out = open(name)?;
+        let mut hash = Sha256::new();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut len = 0u64;
+        loop {
+            let n = e
+                .read(&mut buf)
+                .with_context(|| format!("reading {path}"))?;
+            if n == 0 {
+                break;
+            }
+            len += n as u64;
+            ensure!(
+                len <= a.size,
+                "{path} is longer than the {} bytes its signed manifest says",
+                a.size
+            );
+            hash.update(&buf[..n]);
+            out.write_all(&buf[..n])
+                .with_context(|| format!("writing {name}"))?;
+        }
+        out.flush().with_context(|| format!("writing {name}"))?;
+        let sha = hex(&hash.finalize());
+        ensure!(
+            len == a.size && sha == a.sha256,
+            "{path} is not the signed file ({len} bytes, sha256 {sha}; signed: {} bytes, {}): \
+             the image was changed",
+            a.size,
+            a.sha256
+        );
+        staged.insert(name.to_string(), StagedFile { sha256: sha, len });
+    }
+    drain(archive.into_inner())?;
+    Ok(staged)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
