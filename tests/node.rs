@@ -232,6 +232,30 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let v2 = build_variant_of("installer", "node-v2", |t| {
         t.replace("version: 0.1.0", "version: 0.2.0")
     });
+    // v3 never gets ready; "foreign" is v2 signed by a key the node does
+    // not trust.
+    let v3 = build_variant_of("installer", "node-v3", |t| {
+        t.replace("version: 0.1.0", "version: 0.3.0").replace(
+            "    - vdso32=0\n",
+            "    - vdso32=0\n    - machined.break=ready\n",
+        )
+    });
+    let foreign_key = scratch().join("node-foreign.key");
+    let _ = std::fs::remove_file(&foreign_key);
+    let _ = std::fs::remove_file(foreign_key.with_extension("pub"));
+    ok(imager()
+        .args(["keygen", "--private"])
+        .arg(&foreign_key)
+        .arg("--public")
+        .arg(foreign_key.with_extension("pub")));
+    let profile = write_profile_from("installer", "node-foreign", |t| {
+        t.replace("version: 0.1.0", "version: 0.2.0")
+    });
+    let foreign = build_profile(
+        "node-foreign",
+        &profile,
+        &["--key", &foreign_key.display().to_string()],
+    );
     let dir = scratch().join("node-credentials");
     let (creds, other) = credentials(&dir);
     let mixed = dir.join("mixed");
@@ -250,6 +274,20 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    for (b, tag) in [(&v3, "0.3.0"), (&foreign, "foreign")] {
+        let out = run(std::process::Command::new(reg::tool("skopeo"))
+            .args(["copy", "--preserve-digests", "--dest-tls-verify=false"])
+            .arg(format!(
+                "oci-archive:{}",
+                b.dir.join("installer.tar").display()
+            ))
+            .arg(format!("docker://{}/metal/installer:{tag}", registry.addr)));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let image = format!("{GUEST_REGISTRY}/metal/installer:0.2.0");
 
     let disk = sparse_copy(&v1.artifact("raw"), "node");
@@ -380,6 +418,17 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         "tampered layer: {err}"
     );
     std::fs::write(&blob, &original).unwrap();
+    let err = refused(&upgrade(
+        &vm,
+        &creds,
+        "ops",
+        &format!("{GUEST_REGISTRY}/metal/installer:foreign"),
+        &[],
+    ));
+    assert!(
+        err.contains("not signed by a key this disk trusts"),
+        "foreign key: {err}"
+    );
     let s = status(&vm, &creds, "watcher");
     assert_eq!(slots(&s), before, "a refusal changed the slots");
     assert_eq!(s["boot_id"], boot1.as_str());
@@ -481,6 +530,32 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let boot3 = s["boot_id"].as_str().unwrap().to_string();
     assert_ne!(boot3, boot2);
 
+    // A version that never gets ready: its tries run out, the node comes
+    // back on A by itself, and --wait says so.
+    let out = upgrade(
+        &vm,
+        &creds,
+        "ops",
+        &format!("{GUEST_REGISTRY}/metal/installer:0.3.0"),
+        &["--wait", "--timeout", "900"],
+    );
+    let err = refused(&out);
+    assert!(
+        err.contains("came back on slot A") && err.contains("not on slot B"),
+        "{err}\nconsole:\n{}",
+        tail(&vm.console())
+    );
+    let s = status(&vm, &creds, "watcher");
+    assert_eq!(
+        (s["booted_slot"].as_str(), s["version"].as_str()),
+        (Some("A"), Some("0.1.0"))
+    );
+    let boot3 = s["boot_id"].as_str().unwrap().to_string();
+    assert!(
+        vm.console()
+            .contains("rollback: the upgrade to slot B (0.3.0) failed")
+    );
+
     // An upgrade that wipes /var (the admin's alone), staged: written
     // without a reboot and without changing what boots, then armed.
     let err = refused(&upgrade(&vm, &creds, "ops", &image, &["--preserve=false"]));
@@ -511,7 +586,7 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         String::from_utf8_lossy(&out.stderr),
         tail(&vm.console())
     );
-    let ready = vm.wait_for("ready version=", 4);
+    let ready = vm.wait_for("ready version=", 5);
     assert!(ready.contains("version=0.2.0 slot=B"), "{ready}");
     let console = vm.console();
     let storage = console

@@ -214,6 +214,8 @@ pub struct Status {
     pub secure_boot: String,
     /// Seconds since boot.
     pub uptime: String,
+    /// The runtime's peak resident memory (machined's `VmHWM`), in KiB.
+    pub runtime_peak_rss_kib: Option<u64>,
 }
 
 /// One slot's state.
@@ -327,6 +329,7 @@ mod tests {
             last_event: Some("blessed slot=A version=0.1.0".into()),
             secure_boot: "off".into(),
             uptime: "3.1".into(),
+            runtime_peak_rss_kib: Some(4096),
         }
     }
 

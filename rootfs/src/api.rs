@@ -334,7 +334,14 @@ fn upgrade(
         Ok(s) => s,
         Err(e) => {
             return Ok((
-                failed(ErrorCode::Refused, format!("{e:#}; nothing was written")),
+                failed(ErrorCode::Refused, {
+                    let m = format!("{e:#}");
+                    if m.contains("nothing was written") {
+                        m
+                    } else {
+                        format!("{m}; nothing was written")
+                    }
+                }),
                 None,
             ));
         }
@@ -528,5 +535,15 @@ fn status(server: &Server) -> Result<Status> {
         last_event: st.state.history.last().cloned(),
         secure_boot: secureboot::state().as_str().to_string(),
         uptime: crate::stage2::uptime().unwrap_or_default(),
+        runtime_peak_rss_kib: peak_rss_kib(),
     })
+}
+
+/// This process's peak resident memory (`VmHWM` of /proc/self/status).
+fn peak_rss_kib() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
 }
