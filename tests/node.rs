@@ -179,6 +179,18 @@ fn status(vm: &Vm, dir: &Path, client: &str) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The output of a call that must succeed; else the test fails with its
+/// error and the console's tail.
+fn succeeded(vm: &Vm, what: &str, out: std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}\nconsole:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        tail(&vm.console())
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn refused(out: &std::process::Output) -> String {
     assert!(
         !out.status.success(),
@@ -260,21 +272,10 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let (creds, other) = credentials(&dir);
     let mixed = dir.join("mixed");
 
-    // v2's installer image in a registry on the host's loopback.
+    // The installer images in a registry on the host's loopback, their
+    // layers as built (--preserve-digests).
     let registry = reg::Registry::start();
-    let out = run(std::process::Command::new(reg::tool("skopeo"))
-        .args(["copy", "--preserve-digests", "--dest-tls-verify=false"])
-        .arg(format!(
-            "oci-archive:{}",
-            v2.dir.join("installer.tar").display()
-        ))
-        .arg(format!("docker://{}/metal/installer:0.2.0", registry.addr)));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for (b, tag) in [(&v3, "0.3.0"), (&foreign, "foreign")] {
+    for (b, tag) in [(&v2, "0.2.0"), (&v3, "0.3.0"), (&foreign, "foreign")] {
         let out = run(std::process::Command::new(reg::tool("skopeo"))
             .args(["copy", "--preserve-digests", "--dest-tls-verify=false"])
             .arg(format!(
@@ -463,14 +464,7 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     }
     let err = refused(&upgrade(&vm, &creds, "ops", &image, &[]));
     assert!(err.contains("busy"), "{err}");
-    let out = first.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "upgrade --wait: {}\nconsole:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        tail(&vm.console())
-    );
-    let said = String::from_utf8_lossy(&out.stdout);
+    let said = succeeded(&vm, "upgrade --wait", first.wait_with_output().unwrap());
     assert!(said.contains("back") && said.contains("slot B"), "{said}");
     let s = status(&vm, &creds, "watcher");
     assert_eq!(
@@ -508,19 +502,16 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     );
 
     // Rollback, followed through the reboot: back on A, v1.
-    let out = node_cmd(
+    let said = succeeded(
         &vm,
-        &creds,
-        "ops",
-        &["rollback", "--wait", "--timeout", "600"],
+        "rollback --wait",
+        node_cmd(
+            &vm,
+            &creds,
+            "ops",
+            &["rollback", "--wait", "--timeout", "600"],
+        ),
     );
-    assert!(
-        out.status.success(),
-        "rollback --wait: {}\nconsole:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        tail(&vm.console())
-    );
-    let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("back") && said.contains("slot A"), "{said}");
     let s = status(&vm, &creds, "watcher");
     assert_eq!(
@@ -562,29 +553,25 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     assert!(err.contains("forbidden"), "{err}");
     let err = refused(&node_cmd(&vm, &creds, "ops", &["arm"]));
     assert!(err.contains("nothing is staged"), "{err}");
-    let out = upgrade(
+    succeeded(
         &vm,
-        &creds,
-        "root",
-        &image,
-        &["--preserve=false", "--stage", "--wait"],
-    );
-    assert!(
-        out.status.success(),
-        "upgrade --stage: {}\nconsole:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        tail(&vm.console())
+        "upgrade --stage",
+        upgrade(
+            &vm,
+            &creds,
+            "root",
+            &image,
+            &["--preserve=false", "--stage", "--wait"],
+        ),
     );
     let s = status(&vm, &creds, "watcher");
     assert_eq!(s["boot_id"], boot3.as_str(), "staging rebooted");
     assert_eq!(s["next_boot"], "A", "staging armed: {s}");
     assert_eq!(s["staged"], "0.2.0 in slot B", "{s}");
-    let out = node_cmd(&vm, &creds, "ops", &["arm", "--wait"]);
-    assert!(
-        out.status.success(),
-        "arm --wait: {}\nconsole:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        tail(&vm.console())
+    succeeded(
+        &vm,
+        "arm --wait",
+        node_cmd(&vm, &creds, "ops", &["arm", "--wait"]),
     );
     let ready = vm.wait_for("ready version=", 5);
     assert!(ready.contains("version=0.2.0 slot=B"), "{ready}");

@@ -1271,29 +1271,40 @@ fn hostile_boot_filesystems() {
         (
             "two files sharing clusters",
             |d, fat| {
-                let names = ok(tool("mdir")
-                    .arg("-b")
-                    .arg("-i")
-                    .arg(format!("{}@@{}", d.display(), fat.base))
-                    .arg("::/A"));
-                let kernel = names
-                    .lines()
-                    .map(|l| l.trim_start_matches("::/"))
-                    .find(|l| l.contains("vmlinuz"))
-                    .unwrap_or_else(|| panic!("{names}"));
-                let kernel = first_cluster(d, fat, kernel);
-                // The initramfs's short entry now starts at the kernel's clusters.
+                // The smaller of the kernel and the initramfs now starts at
+                // the larger's clusters (so that its size fits the shared
+                // chain, and the cross-link is what is wrong).
                 let short = ok(tool("mdir")
                     .arg("-i")
                     .arg(format!("{}@@{}", d.display(), fat.base))
                     .arg("::/A"));
-                let line = short
-                    .lines()
-                    .find(|l| l.contains("initra"))
-                    .unwrap_or_else(|| panic!("{short}"));
-                let mut parts = line.split_whitespace();
-                let (base, ext) = (parts.next().unwrap(), parts.next().unwrap());
-                repoint(d, fat, "A", &format!("{base:<8}{ext}"), kernel);
+                // `NAME EXT SIZE DATE TIME LONGNAME`, EXT absent for a name
+                // without one: (8.3 name as stored, size, long name).
+                let entry = |prefix: &str| -> (String, u64, String) {
+                    let line = short
+                        .lines()
+                        .find(|l| l.starts_with(prefix))
+                        .unwrap_or_else(|| panic!("no {prefix} in {short}"));
+                    let parts: Vec<&str> = line.split_whitespace().collect();
+                    let (ext, size) = if parts[1].bytes().all(|b| b.is_ascii_digit()) {
+                        ("", parts[1])
+                    } else {
+                        (parts[1], parts[2])
+                    };
+                    (
+                        format!("{:<8}{ext}", parts[0]),
+                        size.parse().unwrap(),
+                        parts.last().unwrap().to_string(),
+                    )
+                };
+                let (kernel, initramfs) = (entry("VMLINU"), entry("INITRA"));
+                let (small, large) = if kernel.1 <= initramfs.1 {
+                    (kernel, initramfs)
+                } else {
+                    (initramfs, kernel)
+                };
+                let to = first_cluster(d, fat, &format!("A/{}", large.2));
+                repoint(d, fat, "A", &small.0, to);
             },
             "cross-linked",
         ),

@@ -607,23 +607,8 @@ fn a_wrong_public_key_names_both_keys() {
 
 #[test]
 fn unsafe_paths_are_refused_when_signing_and_when_verifying() {
-    for bad in [
-        "../x",
-        "/etc/passwd",
-        "a/../../x",
-        "",
-        "./a",
-        "a//b",
-        "a/",
-        "manifest.json",
-        "manifest.json.sig",
-    ] {
-        assert!(check_path(bad).is_err(), "{bad:?} accepted");
-    }
-    for good in ["a", "a/b.raw", "..a", "a..b", ".hidden"] {
-        assert!(check_path(good).is_ok(), "{good:?} refused");
-    }
-
+    // Which paths are unsafe is payload::manifest::check_path's, tested
+    // there; here, that signing and verifying both apply it.
     let f = Fixture::new();
     let mut m: Manifest = serde_json::from_slice(&std::fs::read(&f.manifest).unwrap()).unwrap();
     // A file outside the directory with the right digest: must still be refused.
