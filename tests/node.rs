@@ -232,9 +232,14 @@ fn slots(s: &Value) -> [(String, String); 2] {
 
 #[test]
 fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_may() {
+    let dir = scratch().join("node-credentials");
+    let (creds, other) = credentials(&dir);
+    // The images carry the cluster's CA (profile node_api.ca).
+    let carry_ca =
+        |t: String| format!("{t}\nnode_api:\n  ca: {}\n", creds.join("ca.crt").display());
     let v1 = build_variant_of("metal", "node-v1", |t| {
         // The test's registry is plain HTTP on the loopback: allowed by name.
-        t.replace(
+        carry_ca(t).replace(
             "    - vdso32=0\n",
             &format!(
                 "    - vdso32=0\n    - machined.plain_http={GUEST_REGISTRY},10.0.2.101:5000\n"
@@ -242,7 +247,7 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         )
     });
     let v2 = build_variant_of("installer", "node-v2", |t| {
-        t.replace("version: 0.1.0", "version: 0.2.0")
+        carry_ca(t.replace("version: 0.1.0", "version: 0.2.0"))
     });
     // v3 never gets ready; "foreign" is v2 signed by a key the node does
     // not trust.
@@ -268,8 +273,6 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         &profile,
         &["--key", &foreign_key.display().to_string()],
     );
-    let dir = scratch().join("node-credentials");
-    let (creds, other) = credentials(&dir);
     let mixed = dir.join("mixed");
 
     // The installer images in a registry on the host's loopback, their
@@ -292,6 +295,36 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let image = format!("{GUEST_REGISTRY}/metal/installer:0.2.0");
 
     let disk = sparse_copy(&v1.artifact("raw"), "node");
+
+    // The built disk knows its cluster's CA before it is provisioned, and so
+    // does a disk installed from the installer image.
+    let ca = std::fs::read_to_string(creds.join("ca.crt")).unwrap();
+    assert_eq!(
+        meta_value(&inspect(&disk), "node-ca").as_deref(),
+        Some(ca.as_str())
+    );
+    let installed = scratch().join("node-installed.raw");
+    let _ = std::fs::remove_file(&installed);
+    ok(imager()
+        .args(["install", "--size", "2GiB", "--key"])
+        .arg(dev_key().with_extension("pub"))
+        .arg("--installer")
+        .arg(v2.dir.join("installer.tar"))
+        .arg("--disk")
+        .arg(&installed));
+    assert_eq!(
+        meta_value(&inspect(&installed), "node-ca").as_deref(),
+        Some(ca.as_str())
+    );
+    std::fs::remove_file(&installed).unwrap();
+    // Credentials of another CA would lock the cluster's clients out.
+    let out = run(imager()
+        .args(["node", "provision"])
+        .arg(&disk)
+        .arg("--credentials")
+        .arg(&other)
+        .args(["--node", "node1"]));
+    assert!(refused(&out).contains("another cluster CA"));
 
     // Provisioning: the key goes into META and is never shown.
     ok(imager()

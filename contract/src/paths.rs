@@ -137,6 +137,9 @@ pub const PAYLOAD_BOOT_LOADER: &str = "systemd-bootx64.efi";
 /// The db certificate of a Secure Boot payload (PEM); the payload's
 /// enrolment files are `PK.auth`, `KEK.auth` and `db.auth` beside it.
 pub const PAYLOAD_SECURE_BOOT_DB: &str = "secure-boot-db.crt";
+/// The node API's cluster CA certificate in the payload (profile
+/// `node_api.ca`): an install keeps it in META (`node-ca`).
+pub const PAYLOAD_NODE_CA: &str = "node-ca.crt";
 /// GRUB's `boot.img` in the payload, for the BIOS path of installs; listed
 /// in the payload manifest with [`PAYLOAD_GRUB_CORE`], not required by
 /// readers (without them an install boots under UEFI only).

@@ -133,6 +133,10 @@ fn build(
         Some(s) => Some(secureboot::load(p, s, epoch)?),
         None => None,
     };
+    let node_ca = match &p.node_api {
+        Some(n) => Some(read_node_ca(&n.ca)?),
+        None => None,
+    };
     let kernel = kernel_files(p, opts)?;
     let stage = Staging::create(out, "build")?;
     let dir = stage.path();
@@ -188,6 +192,7 @@ fn build(
         epoch,
         grub: grub.as_ref().filter(|_| !p.uki_slots()),
         ukis: ukis.as_ref().filter(|_| p.uki_slots()),
+        node_ca: node_ca.as_deref(),
     };
     if let Some(layout) = &layout {
         let bios = grub
@@ -618,6 +623,9 @@ fn write_disk(
     if let Some(sb) = payload.secure_boot {
         meta.set(contract::meta::Tag::SecureBoot, sb.db_pem.as_bytes());
     }
+    if let Some(ca) = payload.node_ca {
+        meta.set(contract::meta::Tag::NodeCa, ca.as_bytes());
+    }
     let raw = out.join(names::RAW);
     boot::write_raw_image(
         &raw,
@@ -631,6 +639,26 @@ fn write_disk(
         payload.epoch,
     )?;
     Ok(raw)
+}
+
+/// The cluster CA certificate `node_api.ca` names: PEM certificates only
+/// (a private key is refused without being quoted), bounded.
+fn read_node_ca(path: &Path) -> Result<String> {
+    let max = nodeapi::tls::MAX_PEM as u64;
+    let bytes = crate::input::read_head(path, "node_api.ca certificate", max + 1)?;
+    if crate::secret::looks_like_private_key(&bytes) {
+        anyhow::bail!(
+            "node_api.ca: {} is a private key: name the CA's certificate (ca.crt of `imager \
+             node credentials`), never its key",
+            path.display()
+        );
+    }
+    if bytes.len() as u64 > max {
+        anyhow::bail!("node_api.ca: {} is over {max} bytes", path.display());
+    }
+    nodeapi::tls::certs(&bytes, "node_api.ca certificate")
+        .with_context(|| format!("node_api.ca: {}", path.display()))?;
+    String::from_utf8(bytes).with_context(|| format!("node_api.ca: {} is not text", path.display()))
 }
 
 /// Writes the signed manifest of `artifacts` (paths in `out`) and its

@@ -87,6 +87,9 @@ pub struct VerifiedPayload {
     pub enrolment: NamedFiles,
     /// The trusted key that signed it.
     pub key: VerifyingKey,
+    /// The node API's cluster CA certificate it carries, if any: an
+    /// install keeps it in META.
+    pub node_ca: Option<String>,
     /// Keeps an extracted archive alive while the payload is used.
     _work: Option<tempfile::TempDir>,
 }
@@ -194,7 +197,7 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
          older imager; rebuild the installer",
     )?;
     let ukis = payload_ukis(&manifest, &dir)?;
-    let (secure_boot, enrolment) = secure_boot_parts(&manifest, &dir)?;
+    let (secure_boot, enrolment, node_ca) = secure_boot_parts(&manifest, &dir)?;
     ensure!(
         secure_boot.is_none() || ukis.is_some(),
         "the payload has a Secure Boot db certificate but no UKIs to boot: rebuild the installer"
@@ -213,6 +216,7 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
         manifest,
         enrolment,
         key,
+        node_ca,
         _work: work,
     })
 }
@@ -250,7 +254,11 @@ type NamedFiles = Vec<(String, Vec<u8>)>;
 /// A Secure Boot payload's db certificate (PEM) and enrolment files, read
 /// whole and checked against their signed digests; `(None, [])` for a
 /// payload without Secure Boot.
-fn secure_boot_parts(manifest: &Manifest, dir: &Path) -> Result<(Option<String>, NamedFiles)> {
+/// And the node API's cluster CA certificate, when the payload carries one.
+fn secure_boot_parts(
+    manifest: &Manifest,
+    dir: &Path,
+) -> Result<(Option<String>, NamedFiles, Option<String>)> {
     const SMALL: u64 = 64 * 1024;
     let read = |a: &crate::artifact::Artifact| -> Result<Vec<u8>> {
         let path = dir.join(&a.path);
@@ -269,6 +277,7 @@ fn secure_boot_parts(manifest: &Manifest, dir: &Path) -> Result<(Option<String>,
     };
     let mut db = None;
     let mut enrolment = Vec::new();
+    let mut node_ca = None;
     for a in &manifest.artifacts {
         match a.kind {
             Kind::SecureBootDb => {
@@ -279,10 +288,16 @@ fn secure_boot_parts(manifest: &Manifest, dir: &Path) -> Result<(Option<String>,
                 db = Some(pem);
             }
             Kind::SecureBootAuth => enrolment.push((a.path.clone(), read(a)?)),
+            Kind::NodeCa => {
+                let pem = String::from_utf8(read(a)?)
+                    .context("the payload's node CA certificate is not PEM text")?;
+                nodeapi::tls::certs(pem.as_bytes(), "payload's node CA certificate")?;
+                node_ca = Some(pem);
+            }
             _ => {}
         }
     }
-    Ok((db, enrolment))
+    Ok((db, enrolment, node_ca))
 }
 
 /// BOOT, META and the ESP of a disk locked for one change
@@ -630,6 +645,9 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     );
     if let Some(db) = &p.payload.secure_boot {
         meta.set(Tag::SecureBoot, db.as_bytes());
+    }
+    if let Some(ca) = &p.node_ca {
+        meta.set(Tag::NodeCa, ca.as_bytes());
     }
     let guid = contract::guid::disk_guid(&identity);
     let epoch = p.manifest.source_date_epoch;

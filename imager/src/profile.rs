@@ -296,6 +296,18 @@ impl SecureBootSection {
     }
 }
 
+/// The node API (docs/node-api.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeApiSection {
+    /// The cluster CA's certificate (`ca.crt` of `imager node
+    /// credentials`): the image carries it, and a disk built or installed
+    /// from it keeps it in META (`node-ca`), so that its API admits only
+    /// clients of this CA once `imager node provision` has given it its
+    /// own certificate and key.
+    pub ca: PathBuf,
+}
+
 /// The live system of the ISO.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -381,6 +393,9 @@ pub struct Profile {
     /// The node's IPv4 address (`machined.net=`); none: no network.
     #[serde(default)]
     pub network: Option<NetworkSection>,
+    /// The node API: the cluster CA the image carries.
+    #[serde(default)]
+    pub node_api: Option<NodeApiSection>,
     #[serde(default = "default_outputs")]
     pub outputs: Vec<Output>,
     /// Where the profile was read from (not a YAML key).
@@ -515,6 +530,9 @@ impl Profile {
         }
         if let Some(k) = self.signing.key.as_mut() {
             abs(k);
+        }
+        if let Some(n) = self.node_api.as_mut() {
+            abs(&mut n.ca);
         }
     }
 

@@ -28,6 +28,8 @@ pub enum Kind {
     /// The db certificate (PEM) a Secure Boot payload's UKIs are signed
     /// for: META's `secure-boot` record after an install.
     SecureBootDb,
+    /// The node API's cluster CA certificate (PEM), for META.
+    NodeCa,
     /// A signed EFI variable update (`PK.auth`, `KEK.auth`, `db.auth`)
     /// that systemd-boot enrols from the ESP.
     SecureBootAuth,
@@ -52,6 +54,7 @@ impl Kind {
             Kind::GrubCore => "grub-core",
             Kind::Uki => "uki",
             Kind::SecureBootDb => "secure-boot-db",
+            Kind::NodeCa => "node-ca",
             Kind::SecureBootAuth => "secure-boot-auth",
             Kind::Manifest => "manifest",
             Kind::Signature => "signature",

@@ -26,6 +26,8 @@ pub struct PayloadInput<'a> {
     pub grub: Option<&'a crate::disk::Grub>,
     /// The slots' UKIs, when the slots boot them (profile `boot.uki`).
     pub ukis: Option<&'a super::uki::SlotUkis>,
+    /// The node API's cluster CA certificate (profile `node_api.ca`).
+    pub node_ca: Option<&'a str>,
 }
 
 impl PayloadInput<'_> {
@@ -134,6 +136,11 @@ pub fn write_payload(
             std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
             listed.push(sign::describe(dir, Kind::SecureBootAuth, name)?);
         }
+    }
+    if let Some(ca) = payload.node_ca {
+        let path = dir.join(paths::PAYLOAD_NODE_CA);
+        std::fs::write(&path, ca).with_context(|| format!("writing {}", path.display()))?;
+        listed.push(sign::describe(dir, Kind::NodeCa, paths::PAYLOAD_NODE_CA)?);
     }
     if let Some(g) = payload.grub {
         for (name, kind, bytes) in [

@@ -3,7 +3,9 @@
 //! The node's certificate and key, and the cluster CA's certificate its
 //! clients must chain to, go into META (`node-ca`, `node-cert`,
 //! `node-key`), never into an image: images are public outputs, a node's
-//! key is not. The runtime serves the API only when META has all three.
+//! key is not. An image may carry the CA certificate (profile
+//! `node_api.ca`): its disks then have `node-ca` from the start, and
+//! credentials of another CA are refused without `--force`. The runtime serves the API only when META has all three.
 //! Everything is checked before META is written (the certificate chains to
 //! the CA for the node's name, the key is its key, the key file is not
 //! readable by others); META's own write order keeps one valid copy
@@ -56,6 +58,20 @@ pub fn provision(disk: &Path, dir: &Path, name: &str, force: bool) -> Result<Pro
             disk.display()
         )
     })?;
+    // The image's CA (profile `node_api.ca`), when it carries one, is the
+    // cluster's: credentials of another CA would lock its clients out.
+    if let Some(theirs) = meta.get(Tag::NodeCa)
+        && theirs != ca
+        && !force
+    {
+        bail!(
+            "{} trusts another cluster CA than {} (its image carries one, or it was \
+             provisioned before): its clients would be refused; provision it with credentials \
+             of that CA, or pass --force to replace the CA; nothing was written",
+            disk.display(),
+            dir.join(CA_CERT).display()
+        );
+    }
     let replaced = meta.get(Tag::NodeKey).is_some();
     let same = meta.get(Tag::NodeCa) == Some(ca.as_str())
         && meta.get(Tag::NodeCert) == Some(cert.as_str())
