@@ -220,6 +220,12 @@ const PROFILE_KEYS: &[(&str, &str, &str, bool)] = &[
         "boot:\n  systemd_boot: S\ndisk:\n",
         false,
     ),
+    (
+        "node_api.ca",
+        "disk:\n",
+        "node_api:\n  ca: S\ndisk:\n",
+        true,
+    ),
 ];
 
 #[test]

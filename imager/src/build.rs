@@ -641,24 +641,15 @@ fn write_disk(
     Ok(raw)
 }
 
-/// The cluster CA certificate `node_api.ca` names: PEM certificates only
-/// (a private key is refused without being quoted), bounded.
+/// The cluster CA certificate `node_api.ca` names: bounded text, PEM
+/// certificates only (a private key is refused without being quoted, as
+/// every input is: [`crate::input::read_text`]).
 fn read_node_ca(path: &Path) -> Result<String> {
-    let max = nodeapi::tls::MAX_PEM as u64;
-    let bytes = crate::input::read_head(path, "node_api.ca certificate", max + 1)?;
-    if crate::secret::looks_like_private_key(&bytes) {
-        anyhow::bail!(
-            "node_api.ca: {} is a private key: name the CA's certificate (ca.crt of `imager \
-             node credentials`), never its key",
-            path.display()
-        );
-    }
-    if bytes.len() as u64 > max {
-        anyhow::bail!("node_api.ca: {} is over {max} bytes", path.display());
-    }
-    nodeapi::tls::certs(&bytes, "node_api.ca certificate")
+    let what = "node_api.ca certificate (ca.crt of `imager node credentials`)";
+    let text = crate::input::read_text(path, what, nodeapi::tls::MAX_PEM as u64)?;
+    nodeapi::tls::certs(text.as_bytes(), "node_api.ca certificate")
         .with_context(|| format!("node_api.ca: {}", path.display()))?;
-    String::from_utf8(bytes).with_context(|| format!("node_api.ca: {} is not text", path.display()))
+    Ok(text)
 }
 
 /// Writes the signed manifest of `artifacts` (paths in `out`) and its
