@@ -234,20 +234,19 @@ fn slots(s: &Value) -> [(String, String); 2] {
 fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_may() {
     let dir = scratch().join("node-credentials");
     let (creds, other) = credentials(&dir);
-    // The images carry the cluster's CA (profile node_api.ca).
-    let carry_ca =
-        |t: String| format!("{t}\nnode_api:\n  ca: {}\n", creds.join("ca.crt").display());
-    let v1 = build_variant_of("metal", "node-v1", |t| {
-        // The test's registry is plain HTTP on the loopback: allowed by name.
-        carry_ca(t).replace(
-            "    - vdso32=0\n",
-            &format!(
-                "    - vdso32=0\n    - machined.plain_http={GUEST_REGISTRY},10.0.2.101:5000\n"
-            ),
+    // The images carry the cluster's CA; v1 may pull from the test's
+    // registries over plain HTTP (allowed by name).
+    let node_api = |t: String, plain: &str| {
+        format!(
+            "{t}\nnode_api:\n  ca: {}\n  plain_http_registries: [{plain}]\n",
+            creds.join("ca.crt").display()
         )
+    };
+    let v1 = build_variant_of("metal", "node-v1", |t| {
+        node_api(t, &format!("{GUEST_REGISTRY}, 10.0.2.101:5000"))
     });
     let v2 = build_variant_of("installer", "node-v2", |t| {
-        carry_ca(t.replace("version: 0.1.0", "version: 0.2.0"))
+        node_api(t.replace("version: 0.1.0", "version: 0.2.0"), "")
     });
     // v3 never gets ready; "foreign" is v2 signed by a key the node does
     // not trust.

@@ -58,17 +58,55 @@ pub const VERITY: &str = "machined.verity";
 /// only.
 pub const PLAIN_HTTP: &str = "machined.plain_http";
 
+/// The most registries [`PLAIN_HTTP`] names.
+pub const MAX_PLAIN_HTTP: usize = 8;
+
+/// A registry as [`PLAIN_HTTP`] names it: `HOST:PORT`, the host a DNS
+/// name or an IPv4 address (letters, digits, `.` and `-`), at most 253
+/// bytes; the port 1 to 65535.
+pub fn check_registry(r: &str) -> Result<(), String> {
+    let hint = || {
+        format!(
+            "{:?} is not HOST:PORT (a DNS name or IPv4 address and a port, e.g. \
+             10.0.2.100:5000)",
+            r.chars().take(64).collect::<String>()
+        )
+    };
+    let (host, port) = r.rsplit_once(':').ok_or_else(hint)?;
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p > 0) && !port.starts_with('0');
+    if host_ok && port_ok {
+        Ok(())
+    } else {
+        Err(hint())
+    }
+}
+
+/// `machined.plain_http=A,B`: the argument naming `registries` (each
+/// checked by [`check_registry`]).
+pub fn plain_http_arg(registries: &[String]) -> String {
+    format!("{PLAIN_HTTP}={}", registries.join(","))
+}
+
 /// The registries [`PLAIN_HTTP`] names (empty when it is absent).
+/// Entries that are not `HOST:PORT`, and any beyond [`MAX_PLAIN_HTTP`],
+/// are left out (the profile refuses them before a build).
 pub fn plain_http(cmdline: &str) -> Vec<String> {
     get(cmdline, PLAIN_HTTP)
         .map(|v| {
             v.split(',')
-                .filter(|s| !s.is_empty())
+                .filter(|s| check_registry(s).is_ok())
+                .take(MAX_PLAIN_HTTP)
                 .map(str::to_string)
                 .collect()
         })
         .unwrap_or_default()
 }
+
 /// The bytes [`VERITY`] adds to a command line: a space, the key, `=` and
 /// the hash.
 pub const VERITY_ARG_LEN: usize = 1 + VERITY.len() + 1 + 2 * crate::verity::DIGEST_LEN;
@@ -331,6 +369,39 @@ pub fn install(cmdline: &str) -> Result<Option<(InstallTarget, bool)>, String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn plain_http_registries() {
+        let list = vec![
+            "10.0.2.100:5000".to_string(),
+            "registry.local:443".to_string(),
+        ];
+        let arg = plain_http_arg(&list);
+        assert_eq!(
+            arg,
+            "machined.plain_http=10.0.2.100:5000,registry.local:443"
+        );
+        assert_eq!(plain_http(&format!("console=ttyS0 {arg}")), list);
+        assert!(plain_http("console=ttyS0").is_empty());
+        for bad in [
+            "",
+            "host",
+            "host:",
+            ":5000",
+            "host:0",
+            "host:70000",
+            "host:05",
+            "a b:1",
+            "h/x:1",
+            "[::1]:5",
+        ] {
+            assert!(check_registry(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            plain_http("machined.plain_http=a:1,bad,b:2"),
+            ["a:1", "b:2"]
+        );
+    }
     use super::*;
 
     #[test]

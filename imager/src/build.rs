@@ -133,8 +133,8 @@ fn build(
         Some(s) => Some(secureboot::load(p, s, epoch)?),
         None => None,
     };
-    let node_ca = match &p.node_api {
-        Some(n) => Some(read_node_ca(&n.ca)?),
+    let node_ca = match p.node_api.as_ref().and_then(|n| n.ca.as_ref()) {
+        Some(ca) => Some(read_node_ca(ca)?),
         None => None,
     };
     let kernel = kernel_files(p, opts)?;

@@ -305,7 +305,13 @@ pub struct NodeApiSection {
     /// from it keeps it in META (`node-ca`), so that its API admits only
     /// clients of this CA once `imager node provision` has given it its
     /// own certificate and key.
-    pub ca: PathBuf,
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+    /// Registries (`HOST:PORT`) the node may pull installer images from
+    /// over plain HTTP (`machined.plain_http=` on the signed command
+    /// line); every other registry over HTTPS only.
+    #[serde(default)]
+    pub plain_http_registries: Vec<String>,
 }
 
 /// The live system of the ISO.
@@ -531,8 +537,8 @@ impl Profile {
         if let Some(k) = self.signing.key.as_mut() {
             abs(k);
         }
-        if let Some(n) = self.node_api.as_mut() {
-            abs(&mut n.ca);
+        if let Some(ca) = self.node_api.as_mut().and_then(|n| n.ca.as_mut()) {
+            abs(ca);
         }
     }
 
@@ -665,6 +671,12 @@ impl Profile {
             }
         }
         self.net = self.check_network()?;
+        if let Some(n) = &self.node_api {
+            for (i, r) in n.plain_http_registries.iter().enumerate() {
+                contract::cmdline::check_registry(r)
+                    .map_err(|e| Invalid::new(format!("node_api.plain_http_registries[{i}]"), e))?;
+            }
+        }
         self.check_cmdline()?;
         self.check_live()?;
         let c = &self.compression;
@@ -857,6 +869,13 @@ impl Profile {
     pub fn cmdline(&self) -> String {
         let mut items = self.kernel.cmdline.clone();
         items.extend(self.net.as_ref().map(contract::net::NetConfig::arg));
+        if let Some(n) = self
+            .node_api
+            .as_ref()
+            .filter(|n| !n.plain_http_registries.is_empty())
+        {
+            items.push(contract::cmdline::plain_http_arg(&n.plain_http_registries));
+        }
         items.join(" ")
     }
 
@@ -873,8 +892,9 @@ impl Profile {
 /// Kernel command-line keys the profile's `kernel.cmdline` may not carry:
 /// the boot entries, the build (the root hash), the live ISO and the
 /// `network` section set them.
-const RESERVED_CMDLINE: [&str; 7] = [
+const RESERVED_CMDLINE: [&str; 8] = [
     contract::cmdline::SLOT,
+    contract::cmdline::PLAIN_HTTP,
     contract::cmdline::NET,
     contract::cmdline::TRIAL,
     contract::cmdline::LIVE,

@@ -771,3 +771,29 @@ fn network_errors_name_the_line_and_the_key() {
         "{e}"
     );
 }
+
+#[test]
+fn node_api_registries_go_onto_the_command_line_and_bad_ones_are_refused() {
+    let p = parse(&format!(
+        "{GOOD}node_api:\n  plain_http_registries: [10.0.2.100:5000, reg.local:80]\n"
+    ))
+    .unwrap();
+    assert!(
+        p.cmdline()
+            .ends_with(" machined.plain_http=10.0.2.100:5000,reg.local:80"),
+        "{}",
+        p.cmdline()
+    );
+    // What the build writes is what the runtime reads.
+    assert_eq!(
+        contract::cmdline::plain_http(&p.cmdline()),
+        ["10.0.2.100:5000", "reg.local:80"]
+    );
+    assert!(!parse(GOOD).unwrap().cmdline().contains("plain_http"));
+    let e = refused(&format!(
+        "{GOOD}node_api:\n  plain_http_registries: [10.0.2.100]\n"
+    ));
+    assert!(e.contains("node_api.plain_http_registries[0]"), "{e}");
+    let e = refused(&GOOD.replace("slab_nomerge]", "slab_nomerge, machined.plain_http=a:1]"));
+    assert!(e.contains("machined.plain_http"), "{e}");
+}
