@@ -773,8 +773,8 @@ impl Profile {
                     key(),
                     format!(
                         "{name} is set by the boot entries (the slot, GRUB's trial), by the \
-                         live section (live.install, live.wipe) or by the network section: \
-                         remove it"
+                         live section (live.install, live.wipe), by the network section or by \
+                         node_api.plain_http_registries: remove it"
                     ),
                 );
             }
