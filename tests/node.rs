@@ -200,6 +200,17 @@ fn refused(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// `imager node provision DISK --credentials DIR ARGS`.
+fn provision(disk: &Path, dir: &Path, args: &[&str]) -> std::process::Command {
+    let mut c = imager();
+    c.args(["node", "provision"])
+        .arg(disk)
+        .arg("--credentials")
+        .arg(dir)
+        .args(args);
+    c
+}
+
 fn inspect(disk: &Path) -> Value {
     serde_json::from_str(&ok(imager().args(["inspect", "--json"]).arg(disk))).unwrap()
 }
@@ -317,21 +328,11 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     );
     std::fs::remove_file(&installed).unwrap();
     // Credentials of another CA would lock the cluster's clients out.
-    let out = run(imager()
-        .args(["node", "provision"])
-        .arg(&disk)
-        .arg("--credentials")
-        .arg(&other)
-        .args(["--node", "node1"]));
+    let out = run(&mut provision(&disk, &other, &["--node", "node1"]));
     assert!(refused(&out).contains("another cluster CA"));
 
     // Provisioning: the key goes into META and is never shown.
-    ok(imager()
-        .args(["node", "provision"])
-        .arg(&disk)
-        .arg("--credentials")
-        .arg(&creds)
-        .args(["--node", "node1"]));
+    ok(&mut provision(&disk, &creds, &["--node", "node1"]));
     let key = std::fs::read_to_string(creds.join("node1.node.key")).unwrap();
     let key_body: String = key.lines().filter(|l| !l.starts_with("-----")).collect();
     let shown = ok(imager().arg("inspect").arg(&disk))
@@ -353,19 +354,13 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     );
     // Another CA's node credentials are not written over them without
     // --force; and a node name the certificate is not for is refused.
-    let out = run(imager()
-        .args(["node", "provision"])
-        .arg(&disk)
-        .arg("--credentials")
-        .arg(&other)
-        .args(["--node", "node1"]));
+    let out = run(&mut provision(&disk, &other, &["--node", "node1"]));
     assert!(refused(&out).contains("--force"));
-    let out = run(imager()
-        .args(["node", "provision"])
-        .arg(&disk)
-        .arg("--credentials")
-        .arg(&creds)
-        .args(["--node", "node2", "--force"]));
+    let out = run(&mut provision(
+        &disk,
+        &creds,
+        &["--node", "node2", "--force"],
+    ));
     assert!(refused(&out).contains("node2"));
     assert_eq!(meta_value(&inspect(&disk), "node-cert").unwrap(), cert);
 

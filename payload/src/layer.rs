@@ -166,7 +166,7 @@ pub fn stage_files(
                 .with_context(|| format!("writing {name}"))?;
         }
         out.flush().with_context(|| format!("writing {name}"))?;
-        let sha = hex(&hash.finalize());
+        let sha = hex::encode(hash.finalize());
         ensure!(
             len == a.size && sha == a.sha256,
             "{path} is not the signed file ({len} bytes, sha256 {sha}; signed: {} bytes, {}): \
@@ -178,8 +178,4 @@ pub fn stage_files(
     }
     drain(archive.into_inner())?;
     Ok(staged)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -289,10 +289,7 @@ fn operate(
                     None,
                 ));
             };
-            let mut progress = |step: &str, message: String| {
-                say(format!("api: arm: {message}"));
-                let _ = proto::write_line(tls, &Event::progress(step, message));
-            };
+            let mut progress = |step: &str, message: String| tell(tls, "arm", step, message);
             progress(
                 "write",
                 format!(
@@ -321,11 +318,7 @@ fn upgrade(
 ) -> Result<(Event, Option<power::Action>)> {
     let node = &server.node;
     let meta = node.disk.status()?.meta;
-    let mut progress = |step: &str, message: String| {
-        say(format!("api: upgrade: {message}"));
-        // A client gone away does not stop the upgrade.
-        let _ = proto::write_line(tls, &Event::progress(step, message));
-    };
+    let mut progress = |step: &str, message: String| tell(tls, "upgrade", step, message);
     let request = pull::Pull {
         image,
         plain_http: node.plain_http.clone(),
@@ -462,6 +455,13 @@ fn switch(
             None,
         )),
     }
+}
+
+/// A step of operation `op`, on the console and to the client (a client
+/// gone away does not stop the operation).
+fn tell(tls: &mut Tls, op: &str, step: &str, message: String) {
+    say(format!("api: {op}: {message}"));
+    let _ = proto::write_line(tls, &Event::progress(step, message));
 }
 
 fn done(message: &str, status: Status, reboot: bool) -> Event {
