@@ -9,6 +9,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "../registry/tests/common/mod.rs"]
+mod reg;
 
 use common::*;
 use serde_json::Value;
@@ -530,5 +532,41 @@ impl imager::sign::Signer for TestKey {
     }
     fn sign(&self, message: &[u8]) -> anyhow::Result<imager::sign::Signature> {
         Ok(ed25519_dalek::Signer::sign(&self.0, message))
+    }
+}
+
+/// The built installer image pushed with skopeo as the README says, pulled
+/// back with the node's registry client: the same manifest, config and
+/// layers as the archive's own, every blob verified while streamed.
+#[test]
+fn the_installer_image_round_trips_through_a_registry() {
+    let source = format!("oci-archive:{}", image().artifact("installer").display());
+    let registry = reg::Registry::start();
+    reg::skopeo_copy(&source, &registry.addr, "metal/installer:round-trip");
+    // The archive's own manifest, as skopeo reads it.
+    let raw = run(std::process::Command::new(reg::tool("skopeo"))
+        .args(["inspect", "--raw"])
+        .arg(&source))
+    .stdout;
+    let ::registry::manifest::Document::Image(own) =
+        ::registry::manifest::parse(&raw, None, "installer.tar's manifest").unwrap()
+    else {
+        panic!("installer.tar's manifest is an index");
+    };
+    let client = ::registry::Client::new(::registry::Options {
+        plain_http: vec![registry.addr.clone()],
+        ..::registry::Options::default()
+    })
+    .unwrap();
+    let r = ::registry::Reference::parse(&format!("{}/metal/installer:round-trip", registry.addr))
+        .unwrap();
+    let m = client.manifest(&r).unwrap();
+    assert_eq!(m.digest, ::registry::Digest::of(&raw));
+    assert_eq!(m.config, own.config);
+    assert_eq!(m.layers, own.layers);
+    assert!(m.layers.len() >= 2, "{:?}", m.layers);
+    for d in std::iter::once(&m.config).chain(&m.layers) {
+        let n = reg::read_blob(&client, &r, d).unwrap().len();
+        assert_eq!(n as u64, d.size);
     }
 }

@@ -289,17 +289,10 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     // layers as built (--preserve-digests).
     let registry = reg::Registry::start();
     for (b, tag) in [(&v2, "0.2.0"), (&v3, "0.3.0"), (&foreign, "foreign")] {
-        let out = run(std::process::Command::new(reg::tool("skopeo"))
-            .args(["copy", "--preserve-digests", "--dest-tls-verify=false"])
-            .arg(format!(
-                "oci-archive:{}",
-                b.dir.join("installer.tar").display()
-            ))
-            .arg(format!("docker://{}/metal/installer:{tag}", registry.addr)));
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        reg::skopeo_copy(
+            &format!("oci-archive:{}", b.dir.join("installer.tar").display()),
+            &registry.addr,
+            &format!("metal/installer:{tag}"),
         );
     }
     let image = format!("{GUEST_REGISTRY}/metal/installer:0.2.0");

@@ -27,17 +27,6 @@ fn reference(s: &str) -> Reference {
     Reference::parse(s).unwrap()
 }
 
-fn read_blob(client: &Client, r: &Reference, d: &Descriptor) -> Result<Vec<u8>, registry::Error> {
-    let mut reader = client.blob(r, d)?;
-    let mut out = Vec::new();
-    match reader.read_to_end(&mut out) {
-        Ok(_) => Ok(out),
-        Err(e) => Err(registry::Error::of_io(&e)
-            .cloned()
-            .unwrap_or_else(|| panic!("a blob read failed without a registry error: {e}"))),
-    }
-}
-
 #[test]
 fn pulls_by_tag_and_by_digest_and_streams_layers() {
     let reg = Registry::start();
@@ -65,13 +54,13 @@ fn pulls_by_tag_and_by_digest_and_streams_layers() {
 
     for (d, (_, bytes)) in m.layers.iter().zip(&image.layers) {
         assert!(
-            read_blob(&client, &by_tag, d).unwrap() == *bytes,
+            common::read_blob(&client, &by_tag, d).unwrap() == *bytes,
             "layer {} bytes",
             d.digest
         );
     }
     assert_eq!(
-        read_blob(&client, &by_tag, &m.config).unwrap(),
+        common::read_blob(&client, &by_tag, &m.config).unwrap(),
         image.config
     );
 
@@ -324,7 +313,7 @@ fn without_content_length_reads_stay_bounded() {
         digest: Digest::of(&[b' '; 100_000]),
         size: 100_000,
     };
-    let e = read_blob(&client, &r, &d).unwrap_err();
+    let e = common::read_blob(&client, &r, &d).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Truncated);
     assert!(e.to_string().contains("runs past the 100000 bytes"), "{e}");
     // Each read stopped the server soon after the bound (socket buffers).
@@ -372,7 +361,7 @@ fn a_connection_cut_mid_stream_is_an_error() {
     let r = reference(&format!("{}/metal/installer:0.1.0", proxy.addr));
     let m = client.manifest(&r).unwrap();
     assert_eq!(m.digest, image.digest);
-    let e = read_blob(&client, &r, &m.layers[0]).unwrap_err();
+    let e = common::read_blob(&client, &r, &m.layers[0]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Truncated, "{e}");
     let passed = proxy.passed.load(Ordering::SeqCst);
     assert!(passed <= 1 << 20 && passed > 0, "{passed}");
@@ -433,7 +422,7 @@ fn skopeo_pushes_what_the_client_pulls_with_the_same_digests() {
         ),
     )
     .unwrap();
-    skopeo_copy(
+    common::skopeo_copy(
         &format!("oci:{}:0.3.0", layout.display()),
         &reg.addr,
         "metal/installer:0.3.0",
@@ -449,83 +438,7 @@ fn skopeo_pushes_what_the_client_pulls_with_the_same_digests() {
     assert_eq!(m.config.digest, config_digest);
     assert_eq!(m.layers.len(), 1);
     assert_eq!(m.layers[0].digest, layer_digest);
-    assert!(read_blob(&client, &r, &m.layers[0]).unwrap() == layer);
-}
-
-fn skopeo_copy(source: &str, registry: &str, name: &str) {
-    let out = std::process::Command::new(common::tool("skopeo"))
-        .args([
-            "copy",
-            "--quiet",
-            "--preserve-digests",
-            "--dest-tls-verify=false",
-        ])
-        .arg(source)
-        .arg(format!("docker://{registry}/{name}"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "skopeo copy {source}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A built installer image (`imager build --profile installer`), when there
-/// is one: `$IMAGER_INSTALLER_TAR`, or `out/metal/installer.tar` of the
-/// repository, or the one tests/installer.rs built (`target/e2e/`). Pushed with skopeo as the README says, pulled back with the
-/// client: the same manifest, config and layers as the archive's own, every
-/// layer verified while streamed. Without a built image it fails, saying
-/// how to make one (`scripts/test` runs imager's tests, which build it,
-/// before this crate's).
-#[test]
-fn a_built_installer_image_round_trips() {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let candidates = match std::env::var_os("IMAGER_INSTALLER_TAR") {
-        Some(t) => vec![std::path::PathBuf::from(t)],
-        None => vec![
-            repo.join("out/metal/installer.tar"),
-            // What tests/installer.rs builds, when it ran before.
-            repo.join("target/e2e/installer-first/installer.tar"),
-        ],
-    };
-    let Some(tar) = candidates.iter().find(|t| t.is_file()) else {
-        panic!(
-            "no installer image at {candidates:?}: build one (imager build --profile installer) \
-             or set IMAGER_INSTALLER_TAR to check its round trip"
-        );
-    };
-    let reg = Registry::start();
-    let source = format!("oci-archive:{}", tar.display());
-    skopeo_copy(&source, &reg.addr, "metal/installer:round-trip");
-    // The archive's own manifest, as skopeo reads it.
-    let out = std::process::Command::new(common::tool("skopeo"))
-        .args(["inspect", "--raw"])
-        .arg(&source)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let raw = out.stdout;
-    let registry::manifest::Document::Image(own) =
-        registry::manifest::parse(&raw, None, "installer.tar's manifest").unwrap()
-    else {
-        panic!("installer.tar's manifest is an index");
-    };
-
-    let client = client_for(&[&reg.addr]);
-    let r = reference(&format!("{}/metal/installer:round-trip", reg.addr));
-    let m = client.manifest(&r).unwrap();
-    assert_eq!(m.digest, Digest::of(&raw));
-    assert_eq!(m.config, own.config);
-    assert_eq!(m.layers, own.layers);
-    for d in std::iter::once(&m.config).chain(&m.layers) {
-        let n = read_blob(&client, &r, d).unwrap().len();
-        assert_eq!(n as u64, d.size);
-    }
+    assert!(common::read_blob(&client, &r, &m.layers[0]).unwrap() == layer);
 }
 
 #[test]
@@ -566,7 +479,7 @@ fn a_registry_that_stalls_times_out() {
         size: 100_000,
     };
     let started = Instant::now();
-    let e = read_blob(&quick(&addr), &reference(&format!("{addr}/x:1")), &d).unwrap_err();
+    let e = common::read_blob(&quick(&addr), &reference(&format!("{addr}/x:1")), &d).unwrap_err();
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "took {:?}",

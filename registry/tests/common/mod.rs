@@ -361,3 +361,41 @@ pub fn stalling_server(head: &'static str, body_prefix: Vec<u8>) -> String {
     });
     addr
 }
+
+/// `skopeo copy --preserve-digests SOURCE docker://REGISTRY/NAME` (plain
+/// HTTP), as the README pushes an installer image.
+pub fn skopeo_copy(source: &str, registry: &str, name: &str) {
+    let out = Command::new(tool("skopeo"))
+        .args([
+            "copy",
+            "--quiet",
+            "--preserve-digests",
+            "--dest-tls-verify=false",
+        ])
+        .arg(source)
+        .arg(format!("docker://{registry}/{name}"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "skopeo copy {source}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A blob read to its end through the client (so verified), or the
+/// registry error that ended the read.
+pub fn read_blob(
+    client: &registry::Client,
+    r: &registry::Reference,
+    d: &registry::Descriptor,
+) -> Result<Vec<u8>, registry::Error> {
+    let mut reader = client.blob(r, d)?;
+    let mut out = Vec::new();
+    match reader.read_to_end(&mut out) {
+        Ok(_) => Ok(out),
+        Err(e) => Err(registry::Error::of_io(&e)
+            .cloned()
+            .unwrap_or_else(|| panic!("a blob read failed without a registry error: {e}"))),
+    }
+}
