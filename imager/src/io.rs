@@ -409,7 +409,8 @@ mod tests {
     fn sparse_files_hash_as_sha256sum_reads_them() {
         use std::os::unix::fs::FileExt;
         let dir = tempfile::tempdir().unwrap();
-        let cases: &[(&str, u64, &[(u64, &[u8])])] = &[
+        type Case<'a> = (&'a str, u64, &'a [(u64, &'a [u8])]);
+        let cases: &[Case] = &[
             ("empty", 0, &[]),
             ("all-hole", 5 << 20, &[]),
             ("dense", 3, &[(0, b"abc")]),
