@@ -19,8 +19,9 @@ packages=(
   cryptsetup-bin
   # shipped in the root filesystem with their libraries (STATE and EPHEMERAL)
   xfsprogs
-  # readers of the installer's OCI image, used by the tests
-  skopeo umoci
+  # readers of the installer's OCI image, used by the tests (podman: the
+  # name `podman load` gives it)
+  skopeo umoci podman
   # the distribution registry (v2) the registry client's tests pull from,
   # started by them on 127.0.0.1 (not the system service)
   docker-registry

@@ -17,7 +17,8 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-const TAG: &str = "0.1.0";
+/// The installer image's reference name (the profile's default).
+const TAG: &str = "localhost/metal/installer:0.1.0";
 
 fn build_installer(name: &str) -> Build {
     let dir = scratch().join(name);
@@ -569,4 +570,42 @@ fn the_installer_image_round_trips_through_a_registry() {
         let n = reg::read_blob(&client, &r, d).unwrap().len();
         assert_eq!(n as u64, d.size);
     }
+}
+
+/// `podman load -i installer.tar`, as a new user loads it, names the image
+/// by its full reference (not `localhost/0.1.0:latest`), and the image it
+/// stored is the archive's own.
+#[test]
+fn podman_loads_the_archive_under_its_full_name() {
+    let store = scratch().join("installer-podman");
+    let _ = std::fs::remove_dir_all(&store);
+    let podman = |args: &[&str]| {
+        let mut c = tool("podman");
+        c.arg("--root")
+            .arg(store.join("root"))
+            .arg("--runroot")
+            .arg(store.join("run"))
+            .args(["--storage-driver", "vfs", "--events-backend", "file"])
+            .args(args);
+        c
+    };
+    let a = archive();
+    let out = ok(podman(&["load", "-i"]).arg(&a));
+    assert!(out.contains(&format!("Loaded image: {TAG}")), "{out}");
+    let listed = ok(&mut podman(&[
+        "images",
+        "--format",
+        "{{.Repository}}:{{.Tag}}",
+    ]));
+    assert_eq!(listed.trim(), TAG);
+    let own = ok(tool("skopeo").args(["inspect", &format!("oci-archive:{}", a.display())]));
+    let own: Value = serde_json::from_str(&own).unwrap();
+    let stored = ok(&mut podman(&["image", "inspect", TAG]));
+    let stored: Value = serde_json::from_str(&stored).unwrap();
+    assert_eq!(stored[0]["Digest"], own["Digest"], "{stored}");
+    assert_eq!(
+        stored[0]["Config"]["Entrypoint"],
+        serde_json::json!(["/usr/bin/installer"])
+    );
+    let _ = std::fs::remove_dir_all(&store);
 }

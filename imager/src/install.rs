@@ -841,7 +841,7 @@ mod tests {
             &payload,
             &[paths::PAYLOAD_KERNEL, paths::PAYLOAD_INITRAMFS],
             &dir.join("imager"),
-            "0.1.0",
+            "localhost/metal/installer:0.1.0",
             1_700_000_000,
         );
         let tar = dir.join("installer.tar");

@@ -146,6 +146,12 @@ pub struct InstallerSection {
     /// Or use this prebuilt static binary.
     #[serde(default)]
     pub binary: Option<PathBuf>,
+    /// The installer image's name in `installer.tar`: `REGISTRY/NAME` or
+    /// `REGISTRY/NAME:TAG` (the tag defaults to the version). Default
+    /// `localhost/NAME/installer` with the profile's name, which is what
+    /// `podman load` calls it.
+    #[serde(default)]
+    pub image: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -640,8 +646,13 @@ impl Profile {
             );
         }
         if self.outputs.contains(&Output::Installer) {
-            crate::oci::check_tag(&self.version)
-                .map_err(|_| Invalid::new("version", version_tag_hint(&self.version)))?;
+            let given = self.installer.as_ref().and_then(|i| i.image.as_deref());
+            if given.is_none_or(|g| !has_tag(g)) {
+                crate::oci::check_tag(&self.version)
+                    .map_err(|_| Invalid::new("version", version_tag_hint(&self.version)))?;
+            }
+            check_installer_image(&self.installer_image())
+                .map_err(|e| Invalid::new("installer.image", e))?;
         }
         if !contract::partition::SECTOR_SIZES.contains(&self.disk.sector_size) {
             return invalid(
@@ -857,6 +868,16 @@ impl Profile {
         self.boot.uki || self.secure_boot.is_some()
     }
 
+    /// The installer image's full reference name (`installer.image`, its
+    /// tag defaulting to the version; or `localhost/NAME/installer:VERSION`).
+    pub fn installer_image(&self) -> String {
+        match self.installer.as_ref().and_then(|i| i.image.as_deref()) {
+            Some(i) if has_tag(i) => i.to_string(),
+            Some(i) => format!("{i}:{}", self.version),
+            None => format!("localhost/{}/installer:{}", self.name, self.version),
+        }
+    }
+
     /// Whether the build makes the slots' UKIs: for the output `uki`, or
     /// because the slots boot them.
     pub fn makes_ukis(&self) -> bool {
@@ -953,6 +974,40 @@ fn check_version(v: &str) -> Result<(), String> {
             excerpt(v)
         ))
     }
+}
+
+/// Whether an image name carries a tag (a ':' after its last '/').
+fn has_tag(image: &str) -> bool {
+    image
+        .rsplit('/')
+        .next()
+        .is_some_and(|last| last.contains(':'))
+}
+
+/// A full reference name: a registry first (a host with a '.' or a port,
+/// or `localhost`: otherwise podman and docker read the first component
+/// as a Docker Hub user), a tag, no digest, in the image layout's grammar.
+fn check_installer_image(r: &str) -> Result<(), String> {
+    let hint = "give REGISTRY/NAME[:TAG], e.g. registry.example.com/metal/installer (the tag \
+                defaults to the version)";
+    let registry = r.split('/').next().unwrap_or("");
+    if !r.contains('/')
+        || !(registry.contains('.') || registry.contains(':') || registry == "localhost")
+    {
+        return Err(format!("{} names no registry: {hint}", excerpt(r)));
+    }
+    if r.contains('@') {
+        return Err(format!("{} has a digest: {hint}", excerpt(r)));
+    }
+    let (name, tag) = r.rsplit_once(':').unwrap_or((r, ""));
+    if name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Err(format!(
+            "{} has capitals before its tag: registries and podman take lower-case names only",
+            excerpt(r)
+        ));
+    }
+    crate::oci::check_tag(tag).map_err(|e| format!("{}: {e}", excerpt(r)))?;
+    crate::oci::check_ref_name(r)
 }
 
 fn version_tag_hint(v: &str) -> String {

@@ -73,7 +73,7 @@ fn link_or_copy(src: &Path, dest: &Path) -> Result<()> {
 /// initramfs, boot loader and a manifest listing them, signed by `signer`)
 /// under [`paths::INSTALLER_PAYLOAD_DIR`], the static installer `binary` as
 /// [`paths::INSTALLER_BINARY`] with [`paths::INSTALLER_LINK`] pointing to
-/// it, the link as entrypoint, the version as tag. Three layers: the signed
+/// it, the link as entrypoint, named [`Profile::installer_image`]. Three layers: the signed
 /// manifest and its signature ([`oci::MANIFEST_LAYER`]), the files it lists
 /// ([`oci::PAYLOAD_LAYER`]), the installer. The payload is staged in
 /// a temporary directory of `out` that a later build sweeps if this one is
@@ -89,7 +89,7 @@ pub fn write_installer(
     let dir = stage.path();
     let manifest = write_payload(p, dir, payload, signer)?;
     let listed: Vec<&str> = manifest.artifacts.iter().map(|a| a.path.as_str()).collect();
-    let spec = installer_spec(dir, &listed, binary, &p.version, payload.epoch);
+    let spec = installer_spec(dir, &listed, binary, &p.installer_image(), payload.epoch);
     let dest = out.join(names::INSTALLER);
     oci::write_image(&dest, &spec).with_context(|| format!("writing {}", dest.display()))?;
     Ok(dest)
@@ -163,7 +163,7 @@ pub fn write_payload(
 
 /// The image of an installer: the signed payload in `dir` (its manifest and
 /// signature, and the files `listed` in the manifest) and the installer
-/// `binary`, tagged `tag`. Three layers, in the order the reader expects
+/// `binary`, named `ref_name`. Three layers, in the order the reader expects
 /// (docs/design.md, "The installer image"): the signed manifest alone
 /// ([`oci::MANIFEST_LAYER`]), the files it lists ([`oci::PAYLOAD_LAYER`]),
 /// the installer.
@@ -171,7 +171,7 @@ pub fn installer_spec(
     dir: &Path,
     listed: &[&str],
     binary: &Path,
-    tag: &str,
+    ref_name: &str,
     epoch: u64,
 ) -> oci::ImageSpec {
     let in_payload = |name: &str| oci::Entry::File {
@@ -202,7 +202,7 @@ pub fn installer_spec(
     oci::ImageSpec {
         layers,
         entrypoint: vec![format!("/{}", paths::INSTALLER_LINK)],
-        tag: tag.to_string(),
+        ref_name: ref_name.to_string(),
         epoch,
     }
 }

@@ -17,7 +17,7 @@ mod reader;
 mod writer;
 
 pub use reader::{MAX_SMALL, Verifier, extract_payload};
-pub use writer::{Entry, ImageInfo, ImageSpec, check_tag, rfc3339, write_image};
+pub use writer::{Entry, ImageInfo, ImageSpec, check_ref_name, check_tag, rfc3339, write_image};
 
 /// The layer of an installer image that holds the payload's signed manifest
 /// and its signature (`INSTALLER_PAYLOAD_DIR/manifest.json` and `.sig`),

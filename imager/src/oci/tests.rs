@@ -111,7 +111,7 @@ fn spec_in(dir: &Path) -> ImageSpec {
     ImageSpec {
         layers: layers_in(dir),
         entrypoint: vec!["/usr/bin/installer".into()],
-        tag: "0.1.0".into(),
+        ref_name: "localhost/metal/installer:0.1.0".into(),
         epoch: EPOCH,
     }
 }
@@ -228,7 +228,10 @@ fn round_trip_gives_the_payload_back_and_is_reproducible() {
     let index: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&a.path).unwrap()[at as usize..(at + size) as usize])
             .unwrap();
-    assert_eq!(index["manifests"][0]["annotations"][REF_NAME], "0.1.0");
+    assert_eq!(
+        index["manifests"][0]["annotations"][REF_NAME],
+        "localhost/metal/installer:0.1.0"
+    );
     assert_eq!(index["manifests"][0]["digest"], a.manifest_digest.as_str());
     let config: serde_json::Value = serde_json::from_slice(&read(&a.config_digest)).unwrap();
     assert_eq!(config["architecture"], "amd64");
@@ -1206,12 +1209,36 @@ fn image_paths_and_tags_are_checked() {
     );
     assert!(e.contains("is given twice"), "{e}");
     let mut spec = spec_in(t.path());
-    spec.tag = "1.0+build".into();
+    spec.ref_name = "localhost/metal/installer:1.0+-build".into();
     let e = format!(
         "{:#}",
         write_image(&t.path().join("x.tar"), &spec).unwrap_err()
     );
-    assert!(e.contains("OCI image tag"), "{e}");
+    assert!(e.contains("not an image reference name"), "{e}");
+    for good in [
+        "0.1.0",
+        "localhost/metal/installer:0.1.0",
+        "registry.example.com:5000/a/b-c_d:v1.2-rc.3",
+        "ghcr.io/x/installer@sha256:0123abc",
+        "a--b",
+    ] {
+        assert!(check_ref_name(good).is_ok(), "{good}");
+    }
+    for bad in [
+        "",
+        "/a",
+        "a/",
+        "a//b",
+        "-a",
+        "a-",
+        "a..b",
+        "a:/b",
+        "A B",
+        "é",
+        &"a".repeat(256),
+    ] {
+        assert!(check_ref_name(bad).is_err(), "{bad:?}");
+    }
     assert!(check_tag("0.1.0").is_ok());
     assert!(check_tag("v1_2-rc.3").is_ok());
     assert!(check_tag("").is_err());

@@ -46,8 +46,10 @@ pub struct ImageSpec {
     pub layers: Vec<Vec<Entry>>,
     /// `config.Entrypoint`, e.g. `["/usr/bin/installer"]`.
     pub entrypoint: Vec<String>,
-    /// The `org.opencontainers.image.ref.name` of the image in `index.json`.
-    pub tag: String,
+    /// The `org.opencontainers.image.ref.name` of the image in `index.json`:
+    /// a full reference such as `localhost/metal/installer:0.1.0`, which
+    /// `podman load` and skopeo take as the image's name and umoci as its tag.
+    pub ref_name: String,
     /// Every timestamp: file mtimes and the config's `created`.
     pub epoch: u64,
 }
@@ -72,7 +74,7 @@ pub(super) struct LayerFile<'a> {
 /// Writes the OCI archive `dest` of `spec`, atomically (a temporary name,
 /// renamed when complete).
 pub fn write_image(dest: &Path, spec: &ImageSpec) -> Result<ImageInfo> {
-    check_tag(&spec.tag).map_err(|e| anyhow!("image tag: {e}"))?;
+    check_ref_name(&spec.ref_name).map_err(|e| anyhow!("image reference name: {e}"))?;
     check_entries(&spec.layers)?;
     let mut temps = Vec::new();
     for (i, entries) in spec.layers.iter().enumerate() {
@@ -308,7 +310,7 @@ fn documents(spec: &ImageSpec, layers: &[(String, u64)]) -> Result<Documents> {
     let manifest_digest = digest_of(&manifest);
     let index = json!({
         "manifests": [ {
-            "annotations": { REF_NAME: spec.tag },
+            "annotations": { REF_NAME: spec.ref_name },
             "digest": manifest_digest,
             "mediaType": MEDIA_TYPE_MANIFEST,
             "platform": { "architecture": "amd64", "os": "linux" },
@@ -344,6 +346,32 @@ pub fn check_tag(tag: &str) -> Result<(), String> {
         Err(format!(
             "{tag:?} cannot be an OCI image tag: use at most 128 letters, digits, '.', '_' and \
              '-', not starting with '.' or '-'"
+        ))
+    }
+}
+
+/// Checks `name` against the image layout's grammar of
+/// `org.opencontainers.image.ref.name`: components of letters and digits
+/// joined by one of `-._:@+` (or `--`), separated by `/`; at most 255
+/// bytes.
+pub fn check_ref_name(name: &str) -> Result<(), String> {
+    let component_ok = |c: &str| {
+        let b = c.as_bytes();
+        let sep = |x: u8| matches!(x, b'-' | b'.' | b'_' | b':' | b'@' | b'+');
+        !b.is_empty()
+            && b[0].is_ascii_alphanumeric()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+            && b.iter().all(|&x| x.is_ascii_alphanumeric() || sep(x))
+            && b.windows(2)
+                .all(|w| !(sep(w[0]) && sep(w[1])) || w == b"--")
+    };
+    if name.len() <= 255 && name.split('/').all(component_ok) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not an image reference name: use components of letters and digits \
+             joined by one of - . _ : @ +, separated by /, at most 255 bytes (e.g. \
+             registry.example.com/metal/installer:0.1.0)"
         ))
     }
 }

@@ -172,6 +172,45 @@ fn installer_output_needs_its_binary() {
     assert!(e.contains("version") && e.contains("tag"), "{e}");
 }
 
+/// The installer image's full reference name: the default, a name whose tag
+/// is the version, a name with its own tag (then the version need not be a
+/// tag); names podman would not read as given are refused, saying so.
+#[test]
+fn the_installer_image_has_a_full_reference_name() {
+    let with = |version: &str, image: &str| {
+        let base = GOOD.replace("version: 1.0.0", &format!("version: {version}"));
+        parse(&format!(
+            "{base}outputs: [installer]\ninstaller: {{ binary: /bin/imager{image} }}\n"
+        ))
+    };
+    let name = |v: &str, i: &str| with(v, i).unwrap().installer_image();
+    assert_eq!(name("1.0.0", ""), "localhost/metal/installer:1.0.0");
+    assert_eq!(
+        name("1.0.0", ", image: registry.example.com:5000/os/installer"),
+        "registry.example.com:5000/os/installer:1.0.0"
+    );
+    assert_eq!(
+        name("1.0.0+build", ", image: ghcr.io/os/installer:v1"),
+        "ghcr.io/os/installer:v1"
+    );
+    for (bad, says) in [
+        ("os/installer", "names no registry"),
+        ("installer", "names no registry"),
+        ("localhost/OS/installer", "lower-case"),
+        ("ghcr.io/os/installer@sha256:00", "digest"),
+        ("ghcr.io/os/installer:", "tag"),
+        ("ghcr.io/os//installer", "not an image reference name"),
+    ] {
+        let e = with("1.0.0", &format!(", image: \"{bad}\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("installer.image") && e.contains(says),
+            "{bad}: {e}"
+        );
+    }
+}
+
 /// `profiles/installer.yaml` builds the system of `profiles/metal.yaml`:
 /// it may differ only in its outputs and installer section.
 #[test]
