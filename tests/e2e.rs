@@ -1084,3 +1084,81 @@ fn a_boot_that_hangs_is_failed_by_the_ready_timeout() {
         "{err}"
     );
 }
+
+/// The output `vhd` alone: `disk.vhd` is metal's `disk.raw` byte for byte
+/// with a fixed VHD footer (qemu-img reads it as vpc of exactly 2 GiB and
+/// compares it equal), the manifest lists it and no raw disk, `imager
+/// inspect` reads its table and META, `imager verify` checks it and names it
+/// when a byte of its disk is flipped, and `imager boot` boots it to ready.
+#[test]
+fn the_output_vhd_is_the_raw_disk_as_a_fixed_vhd_and_boots() {
+    let raw = image().artifact("raw");
+    // Named metal as metal is (META's history names the profile).
+    let p = write_profile("metal", |t| {
+        assert!(t.contains("\noutputs: [raw]\n"), "metal's outputs changed");
+        t.replace("\noutputs: [raw]\n", "\noutputs: [vhd]\n")
+    });
+    // Signed by the key metal's build used: the same META.
+    image();
+    let key = dev_key();
+    let b = build_profile("vhd", &p, &["--key", key.to_str().unwrap()]);
+    let vhd = b.artifact("vhd");
+    let kinds: Vec<_> = b.json["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["kind"].as_str().unwrap().to_string())
+        .collect();
+    assert!(!kinds.contains(&"raw".to_string()), "{kinds:?}");
+    assert!(!b.dir.join("disk.raw").exists());
+    let opts = |f: &Path| {
+        format!(
+            "driver=vpc,force_size_calc=current_size,file.filename={}",
+            f.display()
+        )
+    };
+    let info: Value = serde_json::from_str(&ok(tool("qemu-img")
+        .args(["info", "--output=json", "--image-opts"])
+        .arg(opts(&vhd))))
+    .unwrap();
+    assert_eq!(info["format"], "vpc", "{info}");
+    assert_eq!(info["virtual-size"], 2u64 << 30, "{info}");
+    ok(tool("qemu-img")
+        .args(["compare", "--image-opts"])
+        .arg(opts(&vhd))
+        .arg(format!("driver=raw,file.filename={}", raw.display())));
+    let r: Value = serde_json::from_str(&ok(imager()
+        .args(["inspect", "--json"])
+        .arg(&vhd)
+        .arg("--key")
+        .arg(dev_pub())))
+    .unwrap();
+    assert_eq!(r["size"], 2u64 << 30, "{r}");
+    assert_eq!(r["partition_table"]["copy"], "primary", "{r}");
+    assert_eq!(r["partitions"].as_array().unwrap().len(), 6, "{r}");
+    assert!(r["meta"]["valid_copy"].is_u64(), "{}", r["meta"]);
+    assert_eq!(r["manifest"]["lists_image"], true, "{}", r["manifest"]);
+    ok(imager()
+        .arg("verify")
+        .arg(&b.dir)
+        .arg("--key")
+        .arg(dev_pub()));
+    flip_byte(&vhd, 2 * 1024 * 1024 + 3);
+    let out = run(imager()
+        .arg("verify")
+        .arg(&b.dir)
+        .arg("--key")
+        .arg(dev_pub()));
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("disk.vhd"));
+    flip_byte(&vhd, 2 * 1024 * 1024 + 3);
+    // QEMU reads it as the 2 GiB disk, not the file with its footer.
+    let log = scratch().join("vhd.console");
+    let report = boot_report(&vhd, &["--console-log", log.to_str().unwrap()]).unwrap();
+    assert_eq!(report["ready"], true, "{report}");
+    let console = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        console.contains("[vda] 4194304 512-byte logical blocks"),
+        "{console}"
+    );
+}

@@ -241,11 +241,13 @@ impl Table {
 }
 
 /// Size of a disk image file or block device (whose metadata says 0), by
-/// seeking to its end.
-pub fn device_size<D: Seek>(dev: &mut D) -> io::Result<u64> {
+/// seeking to its end; of a fixed VHD, the disk before its footer
+/// ([`crate::vhd::data_size`]).
+pub fn device_size<D: Read + Seek>(dev: &mut D) -> io::Result<u64> {
     let end = dev.seek(SeekFrom::End(0))?;
+    let size = crate::vhd::data_size(dev, end)?;
     dev.seek(SeekFrom::Start(0))?;
-    Ok(end)
+    Ok(size)
 }
 
 fn read_exact_at<D: Read + Seek>(dev: &mut D, at: u64, len: usize) -> io::Result<Vec<u8>> {

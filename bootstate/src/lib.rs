@@ -4,7 +4,8 @@
 //! [`fat`] reads and changes it, [`fatformat`] makes a new one, [`fatfix`]
 //! repairs fatfs's directories and removes files crash-safely), META
 //! ([`meta`]), a disk locked for one operation ([`disk`]) and the slot
-//! state, crash-safely ([`ops`]).
+//! state, crash-safely ([`ops`]). A fixed VHD is read and written as the
+//! raw disk before its footer ([`vhd`]).
 //!
 //! The model is [`contract::state::BootState`] in META; its systemd-boot
 //! rendering is the entries in BOOT's `loader/entries`
@@ -25,6 +26,7 @@ pub mod gpt;
 pub mod grubenv;
 pub mod meta;
 pub mod ops;
+pub mod vhd;
 
 pub use device::{Device, Faulty, Window};
 

@@ -169,6 +169,8 @@ pub mod output {
     pub const INITRAMFS: &str = "initramfs.zst";
     /// The raw GPT disk image.
     pub const RAW: &str = "disk.raw";
+    /// The raw disk as a fixed VHD (`bootstate::vhd`).
+    pub const VHD: &str = "disk.vhd";
     /// The installer container image, an OCI archive.
     pub const INSTALLER: &str = "installer.tar";
     /// The hybrid live ISO (`contract::iso`).

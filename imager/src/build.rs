@@ -105,8 +105,11 @@ fn build(
         names::ROOTFS_VERITY,
         names::INITRAMFS,
     ];
-    if layout.is_some() {
+    if p.outputs.contains(&Output::Raw) {
         files.push(names::RAW);
+    }
+    if p.outputs.contains(&Output::Vhd) {
+        files.push(names::VHD);
     }
     if installer_wanted {
         files.push(names::INSTALLER);
@@ -202,8 +205,17 @@ fn build(
                 grub,
                 boot_flag: p.disk.bios_boot_flag,
             });
-        let raw = write_disk(p, dir, layout, esp, bios, &payload, signer)?;
-        artifacts.push((Kind::Raw, raw));
+        let (raw, disk_guid) = write_disk(p, dir, layout, esp, bios, &payload, signer)?;
+        if p.outputs.contains(&Output::Vhd) {
+            step("disk: fixed VHD");
+            let vhd = dir.join(names::VHD);
+            disk::vhd::write_vhd(&raw, &vhd, *disk_guid.as_bytes(), epoch)?;
+            artifacts.push((Kind::Vhd, vhd));
+        }
+        // Without the output raw, the disk stays in the staging directory.
+        if p.outputs.contains(&Output::Raw) {
+            artifacts.push((Kind::Raw, raw));
+        }
     }
     if let (Some(bin), true) = (&installer_bin, installer_wanted) {
         step("installer: payload manifest and OCI archive");
@@ -298,7 +310,7 @@ fn commit(out: &Path, stage: &Staging, names: &[&str]) -> Result<()> {
 /// (if the profile makes a disk), the ESP's files, and GRUB's images made
 /// and checked against the BIOS partition.
 fn preflight(p: &Profile) -> Result<Preflight> {
-    let layout = if p.outputs.contains(&Output::Raw) {
+    let layout = if p.makes_disk() {
         Some(layout(p)?)
     } else {
         None
@@ -604,7 +616,7 @@ fn write_disk(
     bios: Option<disk::BiosBoot>,
     payload: &PayloadInput,
     signer: &dyn sign::Signer,
-) -> Result<PathBuf> {
+) -> Result<(PathBuf, contract::Guid)> {
     step("disk: raw GPT image");
     let slot_payload = payload.slot_payload(&p.version)?;
     let identity = paths::image_identity(
@@ -638,7 +650,7 @@ fn write_disk(
         bios,
         payload.epoch,
     )?;
-    Ok(raw)
+    Ok((raw, disk_guid))
 }
 
 /// The cluster CA certificate `node_api.ca` names: bounded text, PEM

@@ -335,40 +335,31 @@ pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
 
 fn sha256_sparse(mut f: File) -> io::Result<(String, u64)> {
     use std::io::{Seek, SeekFrom};
-    use std::os::fd::AsRawFd;
     static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
     let len = f.metadata()?.len();
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut at = 0u64;
-    while at < len {
-        // The next data at or after `at`, and the hole after it.
-        let fd = f.as_raw_fd();
-        let data = seek_extent(fd, at, len, libc::SEEK_DATA)?;
-        let mut zeros = data - at;
-        while zeros > 0 {
-            let n = zeros.min(ZEROS.len() as u64) as usize;
-            hasher.update(&ZEROS[..n]);
-            zeros -= n as u64;
+    let zeros = |hasher: &mut Sha256, mut n: u64| {
+        while n > 0 {
+            let k = n.min(ZEROS.len() as u64) as usize;
+            hasher.update(&ZEROS[..k]);
+            n -= k as u64;
         }
-        at = data;
-        if at == len {
-            break;
-        }
-        let hole = match seek_extent(fd, at, len, libc::SEEK_HOLE)? {
-            h if h > at => h,
-            _ => len,
-        };
-        f.seek(SeekFrom::Start(at))?;
-        let mut left = hole - at;
+    };
+    for data in data_extents(&f, len)? {
+        zeros(&mut hasher, data.start - at);
+        f.seek(SeekFrom::Start(data.start))?;
+        let mut left = data.end - data.start;
         while left > 0 {
             let n = left.min(buf.len() as u64) as usize;
             f.read_exact(&mut buf[..n])?;
             hasher.update(&buf[..n]);
             left -= n as u64;
         }
-        at = hole;
+        at = data.end;
     }
+    zeros(&mut hasher, len - at);
     // A file that grew while hashed is not what was measured.
     if f.metadata()?.len() != len {
         return Err(io::Error::other(
@@ -376,6 +367,29 @@ fn sha256_sparse(mut f: File) -> io::Result<(String, u64)> {
         ));
     }
     Ok((hex::encode(hasher.finalize()), len))
+}
+
+/// The ranges of the first `len` bytes of `f` that hold data, in order; the
+/// rest are holes (read as zeros). Where the filesystem cannot tell
+/// (no SEEK_DATA), one range: all of it.
+pub fn data_extents(f: &File, len: u64) -> io::Result<Vec<std::ops::Range<u64>>> {
+    use std::os::fd::AsRawFd;
+    let fd = f.as_raw_fd();
+    let mut out = Vec::new();
+    let mut at = 0u64;
+    while at < len {
+        let data = seek_extent(fd, at, len, libc::SEEK_DATA)?;
+        if data >= len {
+            break;
+        }
+        let hole = match seek_extent(fd, data, len, libc::SEEK_HOLE)? {
+            h if h > data => h,
+            _ => len,
+        };
+        out.push(data..hole);
+        at = hole;
+    }
+    Ok(out)
 }
 
 /// `lseek(fd, at, whence)` for SEEK_DATA or SEEK_HOLE, within `len`: no

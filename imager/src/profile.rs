@@ -258,6 +258,8 @@ pub struct SigningSection {
 pub enum Output {
     /// The raw GPT disk image (`disk.raw`).
     Raw,
+    /// The same disk as a fixed VHD (`disk.vhd`), for clouds that take it.
+    Vhd,
     /// The installer container image, an OCI archive (`installer.tar`).
     Installer,
     /// The hybrid live ISO (`live.iso`): boots from CD and USB under BIOS
@@ -272,6 +274,7 @@ impl Output {
     pub fn name(self) -> &'static str {
         match self {
             Output::Raw => "raw",
+            Output::Vhd => "vhd",
             Output::Installer => "installer",
             Output::Iso => "iso",
             Output::Uki => "uki",
@@ -876,6 +879,11 @@ impl Profile {
             Some(i) => format!("{i}:{}", self.version),
             None => format!("localhost/{}/installer:{}", self.name, self.version),
         }
+    }
+
+    /// Whether the build lays out a disk: for the output `raw` or `vhd`.
+    pub fn makes_disk(&self) -> bool {
+        self.outputs.contains(&Output::Raw) || self.outputs.contains(&Output::Vhd)
     }
 
     /// Whether the build makes the slots' UKIs: for the output `uki`, or

@@ -141,6 +141,21 @@ pub fn is_iso(path: &Path) -> Result<bool> {
     Ok(id.is_some())
 }
 
+/// QEMU's format options for the disk image `path`: raw, or a fixed VHD
+/// (`bootstate::vhd`) sized by its footer rather than by the CHS geometry
+/// QEMU would otherwise believe for an image of an unknown creator.
+fn disk_format(path: &Path) -> Result<&'static str> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let len = f.metadata()?.len();
+    let size = bootstate::gpt::device_size(&mut f)
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok(if size == len {
+        "format=raw"
+    } else {
+        "format=vpc,force_size_calc=current_size"
+    })
+}
+
 impl BootOptions {
     pub fn new(image: impl Into<PathBuf>) -> Self {
         BootOptions {
@@ -436,7 +451,8 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
         Media::Disk => {
             cmd.arg("-drive")
                 .arg(format!(
-                    "if=none,id=disk0,format=raw,file={},snapshot={}",
+                    "if=none,id=disk0,{},file={},snapshot={}",
+                    disk_format(&image_abs)?,
                     // QEMU's option syntax doubles a comma inside a value.
                     quoted(&image_abs),
                     if opts.write { "off" } else { "on" }

@@ -14,6 +14,8 @@ pub enum Kind {
     /// The root filesystem's dm-verity hash device (also in the initramfs).
     RootfsVerity,
     Raw,
+    /// The raw disk as a fixed VHD (`disk.vhd`).
+    Vhd,
     Iso,
     Installer,
     /// systemd-boot, carried in the installer's payload for `imager install`.
@@ -47,6 +49,7 @@ impl Kind {
             Kind::Rootfs => "rootfs",
             Kind::RootfsVerity => "rootfs-verity",
             Kind::Raw => "raw",
+            Kind::Vhd => "vhd",
             Kind::Iso => "iso",
             Kind::Installer => "installer",
             Kind::BootLoader => "boot-loader",

@@ -13,6 +13,7 @@
 pub mod check;
 pub mod gpt;
 pub mod layout;
+pub mod vhd;
 
 pub use self::check::{check_image, check_table, check_written};
 pub use self::gpt::{Table, TablePartition, read_table, read_table_from, write_table};
