@@ -11,6 +11,8 @@ packages=(
   # boot: firmware (OVMF; SeaBIOS comes with QEMU), boot loaders (systemd-boot
   # for UEFI, GRUB's i386-pc images, modules and grub-mkimage for BIOS), emulator
   ovmf systemd-boot-efi grub-pc-bin qemu-system-x86
+  # qemu-img: reads the VHD output back in the tests
+  qemu-utils
   # independent checkers used by the tests and the benchmark
   fdisk dosfstools mtools squashfs-tools openssl file time util-linux coreutils
   # objdump and sbverify: read the UKI's PE sections back in the tests
