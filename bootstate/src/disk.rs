@@ -135,7 +135,7 @@ impl Disk {
         } else {
             lock(&f, path, access)?;
         }
-        let size = gpt::device_size(&mut f)
+        let size = gpt::image_size(&mut f)
             .with_context(|| format!("finding the size of {}", path.display()))?;
         let table = gpt::read(&mut f, size).with_context(|| {
             format!(

@@ -240,13 +240,25 @@ impl Table {
     }
 }
 
-/// Size of a disk image file or block device (whose metadata says 0), by
-/// seeking to its end; of a fixed VHD, the disk before its footer
-/// ([`crate::vhd::data_size`]).
-pub fn device_size<D: Read + Seek>(dev: &mut D) -> io::Result<u64> {
+/// Size of a disk image file, block device (whose metadata says 0) or
+/// partition window, by seeking to its end.
+pub fn device_size<D: Seek>(dev: &mut D) -> io::Result<u64> {
     let end = dev.seek(SeekFrom::End(0))?;
-    let size = crate::vhd::data_size(dev, end)?;
     dev.seek(SeekFrom::Start(0))?;
+    Ok(end)
+}
+
+/// The size of the disk in the image file or block device `f`: as
+/// [`device_size`], but for a regular file that is a fixed VHD, the disk
+/// before its footer ([`crate::vhd::data_size`]). Block devices and
+/// partitions are never taken for VHDs.
+pub fn image_size(f: &mut std::fs::File) -> io::Result<u64> {
+    let end = device_size(f)?;
+    if !f.metadata()?.is_file() {
+        return Ok(end);
+    }
+    let size = crate::vhd::data_size(f, end)?;
+    f.seek(SeekFrom::Start(0))?;
     Ok(size)
 }
 

@@ -5,7 +5,7 @@
 //! repairs fatfs's directories and removes files crash-safely), META
 //! ([`meta`]), a disk locked for one operation ([`disk`]) and the slot
 //! state, crash-safely ([`ops`]). A fixed VHD is read and written as the
-//! raw disk before its footer ([`vhd`]).
+//! raw disk before its footer ([`vhd`], [`gpt::image_size`]).
 //!
 //! The model is [`contract::state::BootState`] in META; its systemd-boot
 //! rendering is the entries in BOOT's `loader/entries`

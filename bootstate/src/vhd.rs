@@ -3,7 +3,8 @@
 //! disk type 2, fixed). Clouds that take VHD want this type, its size a
 //! whole number of MiB. Since the data is the raw disk at offset 0, every
 //! reader of ours treats a fixed VHD as the disk before its footer:
-//! [`data_size`], which [`crate::gpt::device_size`] applies, so the
+//! [`data_size`], which [`crate::gpt::image_size`] applies to image files
+//! (never to block devices or partitions), so the
 //! partition table, META and BOOT are found and written where they are on
 //! the raw disk.
 //!

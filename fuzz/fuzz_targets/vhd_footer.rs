@@ -4,7 +4,7 @@
 //! write for a size reads back as that size, and one changed byte of it
 //! is refused.
 #![no_main]
-use bootstate::vhd::{FOOTER_LEN, footer, parse_footer};
+use bootstate::vhd::{FOOTER_LEN, data_size, footer, parse_footer};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -19,6 +19,10 @@ fuzz_target!(|data: &[u8]| {
     if let Some(size) = parse_footer(&f, len) {
         assert_eq!(size + FOOTER_LEN, len);
     }
+    // As readers find a disk's size: the input as the whole file.
+    let n = data.len() as u64;
+    let size = data_size(&mut std::io::Cursor::new(data), n).expect("in memory");
+    assert!(size == n || size + FOOTER_LEN == n);
     // Our own footer for a size taken from the input.
     let size = (len % (1 << 50)) & !511;
     let mut id = [0u8; 16];

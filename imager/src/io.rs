@@ -330,6 +330,12 @@ impl<W: Write> Write for HashingWriter<W> {
 /// holes are, the whole file is read.
 pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
     let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        // A pipe or a device: its size is not in its metadata. Read it.
+        let mut r = HashingReader::new(io::BufReader::with_capacity(1 << 20, f));
+        io::copy(&mut r, &mut io::sink()).with_context(|| format!("reading {}", path.display()))?;
+        return Ok(r.finish());
+    }
     sha256_sparse(f).with_context(|| format!("reading {}", path.display()))
 }
 

@@ -611,7 +611,10 @@ impl Profile {
             _ => {}
         }
         if self.outputs.is_empty() {
-            return invalid("outputs", "name at least one output (raw, installer, iso)");
+            return invalid(
+                "outputs",
+                "name at least one output (raw, vhd, installer, iso, uki)",
+            );
         }
         let mut seen = std::collections::BTreeSet::new();
         if let Some(i) = self.outputs.iter().position(|o| !seen.insert(*o)) {
@@ -656,6 +659,22 @@ impl Profile {
             }
             check_installer_image(&self.installer_image())
                 .map_err(|e| Invalid::new("installer.image", e))?;
+        }
+        if self.outputs.contains(&Output::Vhd) {
+            if self.disk.sector_size != 512 {
+                return invalid(
+                    "disk.sector_size",
+                    "the output vhd is a disk of 512-byte sectors (as VHD readers take it): \
+                     use 512, or drop vhd from outputs",
+                );
+            }
+            if !self.disk.size.0.is_multiple_of(1 << 20) {
+                return invalid(
+                    "disk.size",
+                    "the output vhd needs a whole number of MiB (clouds refuse other VHD \
+                     sizes): round disk.size to MiB",
+                );
+            }
         }
         if !contract::partition::SECTOR_SIZES.contains(&self.disk.sector_size) {
             return invalid(
@@ -877,7 +896,11 @@ impl Profile {
         match self.installer.as_ref().and_then(|i| i.image.as_deref()) {
             Some(i) if has_tag(i) => i.to_string(),
             Some(i) => format!("{i}:{}", self.version),
-            None => format!("localhost/{}/installer:{}", self.name, self.version),
+            None => format!(
+                "localhost/{}/installer:{}",
+                repository_component(&self.name),
+                self.version
+            ),
         }
     }
 
@@ -981,6 +1004,19 @@ fn check_version(v: &str) -> Result<(), String> {
              letter or digit (it goes into os-release, boot entries, META and image tags)",
             excerpt(v)
         ))
+    }
+}
+
+/// The profile's name as a repository name component: lower case, each run
+/// of '-' and '_' one '-', none at either end (`My__OS-` → `my-os`); `os`
+/// when nothing is left.
+fn repository_component(name: &str) -> String {
+    let lower = name.to_ascii_lowercase();
+    let parts: Vec<&str> = lower.split(['-', '_']).filter(|p| !p.is_empty()).collect();
+    if parts.is_empty() {
+        "os".to_string()
+    } else {
+        parts.join("-")
     }
 }
 

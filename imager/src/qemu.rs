@@ -147,7 +147,7 @@ pub fn is_iso(path: &Path) -> Result<bool> {
 fn disk_format(path: &Path) -> Result<&'static str> {
     let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let len = f.metadata()?.len();
-    let size = bootstate::gpt::device_size(&mut f)
+    let size = bootstate::gpt::image_size(&mut f)
         .with_context(|| format!("reading {}", path.display()))?;
     Ok(if size == len {
         "format=raw"
@@ -479,7 +479,8 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
             .with_context(|| format!("resolving the extra disk {}", d.path.display()))?;
         cmd.arg("-drive")
             .arg(format!(
-                "if=none,id=extra{i},format=raw,file={}",
+                "if=none,id=extra{i},{},file={}",
+                disk_format(&path)?,
                 quoted(&path)
             ))
             .arg("-device")

@@ -13,7 +13,7 @@ use std::fs::File;
 use std::io::{Read, Seek};
 use std::path::Path;
 
-pub use bootstate::gpt::{Partition as TablePartition, Table, device_size};
+pub use bootstate::gpt::{Partition as TablePartition, Table, device_size, image_size};
 
 /// Writes the protective MBR and both GPTs of `layout` to `device`, which
 /// must already be `layout.disk_size` bytes long. Only the table sectors are
@@ -49,7 +49,9 @@ pub fn write_table<D: Device>(device: &mut D, layout: &Layout, disk_guid: Guid) 
 /// Reads the partition table of the disk image or block device at `path`.
 pub fn read_table(path: &Path) -> Result<Table> {
     let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    read_table_from(&mut f).with_context(|| {
+    let size =
+        image_size(&mut f).with_context(|| format!("finding the size of {}", path.display()))?;
+    bootstate::gpt::read(&mut f, size).with_context(|| {
         format!(
             "reading the partition table of {}: not a GPT disk image",
             path.display()

@@ -76,7 +76,7 @@ mod tests {
             bootstate::vhd::footer(64 << 20, [9; 16], 1_700_000_000)
         );
         let mut f = std::fs::File::open(&vhd).unwrap();
-        assert_eq!(bootstate::gpt::device_size(&mut f).unwrap(), 64 << 20);
+        assert_eq!(bootstate::gpt::image_size(&mut f).unwrap(), 64 << 20);
         use std::os::unix::fs::MetadataExt;
         assert!(
             f.metadata().unwrap().blocks() * 512 < 1 << 20,

@@ -1232,6 +1232,8 @@ fn image_paths_and_tags_are_checked() {
         "-a",
         "a-",
         "a..b",
+        "a---b",
+        "a-_b",
         "a:/b",
         "A B",
         "é",

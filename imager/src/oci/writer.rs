@@ -362,8 +362,9 @@ pub fn check_ref_name(name: &str) -> Result<(), String> {
             && b[0].is_ascii_alphanumeric()
             && b[b.len() - 1].is_ascii_alphanumeric()
             && b.iter().all(|&x| x.is_ascii_alphanumeric() || sep(x))
-            && b.windows(2)
-                .all(|w| !(sep(w[0]) && sep(w[1])) || w == b"--")
+            // Between letters and digits: one separator, or exactly "--".
+            && b.split(|x| x.is_ascii_alphanumeric())
+                .all(|run| run.len() <= 1 || run == b"--")
     };
     if name.len() <= 255 && name.split('/').all(component_ok) {
         Ok(())

@@ -185,6 +185,23 @@ fn the_installer_image_has_a_full_reference_name() {
     };
     let name = |v: &str, i: &str| with(v, i).unwrap().installer_image();
     assert_eq!(name("1.0.0", ""), "localhost/metal/installer:1.0.0");
+    // The default from any valid profile name is a valid reference.
+    for (n, repo) in [
+        ("My__OS-", "my-os"),
+        ("_", "os"),
+        ("a-_-b", "a-b"),
+        ("X1", "x1"),
+    ] {
+        let p = parse(&format!(
+            "{}outputs: [installer]\ninstaller: {{ binary: /bin/imager }}\n",
+            GOOD.replace("name: metal", &format!("name: {n}"))
+        ))
+        .unwrap();
+        assert_eq!(
+            p.installer_image(),
+            format!("localhost/{repo}/installer:1.0.0")
+        );
+    }
     assert_eq!(
         name("1.0.0", ", image: registry.example.com:5000/os/installer"),
         "registry.example.com:5000/os/installer:1.0.0"
@@ -209,6 +226,25 @@ fn the_installer_image_has_a_full_reference_name() {
             "{bad}: {e}"
         );
     }
+}
+
+/// The output vhd: 512-byte sectors and a whole number of MiB, refused
+/// before any work otherwise.
+#[test]
+fn the_vhd_output_needs_512_byte_sectors_and_whole_mib() {
+    let p = parse(&format!("{GOOD}outputs: [vhd]\n")).unwrap();
+    assert!(p.makes_disk());
+    let e = parse(&format!("{GOOD}outputs: [vhd]\n").replace("size: 2GiB", "size: 2147483136"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("disk.size") && e.contains("whole number of MiB"),
+        "{e}"
+    );
+    let e = parse(&format!("{GOOD}  sector_size: 4096\noutputs: [raw, vhd]\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("disk.sector_size") && e.contains("vhd"), "{e}");
 }
 
 /// `profiles/installer.yaml` builds the system of `profiles/metal.yaml`:
