@@ -49,10 +49,13 @@ fn live() -> &'static Live {
             .arg(b.artifact("installer"))
             .arg("-C")
             .arg(dir.join("layout")));
-        let tag = b.json["version"].as_str().unwrap();
         ok(tool("umoci")
             .args(["unpack", "--image"])
-            .arg(format!("{}:{tag}", dir.join("layout").display()))
+            .arg(format!(
+                "{}:{}",
+                dir.join("layout").display(),
+                b.installer_ref()
+            ))
             .arg(dir.join("bundle")));
         let root = dir.join("bundle/rootfs");
         let payload = root.join(contract::paths::INSTALLER_PAYLOAD_DIR);

@@ -920,10 +920,9 @@ fn unpack_installer(b: &Build, name: &str) -> PathBuf {
         .arg(payload(b))
         .arg("-C")
         .arg(&layout));
-    let tag = b.json["version"].as_str().unwrap();
     ok(tool("umoci")
         .args(["unpack", "--image"])
-        .arg(format!("{}:{tag}", layout.display()))
+        .arg(format!("{}:{}", layout.display(), b.installer_ref()))
         .arg(&bundle));
     bundle.join("rootfs")
 }

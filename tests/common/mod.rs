@@ -57,6 +57,16 @@ pub struct Build {
 }
 
 impl Build {
+    /// The reference name of its installer image (the profile's default
+    /// `installer.image`), as umoci and skopeo select it in the archive.
+    pub fn installer_ref(&self) -> String {
+        format!(
+            "localhost/{}/installer:{}",
+            self.json["name"].as_str().expect("name"),
+            self.json["version"].as_str().expect("version")
+        )
+    }
+
     pub fn artifact(&self, kind: &str) -> PathBuf {
         let a = self.json["artifacts"]
             .as_array()
