@@ -136,6 +136,7 @@ impl Fixture {
             key: None,
             cache_dir: self.root.join("cache"),
             jobs: 1,
+            reuse: Default::default(),
         }
     }
 
@@ -268,7 +269,7 @@ fn a_stale_temporary_of_a_dead_build_is_swept_by_the_next_build() {
                 .to_string_lossy()
                 .into_owned()
         })
-        .chain(["notes.txt".to_string()])
+        .chain(["notes.txt".to_string(), names::RECORD.to_string()])
         .collect();
     want.sort();
     assert_eq!(left, want);
@@ -509,4 +510,239 @@ fn an_iso_without_systemd_boot_or_grub_modules_is_refused_before_any_work() {
             out.display()
         );
     }
+}
+
+/// [`snapshot`] without the build record, which records the files'
+/// times.
+fn built_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut m = snapshot(dir);
+    m.remove(names::RECORD);
+    m
+}
+
+/// Each file of `dir` (not hidden) with its inode and modification time:
+/// what a skipped stage leaves as it was.
+fn stamps(dir: &Path) -> BTreeMap<String, (u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut m = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let md = e.metadata().unwrap();
+        if md.is_file() && !name.starts_with('.') {
+            m.insert(name, (md.ino(), md.mtime(), md.mtime_nsec()));
+        }
+    }
+    m
+}
+
+/// The stages a report says were built, and those it says were skipped.
+fn built_and_skipped(r: &build::BuildReport) -> (Vec<String>, Vec<String>) {
+    let pick = |action: &str| {
+        r.stages
+            .iter()
+            .filter(|s| s.action == action)
+            .map(|s| s.stage.clone())
+            .collect::<Vec<_>>()
+    };
+    (pick("built"), pick("skipped"))
+}
+
+impl Fixture {
+    /// Adds the skeleton file `etc/motd` with `text` to the root
+    /// filesystem's manifest and tree.
+    fn with_motd(&self, text: &str) {
+        let m = self.root.join("skeleton.txt");
+        let manifest = std::fs::read_to_string(&m).unwrap();
+        if !manifest.contains("etc/motd") {
+            std::fs::write(&m, format!("{manifest}dir 0755 etc\nfile 0644 etc/motd\n")).unwrap();
+        }
+        std::fs::create_dir_all(self.root.join("skel/etc")).unwrap();
+        std::fs::write(self.root.join("skel/etc/motd"), text).unwrap();
+    }
+
+    fn opts_reusing(&self, out: &Path, reuse: build::Reuse) -> BuildOptions {
+        BuildOptions {
+            reuse,
+            ..self.opts(out)
+        }
+    }
+}
+
+#[test]
+fn a_rebuild_with_nothing_changed_runs_no_stage_and_touches_no_file() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let out = f.out("again");
+    let p = f.profile("1.0.0", "");
+    let first = build::run(&p, &f.opts(&out)).unwrap();
+    let (built, skipped) = built_and_skipped(&first);
+    assert_eq!(built, ["kernel", "rootfs", "initramfs", "disk", "manifest"]);
+    assert!(skipped.is_empty(), "{skipped:?}");
+    let (bytes, times) = (built_files(&out), stamps(&out));
+    for reuse in [build::Reuse::Stamps, build::Reuse::Digests] {
+        let again = build::run(&p, &f.opts_reusing(&out, reuse)).unwrap();
+        let (built, skipped) = built_and_skipped(&again);
+        assert!(built.is_empty(), "{reuse:?}: {built:?} built again");
+        assert_eq!(
+            skipped,
+            ["kernel", "rootfs", "initramfs", "disk", "manifest"]
+        );
+        assert!(built_files(&out) == bytes, "{reuse:?}: a file changed");
+        assert_eq!(stamps(&out), times, "{reuse:?}: a file was rewritten");
+        // The report lists the same artifacts, digests and all.
+        assert_eq!(
+            serde_json::to_value(&again.artifacts).unwrap(),
+            serde_json::to_value(&first.artifacts).unwrap()
+        );
+    }
+    assert_eq!(verify_ok(&f, &out), "1.0.0");
+    // --force runs every stage, and writes the same bytes.
+    let forced = build::run(&p, &f.opts_reusing(&out, build::Reuse::Never)).unwrap();
+    let (built, _) = built_and_skipped(&forced);
+    assert_eq!(built, ["kernel", "rootfs", "initramfs", "disk", "manifest"]);
+    assert!(
+        built_files(&out) == bytes,
+        "a forced rebuild changed a file"
+    );
+    assert_ne!(stamps(&out), times, "a forced rebuild kept the old files");
+}
+
+#[test]
+fn a_changed_skeleton_file_rebuilds_exactly_what_depends_on_it() {
+    let _serial = serial();
+    let f = Fixture::new();
+    f.with_motd("one\n");
+    let out = f.out("motd");
+    let p = f.profile("1.0.0", "");
+    build::run(&p, &f.opts(&out)).unwrap();
+    let before = stamps(&out);
+    f.with_motd("two\n");
+    let r = build::run(&p, &f.opts(&out)).unwrap();
+    let (built, skipped) = built_and_skipped(&r);
+    assert_eq!(built, ["rootfs", "initramfs", "disk", "manifest"]);
+    assert_eq!(skipped, ["kernel"]);
+    let after = stamps(&out);
+    for name in [names::KERNEL, names::KERNEL_CONFIG] {
+        assert_eq!(after[name], before[name], "{name} was rewritten");
+    }
+    for name in [names::ROOTFS, names::INITRAMFS, names::RAW, names::MANIFEST] {
+        assert_ne!(after[name], before[name], "{name} was not rebuilt");
+    }
+    assert_eq!(verify_ok(&f, &out), "1.0.0");
+    // The same bytes as a whole build of the same inputs.
+    let whole = f.out("motd-whole");
+    build::run(&p, &f.opts_reusing(&whole, build::Reuse::Never)).unwrap();
+    let (a, b) = (snapshot(&out), snapshot(&whole));
+    for (name, bytes) in &b {
+        if name != names::RECORD {
+            assert!(
+                a.get(name) == Some(bytes),
+                "{name} differs from a whole build"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_damaged_output_is_rebuilt_and_what_depends_on_it_only_if_its_bytes_change() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let out = f.out("damaged");
+    let p = f.profile("1.0.0", "");
+    build::run(&p, &f.opts(&out)).unwrap();
+    let bytes = built_files(&out);
+
+    // Truncated: the disk is made again, the same bytes; nothing else runs.
+    let raw = out.join(names::RAW);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&raw)
+        .unwrap()
+        .set_len(4096)
+        .unwrap();
+    let r = build::run(&p, &f.opts(&out)).unwrap();
+    assert_eq!(built_and_skipped(&r).0, ["disk"]);
+    assert!(built_files(&out) == bytes);
+
+    // Touched: the root filesystem is made again, the same bytes, so the
+    // initramfs and the disk made from it are not.
+    let rootfs = std::fs::File::options()
+        .write(true)
+        .open(out.join(names::ROOTFS))
+        .unwrap();
+    rootfs
+        .set_modified(std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(7))
+        .unwrap();
+    drop(rootfs);
+    let r = build::run(&p, &f.opts(&out)).unwrap();
+    assert_eq!(built_and_skipped(&r).0, ["rootfs"]);
+    assert!(built_files(&out) == bytes);
+
+    // A byte changed behind the build's back, size and time kept: make's
+    // check misses it, --verify-outputs does not.
+    let initramfs = out.join(names::INITRAMFS);
+    let before = std::fs::metadata(&initramfs).unwrap().modified().unwrap();
+    let mut data = std::fs::read(&initramfs).unwrap();
+    let last = data.len() - 1;
+    data[last] ^= 0xff;
+    std::fs::write(&initramfs, &data).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&initramfs)
+        .unwrap()
+        .set_modified(before)
+        .unwrap();
+    let r = build::run(&p, &f.opts(&out)).unwrap();
+    assert!(built_and_skipped(&r).0.is_empty());
+    let r = build::run(&p, &f.opts_reusing(&out, build::Reuse::Digests)).unwrap();
+    assert_eq!(built_and_skipped(&r).0, ["initramfs"]);
+    assert!(built_files(&out) == bytes);
+    assert_eq!(verify_ok(&f, &out), "1.0.0");
+}
+
+#[test]
+fn progress_json_is_one_object_per_line_and_ends_with_every_stage_done() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let out = f.out("progress");
+    f.profile("1.0.0", "");
+    let run = || {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_imager"))
+            .args(["build", "--progress=json", "--profile"])
+            .arg(f.root.join("outputs-1.0.0.yaml"))
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let err = String::from_utf8(o.stderr).unwrap();
+        assert!(o.status.success(), "{err}");
+        // No tool runs (prebuilt kernel and runtime): every line is JSON.
+        let lines: Vec<serde_json::Value> = err
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+            .collect();
+        let mut last: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+        for l in &lines {
+            if let Some(stage) = l["stage"].as_str() {
+                assert!(l["done"].is_u64() && l["total"].is_u64(), "{l}");
+                last.insert(stage.to_string(), l.clone());
+            } else {
+                assert!(l["message"].is_string(), "{l}");
+            }
+        }
+        let stages: Vec<&String> = last.keys().collect();
+        assert_eq!(
+            stages,
+            ["disk", "initramfs", "kernel", "manifest", "rootfs"]
+        );
+        for l in last.values() {
+            assert_eq!(l["done"], l["total"], "{l}");
+        }
+        last
+    };
+    let first = run();
+    assert!(first.values().all(|l| l.get("skipped").is_none()));
+    let second = run();
+    assert!(second.values().all(|l| l["skipped"] == true), "{second:?}");
 }

@@ -193,4 +193,7 @@ pub mod output {
     pub const MANIFEST: &str = "manifest.json";
     /// The detached signature of [`MANIFEST`].
     pub const SIGNATURE: &str = "manifest.json.sig";
+    /// What each stage of the build was made from, for the next build
+    /// (`imager::build::record`).
+    pub const RECORD: &str = "build-record.json";
 }

@@ -21,7 +21,7 @@
 //! filesystem's contents; `build/installer.rs` writes the installer image.
 
 use crate::artifact::{Artifact, Kind};
-use crate::io::{DirLock, Staging, sha256_file};
+use crate::io::{DirLock, Staging};
 use crate::profile::{Output, Profile};
 use crate::{boot, disk, initramfs, kernel, rootfs, runtime, sign};
 use anyhow::{Context, Result, bail};
@@ -30,9 +30,12 @@ use std::path::{Path, PathBuf};
 
 mod installer;
 mod iso;
+pub mod record;
 mod secureboot;
 mod skeleton;
 mod uki;
+
+pub use record::{Inputs, OutputStamp, Reuse, StageReport, Stages};
 
 pub use secureboot::esp_files as secure_esp_files;
 
@@ -51,6 +54,8 @@ pub struct BuildOptions {
     pub key: Option<PathBuf>,
     pub cache_dir: PathBuf,
     pub jobs: usize,
+    /// Which recorded stages may be skipped (`--force`, `--verify-outputs`).
+    pub reuse: Reuse,
 }
 
 /// What a build produced.
@@ -63,6 +68,8 @@ pub struct BuildReport {
     pub key_id: String,
     pub kernel_cached: bool,
     pub artifacts: Vec<Artifact>,
+    /// What became of each stage: built (and why) or skipped.
+    pub stages: Vec<StageReport>,
 }
 
 /// Runs the whole build: each phase in order, the cheap checks and the
@@ -90,39 +97,15 @@ fn build(
     let out = &opts.out_dir;
     let _lock = lock_output(out)?;
     let epoch = describe_build(p, out)?;
-    let Preflight {
-        layout,
-        mut esp,
-        grub,
-        raw_bios,
-        eltorito,
-    } = preflight(p)?;
-    let installer_wanted = p.installer.is_some() && p.outputs.contains(&Output::Installer);
-    let mut files = vec![
-        names::KERNEL,
-        names::KERNEL_CONFIG,
-        names::ROOTFS,
-        names::ROOTFS_VERITY,
-        names::INITRAMFS,
-    ];
-    if p.outputs.contains(&Output::Raw) {
-        files.push(names::RAW);
-    }
-    if p.outputs.contains(&Output::Vhd) {
-        files.push(names::VHD);
-    }
-    if installer_wanted {
-        files.push(names::INSTALLER);
-    }
-    if eltorito.is_some() {
-        files.push(names::ISO);
-    }
-    if p.makes_ukis() {
-        files.extend(Slot::ALL.map(names::uki));
-    }
+    let pre = preflight(p)?;
+    let files = output_files(p, &pre);
     crate::io::check_replaceable(
         out,
-        &[&files[..], &[names::SIGNATURE, names::MANIFEST]].concat(),
+        &[
+            &files[..],
+            &[names::SIGNATURE, names::MANIFEST, names::RECORD],
+        ]
+        .concat(),
     )?;
     let loaded;
     let signer = match given {
@@ -141,44 +124,254 @@ fn build(
         None => None,
     };
     let kernel = kernel_files(p, opts)?;
-    let stage = Staging::create(out, "build")?;
-    let dir = stage.path();
-    let kernel_out = place(&kernel.bzimage, dir, names::KERNEL)?;
-    let config_out = place(&kernel.config, dir, names::KERNEL_CONFIG)?;
     let machined = runtime_binary(p)?;
     let installer_bin = installer_binary(p)?;
-    let rootfs_out = write_rootfs(p, dir, &machined, epoch)?;
-    let (verity_out, verity) = write_verity(dir, &rootfs_out)?;
-    let initramfs_out = write_initramfs(p, dir, &machined, &rootfs_out, &verity_out, epoch)?;
-    let mut artifacts = vec![
-        (Kind::Kernel, kernel_out.clone()),
-        (Kind::KernelConfig, config_out),
-        (Kind::Rootfs, rootfs_out.clone()),
-        (Kind::RootfsVerity, verity_out.clone()),
-        (Kind::Initramfs, initramfs_out.clone()),
+    let stage = Staging::create(out, "build")?;
+    let mut stages = Stages::open(out, stage.path(), opts.reuse);
+    let inputs = BuildInputs {
+        p,
+        epoch,
+        pre,
+        signer,
+        sb: sb.as_ref(),
+        node_ca: node_ca.as_deref(),
+        kernel: &kernel,
+        machined: &machined,
+        installer_bin: installer_bin.as_deref(),
+        dir: stage.path(),
+    };
+    let (artifacts, boot_info) = run_stages(&mut stages, &inputs)?;
+    let listed = stages.run(
+        "manifest",
+        manifest_inputs(&inputs, &artifacts, &boot_info)?,
+        &[names::MANIFEST, names::SIGNATURE],
+        |dir| {
+            step("sign: manifest");
+            sign_manifest(p, dir, &artifacts, boot_info, signer, epoch)?;
+            Ok(serde_json::Value::Null)
+        },
+    )?;
+    let mut all = artifacts;
+    all.push((Kind::Manifest, listed.outputs[names::MANIFEST].clone()));
+    all.push((Kind::Signature, listed.outputs[names::SIGNATURE].clone()));
+    if stages.nothing_built() {
+        step(&format!("nothing changed: {} is up to date", out.display()));
+    } else {
+        commit(out, &stage, &files)?;
+        stages.write_record()?;
+    }
+    Ok(BuildReport {
+        name: p.name.clone(),
+        version: p.version.clone(),
+        profile: profile_name(p),
+        source_date_epoch: epoch,
+        key_id: signer.key_id(),
+        kernel_cached: kernel.cached,
+        artifacts: all
+            .iter()
+            .map(|(kind, o)| Artifact {
+                kind: *kind,
+                path: out.join(&o.name).display().to_string(),
+                sha256: o.sha256.clone(),
+                size: o.size,
+            })
+            .collect(),
+        stages: stages.report_lines(),
+    })
+}
+
+/// The names of the files a build of `p` commits into its output
+/// directory, but the manifest and its signature.
+fn output_files(p: &Profile, pre: &Preflight) -> Vec<&'static str> {
+    let mut files = vec![
+        names::KERNEL,
+        names::KERNEL_CONFIG,
+        names::ROOTFS,
+        names::ROOTFS_VERITY,
+        names::INITRAMFS,
     ];
-    // The image's command line: the profile's and the root hash.
-    let cmdline = image_cmdline(p, verified_root(&kernel.config, &verity)?);
-    let ukis = if p.makes_ukis() {
-        let made = uki::write_ukis(p, dir, &kernel_out, &initramfs_out, &cmdline)?;
-        if let Some(sb) = &sb {
-            step("secure boot: signing the UKIs and systemd-boot with the db key");
-            for u in &made {
-                sb.sign(u, u)?;
+    if p.makes_ukis() {
+        files.extend(Slot::ALL.map(names::uki));
+    }
+    files.extend(disk_outputs(p, pre));
+    if installer_wanted(p) {
+        files.push(names::INSTALLER);
+    }
+    if pre.eltorito.is_some() {
+        files.push(names::ISO);
+    }
+    files
+}
+
+/// The disk images a build of `p` keeps: the raw disk and the formats
+/// made from it.
+fn disk_outputs(p: &Profile, pre: &Preflight) -> Vec<&'static str> {
+    let mut files = Vec::new();
+    if pre.layout.is_none() {
+        return files;
+    }
+    if p.outputs.contains(&Output::Raw) {
+        files.push(names::RAW);
+    }
+    if p.outputs.contains(&Output::Vhd) {
+        files.push(names::VHD);
+    }
+    files
+}
+
+fn installer_wanted(p: &Profile) -> bool {
+    p.installer.is_some() && p.outputs.contains(&Output::Installer)
+}
+
+/// What the stages of one build read, found before the first stage.
+struct BuildInputs<'a> {
+    p: &'a Profile,
+    epoch: u64,
+    pre: Preflight,
+    signer: &'a dyn sign::Signer,
+    sb: Option<&'a secureboot::SecureBoot>,
+    node_ca: Option<&'a str>,
+    kernel: &'a KernelFiles,
+    machined: &'a Path,
+    installer_bin: Option<&'a Path>,
+    /// The staging directory.
+    dir: &'a Path,
+}
+
+impl BuildInputs<'_> {
+    /// The inputs every stage after the initramfs shares: the profile's
+    /// text, SOURCE_DATE_EPOCH, the signing key, Secure Boot's keys and
+    /// the node API's CA.
+    fn common(&self, stage: &str) -> Result<Inputs> {
+        let mut i = Inputs::new(stage)?
+            .file("profile", &self.p.path)?
+            .value("epoch", self.epoch.to_string())
+            .value("signer", self.signer.public_key().as_bytes());
+        if let Some(sb) = self.sb {
+            i = i.value("secure-boot db", &sb.db_pem);
+            for (name, bytes) in &sb.enrolment {
+                i = i.value(name, bytes);
             }
         }
-        artifacts.extend(made.iter().map(|u| (Kind::Uki, u.clone())));
-        Some(made)
+        if let Some(ca) = self.node_ca {
+            i = i.value("node ca", ca);
+        }
+        Ok(i)
+    }
+}
+
+/// One output of a stage as the manifest lists it.
+type Made = (Kind, OutputStamp);
+
+/// Runs the stages before the manifest: kernel, root filesystem and its
+/// hash tree, initramfs, UKIs, disk images, installer image, ISO. Returns
+/// the artifacts to list and the manifest's boot section.
+fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::Boot)> {
+    let (p, dir) = (b.p, b.dir);
+    let mut made = Vec::new();
+    let mut keep = |done: &record::Done, kind: Kind, name: &str| -> Result<()> {
+        let o = done
+            .outputs
+            .get(name)
+            .with_context(|| format!("internal: no {name} was made"))?;
+        made.push((kind, o.clone()));
+        Ok(())
+    };
+    // 1. The kernel, from the cache or the profile.
+    let kernel = stages.run(
+        "kernel",
+        Inputs::new("kernel")?
+            .file("bzImage", &b.kernel.bzimage)?
+            .file("config", &b.kernel.config)?,
+        &[names::KERNEL, names::KERNEL_CONFIG],
+        |dir| {
+            place(&b.kernel.bzimage, dir, names::KERNEL)?;
+            place(&b.kernel.config, dir, names::KERNEL_CONFIG)?;
+            Ok(serde_json::Value::Null)
+        },
+    )?;
+    keep(&kernel, Kind::Kernel, names::KERNEL)?;
+    keep(&kernel, Kind::KernelConfig, names::KERNEL_CONFIG)?;
+    // 2. The root filesystem and its dm-verity hash tree.
+    let spec = rootfs_spec(p, b.machined, b.epoch)?;
+    let rootfs = stages.run(
+        "rootfs",
+        rootfs_inputs(&spec)?,
+        &[names::ROOTFS, names::ROOTFS_VERITY],
+        |dir| {
+            step("rootfs: squashfs");
+            rootfs::build_rootfs(&dir.join(names::ROOTFS), &spec)?;
+            let verity = write_verity(dir, &dir.join(names::ROOTFS))?;
+            Ok(serde_json::json!({ "root_hash": verity.root_hash }))
+        },
+    )?;
+    keep(&rootfs, Kind::Rootfs, names::ROOTFS)?;
+    keep(&rootfs, Kind::RootfsVerity, names::ROOTFS_VERITY)?;
+    let root_hash = rootfs.values["root_hash"]
+        .as_str()
+        .context("internal: the rootfs stage recorded no root hash")?
+        .to_string();
+    // 3. The initramfs: the runtime, the root filesystem, its hash tree.
+    let initramfs = stages.run(
+        "initramfs",
+        Inputs::new("initramfs")?
+            .file("machined", b.machined)?
+            .value("rootfs", rootfs.digest(names::ROOTFS)?)
+            .value("verity", rootfs.digest(names::ROOTFS_VERITY)?)
+            .value("epoch", b.epoch.to_string())
+            .value("level", p.compression.initramfs_zstd_level.to_string()),
+        &[names::INITRAMFS],
+        |dir| {
+            write_initramfs(p, dir, b.machined, b.epoch)?;
+            Ok(serde_json::Value::Null)
+        },
+    )?;
+    keep(&initramfs, Kind::Initramfs, names::INITRAMFS)?;
+    let (kernel_out, initramfs_out) = (dir.join(names::KERNEL), dir.join(names::INITRAMFS));
+    // The image's command line: the profile's and the root hash.
+    let cmdline = image_cmdline(
+        p,
+        verified_root(&dir.join(names::KERNEL_CONFIG), &root_hash)?,
+    );
+    let payload_inputs = |stage: &str| -> Result<Inputs> {
+        Ok(b.common(stage)?
+            .value("kernel", kernel.digest(names::KERNEL)?)
+            .value("initramfs", initramfs.digest(names::INITRAMFS)?)
+            .value("cmdline", &cmdline))
+    };
+    // 4. The slots' UKIs, signed for Secure Boot.
+    let ukis = if p.makes_ukis() {
+        let names_ = Slot::ALL.map(names::uki);
+        let done = stages.run(
+            "ukis",
+            payload_inputs("ukis")?.file("stub", &p.boot.stub)?,
+            &names_,
+            |dir| {
+                let made = uki::write_ukis(p, dir, &kernel_out, &initramfs_out, &cmdline)?;
+                if let Some(sb) = b.sb {
+                    step("secure boot: signing the UKIs and systemd-boot with the db key");
+                    for u in &made {
+                        sb.sign(u, u)?;
+                    }
+                }
+                Ok(serde_json::Value::Null)
+            },
+        )?;
+        for n in names_ {
+            keep(&done, Kind::Uki, n)?;
+        }
+        Some(Slot::ALL.map(|s| dir.join(names::uki(s))))
     } else {
         None
     };
     let boot_info = sign::Boot {
         title: boot::image_title(&p.pretty_name, &p.version),
         cmdline: cmdline.clone(),
-        secure_boot_enroll: sb.as_ref().map(|s| s.enroll_mode.clone()),
+        secure_boot_enroll: b.sb.map(|s| s.enroll_mode.clone()),
     };
     // systemd-boot, signed for Secure Boot (staged, not an output).
-    let boot_loader = match &sb {
+    let mut esp = b.pre.esp.clone();
+    let boot_loader = match b.sb {
         Some(sb) => {
             let signed = sb.sign(&p.boot.systemd_boot, &dir.join(paths::PAYLOAD_BOOT_LOADER))?;
             esp = sb.esp_files(&signed)?;
@@ -188,65 +381,170 @@ fn build(
     };
     let payload = PayloadInput {
         boot_loader: &boot_loader,
-        secure_boot: sb.as_ref(),
+        secure_boot: b.sb,
         kernel: &kernel_out,
         initramfs: &initramfs_out,
         boot: &boot_info,
-        epoch,
-        grub: grub.as_ref().filter(|_| !p.uki_slots()),
+        epoch: b.epoch,
+        grub: b.pre.grub.as_ref().filter(|_| !p.uki_slots()),
         ukis: ukis.as_ref().filter(|_| p.uki_slots()),
-        node_ca: node_ca.as_deref(),
+        node_ca: b.node_ca,
     };
-    if let Some(layout) = &layout {
-        let bios = grub
-            .as_ref()
-            .filter(|_| raw_bios)
-            .map(|grub| disk::BiosBoot {
-                grub,
-                boot_flag: p.disk.bios_boot_flag,
-            });
-        let (raw, disk_guid) = write_disk(p, dir, layout, esp, bios, &payload, signer)?;
+    let mut payload_digest = payload_inputs("payload")?.file("boot loader", &boot_loader)?;
+    if let Some(u) = &ukis {
+        for f in u {
+            payload_digest = payload_digest.file("uki", f)?;
+        }
+    }
+    if let Some(g) = b.pre.grub.as_ref() {
+        payload_digest = payload_digest
+            .value("grub boot.img", g.boot_img())
+            .value("grub core.img", g.core_img());
+    }
+    let payload_digest = payload_digest.finish();
+    // 5. The disk images.
+    if let Some(layout) = &b.pre.layout {
+        let outputs = disk_outputs(p, &b.pre);
+        let mut inputs = Inputs::new("disk")?
+            .value("payload", &payload_digest)
+            .value("layout", format!("{layout:?}"))
+            .value("outputs", outputs.join(" "));
+        for f in &esp {
+            inputs = fat_file_inputs(inputs, f)?;
+        }
+        let done = stages.run("disk", inputs, &outputs, |dir| {
+            write_disk_images(p, dir, layout, esp.clone(), &b.pre, &payload, b.signer)?;
+            Ok(serde_json::Value::Null)
+        })?;
         if p.outputs.contains(&Output::Vhd) {
-            step("disk: fixed VHD");
-            let vhd = dir.join(names::VHD);
-            disk::vhd::write_vhd(&raw, &vhd, *disk_guid.as_bytes(), epoch)?;
-            artifacts.push((Kind::Vhd, vhd));
+            keep(&done, Kind::Vhd, names::VHD)?;
         }
-        // Without the output raw, the disk stays in the staging directory.
         if p.outputs.contains(&Output::Raw) {
-            artifacts.push((Kind::Raw, raw));
+            keep(&done, Kind::Raw, names::RAW)?;
         }
     }
-    if let (Some(bin), true) = (&installer_bin, installer_wanted) {
-        step("installer: payload manifest and OCI archive");
-        let image = write_installer(p, dir, bin, &payload, signer)?;
-        artifacts.push((Kind::Installer, image));
+    // 6. The installer image.
+    if let (Some(bin), true) = (b.installer_bin, installer_wanted(p)) {
+        let done = stages.run(
+            "installer",
+            Inputs::new("installer")?
+                .value("payload", &payload_digest)
+                .file("installer", bin)?,
+            &[names::INSTALLER],
+            |dir| {
+                step("installer: payload manifest and OCI archive");
+                write_installer(p, dir, bin, &payload, b.signer)?;
+                Ok(serde_json::Value::Null)
+            },
+        )?;
+        keep(&done, Kind::Installer, names::INSTALLER)?;
     }
-    if let (Some(bin), Some(eltorito)) = (&installer_bin, &eltorito) {
+    // 7. The live ISO.
+    if let (Some(bin), Some(eltorito)) = (b.installer_bin, &b.pre.eltorito) {
         let input = iso::IsoInput {
-            machined: &machined,
-            rootfs: &rootfs_out,
-            rootfs_verity: &verity_out,
+            machined: b.machined,
+            rootfs: &dir.join(names::ROOTFS),
+            rootfs_verity: &dir.join(names::ROOTFS_VERITY),
             installer: bin,
             eltorito,
         };
-        let image = iso::write_iso(p, dir, &payload, &input, signer)?;
-        artifacts.push((Kind::Iso, image));
+        let done = stages.run(
+            "iso",
+            Inputs::new("iso")?
+                .value("payload", &payload_digest)
+                .file("installer", bin)?
+                .file("machined", b.machined)?
+                .value("rootfs", rootfs.digest(names::ROOTFS)?)
+                .value("verity", rootfs.digest(names::ROOTFS_VERITY)?)
+                .value("eltorito", &eltorito.image)
+                .value("hybrid mbr", &eltorito.hybrid_mbr),
+            &[names::ISO],
+            |dir| {
+                iso::write_iso(p, dir, &payload, &input, b.signer)?;
+                Ok(serde_json::Value::Null)
+            },
+        )?;
+        keep(&done, Kind::Iso, names::ISO)?;
     }
-    let mut listed = sign_manifest(p, dir, &artifacts, boot_info, signer, epoch)?;
-    commit(out, &stage, &files)?;
-    for a in &mut listed {
-        a.path = out.join(&a.path).display().to_string();
+    Ok((made, boot_info))
+}
+
+/// The inputs of the manifest: every artifact it lists and its boot
+/// section, signed by the build's key.
+fn manifest_inputs(b: &BuildInputs, artifacts: &[Made], boot: &sign::Boot) -> Result<Inputs> {
+    let mut i = b
+        .common("manifest")?
+        .value("boot", serde_json::to_string(boot)?);
+    for (kind, o) in artifacts {
+        i = i.value(kind.name(), format!("{} {} {}", o.name, o.size, o.sha256));
     }
-    Ok(BuildReport {
-        name: p.name.clone(),
-        version: p.version.clone(),
-        profile: profile_name(p),
-        source_date_epoch: epoch,
-        key_id: signer.key_id(),
-        kernel_cached: kernel.cached,
-        artifacts: listed,
+    Ok(i)
+}
+
+/// The inputs of the root filesystem: everything its spec names (the
+/// skeleton tree, each file's contents and mode, the directories), the
+/// epoch and the compression level.
+fn rootfs_inputs(spec: &rootfs::RootfsSpec) -> Result<Inputs> {
+    let mut i = Inputs::new("rootfs")?
+        .value("epoch", spec.epoch.to_string())
+        .value("level", spec.level.to_string());
+    if let Some(skel) = &spec.skeleton {
+        i = i.tree("skeleton", skel)?;
+    }
+    for (path, mode) in &spec.dirs {
+        i = i.value("dir", format!("{path} {mode:o}"));
+    }
+    for f in &spec.files {
+        i = source_inputs(
+            i.value("file", format!("{} {:o}", f.path, f.mode)),
+            &f.source,
+        )?;
+    }
+    Ok(i)
+}
+
+fn fat_file_inputs(i: Inputs, f: &disk::FatFile) -> Result<Inputs> {
+    source_inputs(i.value("fat file", &f.path), &f.source)
+}
+
+fn source_inputs(i: Inputs, source: &disk::FatSource) -> Result<Inputs> {
+    Ok(match source {
+        disk::FatSource::Bytes(b) => i.value("bytes", b),
+        disk::FatSource::File(path) => i.file("contents", path)?,
+        disk::FatSource::Dir => i.value("dir", ""),
     })
+}
+
+/// Writes the raw disk and the formats made from it into `dir`.
+fn write_disk_images(
+    p: &Profile,
+    dir: &Path,
+    layout: &disk::Layout,
+    esp: Vec<disk::FatFile>,
+    pre: &Preflight,
+    payload: &PayloadInput,
+    signer: &dyn sign::Signer,
+) -> Result<()> {
+    let bios = pre
+        .grub
+        .as_ref()
+        .filter(|_| pre.raw_bios)
+        .map(|grub| disk::BiosBoot {
+            grub,
+            boot_flag: p.disk.bios_boot_flag,
+        });
+    let (raw, disk_guid) = write_disk(p, dir, layout, esp, bios, payload, signer)?;
+    if p.outputs.contains(&Output::Vhd) {
+        step("disk: fixed VHD");
+        disk::vhd::write_vhd(
+            &raw,
+            &dir.join(names::VHD),
+            *disk_guid.as_bytes(),
+            payload.epoch,
+        )?;
+    }
+    // Without the output raw, the disk stays in the staging directory.
+    Ok(())
 }
 
 /// Creates the output directory `out` and takes its lock, held for as long
@@ -300,6 +598,7 @@ fn commit(out: &Path, stage: &Staging, names: &[&str]) -> Result<()> {
     let signed = [names::SIGNATURE, names::MANIFEST];
     stage.check_destinations(&[names, &signed[..]].concat())?;
     step(&format!("commit: moving the build into {}", out.display()));
+    record::remove_record(out)?;
     remove_old_manifest(out)?;
     stage.commit(names)?;
     stage.commit(&signed[..1])?;
@@ -530,18 +829,9 @@ fn installer_binary(p: &Profile) -> Result<Option<PathBuf>> {
     }))
 }
 
-/// Writes the squashfs root filesystem `out/rootfs.sqsh`.
-fn write_rootfs(p: &Profile, out: &Path, machined: &Path, epoch: u64) -> Result<PathBuf> {
-    step("rootfs: squashfs");
-    let rootfs_out = out.join(names::ROOTFS);
-    let spec = rootfs_spec(p, machined, epoch)?;
-    rootfs::build_rootfs(&rootfs_out, &spec)?;
-    Ok(rootfs_out)
-}
-
 /// Pads the root filesystem to whole 4096-byte blocks and writes its
 /// dm-verity hash device `out/rootfs.verity` (see [`crate::verity`]).
-fn write_verity(out: &Path, rootfs_out: &Path) -> Result<(PathBuf, crate::verity::Verity)> {
+fn write_verity(out: &Path, rootfs_out: &Path) -> Result<crate::verity::Verity> {
     step("rootfs: dm-verity hash tree");
     let padded = crate::verity::pad_to_block(rootfs_out)?;
     if padded > 0 {
@@ -550,17 +840,16 @@ fn write_verity(out: &Path, rootfs_out: &Path) -> Result<(PathBuf, crate::verity
         ));
     }
     let verity_out = out.join(names::ROOTFS_VERITY);
-    let verity = crate::verity::format(rootfs_out, &verity_out)?;
-    Ok((verity_out, verity))
+    crate::verity::format(rootfs_out, &verity_out)
 }
 
 /// The root hash to put on the command line: `None`, said loudly, when
 /// the kernel cannot open the root through dm-verity (it would never boot
 /// with the hash; see [`crate::verity::KERNEL_OPTIONS`]).
-fn verified_root<'a>(config: &Path, verity: &'a crate::verity::Verity) -> Result<Option<&'a str>> {
+fn verified_root<'a>(config: &Path, root_hash: &'a str) -> Result<Option<&'a str>> {
     let lacks = crate::verity::kernel_lacks(&kernel::KernelConfig::load(config)?);
     if lacks.is_empty() {
-        return Ok(Some(&verity.root_hash));
+        return Ok(Some(root_hash));
     }
     step(&format!(
         "warning: the kernel does not build in {}: the root filesystem will NOT be verified \
@@ -584,22 +873,15 @@ pub fn image_cmdline(p: &Profile, root_hash: Option<&str>) -> String {
 }
 
 /// Writes the initramfs `out/initramfs.zst`: the runtime, the root
-/// filesystem and its hash device.
-fn write_initramfs(
-    p: &Profile,
-    out: &Path,
-    machined: &Path,
-    rootfs_out: &Path,
-    verity_out: &Path,
-    epoch: u64,
-) -> Result<PathBuf> {
+/// filesystem and its hash device (both in `out`).
+fn write_initramfs(p: &Profile, out: &Path, machined: &Path, epoch: u64) -> Result<PathBuf> {
     step("initramfs: cpio + zstd");
     let initramfs_out = out.join(names::INITRAMFS);
     initramfs::build_initramfs(
         &initramfs_out,
         machined,
-        rootfs_out,
-        Some(verity_out),
+        &out.join(names::ROOTFS),
+        Some(&out.join(names::ROOTFS_VERITY)),
         epoch,
         p.compression.initramfs_zstd_level,
     )?;
@@ -664,22 +946,17 @@ fn read_node_ca(path: &Path) -> Result<String> {
     Ok(text)
 }
 
-/// Writes the signed manifest of `artifacts` (paths in `out`) and its
-/// signature into `out`. Returns every artifact, the manifest and signature
-/// included, with paths relative to `out`.
+/// Writes the signed manifest of `artifacts` (their digests as their
+/// stages recorded them: nothing is read again) and its signature into
+/// `out`.
 fn sign_manifest(
     p: &Profile,
     out: &Path,
-    artifacts: &[(Kind, PathBuf)],
+    artifacts: &[Made],
     boot_info: sign::Boot,
     signer: &dyn sign::Signer,
     epoch: u64,
-) -> Result<Vec<Artifact>> {
-    let mut listed = Vec::new();
-    for (kind, path) in artifacts {
-        listed.push(artifact(*kind, path)?);
-    }
-    step("sign: manifest");
+) -> Result<()> {
     let manifest = sign::Manifest {
         format: 1,
         name: p.name.clone(),
@@ -688,27 +965,18 @@ fn sign_manifest(
         source_date_epoch: epoch,
         key_id: signer.key_id(),
         boot: Some(boot_info),
-        artifacts: listed.clone(),
+        artifacts: artifacts
+            .iter()
+            .map(|(kind, o)| Artifact {
+                kind: *kind,
+                path: o.name.clone(),
+                sha256: o.sha256.clone(),
+                size: o.size,
+            })
+            .collect(),
     };
-    let (m, s) = sign::write_signed_manifest(out, &manifest, signer)?;
-    listed.push(artifact(Kind::Manifest, &m)?);
-    listed.push(artifact(Kind::Signature, &s)?);
-    Ok(listed)
-}
-
-/// The manifest's entry of the file `path`: its name, digest and size.
-fn artifact(kind: Kind, path: &Path) -> Result<Artifact> {
-    let (sha256, size) = sha256_file(path)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .context("artifact without a file name")?;
-    Ok(Artifact {
-        kind,
-        path: name,
-        sha256,
-        size,
-    })
+    sign::write_signed_manifest(out, &manifest, signer)?;
+    Ok(())
 }
 
 /// SOURCE_DATE_EPOCH from the environment, else the last commit time of the
@@ -730,7 +998,7 @@ pub fn source_date_epoch(dir: &Path) -> Result<u64> {
     {
         return Ok(t);
     }
-    eprintln!("build: SOURCE_DATE_EPOCH unset and no git history: using 0");
+    step("SOURCE_DATE_EPOCH unset and no git history: using 0");
     Ok(0)
 }
 
@@ -765,7 +1033,7 @@ pub fn dev_key_dir(profile: &Path) -> PathBuf {
 }
 
 fn step(msg: &str) {
-    eprintln!("build: {msg}");
+    crate::progress::message(msg);
 }
 
 /// The kernel request of a profile.

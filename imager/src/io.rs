@@ -419,6 +419,16 @@ fn seek_extent(fd: std::os::fd::RawFd, at: u64, len: u64, whence: libc::c_int) -
     Ok((r as u64).min(len))
 }
 
+/// Hard-links `src` to `dest`, or copies it where links cannot be made.
+pub fn link_or_copy(src: &Path, dest: &Path) -> Result<()> {
+    if std::fs::hard_link(src, dest).is_ok() {
+        return Ok(());
+    }
+    std::fs::copy(src, dest)
+        .map(|_| ())
+        .with_context(|| format!("copying {} to {}", src.display(), dest.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

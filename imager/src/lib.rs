@@ -20,6 +20,7 @@ pub mod kernel;
 pub mod node;
 pub mod oci;
 pub mod profile;
+pub mod progress;
 pub mod qemu;
 pub mod rootfs;
 pub mod runtime;

@@ -180,6 +180,28 @@ struct BuildArgs {
     /// Parallel kernel build jobs (default: all cores).
     #[arg(long)]
     jobs: Option<usize>,
+    /// Run every stage, even those whose inputs and outputs are unchanged
+    /// since the last build into the output directory.
+    #[arg(long, conflicts_with = "verify_outputs")]
+    force: bool,
+    /// Take an earlier stage's outputs as intact only when their SHA-256 is
+    /// the recorded one (default: their size and modification time).
+    #[arg(long)]
+    verify_outputs: bool,
+    /// Progress on standard error: `human` (bars on a terminal) or `json`
+    /// (one JSON object per line; docs/progress.md).
+    #[arg(long, default_value = "human", value_name = "MODE")]
+    progress: imager::progress::Mode,
+}
+
+impl BuildArgs {
+    fn reuse(&self) -> build::Reuse {
+        match (self.force, self.verify_outputs) {
+            (true, _) => build::Reuse::Never,
+            (false, true) => build::Reuse::Digests,
+            (false, false) => build::Reuse::Stamps,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -350,19 +372,43 @@ fn run() -> Result<ExitCode> {
         Command::Upgrade(a) => upgrade(&a),
         Command::Rollback(a) => rollback(&a),
         Command::Build(a) => {
+            imager::progress::set_mode(a.progress);
             let path = Profile::locate(&a.profile)?;
             let p = Profile::load(&path)?;
+            let reuse = a.reuse();
             let out = a.out.unwrap_or_else(|| PathBuf::from("out").join(&p.name));
             let opts = build::BuildOptions {
                 out_dir: out,
                 key: a.key,
                 cache_dir: kernel::default_cache_dir(),
                 jobs: jobs(a.jobs),
+                reuse,
             };
             let report = build::run(&p, &opts)?;
             if a.json {
                 println!("{}", build::report_json(&report)?);
             } else {
+                let (built, skipped): (Vec<_>, Vec<_>) =
+                    report.stages.iter().partition(|s| s.action == "built");
+                let list = |v: &[&build::StageReport]| {
+                    v.iter()
+                        .map(|s| s.stage.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                println!(
+                    "stages built: {}; skipped: {}",
+                    if built.is_empty() {
+                        "none".into()
+                    } else {
+                        list(&built)
+                    },
+                    if skipped.is_empty() {
+                        "none".into()
+                    } else {
+                        list(&skipped)
+                    }
+                );
                 for art in &report.artifacts {
                     println!(
                         "{:<14} {}  {}",

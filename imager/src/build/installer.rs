@@ -59,16 +59,6 @@ impl PayloadInput<'_> {
     }
 }
 
-/// Hard-links `src` to `dest`, or copies it where links cannot be made.
-fn link_or_copy(src: &Path, dest: &Path) -> Result<()> {
-    if std::fs::hard_link(src, dest).is_ok() {
-        return Ok(());
-    }
-    std::fs::copy(src, dest)
-        .map(|_| ())
-        .with_context(|| format!("copying {} to {}", src.display(), dest.display()))
-}
-
 /// Writes the installer image `out/installer.tar`: the payload (kernel,
 /// initramfs, boot loader and a manifest listing them, signed by `signer`)
 /// under [`paths::INSTALLER_PAYLOAD_DIR`], the static installer `binary` as
@@ -105,11 +95,11 @@ pub fn write_payload(
     payload: &PayloadInput,
     signer: &dyn sign::Signer,
 ) -> Result<sign::Manifest> {
-    link_or_copy(payload.kernel, &dir.join(paths::PAYLOAD_KERNEL))?;
-    link_or_copy(payload.initramfs, &dir.join(paths::PAYLOAD_INITRAMFS))?;
+    crate::io::link_or_copy(payload.kernel, &dir.join(paths::PAYLOAD_KERNEL))?;
+    crate::io::link_or_copy(payload.initramfs, &dir.join(paths::PAYLOAD_INITRAMFS))?;
     let loader = dir.join(paths::PAYLOAD_BOOT_LOADER);
     if payload.boot_loader != loader {
-        link_or_copy(payload.boot_loader, &loader)?;
+        crate::io::link_or_copy(payload.boot_loader, &loader)?;
     }
     let mut listed = vec![
         sign::describe(dir, Kind::Kernel, paths::PAYLOAD_KERNEL)?,
@@ -119,7 +109,7 @@ pub fn write_payload(
     if let Some(ukis) = payload.ukis {
         for (slot, uki) in contract::Slot::ALL.iter().zip(ukis) {
             let name = paths::output::uki(*slot);
-            link_or_copy(uki, &dir.join(name))?;
+            crate::io::link_or_copy(uki, &dir.join(name))?;
             listed.push(sign::describe(dir, Kind::Uki, name)?);
         }
     }

@@ -137,11 +137,11 @@ pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
     let started = Instant::now();
     let make = prepare_tree(req, &key, &kernel_dir, &work.path, seed_file)?;
     let symbols = configure(&make, req, &requested, &rules)?;
-    eprintln!(
+    crate::progress::line(&format!(
         "kernel: building bzImage with {} job(s); log: {}",
         make.jobs,
         make.log.display()
-    );
+    ));
     let jobs = format!("-j{}", make.jobs);
     make.run(&[jobs.as_str(), "bzImage"], Some(EXPECTED_OBJECTS))?;
     let elapsed = started.elapsed();
@@ -159,11 +159,11 @@ pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
     sync_dir(&kernel_dir)?;
     let _ = fs::remove_file(kernel_dir.join(format!("{key}.failed.log")));
     drop(work); // deletes the source tree
-    eprintln!(
+    crate::progress::line(&format!(
         "kernel: built in {} -> {}",
         format_duration(elapsed),
         result.bzimage.display()
-    );
+    ));
     Ok(BuiltKernel {
         cached: false,
         ..result
@@ -216,7 +216,7 @@ fn prepare_tree(
         req.source.display()
     )?;
 
-    eprintln!("kernel: unpacking {}", req.source.display());
+    crate::progress::line(&format!("kernel: unpacking {}", req.source.display()));
     unpack_source(&req.source, &src)?;
 
     let seed = match seed_file {
@@ -246,10 +246,10 @@ fn configure(
     requested: &KernelConfig,
     rules: &Rules,
 ) -> Result<KconfigSymbols> {
-    eprintln!(
+    crate::progress::line(&format!(
         "kernel: configuring (tinyconfig + {} fragment(s))",
         req.fragments.len()
-    );
+    ));
     make.run(&["tinyconfig"], None)?;
     let dot_config = make.tree.join(".config");
     let base = KernelConfig::load(&dot_config)?;
@@ -295,7 +295,10 @@ fn cached_symbols(dir: &Path, source: &Path, config: &KernelConfig) -> Result<Kc
         return KconfigSymbols::parse(&text, &origin)
             .with_context(|| format!("in {}: delete the file to read it again", path.display()));
     }
-    eprintln!("kernel: reading the Kconfig files of {}", source.display());
+    crate::progress::line(&format!(
+        "kernel: reading the Kconfig files of {}",
+        source.display()
+    ));
     let symbols = KconfigSymbols::from_source(source, &srcarch(config)?)?;
     let tmp = dir.join(format!("{SYMBOLS_FILE}.tmp-{}", std::process::id()));
     if fs::write(&tmp, symbols.render()).is_ok() && fs::rename(&tmp, &path).is_err() {
@@ -367,7 +370,7 @@ pub fn audit_or_fail(
     let report = audit_with_source(rules, config, Some(cmdline), waivers, symbols)?;
     let failures = report.failures();
     if failures.is_empty() {
-        eprintln!("kernel: {}", report.summary());
+        crate::progress::line(&format!("kernel: {}", report.summary()));
         return Ok(());
     }
     let mut msg = format!("the kernel fails {} KSPP rule(s):\n", failures.len());
@@ -655,16 +658,7 @@ impl Make {
             // `cmd` (holding the pipe's write ends) is dropped here, so the
             // reader sees EOF when make exits.
         };
-        let bar = expected.map(|len| {
-            let bar = indicatif::ProgressBar::new(len);
-            if let Ok(style) = indicatif::ProgressStyle::with_template(
-                "{spinner} kernel [{elapsed_precise}] {bar:40} {pos}/{len} objects {msg}",
-            ) {
-                bar.set_style(style);
-            }
-            bar.enable_steady_tick(Duration::from_millis(250));
-            bar
-        });
+        let mut bar = expected.map(|len| crate::progress::Bar::start("kernel", len, "objects"));
         let mut lines = BufReader::new(reader);
         let mut buf = Vec::new();
         loop {
@@ -676,20 +670,19 @@ impl Make {
                 break;
             }
             log.write_all(&buf)?;
-            if let Some(bar) = &bar
+            if let Some(bar) = &mut bar
                 && buf.starts_with(b"  CC ")
             {
                 bar.inc(1);
-                if bar.position() >= bar.length().unwrap_or(0) {
-                    bar.set_length(bar.position() + 100);
-                }
                 let line = String::from_utf8_lossy(&buf);
-                bar.set_message(line.split_whitespace().last().unwrap_or("").to_string());
+                bar.note(line.split_whitespace().last().unwrap_or(""));
             }
         }
         let status = child.wait().context("waiting for make")?;
-        if let Some(bar) = &bar {
-            bar.finish_and_clear();
+        if let Some(bar) = bar
+            && status.success()
+        {
+            bar.finish();
         }
         log.flush()?;
         if !status.success() {
