@@ -345,9 +345,7 @@ impl Stages {
     /// Writes the new record into the output directory (after the commit).
     pub fn write_record(&self) -> Result<()> {
         let mut f = AtomicFile::create(self.out.join(names::RECORD))?;
-        let text = serde_json::to_string_pretty(&self.new).context("serializing the record")?;
-        f.write_all(text.as_bytes())
-            .and_then(|()| f.write_all(b"\n"))
+        f.write_all(&render(&self.new)?)
             .context("writing the build record")?;
         f.commit()?;
         Ok(())
@@ -389,7 +387,20 @@ fn stamp_now(path: &Path, name: &str, sha256: Option<&str>) -> Result<OutputStam
 /// The record in `path`, if it is one of this format.
 fn read_record(path: &Path) -> Option<Record> {
     let text = crate::input::read_text(path, "build record", MAX_RECORD).ok()?;
-    let r: Record = serde_json::from_str(&text).ok()?;
+    parse(text.as_bytes())
+}
+
+/// A record's bytes, as the output directory keeps them.
+pub fn render(r: &Record) -> Result<Vec<u8>> {
+    let mut text = serde_json::to_vec_pretty(r).context("serializing the build record")?;
+    text.push(b'\n');
+    Ok(text)
+}
+
+/// A record's bytes read back: `None` for anything but a record of this
+/// format (the build then runs every stage).
+pub fn parse(bytes: &[u8]) -> Option<Record> {
+    let r: Record = serde_json::from_slice(bytes).ok()?;
     (r.format == FORMAT).then_some(r)
 }
 
