@@ -12,6 +12,13 @@
 //! execute them, 0644 otherwise), so that the umask of the checkout does not
 //! leak into the image. The root directory's own mtime is 0: backhand has no
 //! way to set it.
+//!
+//! The blocks are compressed on every core ([`parallel`]); the bytes are
+//! those of backhand's own single-threaded writer, whatever the number of
+//! threads.
+
+mod parallel;
+pub use parallel::Stats as CompressionStats;
 
 pub use crate::disk::FatSource as Source;
 
@@ -26,6 +33,10 @@ use std::path::{Path, PathBuf};
 
 /// Default zstd level of the squashfs blocks.
 pub const DEFAULT_LEVEL: i32 = 15;
+
+/// Block size of the squashfs: 128 KiB, backhand's and mksquashfs's
+/// default.
+pub const BLOCK_SIZE: u32 = backhand::DEFAULT_BLOCK_SIZE;
 
 /// A file the builder adds to the root filesystem.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,9 +205,37 @@ fn plan(spec: &RootfsSpec) -> Result<BTreeMap<String, Node>> {
     Ok(nodes)
 }
 
-/// Builds the squashfs at `dest`, atomically. Returns its hex SHA-256 and
-/// size.
+/// Builds the squashfs at `dest`, atomically, compressing on every core.
+/// Returns its hex SHA-256 and size.
 pub fn build_rootfs(dest: &Path, spec: &RootfsSpec) -> Result<(String, u64)> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (sha, size, _) = build_rootfs_threads(dest, spec, threads)?;
+    Ok((sha, size))
+}
+
+/// [`build_rootfs`] with `threads` compressing threads, and how the blocks
+/// were compressed. `threads == 0`: backhand's own compressor alone, on
+/// this thread (the reference the parallel writer must equal).
+pub fn build_rootfs_threads(
+    dest: &Path,
+    spec: &RootfsSpec,
+    threads: usize,
+) -> Result<(String, u64, CompressionStats)> {
+    build(dest, spec, threads, |_| {})
+}
+
+/// The files of `nodes` whose blocks the reader compresses ahead, in any
+/// order ([`parallel::run`] sorts them as backhand does).
+type Prediction<'a> = Vec<(&'a str, &'a Source)>;
+
+/// [`build_rootfs_threads`]; `predict` may change what the reader is told
+/// (the tests make it wrong, which must cost only time).
+fn build(
+    dest: &Path,
+    spec: &RootfsSpec,
+    threads: usize,
+    predict: impl FnOnce(&mut Prediction<'_>),
+) -> Result<(String, u64, CompressionStats)> {
     ensure!(
         (1..=22).contains(&spec.level),
         "squashfs zstd level {} is out of range: use 1 to 22",
@@ -207,6 +246,7 @@ pub fn build_rootfs(dest: &Path, spec: &RootfsSpec) -> Result<(String, u64)> {
     let header = |mode: u32| NodeHeader::new(mode as u16, 0, 0, mtime);
 
     let mut fs = FilesystemWriter::default();
+    fs.set_block_size(BLOCK_SIZE);
     fs.set_time(mtime);
     fs.set_root_mode(0o755);
     fs.set_root_uid(0);
@@ -220,6 +260,9 @@ pub fn build_rootfs(dest: &Path, spec: &RootfsSpec) -> Result<(String, u64)> {
     )
     .context("setting up zstd for the squashfs")?;
     fs.set_compressor(compressor);
+    if threads > 0 {
+        fs.set_kind(backhand::kind::Kind::new_v4(&parallel::PARALLEL_ZSTD));
+    }
 
     for (path, node) in &nodes {
         let res = match node {
@@ -237,16 +280,33 @@ pub fn build_rootfs(dest: &Path, spec: &RootfsSpec) -> Result<(String, u64)> {
     }
 
     let mut out = AtomicFile::create(dest)?;
-    {
+    let stats = {
         let f = out.file();
-        fs.write(&mut *f)
-            .with_context(|| format!("writing the squashfs {}", dest.display()))?;
+        let (written, stats) = if threads > 0 {
+            let mut files: Prediction<'_> = nodes
+                .iter()
+                .filter_map(|(path, node)| match node {
+                    Node::File(src @ (Source::File(_) | Source::Bytes(_)), _) => {
+                        Some((path.as_str(), src))
+                    }
+                    _ => None,
+                })
+                .collect();
+            predict(&mut files);
+            parallel::run(&files, BLOCK_SIZE, spec.level, threads, || {
+                fs.write(&mut *f)
+            })
+        } else {
+            (fs.write(&mut *f), CompressionStats::default())
+        };
+        written.with_context(|| format!("writing the squashfs {}", dest.display()))?;
         f.flush()?;
         f.rewind()?;
-    }
+        stats
+    };
     let (sha, size) = sha256_file(out.path())?;
     out.commit()?;
-    Ok((sha, size))
+    Ok((sha, size, stats))
 }
 
 #[cfg(test)]
@@ -404,5 +464,241 @@ mod tests {
         let e = format!("{:#}", build_rootfs(&dir.path().join("x"), &s).unwrap_err());
         assert!(e.contains("rootfs.skeleton"), "{e}");
         assert!(!dir.path().join("x").exists());
+    }
+
+    const BS: usize = BLOCK_SIZE as usize;
+
+    /// `len` bytes that zstd compresses, but not to nothing.
+    fn text(seed: u64, len: usize) -> Vec<u8> {
+        const WORDS: [&[u8]; 8] = [
+            b"squashfs ",
+            b"block ",
+            b"zstd ",
+            b"fragment ",
+            b"verity\n",
+            b"root ",
+            b"machined ",
+            b"0123 ",
+        ];
+        let mut x = seed.wrapping_add(1);
+        let mut v = Vec::with_capacity(len + 16);
+        while v.len() < len {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            v.extend_from_slice(WORDS[(x >> 61) as usize]);
+            if x & 0x1f00 == 0 {
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+        v.truncate(len);
+        v
+    }
+
+    /// `len` bytes zstd cannot compress (stored uncompressed).
+    fn noise(seed: u64, len: usize) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect()
+    }
+
+    /// A tree with many files larger than a block (several blocks, whole
+    /// blocks, a last partial block, holes, a zero tail, incompressible
+    /// blocks, a duplicate, one from memory), many small files packed into
+    /// several fragment blocks, and names that sort differently as strings
+    /// and as paths (`usr/bin/x`, `usr/bin-x`). Returns the spec, the
+    /// staging tree mksquashfs gets (the same files), and the number of
+    /// data blocks backhand compresses (non-zero blocks of files of a block
+    /// or more).
+    fn many_blocks(dir: &Path) -> (RootfsSpec, PathBuf, u64) {
+        let skel = dir.join("skel");
+        let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut blocks = 0u64;
+        for i in 0..12u64 {
+            let len = BS + (i as usize) * BS / 2 + 777 * i as usize;
+            files.push((format!("big/f{i:02}"), text(i, len)));
+            blocks += len.div_ceil(BS) as u64;
+        }
+        files.push(("big/exact3".into(), text(100, 3 * BS)));
+        blocks += 3;
+        let mut holes = text(101, BS);
+        holes.extend(std::iter::repeat_n(0u8, BS));
+        holes.extend(text(102, 100));
+        files.push(("big/holes".into(), holes));
+        blocks += 2; // the zero block is a hole
+        let mut tail = text(103, BS);
+        tail.extend(std::iter::repeat_n(0u8, 5000));
+        files.push(("big/zero-tail".into(), tail));
+        blocks += 1; // the all-zero last block is a hole too
+        files.push(("big/noise".into(), noise(104, 2 * BS + 9)));
+        blocks += 3;
+        files.push(("big/z-dup-of-f05".into(), files[5].1.clone()));
+        blocks += files[5].1.len().div_ceil(BS) as u64;
+        files.push(("usr/bin/x".into(), text(105, 2 * BS + 1)));
+        blocks += 3;
+        files.push(("usr/bin-x".into(), text(106, BS + 5)));
+        blocks += 2;
+        files.push(("usr/bin/z".into(), text(107, 300)));
+        files.push(("small/empty".into(), Vec::new()));
+        for i in 0..120u64 {
+            let len = 1 + (i as usize * 997) % 9000;
+            files.push((format!("small/s{i:03}"), text(200 + i, len)));
+        }
+        for (p, b) in &files {
+            let f = skel.join(p);
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(&f, b).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let blob = text(300, 3 * BS + 3);
+        blocks += 4;
+        let stage = dir.join("stage");
+        run(Command::new("cp").arg("-a").arg(&skel).arg(&stage));
+        std::fs::write(stage.join("usr/lib/blob"), &blob)
+            .or_else(|_| {
+                std::fs::create_dir_all(stage.join("usr/lib"))?;
+                std::fs::write(stage.join("usr/lib/blob"), &blob)
+            })
+            .unwrap();
+        for d in walkdir::WalkDir::new(&stage) {
+            let d = d.unwrap();
+            if d.file_type().is_dir() {
+                std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+        }
+        std::fs::set_permissions(
+            stage.join("usr/lib/blob"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        let spec = RootfsSpec {
+            skeleton: Some(skel),
+            dirs: Vec::new(),
+            files: vec![RootfsFile::new("/usr/lib/blob", Source::Bytes(blob), 0o644)],
+            epoch: 1_700_000_000,
+            level: 6,
+        };
+        (spec, stage, blocks)
+    }
+
+    /// Fragment blocks of an image, as unsquashfs counts them.
+    fn fragments(img: &Path) -> u64 {
+        let out = run(Command::new(tool("unsquashfs", "squashfs-tools"))
+            .arg("-s")
+            .arg(img));
+        let s = String::from_utf8_lossy(&out.stdout);
+        s.lines()
+            .find_map(|l| l.strip_prefix("Number of fragments "))
+            .unwrap_or_else(|| panic!("no fragment count in\n{s}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn parallel_compression_same_bytes_whatever_the_thread_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spec, _, data_blocks) = many_blocks(dir.path());
+        let reference = dir.path().join("one-thread.sqsh");
+        let (sha, size, none) = build_rootfs_threads(&reference, &spec, 0).unwrap();
+        assert_eq!(none, CompressionStats::default());
+        let frags = fragments(&reference);
+        assert!(
+            frags >= 3,
+            "{frags} fragment blocks: the test needs several"
+        );
+        let want = std::fs::read(&reference).unwrap();
+        for threads in [1, 2, 4] {
+            let img = dir.path().join(format!("{threads}.sqsh"));
+            let (s, n, stats) = build_rootfs_threads(&img, &spec, threads).unwrap();
+            assert!(
+                std::fs::read(&img).unwrap() == want,
+                "{threads} threads: the image differs from backhand's single-threaded one"
+            );
+            assert_eq!((&s, n), (&sha, size));
+            // Every data and fragment block came from the workers; only
+            // metadata blocks (inodes, directories, tables) were compressed
+            // by the writer's thread.
+            assert_eq!(
+                stats.parallel,
+                data_blocks + frags,
+                "{threads} threads: {stats:?}"
+            );
+            assert!(stats.inline <= 8, "{threads} threads: {stats:?}");
+        }
+        let img = dir.path().join("default.sqsh");
+        assert_eq!(build_rootfs(&img, &spec).unwrap(), (sha, size));
+    }
+
+    #[test]
+    fn parallel_image_reads_back_as_mksquashfs_makes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spec, stage, _) = many_blocks(dir.path());
+        let img = dir.path().join("rootfs.sqsh");
+        build_rootfs_threads(&img, &spec, 2).unwrap();
+        let unsq = tool("unsquashfs", "squashfs-tools");
+        let x = dir.path().join("x");
+        run(Command::new(&unsq)
+            .arg("-no-xattrs")
+            .arg("-d")
+            .arg(&x)
+            .arg(&img));
+        run(Command::new("diff").arg("-r").arg(&stage).arg(&x));
+
+        // mksquashfs on the same tree at the same level: the same listing
+        // (modes, owners, sizes, times; the root's time aside, which
+        // backhand cannot set) and the same contents.
+        let mk = dir.path().join("mk.sqsh");
+        run(Command::new(tool("mksquashfs", "squashfs-tools"))
+            .arg(&stage)
+            .arg(&mk)
+            .args(["-comp", "zstd", "-Xcompression-level", "6"])
+            .args(["-noappend", "-quiet", "-all-root"])
+            .env("SOURCE_DATE_EPOCH", spec.epoch.to_string()));
+        let list = |p: &Path| {
+            let out = run(Command::new(&unsq).args(["-lln", "-UTC"]).arg(p));
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| l.contains("squashfs-root/"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        };
+        let ours = list(&img);
+        assert!(ours.len() > 140, "{ours:?}");
+        assert_eq!(ours, list(&mk));
+    }
+
+    #[test]
+    fn a_wrong_prediction_costs_only_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let (spec, _, _) = many_blocks(dir.path());
+        let reference = dir.path().join("one-thread.sqsh");
+        build_rootfs_threads(&reference, &spec, 0).unwrap();
+        let want = std::fs::read(&reference).unwrap();
+        // A file left out: its blocks are compressed by the writer, the
+        // rest still by the workers.
+        let img = dir.path().join("missing.sqsh");
+        let (_, _, stats) = build(&img, &spec, 2, |f| {
+            f.retain(|(p, _)| *p != "big/f03");
+        })
+        .unwrap();
+        assert!(std::fs::read(&img).unwrap() == want, "{stats:?}");
+        assert!(stats.inline >= 3 && stats.parallel > 30, "{stats:?}");
+        // A file given twice: the reader's queue never matches again from
+        // there, and every later block is compressed by the writer.
+        let img = dir.path().join("extra.sqsh");
+        let (_, _, stats) = build(&img, &spec, 2, |f| {
+            let twice = *f.iter().find(|(p, _)| *p == "big/f03").unwrap();
+            f.push(twice);
+        })
+        .unwrap();
+        assert!(std::fs::read(&img).unwrap() == want, "{stats:?}");
+        assert!(stats.inline > 30, "{stats:?}");
     }
 }
