@@ -40,6 +40,12 @@ impl std::fmt::Display for Data {
 /// disk); returns how many were read.
 fn read_at<R: Read + Seek>(r: &mut R, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
     r.seek(SeekFrom::Start(offset))?;
+    read_full(r, buf)
+}
+
+/// Fills `buf` from `r` as far as it goes (to its end or `r`'s); returns
+/// the length read.
+pub fn read_full(r: &mut (impl Read + ?Sized), buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match r.read(&mut buf[n..]) {

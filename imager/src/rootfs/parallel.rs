@@ -166,16 +166,7 @@ fn submit(input: Vec<u8>, jobs: &Sender<Job>, ordered: &SyncSender<Receiver<Done
 /// Fills `buf` from `r` as far as it goes (backhand's reads are the same:
 /// a block is whatever a full read gives). Returns the length read.
 fn read_block(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match r.read(&mut buf[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
+    bootstate::blank::read_full(r, buf)
 }
 
 /// The reader: every block backhand's writer will compress, in its order.
