@@ -312,10 +312,11 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
         .context("internal: the rootfs stage recorded no root hash")?
         .to_string();
     // 3. The initramfs: the runtime, the root filesystem, its hash tree.
+    let machined = crate::io::sha256_file(b.machined)?.0;
     let initramfs = stages.run(
         "initramfs",
         Inputs::new("initramfs")?
-            .file("machined", b.machined)?
+            .value("machined", &machined)
             .value("rootfs", rootfs.digest(names::ROOTFS)?)
             .value("verity", rootfs.digest(names::ROOTFS_VERITY)?)
             .value("epoch", b.epoch.to_string())
@@ -453,7 +454,7 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
             Inputs::new("iso")?
                 .value("payload", &payload_digest)
                 .file("installer", bin)?
-                .file("machined", b.machined)?
+                .value("machined", &machined)
                 .value("rootfs", rootfs.digest(names::ROOTFS)?)
                 .value("verity", rootfs.digest(names::ROOTFS_VERITY)?)
                 .value("eltorito", &eltorito.image)

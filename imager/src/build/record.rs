@@ -201,7 +201,6 @@ pub fn imager_identity() -> Result<String> {
 pub struct Done {
     pub outputs: BTreeMap<String, OutputStamp>,
     pub values: serde_json::Value,
-    pub skipped: bool,
 }
 
 impl Done {
@@ -261,7 +260,7 @@ impl Stages {
                 crate::progress::skipped(stage);
                 self.report(stage, "skipped", "inputs and outputs unchanged".into());
                 self.new.stages.insert(stage.to_string(), rec.clone());
-                Ok(done(&rec, true))
+                Ok(done(&rec))
             }
             Err(why) => {
                 let bar = crate::progress::Bar::start(stage, 0, "steps");
@@ -278,7 +277,7 @@ impl Stages {
                 };
                 self.report(stage, "built", why);
                 self.new.stages.insert(stage.to_string(), rec.clone());
-                Ok(done(&rec, false))
+                Ok(done(&rec))
             }
         }
     }
@@ -352,7 +351,7 @@ impl Stages {
     }
 }
 
-fn done(rec: &StageRecord, skipped: bool) -> Done {
+fn done(rec: &StageRecord) -> Done {
     Done {
         outputs: rec
             .outputs
@@ -360,7 +359,6 @@ fn done(rec: &StageRecord, skipped: bool) -> Done {
             .map(|o| (o.name.clone(), o.clone()))
             .collect(),
         values: rec.values.clone(),
-        skipped,
     }
 }
 
