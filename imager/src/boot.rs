@@ -362,7 +362,7 @@ mod tests {
             .render(),
         );
         let guid = contract::guid::disk_guid("test 1.2.0");
-        let grub = crate::grub::make(Path::new(crate::grub::DEFAULT_DIR)).unwrap();
+        let grub = crate::grub::make(Path::new(crate::grub::DEFAULT_DIR), None).unwrap();
 
         for ss in SECTOR_SIZES {
             let layout = Layout::new(DEFAULT_DISK_SIZE, ss, &BTreeMap::new()).unwrap();

@@ -97,7 +97,7 @@ fn build(
     let out = &opts.out_dir;
     let _lock = lock_output(out)?;
     let epoch = describe_build(p, out)?;
-    let pre = preflight(p)?;
+    let pre = preflight(p, &opts.cache_dir)?;
     let files = output_files(p, &pre);
     crate::io::check_replaceable(
         out,
@@ -123,9 +123,7 @@ fn build(
         Some(ca) => Some(read_node_ca(ca)?),
         None => None,
     };
-    let kernel = kernel_files(p, opts)?;
-    let machined = runtime_binary(p)?;
-    let installer_bin = installer_binary(p)?;
+    let (kernel, (machined, installer_bin)) = kernel_and_binaries(p, opts)?;
     let stage = Staging::create(out, "build")?;
     let mut stages = Stages::open(out, stage.path(), opts.reuse);
     let inputs = BuildInputs {
@@ -609,7 +607,8 @@ fn commit(out: &Path, stage: &Staging, names: &[&str]) -> Result<()> {
 /// The cheap checks, before anything is built or written: the disk layout
 /// (if the profile makes a disk), the ESP's files, and GRUB's images made
 /// and checked against the BIOS partition.
-fn preflight(p: &Profile) -> Result<Preflight> {
+fn preflight(p: &Profile, cache_dir: &Path) -> Result<Preflight> {
+    let memo = cache_dir.join("grub");
     let layout = if p.makes_disk() {
         Some(layout(p)?)
     } else {
@@ -634,7 +633,7 @@ fn preflight(p: &Profile) -> Result<Preflight> {
         && (p.outputs.contains(&Output::Installer) || p.outputs.contains(&Output::Iso));
     let grub = if raw_bios || installer {
         Some(
-            crate::grub::make(&p.boot.grub_dir)
+            crate::grub::make(&p.boot.grub_dir, Some(&memo))
                 .with_context(|| format!("{}: boot.grub_dir", p.path.display()))?,
         )
     } else {
@@ -650,7 +649,7 @@ fn preflight(p: &Profile) -> Result<Preflight> {
     }
     let eltorito = if p.outputs.contains(&Output::Iso) {
         Some(
-            crate::grub::make_eltorito(&p.boot.grub_dir)
+            crate::grub::make_eltorito(&p.boot.grub_dir, Some(&memo))
                 .with_context(|| format!("{}: boot.grub_dir", p.path.display()))?,
         )
     } else {
@@ -806,6 +805,25 @@ fn runtime_binary(p: &Profile) -> Result<PathBuf> {
         }
         (None, None) => bail!("the profile names no runtime"),
     }
+}
+
+/// The kernel (built or from its cache) and the static binaries (built by
+/// cargo or checked) at once: they are independent, and a no-change
+/// rebuild otherwise waits for cargo's own no-change check after the
+/// kernel cache's. Both are run to their end before an error is returned.
+fn kernel_and_binaries(
+    p: &Profile,
+    opts: &BuildOptions,
+) -> Result<(KernelFiles, (PathBuf, Option<PathBuf>))> {
+    std::thread::scope(|s| {
+        let binaries =
+            s.spawn(|| Ok::<_, anyhow::Error>((runtime_binary(p)?, installer_binary(p)?)));
+        let kernel = kernel_files(p, opts);
+        let binaries = binaries
+            .join()
+            .map_err(|_| anyhow::anyhow!("the thread building the runtime panicked"))?;
+        Ok((kernel?, binaries?))
+    })
 }
 
 /// The installer binary (the static imager), if the profile makes an

@@ -58,9 +58,18 @@ fn find_mkimage() -> Result<PathBuf> {
 /// [`MODULES`] and the prefix of [`contract::grub::core_prefix`]; returns it
 /// with `dir`'s boot.img, both checked ([`Grub::new`]). Writes nothing but a
 /// temporary file.
-pub fn make(dir: &Path) -> Result<Grub> {
+///
+/// With `memo` (a directory of the build cache), the image grub-mkimage made
+/// from the same inputs before is taken from there ([`Memo`]).
+pub fn make(dir: &Path, memo: Option<&Path>) -> Result<Grub> {
     check_dir(dir, &MODULES, "BIOS boot")?;
-    let core_img = mkimage(dir, "i386-pc", &contract::grub::core_prefix(), &MODULES)?;
+    let core_img = mkimage(
+        dir,
+        "i386-pc",
+        &contract::grub::core_prefix(),
+        &MODULES,
+        memo,
+    )?;
     let boot_img = crate::input::read_head(&dir.join("boot.img"), "GRUB's boot.img", 4096)?;
     Grub::new(&boot_img, &core_img).with_context(|| format!("GRUB's images from {}", dir.display()))
 }
@@ -96,13 +105,118 @@ fn check_dir(dir: &Path, modules: &[&str], what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Runs grub-mkimage for `format` with `prefix` and `modules` from `dir`;
-/// returns the image.
-fn mkimage(dir: &Path, format: &str, prefix: &str, modules: &[&str]) -> Result<Vec<u8>> {
+/// Runs grub-mkimage for `format` with `prefix` and `modules` from `dir`,
+/// or takes its image from `memo`; returns the image.
+fn mkimage(
+    dir: &Path,
+    format: &str,
+    prefix: &str,
+    modules: &[&str],
+    memo: Option<&Path>,
+) -> Result<Vec<u8>> {
     let mkimage = find_mkimage()?;
+    let memo = match memo {
+        Some(m) => Some(Memo::new(m, &mkimage, dir, &[format, prefix], modules)?),
+        None => None,
+    };
+    if let Some(image) = memo.as_ref().and_then(Memo::get) {
+        return Ok(image);
+    }
+    let image = run_mkimage(&mkimage, dir, format, prefix, modules)?;
+    if let Some(m) = &memo {
+        m.put(&image);
+    }
+    Ok(image)
+}
+
+/// A remembered grub-mkimage image (a no-change build would otherwise
+/// spend most of its time running grub-mkimage): the file `KEY.img` in the
+/// memo directory, KEY the SHA-256 of everything the image is made from as
+/// make would see it (the path, size, times and inode of grub-mkimage and
+/// of every file in the modules directory, and the arguments), holding
+/// the image after its own SHA-256. A memo that does not match its digest
+/// is ignored and made again; one that cannot be written is skipped.
+struct Memo {
+    path: PathBuf,
+}
+
+impl Memo {
+    fn new(
+        memo: &Path,
+        mkimage: &Path,
+        dir: &Path,
+        args: &[&str],
+        modules: &[&str],
+    ) -> Result<Memo> {
+        use sha2::{Digest, Sha256};
+        use std::os::unix::fs::MetadataExt;
+        let mut h = Sha256::new();
+        let mut item = |b: &[u8]| {
+            h.update((b.len() as u64).to_le_bytes());
+            h.update(b);
+        };
+        item(b"grub-mkimage memo 1");
+        let stamp = |p: &Path| -> Result<String> {
+            let m = std::fs::metadata(p).with_context(|| format!("reading {}", p.display()))?;
+            Ok(format!(
+                "{} {} {}.{} {}.{} {} {}",
+                p.display(),
+                m.len(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime(),
+                m.ctime_nsec(),
+                m.ino(),
+                m.dev()
+            ))
+        };
+        item(stamp(mkimage)?.as_bytes());
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<std::io::Result<_>>()
+            .with_context(|| format!("reading {}", dir.display()))?;
+        names.sort();
+        for n in names {
+            item(stamp(&dir.join(n))?.as_bytes());
+        }
+        for a in args.iter().chain(modules) {
+            item(a.as_bytes());
+        }
+        let key = hex::encode(h.finalize());
+        Ok(Memo {
+            path: memo.join(format!("{key}.img")),
+        })
+    }
+
+    fn get(&self) -> Option<Vec<u8>> {
+        use sha2::{Digest, Sha256};
+        let b = std::fs::read(&self.path).ok()?;
+        let (digest, image) = b.split_at_checked(32)?;
+        (Sha256::digest(image).as_slice() == digest).then(|| image.to_vec())
+    }
+
+    fn put(&self, image: &[u8]) {
+        use sha2::{Digest, Sha256};
+        let mut b = Sha256::digest(image).to_vec();
+        b.extend_from_slice(image);
+        if let Some(d) = self.path.parent() {
+            let _ = std::fs::create_dir_all(d);
+        }
+        let _ = crate::io::write_atomic(&self.path, &b, 0o644);
+    }
+}
+
+fn run_mkimage(
+    mkimage: &Path,
+    dir: &Path,
+    format: &str,
+    prefix: &str,
+    modules: &[&str],
+) -> Result<Vec<u8>> {
     let work = tempfile::tempdir().context("creating a directory for GRUB's core image")?;
     let core = work.path().join("core.img");
-    let out = Command::new(&mkimage)
+    let out = Command::new(mkimage)
         .args(["-O", format, "-d"])
         .arg(dir)
         .arg("-p")
@@ -155,7 +269,7 @@ pub const CDBOOT_LEN: usize = 2048;
 /// Checks `dir` and makes GRUB's El Torito image (`grub-mkimage -O
 /// i386-pc-eltorito`) with [`ISO_MODULES`]; returns it with `dir`'s
 /// `boot_hybrid.img`, both checked.
-pub fn make_eltorito(dir: &Path) -> Result<Eltorito> {
+pub fn make_eltorito(dir: &Path, memo: Option<&Path>) -> Result<Eltorito> {
     check_dir(dir, &ISO_MODULES, "booting the ISO under BIOS")?;
     for name in ["cdboot.img", "boot_hybrid.img"] {
         ensure!(
@@ -169,6 +283,7 @@ pub fn make_eltorito(dir: &Path) -> Result<Eltorito> {
         "i386-pc-eltorito",
         contract::iso::GRUB_PREFIX,
         &ISO_MODULES,
+        memo,
     )?;
     let cdboot = crate::input::read_head(&dir.join("cdboot.img"), "GRUB's cdboot.img", 4096)?;
     ensure!(
@@ -220,8 +335,8 @@ mod tests {
     /// directory's boot.img.
     #[test]
     fn core_image_is_deterministic_and_embeds_its_modules() {
-        let a = make(grub_dir()).unwrap();
-        let b = make(grub_dir()).unwrap();
+        let a = make(grub_dir(), None).unwrap();
+        let b = make(grub_dir(), None).unwrap();
         assert_eq!(a, b, "two runs give the same bytes");
         assert!(a.core_sectors() < bootstate::bios::MAX_CORE_SECTORS);
         assert_eq!(
@@ -238,18 +353,54 @@ mod tests {
     /// core's blocklist with GRUB's load segment, boot_hybrid.img beside.
     #[test]
     fn eltorito_image_is_deterministic() {
-        let a = make_eltorito(grub_dir()).unwrap();
-        assert_eq!(a, make_eltorito(grub_dir()).unwrap());
+        let a = make_eltorito(grub_dir(), None).unwrap();
+        assert_eq!(a, make_eltorito(grub_dir(), None).unwrap());
         let seg = u16::from_le_bytes([a.image[CDBOOT_LEN + 0x1FE], a.image[CDBOOT_LEN + 0x1FF]]);
         assert_eq!(seg, 0x820, "diskboot's blocklist loads at 0x8200");
         assert_eq!(a.hybrid_mbr.len(), SECTOR);
+    }
+
+    /// The memo gives grub-mkimage's bytes back; a changed module (its
+    /// times) or a damaged memo file makes the image again, and what that
+    /// run fails on shows (a memo never hides a broken directory).
+    #[test]
+    fn memo_gives_the_same_image_and_is_remade_when_an_input_changes() {
+        let t = tempfile::tempdir().unwrap();
+        let memo = t.path().join("memo");
+        let copy = t.path().join("i386-pc");
+        std::fs::create_dir(&copy).unwrap();
+        for f in std::fs::read_dir(grub_dir()).unwrap() {
+            let f = f.unwrap();
+            std::fs::copy(f.path(), copy.join(f.file_name())).unwrap();
+        }
+        let fresh = make(&copy, None).unwrap();
+        assert_eq!(make(&copy, Some(&memo)).unwrap(), fresh);
+        let files: Vec<_> = std::fs::read_dir(&memo).unwrap().collect();
+        assert_eq!(files.len(), 1, "one image remembered");
+        let remembered = files[0].as_ref().unwrap().path();
+        assert_eq!(make(&copy, Some(&memo)).unwrap(), fresh, "from the memo");
+        // A damaged memo: ignored, made again, and rewritten whole.
+        let mut b = std::fs::read(&remembered).unwrap();
+        let last = b.len() - 1;
+        b[last] ^= 1;
+        std::fs::write(&remembered, &b).unwrap();
+        assert_eq!(make(&copy, Some(&memo)).unwrap(), fresh);
+        assert_ne!(std::fs::read(&remembered).unwrap(), b);
+        // A dependency removed: another key, so grub-mkimage runs and fails.
+        std::fs::remove_file(copy.join("extcmd.mod")).unwrap();
+        let e = format!("{:#}", make(&copy, Some(&memo)).unwrap_err());
+        assert!(e.contains("grub-mkimage failed"), "{e}");
+        // The same bytes with a new modification time: another key too.
+        std::fs::copy(grub_dir().join("extcmd.mod"), copy.join("extcmd.mod")).unwrap();
+        assert_eq!(make(&copy, Some(&memo)).unwrap(), fresh);
+        assert_eq!(std::fs::read_dir(&memo).unwrap().count(), 2);
     }
 
     #[test]
     fn bad_grub_directories_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("nope");
-        let e = format!("{:#}", make(&missing).unwrap_err());
+        let e = format!("{:#}", make(&missing, None).unwrap_err());
         assert!(e.contains("not found: install grub-pc-bin"), "{e}");
         assert!(e.contains("boot.grub_dir"), "{e}");
 
@@ -262,17 +413,17 @@ mod tests {
                 std::fs::copy(f.path(), copy.join(f.file_name())).unwrap();
             }
         }
-        let e = format!("{:#}", make(&copy).unwrap_err());
+        let e = format!("{:#}", make(&copy, None).unwrap_err());
         assert!(e.contains("GRUB module linux.mod"), "{e}");
         assert!(e.contains("install grub-pc-bin"), "{e}");
         // A dependency missing: grub-mkimage's own message.
         std::fs::copy(grub_dir().join("linux.mod"), copy.join("linux.mod")).unwrap();
         std::fs::remove_file(copy.join("extcmd.mod")).unwrap();
-        let e = format!("{:#}", make(&copy).unwrap_err());
+        let e = format!("{:#}", make(&copy, None).unwrap_err());
         assert!(e.contains("grub-mkimage failed"), "{e}");
         assert!(e.contains("extcmd.mod"), "{e}");
         // Too small a BIOS partition.
-        let g = make(grub_dir()).unwrap();
+        let g = make(grub_dir(), None).unwrap();
         let e = format!("{:#}", check_fits(&g, 64 * 1024).unwrap_err());
         assert!(e.contains("too small for GRUB's core image"), "{e}");
     }

@@ -329,6 +329,12 @@ impl<W: Write> Write for HashingWriter<W> {
 /// 2 GiB disk is mostly holes). Where the filesystem cannot say where its
 /// holes are, the whole file is read.
 pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
+    sha256_file_progress(path, &mut |_| {})
+}
+
+/// [`sha256_file`], telling `progress` each number of bytes hashed (holes
+/// included) as it goes.
+pub fn sha256_file_progress(path: &Path, progress: &mut dyn FnMut(u64)) -> Result<(String, u64)> {
     let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     if !f.metadata().is_ok_and(|m| m.is_file()) {
         // A pipe or a device: its size is not in its metadata. Read it.
@@ -336,36 +342,38 @@ pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
         io::copy(&mut r, &mut io::sink()).with_context(|| format!("reading {}", path.display()))?;
         return Ok(r.finish());
     }
-    sha256_sparse(f).with_context(|| format!("reading {}", path.display()))
+    sha256_sparse(f, progress).with_context(|| format!("reading {}", path.display()))
 }
 
-fn sha256_sparse(mut f: File) -> io::Result<(String, u64)> {
+fn sha256_sparse(mut f: File, progress: &mut dyn FnMut(u64)) -> io::Result<(String, u64)> {
     use std::io::{Seek, SeekFrom};
     static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
     let len = f.metadata()?.len();
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut at = 0u64;
-    let zeros = |hasher: &mut Sha256, mut n: u64| {
+    let zeros = |hasher: &mut Sha256, progress: &mut dyn FnMut(u64), mut n: u64| {
         while n > 0 {
             let k = n.min(ZEROS.len() as u64) as usize;
             hasher.update(&ZEROS[..k]);
+            progress(k as u64);
             n -= k as u64;
         }
     };
     for data in data_extents(&f, len)? {
-        zeros(&mut hasher, data.start - at);
+        zeros(&mut hasher, progress, data.start - at);
         f.seek(SeekFrom::Start(data.start))?;
         let mut left = data.end - data.start;
         while left > 0 {
             let n = left.min(buf.len() as u64) as usize;
             f.read_exact(&mut buf[..n])?;
             hasher.update(&buf[..n]);
+            progress(n as u64);
             left -= n as u64;
         }
         at = data.end;
     }
-    zeros(&mut hasher, len - at);
+    zeros(&mut hasher, progress, len - at);
     // A file that grew while hashed is not what was measured.
     if f.metadata()?.len() != len {
         return Err(io::Error::other(

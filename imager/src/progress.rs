@@ -100,6 +100,23 @@ pub struct Bar {
     last: Instant,
 }
 
+/// A bar with a known `total` (bytes shown as such), else a spinner.
+fn set_style(b: &indicatif::ProgressBar, stage: &str, total: u64, unit: &str) {
+    let counts = if unit == "bytes" {
+        "{bytes}/{total_bytes}".to_string()
+    } else {
+        format!("{{pos}}/{{len}} {unit}")
+    };
+    let template = if total > 0 {
+        format!("{{spinner}} {stage} [{{elapsed_precise}}] {{bar:40}} {counts} {{msg}}")
+    } else {
+        format!("{{spinner}} {stage} [{{elapsed_precise}}] {{msg}}")
+    };
+    if let Ok(style) = indicatif::ProgressStyle::with_template(&template) {
+        b.set_style(style);
+    }
+}
+
 /// How often a JSON progress line is written while a stage runs.
 const JSON_EVERY: Duration = Duration::from_millis(500);
 
@@ -117,16 +134,7 @@ impl Bar {
                 } else {
                     indicatif::ProgressBar::new_spinner()
                 };
-                let template = if total > 0 {
-                    format!(
-                        "{{spinner}} {stage} [{{elapsed_precise}}] {{bar:40}} {{pos}}/{{len}} {unit} {{msg}}"
-                    )
-                } else {
-                    format!("{{spinner}} {stage} [{{elapsed_precise}}] {{msg}}")
-                };
-                if let Ok(style) = indicatif::ProgressStyle::with_template(&template) {
-                    b.set_style(style);
-                }
+                set_style(&b, stage, total, unit);
                 if !b.is_hidden() {
                     b.enable_steady_tick(Duration::from_millis(250));
                 }
@@ -162,12 +170,15 @@ impl Bar {
         }
     }
 
-    /// Raises (or sets) the total.
+    /// Raises (or sets) the total: a spinner becomes a bar.
     pub fn set_total(&mut self, total: u64) {
-        self.total = total;
         if let Some(b) = &self.bar {
+            if self.total == 0 && total > 0 {
+                set_style(b, &self.stage, total, self.unit);
+            }
             b.set_length(total);
         }
+        self.total = total;
     }
 
     /// A short note beside the bar (the file being compiled).

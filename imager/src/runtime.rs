@@ -28,7 +28,7 @@ pub fn build_named(package_dir: &Path, what: &str, key: &str) -> Result<PathBuf>
         );
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let workspace = workspace_root(&cargo, &manifest)?;
+    let workspace = workspace_root(&manifest)?;
     let cargo_home = std::env::var("CARGO_HOME").unwrap_or_else(|_| {
         std::env::var("HOME").map_or_else(|_| "/root/.cargo".into(), |h| format!("{h}/.cargo"))
     });
@@ -69,25 +69,24 @@ pub fn build_named(package_dir: &Path, what: &str, key: &str) -> Result<PathBuf>
     Ok(exe)
 }
 
-fn workspace_root(cargo: &std::ffi::OsStr, manifest: &Path) -> Result<PathBuf> {
-    let out = Command::new(cargo)
-        .args(["locate-project", "--workspace", "--message-format", "plain"])
-        .arg("--manifest-path")
-        .arg(manifest)
-        .output()
-        .context("running cargo locate-project")?;
-    if !out.status.success() {
-        bail!(
-            "cargo locate-project failed for {}: {}",
-            manifest.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    Ok(path
+/// The root of the cargo workspace `manifest` belongs to: the nearest
+/// ancestor directory whose Cargo.toml has a `[workspace]` table, else the
+/// package's own directory (cargo's rule, read without starting cargo: a
+/// no-change build should not pay for a process that only finds a file).
+fn workspace_root(manifest: &Path) -> Result<PathBuf> {
+    let package = manifest
         .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("/")))
+        .with_context(|| format!("{} has no directory", manifest.display()))?;
+    for dir in package.ancestors() {
+        let toml = dir.join("Cargo.toml");
+        let Ok(text) = std::fs::read_to_string(&toml) else {
+            continue;
+        };
+        if text.lines().any(|l| l.trim() == "[workspace]") {
+            return Ok(dir.to_path_buf());
+        }
+    }
+    Ok(package.to_path_buf())
 }
 
 /// Fails unless `path` is an x86-64 ELF executable without an interpreter
@@ -138,5 +137,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("not an ELF"), "{e}");
+    }
+
+    /// The workspace root found without cargo is the one cargo finds: this
+    /// repository's for its runtime package, the package itself outside any
+    /// workspace.
+    #[test]
+    fn workspace_root_is_the_nearest_workspace_manifest() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let rootfs = repo.join("rootfs/Cargo.toml");
+        assert_eq!(workspace_root(&rootfs).unwrap(), repo);
+        let alone = std::env::temp_dir().join(format!("ws-root-{}", std::process::id()));
+        std::fs::create_dir_all(alone.join("src")).unwrap();
+        std::fs::write(alone.join("Cargo.toml"), "[package]\nname = \"x\"\n").unwrap();
+        let found = workspace_root(&alone.join("Cargo.toml"));
+        std::fs::remove_dir_all(&alone).unwrap();
+        assert_eq!(found.unwrap(), alone);
     }
 }

@@ -263,11 +263,20 @@ impl Stages {
                 Ok(done(&rec))
             }
             Err(why) => {
-                let bar = crate::progress::Bar::start(stage, 0, "steps");
+                let mut bar = crate::progress::Bar::start(stage, 0, "bytes");
                 let values = make(&self.staging)?;
+                // Hashing the outputs is most of a disk stage's time (a
+                // 2 GiB image): the bar counts the bytes hashed.
+                let mut total = 0;
+                for name in outputs {
+                    total += std::fs::metadata(self.staging.join(name)).map_or(0, |m| m.len());
+                }
+                bar.set_total(total);
                 let mut stamps = Vec::new();
                 for name in outputs {
-                    stamps.push(stamp_now(&self.staging.join(name), name, None)?);
+                    stamps.push(stamp_now(&self.staging.join(name), name, None, &mut |n| {
+                        bar.inc(n)
+                    })?);
                 }
                 bar.finish();
                 let rec = StageRecord {
@@ -313,7 +322,7 @@ impl Stages {
         let mut kept = rec.clone();
         for o in &mut kept.outputs {
             let path = self.out.join(&o.name);
-            let Ok(now) = stamp_now(&path, &o.name, Some(&o.sha256)) else {
+            let Ok(now) = stamp_now(&path, &o.name, Some(&o.sha256), &mut |_| {}) else {
                 return Ok(Err(format!("{} missing", o.name)));
             };
             let intact = match self.reuse {
@@ -363,8 +372,14 @@ fn done(rec: &StageRecord) -> Done {
 }
 
 /// The stamp of `path` as it is now: size and time, and its digest when
-/// `with_digest` (else the `sha256` given, the recorded one).
-fn stamp_now(path: &Path, name: &str, sha256: Option<&str>) -> Result<OutputStamp> {
+/// `sha256` is none (told to `progress` as it is hashed), else the
+/// `sha256` given, the recorded one.
+fn stamp_now(
+    path: &Path,
+    name: &str,
+    sha256: Option<&str>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<OutputStamp> {
     let m =
         std::fs::symlink_metadata(path).with_context(|| format!("{} missing", path.display()))?;
     if !m.is_file() {
@@ -372,7 +387,7 @@ fn stamp_now(path: &Path, name: &str, sha256: Option<&str>) -> Result<OutputStam
     }
     let sha256 = match sha256 {
         Some(s) => s.to_string(),
-        None => sha256_file(path)?.0,
+        None => crate::io::sha256_file_progress(path, progress)?.0,
     };
     Ok(OutputStamp {
         name: name.to_string(),
