@@ -13,6 +13,7 @@
 pub mod check;
 pub mod gpt;
 pub mod layout;
+pub mod qcow2;
 pub mod vhd;
 
 pub use self::check::{check_image, check_table, check_written};
