@@ -11,6 +11,7 @@
 //! read and write.
 
 pub mod check;
+pub mod compress;
 pub mod gpt;
 pub mod layout;
 pub mod qcow2;
