@@ -216,6 +216,7 @@ fn disk_outputs(p: &Profile, pre: &Preflight) -> Vec<&'static str> {
     if p.outputs.contains(&Output::Vhd) {
         files.push(names::VHD);
     }
+    files.extend(disk::formats::made(p).map(|(_, _, name)| name));
     files
 }
 
@@ -420,6 +421,9 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
         if p.outputs.contains(&Output::Vhd) {
             keep(&done, Kind::Vhd, names::VHD)?;
         }
+        for (_, kind, name) in disk::formats::made(p) {
+            keep(&done, kind, name)?;
+        }
         if p.outputs.contains(&Output::Raw) {
             keep(&done, Kind::Raw, names::RAW)?;
         }
@@ -544,6 +548,7 @@ fn write_disk_images(
             payload.epoch,
         )?;
     }
+    disk::formats::write(p, &raw, dir)?;
     // Without the output raw, the disk stays in the staging directory.
     Ok(())
 }

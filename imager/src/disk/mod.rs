@@ -12,6 +12,7 @@
 
 pub mod check;
 pub mod compress;
+pub mod formats;
 pub mod gpt;
 pub mod layout;
 pub mod qcow2;
