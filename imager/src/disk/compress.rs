@@ -67,6 +67,15 @@ impl Format {
     }
 }
 
+/// 64 KiB of zeros, to compare with (memcmp: fast in unoptimized builds
+/// too).
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// Whether `b` holds only zeros.
+pub(crate) fn is_zero(b: &[u8]) -> bool {
+    b.chunks(ZEROS.len()).all(|c| c == &ZEROS[..c.len()])
+}
+
 /// Writes `raw` (streamed, holes as zeros) into `w`.
 fn stream_disk(raw: &Path, w: &mut dyn Write) -> Result<()> {
     let mut src = File::open(raw).with_context(|| format!("opening {}", raw.display()))?;
@@ -142,7 +151,7 @@ pub fn copy_sparse(src: &mut dyn Read, dest: &Path) -> Result<u64> {
         if n == 0 {
             break;
         }
-        if buf[..n].iter().any(|&b| b != 0) {
+        if !is_zero(&buf[..n]) {
             f.write_all_at(&buf[..n], at)
                 .with_context(|| format!("writing {}", dest.display()))?;
         }
@@ -226,7 +235,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let raw = dir.path().join("disk.raw");
         let f = File::create(&raw).unwrap();
-        let size = (24 << 20) + 4097;
+        let size = (24 << 20) + 4608;
         f.set_len(size).unwrap();
         f.write_all_at(b"start", 0).unwrap();
         f.write_all_at(&[7u8; 200_000], 9 << 20).unwrap();

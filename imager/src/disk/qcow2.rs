@@ -139,7 +139,7 @@ fn read_cluster(src: &mut File, size: u64, index: u64, buf: &mut [u8]) -> io::Re
     src.seek(SeekFrom::Start(start))?;
     src.read_exact(&mut buf[..n])?;
     buf[n..].fill(0);
-    Ok(buf.iter().any(|&b| b != 0))
+    Ok(!super::compress::is_zero(buf))
 }
 
 /// Calls `each` with the index of every cluster of `src` that holds
