@@ -7,8 +7,8 @@
 //! zeros from one small buffer, so memory does not grow with the disk and
 //! holes are never read from the file system. zstd: level 12, the content
 //! size and a checksum in the frame (`zstd -t` checks it). xz: preset 1 (see
-//! docs/design.md: the higher presets take minutes over the zeros of a
-//! 2 GiB disk for a few per cent), CRC-64.
+//! docs/design.md: preset 6 takes twice as long over a 2 GiB disk for a
+//! file 2.3 % smaller), CRC-64.
 //!
 //! Decompression ([`unpack`]) writes a sparse file: a 64 KiB block of zeros
 //! is skipped, not written, so a 2 GiB disk takes the space of its data.
