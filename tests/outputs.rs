@@ -746,3 +746,51 @@ fn progress_json_is_one_object_per_line_and_ends_with_every_stage_done() {
     let second = run();
     assert!(second.values().all(|l| l["skipped"] == true), "{second:?}");
 }
+
+/// The disk formats alone (no `raw`): the build signs qcow2, raw.zst and
+/// raw.xz with their kinds, keeps no raw disk and no temporary, each holds
+/// the same disk (checked by verify, and unpacked here), and a forced
+/// rebuild writes the same bytes.
+#[test]
+fn the_disk_formats_are_built_signed_and_deterministic_without_the_raw_disk() {
+    use imager::disk::compress::Unpacked;
+    use imager::profile::Output;
+    let _serial = serial();
+    let f = Fixture::new();
+    let out = f.out("formats");
+    let mut p = f.profile("1.0.0", "");
+    p.outputs = vec![Output::Qcow2, Output::RawZst, Output::RawXz];
+    let r = build::run(&p, &f.opts(&out)).unwrap();
+    let kinds: Vec<String> = r
+        .artifacts
+        .iter()
+        .map(|a| a.kind.name().to_string())
+        .collect();
+    for k in ["qcow2", "raw-zst", "raw-xz"] {
+        assert!(kinds.iter().any(|x| x == k), "{kinds:?}");
+    }
+    assert!(!kinds.iter().any(|x| x == "raw"), "{kinds:?}");
+    verify_ok(&f, &out);
+    let files = built_files(&out);
+    assert!(!files.contains_key(names::RAW), "{:?}", files.keys());
+    assert!(
+        !files.keys().any(|k| k.starts_with('.')),
+        "a temporary was left: {:?}",
+        files.keys()
+    );
+    let disks: Vec<(String, u64)> = [names::QCOW2, names::RAW_ZST, names::RAW_XZ]
+        .iter()
+        .map(|n| imager::io::sha256_file(&Unpacked::open(&out.join(n)).unwrap().path).unwrap())
+        .collect();
+    assert_eq!(disks[0].1, 1 << 30);
+    assert!(disks[0] == disks[1] && disks[1] == disks[2], "{disks:?}");
+    let forced = build::run(&p, &f.opts_reusing(&out, build::Reuse::Never)).unwrap();
+    assert_eq!(
+        serde_json::to_value(&forced.artifacts).unwrap(),
+        serde_json::to_value(&r.artifacts).unwrap()
+    );
+    assert!(
+        built_files(&out) == files,
+        "a forced rebuild changed a file"
+    );
+}

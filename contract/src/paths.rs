@@ -171,6 +171,12 @@ pub mod output {
     pub const RAW: &str = "disk.raw";
     /// The raw disk as a fixed VHD (`bootstate::vhd`).
     pub const VHD: &str = "disk.vhd";
+    /// The raw disk as a qcow2 image (`imager::disk::qcow2`).
+    pub const QCOW2: &str = "disk.qcow2";
+    /// The raw disk compressed with zstd (`imager::disk::compress`).
+    pub const RAW_ZST: &str = "disk.raw.zst";
+    /// The raw disk compressed with xz (`imager::disk::compress`).
+    pub const RAW_XZ: &str = "disk.raw.xz";
     /// The installer container image, an OCI archive.
     pub const INSTALLER: &str = "installer.tar";
     /// The hybrid live ISO (`contract::iso`).

@@ -214,6 +214,7 @@ fn disk_outputs(p: &Profile, pre: &Preflight) -> Vec<&'static str> {
     if p.outputs.contains(&Output::Vhd) {
         files.push(names::VHD);
     }
+    files.extend(disk::formats::made(p).map(|(_, _, name)| name));
     files
 }
 
@@ -418,6 +419,9 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
         if p.outputs.contains(&Output::Vhd) {
             keep(&done, Kind::Vhd, names::VHD)?;
         }
+        for (_, kind, name) in disk::formats::made(p) {
+            keep(&done, kind, name)?;
+        }
         if p.outputs.contains(&Output::Raw) {
             keep(&done, Kind::Raw, names::RAW)?;
         }
@@ -542,6 +546,7 @@ fn write_disk_images(
             payload.epoch,
         )?;
     }
+    disk::formats::write(p, &raw, dir)?;
     // Without the output raw, the disk stays in the staging directory.
     Ok(())
 }

@@ -142,8 +142,20 @@ pub struct Report {
 }
 
 /// Reads everything `inspect` shows.
+///
+/// A qcow2, zstd or xz image is first unpacked into a sparse temporary
+/// copy ([`crate::disk::compress::Unpacked`]), read and removed; the
+/// manifest is looked for beside `image` itself.
 pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
-    let disk = Disk::open(image, Access::Read)?;
+    let unpacked = crate::disk::compress::Unpacked::open(image)?;
+    if unpacked.is_copy() {
+        eprintln!(
+            "inspect: {} read through the sparse temporary copy {} (removed after)",
+            image.display(),
+            unpacked.path.display()
+        );
+    }
+    let disk = Disk::open(&unpacked.path, Access::Read)?;
     let table = &disk.table;
     let partitions = table
         .partitions
@@ -158,7 +170,7 @@ pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
         })
         .collect();
 
-    let bios = bios_info(image, table);
+    let bios = bios_info(&unpacked.path, table);
     let loader_default = disk
         .partition(PartitionRole::Efi)
         .ok()

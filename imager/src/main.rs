@@ -489,7 +489,31 @@ fn run() -> Result<ExitCode> {
 
 /// `imager boot`: boots the image and waits for the ready line.
 fn boot(a: BootArgs) -> Result<ExitCode> {
-    let mut o = qemu::BootOptions::new(&a.image);
+    // A compressed disk boots from a sparse copy, removed after the boot.
+    let format = imager::disk::compress::Format::of(&a.image)?;
+    let unpacked = if format.compressed() {
+        if a.write {
+            bail!(
+                "--write: {} is compressed and boots from a temporary copy, removed after \
+                 the boot; unpack it (zstd -d or xz -d) and boot the raw disk to keep what \
+                 the guest writes",
+                a.image.display()
+            );
+        }
+        let u = imager::disk::compress::Unpacked::open(&a.image)?;
+        eprintln!(
+            "boot: {} unpacked into the sparse temporary copy {} (removed after the boot)",
+            a.image.display(),
+            u.path.display()
+        );
+        Some(u)
+    } else {
+        None
+    };
+    let image = unpacked
+        .as_ref()
+        .map_or(a.image.clone(), |u| u.path.clone());
+    let mut o = qemu::BootOptions::new(&image);
     o.timeout = Duration::from_secs(a.timeout);
     o.firmware = match a.firmware {
         FirmwareArg::Uefi => qemu::Firmware::Uefi,
@@ -500,14 +524,21 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
     o.write = a.write;
     o.kvm = a.kvm;
     o.memory_mib = a.memory;
-    let iso = qemu::is_iso(&a.image)?;
+    let iso = format == imager::disk::compress::Format::Raw && qemu::is_iso(&image)?;
     o.sector_size = match a.sector_size {
         Some(s) => s,
         // An ISO on a disk is read in 512-byte sectors (its system area).
         None if iso => 512,
+        // A qcow2 is read through its reader: the table of the disk it holds.
+        None if format == imager::disk::compress::Format::Qcow2 => {
+            let mut q = imager::disk::qcow2::Qcow2::open(&a.image)?;
+            imager::disk::gpt::read_table_from(&mut q)
+                .with_context(|| format!("reading {}", a.image.display()))?
+                .sector_size
+        }
         None => {
-            let mut f = std::fs::File::open(&a.image)
-                .with_context(|| format!("opening {}", a.image.display()))?;
+            let mut f = std::fs::File::open(&image)
+                .with_context(|| format!("opening {}", image.display()))?;
             imager::disk::gpt::read_table_from(&mut f)
                 .with_context(|| format!("reading {}", a.image.display()))?
                 .sector_size

@@ -260,6 +260,15 @@ pub enum Output {
     Raw,
     /// The same disk as a fixed VHD (`disk.vhd`), for clouds that take it.
     Vhd,
+    /// The same disk as a qcow2 image (`disk.qcow2`), for QEMU and
+    /// libvirt.
+    Qcow2,
+    /// The raw disk compressed with zstd (`disk.raw.zst`).
+    #[serde(rename = "raw.zst")]
+    RawZst,
+    /// The raw disk compressed with xz (`disk.raw.xz`).
+    #[serde(rename = "raw.xz")]
+    RawXz,
     /// The installer container image, an OCI archive (`installer.tar`).
     Installer,
     /// The hybrid live ISO (`live.iso`): boots from CD and USB under BIOS
@@ -270,11 +279,28 @@ pub enum Output {
 }
 
 impl Output {
+    /// The disk outputs: the raw disk and the formats made from it.
+    pub const DISKS: [Output; 5] = [
+        Output::Raw,
+        Output::Vhd,
+        Output::Qcow2,
+        Output::RawZst,
+        Output::RawXz,
+    ];
+
+    /// Whether this is one of [`Output::DISKS`].
+    pub fn is_disk(self) -> bool {
+        Output::DISKS.contains(&self)
+    }
+
     /// The name as written in a profile.
     pub fn name(self) -> &'static str {
         match self {
             Output::Raw => "raw",
             Output::Vhd => "vhd",
+            Output::Qcow2 => "qcow2",
+            Output::RawZst => "raw.zst",
+            Output::RawXz => "raw.xz",
             Output::Installer => "installer",
             Output::Iso => "iso",
             Output::Uki => "uki",
@@ -613,7 +639,7 @@ impl Profile {
         if self.outputs.is_empty() {
             return invalid(
                 "outputs",
-                "name at least one output (raw, vhd, installer, iso, uki)",
+                "name at least one output (raw, vhd, qcow2, raw.zst, raw.xz, installer, iso, uki)",
             );
         }
         let mut seen = std::collections::BTreeSet::new();
@@ -904,9 +930,10 @@ impl Profile {
         }
     }
 
-    /// Whether the build lays out a disk: for the output `raw` or `vhd`.
+    /// Whether the build lays out a disk: for the output `raw` or a
+    /// format made from it (`vhd`, `qcow2`, `raw.zst`, `raw.xz`).
     pub fn makes_disk(&self) -> bool {
-        self.outputs.contains(&Output::Raw) || self.outputs.contains(&Output::Vhd)
+        self.outputs.iter().any(|o| o.is_disk())
     }
 
     /// Whether the build makes the slots' UKIs: for the output `uki`, or

@@ -141,10 +141,13 @@ pub fn is_iso(path: &Path) -> Result<bool> {
     Ok(id.is_some())
 }
 
-/// QEMU's format options for the disk image `path`: raw, or a fixed VHD
+/// QEMU's format options for the disk image `path`: qcow2, raw, or a fixed VHD
 /// (`bootstate::vhd`) sized by its footer rather than by the CHS geometry
 /// QEMU would otherwise believe for an image of an unknown creator.
 fn disk_format(path: &Path) -> Result<&'static str> {
+    if crate::disk::qcow2::is_qcow2(path)? {
+        return Ok("format=qcow2");
+    }
     let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let len = f.metadata()?.len();
     let size = bootstate::gpt::image_size(&mut f)

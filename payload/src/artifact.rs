@@ -16,6 +16,12 @@ pub enum Kind {
     Raw,
     /// The raw disk as a fixed VHD (`disk.vhd`).
     Vhd,
+    /// The raw disk as a qcow2 image (`disk.qcow2`).
+    Qcow2,
+    /// The raw disk compressed with zstd (`disk.raw.zst`).
+    RawZst,
+    /// The raw disk compressed with xz (`disk.raw.xz`).
+    RawXz,
     Iso,
     Installer,
     /// systemd-boot, carried in the installer's payload for `imager install`.
@@ -50,6 +56,9 @@ impl Kind {
             Kind::RootfsVerity => "rootfs-verity",
             Kind::Raw => "raw",
             Kind::Vhd => "vhd",
+            Kind::Qcow2 => "qcow2",
+            Kind::RawZst => "raw-zst",
+            Kind::RawXz => "raw-xz",
             Kind::Iso => "iso",
             Kind::Installer => "installer",
             Kind::BootLoader => "boot-loader",

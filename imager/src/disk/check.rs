@@ -11,11 +11,12 @@
 //! size, read from an intact primary table.
 
 use super::layout::{Layout, mib};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use bootstate::gpt::{Table, TableCopy};
 use contract::LAYOUT;
 use contract::guid::partition_guid;
 use contract::partition::ALIGNMENT;
+use std::io::{Read, Seek};
 use std::path::Path;
 
 /// Checks that `table` is the table of a disk made by imager: see the
@@ -130,10 +131,35 @@ pub fn check_written(table: &Table, layout: &Layout, disk_guid: contract::Guid) 
 /// ([`check_table`]), and the BIOS path: no boot code in the MBR, or GRUB's
 /// pointing to its core image in the BIOS partition
 /// ([`bootstate::bios::inspect`]).
+///
+/// A qcow2 image is read through [`super::qcow2::Qcow2`], a zstd or xz
+/// stream is first unpacked into a sparse temporary copy
+/// ([`super::compress::Unpacked`]).
 pub fn check_image(path: &Path) -> Result<()> {
+    use super::compress::{Format, Unpacked};
+    match Format::of(path)? {
+        Format::Raw => {}
+        Format::Qcow2 => {
+            let mut q = super::qcow2::Qcow2::open(path)?;
+            return check_device(&mut q).with_context(|| format!("reading {}", path.display()));
+        }
+        Format::Zstd | Format::Xz => {
+            let u = Unpacked::open(path)?;
+            return check_image(&u.path)
+                .with_context(|| format!("checking the disk unpacked from {}", path.display()));
+        }
+    }
     let table = super::read_table(path)?;
     check_table(&table)?;
     let mut f = std::fs::File::open(path)
         .map_err(|e| anyhow::anyhow!("opening {}: {e}", path.display()))?;
     bootstate::bios::inspect(&mut f, &table).map(|_| ())
+}
+
+/// [`check_image`] of a disk read through `dev` (sized by seeking to its
+/// end): its partition table and BIOS path.
+pub fn check_device<D: Read + Seek>(dev: &mut D) -> Result<()> {
+    let table = super::read_table_from(dev).context("reading the partition table")?;
+    check_table(&table)?;
+    bootstate::bios::inspect(dev, &table).map(|_| ())
 }

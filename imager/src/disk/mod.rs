@@ -11,8 +11,11 @@
 //! read and write.
 
 pub mod check;
+pub mod compress;
+pub mod formats;
 pub mod gpt;
 pub mod layout;
+pub mod qcow2;
 pub mod vhd;
 
 pub use self::check::{check_image, check_table, check_written};

@@ -424,3 +424,33 @@ fn a_damaged_primary_table_is_refused() {
         "{e}"
     );
 }
+
+/// The check of a disk in another format reads the disk it holds: a
+/// qcow2 through its reader, a zstd or xz stream unpacked; a sound table
+/// passes in each, a table that is not our layout fails in each with the
+/// raw disk's reason.
+#[test]
+fn the_check_reads_qcow2_zst_and_xz_as_the_disk_they_hold() {
+    type Writer = fn(&Path, &Path) -> anyhow::Result<()>;
+    let formats: [(&str, Writer); 3] = [
+        ("qcow2", super::qcow2::write_qcow2),
+        ("zst", super::compress::write_zst),
+        ("xz", super::compress::write_xz),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let (good, _) = image(dir.path(), "good.raw", 512);
+    let layout = Layout::new(DISK, 512, &BTreeMap::new()).unwrap();
+    let mut swapped = entries(&layout);
+    swapped.swap(0, 1);
+    let bad = crafted(dir.path(), "bad.raw", &swapped);
+    let want = check_error(&bad);
+    for (ext, write) in formats {
+        let g = dir.path().join(format!("good.{ext}"));
+        write(&good, &g).unwrap();
+        check_image(&g).unwrap_or_else(|e| panic!("{ext}: {e:#}"));
+        let b = dir.path().join(format!("bad.{ext}"));
+        write(&bad, &b).unwrap();
+        let e = check_error(&b);
+        assert!(e.contains(&want), "{ext}: {e}\nraw: {want}");
+    }
+}

@@ -161,7 +161,10 @@ fn installer_output_needs_its_binary() {
     let e = with("outputs: [raw, raw]\n").unwrap_err().to_string();
     assert!(e.contains("raw is listed twice"), "{e}");
     let e = with("outputs: []\n").unwrap_err().to_string();
-    assert!(e.contains("at least one output"), "{e}");
+    assert!(
+        e.contains("at least one output (raw, vhd, qcow2, raw.zst, raw.xz, installer"),
+        "{e}"
+    );
     // The version becomes the image's tag.
     let bad = GOOD.replace("version: 1.0.0", "version: 1.0.0+build");
     let e = parse(&format!(
@@ -245,6 +248,39 @@ fn the_vhd_output_needs_512_byte_sectors_and_whole_mib() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("disk.sector_size") && e.contains("vhd"), "{e}");
+}
+
+/// The disk formats made from the raw disk: named as in the profile, each
+/// a disk output (the build lays out a disk for it alone), listed in the
+/// error for an unknown name.
+#[test]
+fn the_disk_formats_are_outputs() {
+    let p = parse(&format!("{GOOD}outputs: [qcow2, raw.zst, raw.xz]\n")).unwrap();
+    assert_eq!(
+        p.outputs,
+        vec![Output::Qcow2, Output::RawZst, Output::RawXz]
+    );
+    assert!(p.makes_disk());
+    for o in [Output::Qcow2, Output::RawZst, Output::RawXz] {
+        let p = parse(&format!("{GOOD}outputs: [{}]\n", o.name())).unwrap();
+        assert_eq!(p.outputs, vec![o]);
+        assert!(p.makes_disk() && o.is_disk());
+    }
+    assert!(!Output::Iso.is_disk());
+    let e = parse(&format!("{GOOD}outputs: [raw.gz]\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("raw.gz")
+            && e.contains("raw.zst")
+            && e.contains("raw.xz")
+            && e.contains("qcow2"),
+        "{e}"
+    );
+    let e = parse(&format!("{GOOD}outputs: [qcow2, raw.xz, qcow2]\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("qcow2 is listed twice"), "{e}");
 }
 
 /// `profiles/installer.yaml` builds the system of `profiles/metal.yaml`:

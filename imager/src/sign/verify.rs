@@ -249,11 +249,15 @@ fn read_manifest(path: &Path) -> Result<Vec<u8>> {
 }
 
 /// Checks the file of one artifact: its size, its digest, and for a raw
-/// disk (or its fixed VHD) its partition table.
+/// disk (or its fixed VHD, its qcow2, or the disk a compressed one
+/// unpacks to) its partition table.
 fn check_file(path: &Path, size: u64, sha256: &str, kind: Kind) -> Status {
+    let disk = matches!(
+        kind,
+        Kind::Raw | Kind::Vhd | Kind::Qcow2 | Kind::RawZst | Kind::RawXz
+    );
     match check_bytes(path, size, sha256) {
-        Status::Ok if matches!(kind, Kind::Raw | Kind::Vhd) => match crate::disk::check_image(path)
-        {
+        Status::Ok if disk => match crate::disk::check_image(path) {
             Ok(()) => Status::Ok,
             Err(e) => Status::BadContent {
                 reason: format!("partition table: {e:#}"),

@@ -1,0 +1,54 @@
+//! The disk formats made from the raw disk in the build's `disk` stage
+//! besides the fixed VHD: `qcow2` ([`super::qcow2`]), `raw.zst` and
+//! `raw.xz` ([`super::compress`]). Each is written under a temporary name
+//! and renamed when complete, in the stage's directory.
+
+use crate::artifact::Kind;
+use crate::profile::{Output, Profile};
+use anyhow::Result;
+use contract::paths::output as names;
+use std::path::Path;
+
+/// Each format: its output, manifest kind and file name.
+const FORMATS: [(Output, Kind, &str); 3] = [
+    (Output::Qcow2, Kind::Qcow2, names::QCOW2),
+    (Output::RawZst, Kind::RawZst, names::RAW_ZST),
+    (Output::RawXz, Kind::RawXz, names::RAW_XZ),
+];
+
+/// The formats of this list that the profile `p` asks for, in a fixed
+/// order.
+pub fn made(p: &Profile) -> impl Iterator<Item = (Output, Kind, &'static str)> + '_ {
+    FORMATS
+        .into_iter()
+        .filter(|(o, _, _)| p.outputs.contains(o))
+}
+
+/// Writes the formats `p` asks for from the raw disk `raw` into `dir`.
+pub fn write(p: &Profile, raw: &Path, dir: &Path) -> Result<()> {
+    for (output, _, name) in made(p) {
+        let dest = dir.join(name);
+        match output {
+            Output::Qcow2 => {
+                crate::progress::message("disk: qcow2");
+                super::qcow2::write_qcow2(raw, &dest)?;
+            }
+            Output::RawZst => {
+                crate::progress::message(&format!(
+                    "disk: raw.zst (zstd level {})",
+                    super::compress::ZSTD_LEVEL
+                ));
+                super::compress::write_zst(raw, &dest)?;
+            }
+            Output::RawXz => {
+                crate::progress::message(&format!(
+                    "disk: raw.xz (xz preset {})",
+                    super::compress::XZ_PRESET
+                ));
+                super::compress::write_xz(raw, &dest)?;
+            }
+            _ => unreachable!("not a format of this list"),
+        }
+    }
+    Ok(())
+}
