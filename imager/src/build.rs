@@ -211,9 +211,6 @@ fn disk_outputs(p: &Profile, pre: &Preflight) -> Vec<&'static str> {
     if p.outputs.contains(&Output::Raw) {
         files.push(names::RAW);
     }
-    if p.outputs.contains(&Output::Vhd) {
-        files.push(names::VHD);
-    }
     files.extend(disk::formats::made(p).map(|(_, _, name)| name));
     files
 }
@@ -416,9 +413,6 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
             write_disk_images(p, dir, layout, esp.clone(), &b.pre, &payload, b.signer)?;
             Ok(serde_json::Value::Null)
         })?;
-        if p.outputs.contains(&Output::Vhd) {
-            keep(&done, Kind::Vhd, names::VHD)?;
-        }
         for (_, kind, name) in disk::formats::made(p) {
             keep(&done, kind, name)?;
         }
@@ -537,16 +531,7 @@ fn write_disk_images(
             boot_flag: p.disk.bios_boot_flag,
         });
     let (raw, disk_guid) = write_disk(p, dir, layout, esp, bios, payload, signer)?;
-    if p.outputs.contains(&Output::Vhd) {
-        step("disk: fixed VHD");
-        disk::vhd::write_vhd(
-            &raw,
-            &dir.join(names::VHD),
-            *disk_guid.as_bytes(),
-            payload.epoch,
-        )?;
-    }
-    disk::formats::write(p, &raw, dir)?;
+    disk::formats::write(p, &raw, dir, *disk_guid.as_bytes(), payload.epoch)?;
     // Without the output raw, the disk stays in the staging directory.
     Ok(())
 }

@@ -1,6 +1,6 @@
-//! The disk formats made from the raw disk in the build's `disk` stage
-//! besides the fixed VHD: `qcow2` ([`super::qcow2`]), `raw.zst` and
-//! `raw.xz` ([`super::compress`]). Each is written under a temporary name
+//! The disk formats made from the raw disk in the build's `disk` stage:
+//! the fixed VHD ([`super::vhd`]), `qcow2` ([`super::qcow2`]), `raw.zst`
+//! and `raw.xz` ([`super::compress`]). Each is written under a temporary name
 //! and renamed when complete, in the stage's directory.
 
 use crate::artifact::Kind;
@@ -10,7 +10,8 @@ use contract::paths::output as names;
 use std::path::Path;
 
 /// Each format: its output, manifest kind and file name.
-const FORMATS: [(Output, Kind, &str); 3] = [
+const FORMATS: [(Output, Kind, &str); 4] = [
+    (Output::Vhd, Kind::Vhd, names::VHD),
     (Output::Qcow2, Kind::Qcow2, names::QCOW2),
     (Output::RawZst, Kind::RawZst, names::RAW_ZST),
     (Output::RawXz, Kind::RawXz, names::RAW_XZ),
@@ -24,11 +25,16 @@ pub fn made(p: &Profile) -> impl Iterator<Item = (Output, Kind, &'static str)> +
         .filter(|(o, _, _)| p.outputs.contains(o))
 }
 
-/// Writes the formats `p` asks for from the raw disk `raw` into `dir`.
-pub fn write(p: &Profile, raw: &Path, dir: &Path) -> Result<()> {
+/// Writes the formats `p` asks for from the raw disk `raw` into `dir`; the
+/// VHD's footer gets the disk's GUID `id` and the build's `epoch`.
+pub fn write(p: &Profile, raw: &Path, dir: &Path, id: [u8; 16], epoch: u64) -> Result<()> {
     for (output, _, name) in made(p) {
         let dest = dir.join(name);
         match output {
+            Output::Vhd => {
+                crate::progress::message("disk: fixed VHD");
+                super::vhd::write_vhd(raw, &dest, id, epoch)?;
+            }
             Output::Qcow2 => {
                 crate::progress::message("disk: qcow2");
                 super::qcow2::write_qcow2(raw, &dest)?;
