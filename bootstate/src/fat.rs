@@ -4,8 +4,9 @@
 //! first cluster last); they are removed with [`crate::fatfix::remove_file`],
 //! whose order is safe for a removal. Every change ends with a sync.
 
-use crate::device::{Device, ReadOnly, SectorWriter};
+use crate::device::{Device, ReadOnly};
 use crate::fatscan::{self, Scan};
+use crate::gather::Gather;
 use anyhow::{Context, Result, bail};
 use fatfs::{Date, DateTime, FileSystem, FsOptions, Time, TimeProvider};
 use sha2::{Digest, Sha256};
@@ -252,13 +253,17 @@ impl<D: Read + Seek> BootFs<D> {
 }
 
 impl<D: Device> BootFs<D> {
-    /// fatfs over the device, its small writes gathered per sector.
-    fn open(&mut self) -> Result<FileSystem<SectorWriter<&mut D>>> {
+    /// The device under fatfs for a change ([`crate::gather`]): fatfs runs
+    /// over `&mut` it, and [`Device::sync`] on it writes what it holds in
+    /// its order.
+    fn gather(&mut self) -> Result<Gather<&mut D>> {
         self.scan()?;
-        self.dev.seek(SeekFrom::Start(0))?;
-        let opts = FsOptions::new().time_provider(time_provider(self.epoch));
-        FileSystem::new(SectorWriter::new(&mut self.dev), opts)
-            .context("reading the BOOT filesystem")
+        let g = fatscan::geometry(&mut self.dev)?;
+        Gather::new(&mut self.dev, g).context("reading BOOT's FAT")
+    }
+
+    fn opts(&self) -> FsOptions {
+        FsOptions::new().time_provider(time_provider(self.epoch))
     }
 
     /// Frees the clusters no directory entry reaches (what a cut file
@@ -279,8 +284,10 @@ impl<D: Device> BootFs<D> {
     /// Creates directory `dir` if missing (its parent must exist).
     pub fn ensure_dir(&mut self, dir: &str) -> Result<()> {
         check_path(dir)?;
+        let opts = self.opts();
         {
-            let fs = self.open()?;
+            let mut g = self.gather()?;
+            let fs = FileSystem::new(&mut g, opts).context("reading the BOOT filesystem")?;
             match fs.root_dir().open_dir(dir) {
                 // A directory starts with `.` and `..`; one without was
                 // cut short in its creation, and is finished below.
@@ -301,6 +308,7 @@ impl<D: Device> BootFs<D> {
                 }
             }
             fs.unmount().context("closing BOOT")?;
+            g.sync().context("syncing BOOT")?;
         }
         crate::fatfix::fix_dot_entries(&mut self.dev)
             .with_context(|| format!("repairing directory {dir} on BOOT"))?;
@@ -313,8 +321,10 @@ impl<D: Device> BootFs<D> {
     /// write: its directory entry gets its length last.
     pub fn create(&mut self, path: &str, src: &mut dyn Read, len: u64) -> Result<()> {
         check_path(path)?;
+        let opts = self.opts();
         {
-            let fs = self.open()?;
+            let mut g = self.gather()?;
+            let fs = FileSystem::new(&mut g, opts).context("reading the BOOT filesystem")?;
             if fs.root_dir().open_file(path).is_ok() {
                 bail!("{path} exists on BOOT already");
             }
@@ -342,8 +352,10 @@ impl<D: Device> BootFs<D> {
                 .with_context(|| format!("writing {path} on BOOT"))?;
             drop(f);
             fs.unmount().context("closing BOOT")?;
+            // Everything held, in its order, and synced.
+            g.sync().context("syncing BOOT")?;
         }
-        self.dev.sync().context("syncing BOOT")
+        Ok(())
     }
 
     /// Rewrites the bytes of the existing file `path` in place, as GRUB's

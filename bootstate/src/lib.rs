@@ -22,6 +22,7 @@ pub mod fat;
 pub mod fatfix;
 pub mod fatformat;
 pub mod fatscan;
+pub mod gather;
 pub mod gpt;
 pub mod grubenv;
 pub mod meta;
