@@ -216,6 +216,8 @@ thread_local! {
 pub fn each_loss(mut f: impl FnMut(Loss)) {
     for loss in Loss::ALL {
         LOSS.with(|l| l.set(loss));
+        // Said first: a failed test's output then names its pattern.
+        eprintln!("power cuts lose: {loss:?}");
         f(loss);
     }
     LOSS.with(|l| l.set(Loss::None));

@@ -614,6 +614,10 @@ mod tests {
     /// directory of several clusters.
     #[test]
     fn removal_is_crash_safe_at_every_write() {
+        crate::device::each_loss(|_| removal_is_crash_safe_at_every_write_under_loss());
+    }
+
+    fn removal_is_crash_safe_at_every_write_under_loss() {
         for (kind, dev) in [
             ("FAT16", blank(512, 40 << 20)),
             ("FAT32", crate::testutil::fat32_volume()),
@@ -686,6 +690,10 @@ mod tests {
     /// the volume clean: no shared clusters, nothing lost.
     #[test]
     fn replacement_is_crash_safe_at_every_write() {
+        crate::device::each_loss(|_| replacement_is_crash_safe_at_every_write_under_loss());
+    }
+
+    fn replacement_is_crash_safe_at_every_write_under_loss() {
         let path = "EFI/BOOT/BOOTX64.EFI";
         assert_eq!(replacement(path), "EFI/BOOT/BOOTX64.NEW");
         assert_eq!(replacement("loader.conf"), "loader.NEW");
