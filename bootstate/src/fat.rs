@@ -684,6 +684,72 @@ mod tests {
         }
     }
 
+    /// A creation cut at any write, losing what each pattern loses of the
+    /// writes since the last sync, leaves no file, an empty one, or the
+    /// whole file, never a file of the right length with other bytes: the
+    /// data is synced before the entry that gives its length
+    /// ([`crate::gather`]). On FAT16 and FAT32, in a directory that grows
+    /// for the new entry and in the root.
+    #[test]
+    fn a_creation_cut_at_any_write_leaves_no_file_an_empty_one_or_the_whole() {
+        crate::device::each_loss(|loss| {
+            for (kind, dev) in [
+                ("FAT16", blank(512, 40 << 20)),
+                ("FAT32", crate::testutil::fat32_volume()),
+            ] {
+                let mut base = BootFs::new(dev, 0);
+                base.ensure_dir("loader").unwrap();
+                for i in 0..15 {
+                    let name = format!("loader/filler-with-a-long-name-{i:02}.conf");
+                    base.create(&name, &mut &b"x"[..], 1).unwrap();
+                }
+                let image = base.into_inner().into_inner();
+                let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8 + 1).collect();
+                for path in ["loader/a-new-file-with-a-long-name.conf", "new.efi"] {
+                    let mut total = Faulty::counting(Cursor::new(image.clone()));
+                    BootFs::new(&mut total, 0)
+                        .create(path, &mut &data[..], data.len() as u64)
+                        .unwrap();
+                    let mut saw_whole = false;
+                    for n in 1..=total.writes() {
+                        let mut dev = Faulty::failing_at(Cursor::new(image.clone()), n);
+                        assert!(
+                            BootFs::new(&mut dev, 0)
+                                .create(path, &mut &data[..], data.len() as u64)
+                                .is_err()
+                        );
+                        let mut fs = BootFs::new(dev.into_inner(), 0);
+                        let at = format!("{kind} {path} {loss:?}: cut {n}");
+                        fs.scan().unwrap_or_else(|e| panic!("{at}: {e:#}"));
+                        if fs.exists(path).unwrap() {
+                            let (sha, len) = fs.hash(path).unwrap();
+                            if len > 0 {
+                                assert_eq!(
+                                    (sha, len),
+                                    (hex(&Sha256::digest(&data)), data.len() as u64),
+                                    "{at}: a file of its length with other bytes"
+                                );
+                                saw_whole = true;
+                            }
+                        }
+                        // The next creation of it completes (after a removal
+                        // of what the cut left).
+                        fs.remove(path).unwrap();
+                        fs.reclaim().unwrap();
+                        fs.create(path, &mut &data[..], data.len() as u64)
+                            .unwrap_or_else(|e| panic!("{at}: {e:#}"));
+                    }
+                    // Without loss, the cut at the sync that ends it leaves
+                    // it whole.
+                    assert!(
+                        saw_whole || loss != crate::device::Loss::None,
+                        "{kind} {path}"
+                    );
+                }
+            }
+        });
+    }
+
     /// A replacement cut at any write leaves the file whole, old or new
     /// (new from the switch on), on FAT16 and FAT32; the next replacement
     /// (which finishes a cut one first) completes, and fsck.fat then finds

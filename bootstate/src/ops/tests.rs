@@ -1266,3 +1266,30 @@ fn a_staged_upgrade_changes_no_boot_until_armed_and_a_cut_stage_boots_the_old_sl
         assert_eq!(firmware_tries(&mut boot), Slot::B, "cut {cut}");
     }
 }
+
+/// What an upgrade costs the disk: its two files go in a few large writes
+/// (gathered cluster runs, [`crate::gather`]) and the order needs only a
+/// few syncs; it writes little more than the files and META. The figures
+/// are printed (`--nocapture`) for the benchmark notes.
+#[test]
+fn an_upgrade_writes_its_files_in_few_large_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b0, m0) = disk(40);
+    // Two files of 4 MiB, as a small kernel and initramfs.
+    let v2 = payload(dir.path(), "2", 4 << 20);
+    let mut b = Faulty::counting(b0);
+    let mut m = b.share(m0);
+    let up = upgrade(&mut BootFs::new(&mut b, 0), &mut m, &v2, 3).unwrap();
+    let files = v2.kernel.len + v2.initramfs.len;
+    assert_eq!(up.bytes_written, files);
+    let (writes, bytes, syncs) = (b.writes(), b.bytes_written(), b.syncs());
+    eprintln!(
+        "upgrade of a 40 MiB BOOT, {files} bytes of files: {writes} writes, {bytes} bytes, \
+         {syncs} syncs"
+    );
+    assert!(writes <= 64, "{writes} writes");
+    assert!(syncs <= 40, "{syncs} syncs");
+    // The files, META's two copies, and BOOT's FAT sectors and entries.
+    let meta = AREA_LEN as u64;
+    assert!(bytes <= files + meta + (64 << 10), "{bytes} bytes written");
+}
