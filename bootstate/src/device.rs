@@ -2,9 +2,10 @@
 //! block device, or a window on either (a partition), all flushed through
 //! [`Device::sync`] at the points where the write order matters.
 //!
-//! [`Faulty`] cuts the power after a given number of writes, for the tests
-//! that prove every step of an upgrade crash-safe, and counts the bytes an
-//! operation writes, for the benchmark.
+//! [`Faulty`] cuts the power after a given number of writes, losing what a
+//! [`Loss`] pattern says of the writes since the last sync, for the tests
+//! that prove every step of an upgrade crash-safe, and counts the writes,
+//! bytes and syncs an operation makes, for the benchmark.
 
 use std::cell::Cell;
 use std::fs::File;

@@ -1,8 +1,11 @@
 //! The BOOT filesystem (FAT) as the slot operations use it: list, read,
 //! hash, create and remove files. Files are created with fatfs, whose order
 //! of writes is safe for a new file (the directory entry gets its size and
-//! first cluster last); they are removed with [`crate::fatfix::remove_file`],
-//! whose order is safe for a removal. Every change ends with a sync.
+//! first cluster last), over [`crate::gather`], which writes fatfs's new
+//! data in large runs and syncs before each write that links it (so the
+//! order holds without `O_DSYNC`); they are removed with
+//! [`crate::fatfix::remove_file`], whose order is safe for a removal. Every
+//! change ends with a sync.
 
 use crate::device::{Device, ReadOnly};
 use crate::fatscan::{self, Scan};

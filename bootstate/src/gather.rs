@@ -31,6 +31,11 @@
 //! one link for the empty entry, its data and FAT in a few large writes,
 //! one sync, one link for the entry. A cut leaves the old volume, an empty
 //! file, lost clusters ([`crate::fatscan`] finds them), or the whole file.
+//!
+//! The test that cuts the power before each write of a creation, losing
+//! what each [`crate::device::Loss`] pattern loses, is
+//! `fat::tests::a_creation_cut_at_any_write_leaves_no_file_an_empty_one_or_the_whole`
+//! (it fails with the syncs of [`Gather`] taken out).
 
 use crate::device::Device;
 use crate::fatscan::{Geometry, Kind};
