@@ -191,6 +191,24 @@ impl<D: Device> Gather<D> {
     /// Adds a new write to the runs, merging it with those it overlaps or
     /// touches.
     fn add_new(&mut self, at: u64, buf: &[u8]) -> io::Result<()> {
+        let end = at + buf.len() as u64;
+        // The common case, in place: within or at the end of the run that
+        // starts at or before `at`, with no later run reached.
+        let next_start = self.runs.range(at + 1..).next().map(|(s, _)| *s);
+        if next_start.is_none_or(|n| n > end)
+            && let Some((&s, run)) = self.runs.range_mut(..=at).next_back()
+            && s + run.len() as u64 >= at
+        {
+            let o = (at - s) as usize;
+            let overlap = (run.len() - o).min(buf.len());
+            run[o..o + overlap].copy_from_slice(&buf[..overlap]);
+            run.extend_from_slice(&buf[overlap..]);
+            self.held += buf.len() - overlap;
+            if self.held >= HOLD {
+                self.write_runs()?;
+            }
+            return Ok(());
+        }
         let mut start = at;
         let mut end = at + buf.len() as u64;
         let mut merged: Vec<(u64, Vec<u8>)> = Vec::new();
