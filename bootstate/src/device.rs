@@ -2,9 +2,10 @@
 //! block device, or a window on either (a partition), all flushed through
 //! [`Device::sync`] at the points where the write order matters.
 //!
-//! [`Faulty`] cuts the power after a given number of writes, for the tests
-//! that prove every step of an upgrade crash-safe, and counts the bytes an
-//! operation writes, for the benchmark.
+//! [`Faulty`] cuts the power after a given number of writes, losing what a
+//! [`Loss`] pattern says of the writes since the last sync, for the tests
+//! that prove every step of an upgrade crash-safe, and counts the writes,
+//! bytes and syncs an operation makes, for the benchmark.
 
 use std::cell::Cell;
 use std::fs::File;
@@ -12,14 +13,22 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::rc::Rc;
 
 /// A readable, writable, seekable device whose writes can be made durable.
+///
+/// Writes are not durable by themselves (the handles are not opened with
+/// `O_DSYNC`): they may reach the disk in any order, or not at all, until
+/// the next [`Device::sync`]. A sync is the barrier that orders them: what
+/// was written before it is on the disk before anything written after it.
 pub trait Device: Read + Write + Seek {
-    /// Makes every write so far durable (fsync) before later writes.
+    /// Makes every write so far durable before later writes: `fdatasync` on
+    /// a file or a block device (which also flushes the disk's cache).
     fn sync(&mut self) -> io::Result<()>;
 }
 
 impl Device for File {
     fn sync(&mut self) -> io::Result<()> {
-        self.sync_all()
+        // The data and what is needed to read it back (the size of an
+        // image file never changes here): fdatasync.
+        self.sync_data()
     }
 }
 
@@ -167,143 +176,80 @@ impl<T: Seek> Seek for ReadOnly<T> {
     }
 }
 
-/// Makes the small writes a FAT library issues for one directory entry (a
-/// name here, a size there) reach the device as one sector write, as they
-/// would in a filesystem driver: writes that stay within one 512-byte sector
-/// are gathered and written together when a write goes elsewhere, on a
-/// read, a flush or a sync. A disk writes a sector whole or not at all, so
-/// an entry is then created, renamed or sized in one step. Larger writes
-/// pass straight through, in order.
+/// What a power cut loses of the writes a handle made since its last
+/// [`Device::sync`]: without `O_DSYNC` a write sits in the page cache (or
+/// the disk's cache) until a sync, and the cache writes back in its own
+/// order, so any of them may be missing after the cut. Every
+/// cut-at-every-write test runs under each ([`Loss::ALL`], [`each_loss`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// Every write reached the disk (as with `O_DSYNC`).
+    None,
+    /// None of them did.
+    All,
+    /// The earlier half of them is lost, the later half kept.
+    EarlierHalf,
+    /// The later half is lost.
+    LaterHalf,
+    /// Each 512-byte sector of each of them is kept or lost by a coin
+    /// seeded with the given number.
+    Coin(u64),
+}
+
+impl Loss {
+    /// The patterns every cut test runs under.
+    pub const ALL: [Loss; 6] = [
+        Loss::None,
+        Loss::All,
+        Loss::EarlierHalf,
+        Loss::LaterHalf,
+        Loss::Coin(1),
+        Loss::Coin(0x5eed),
+    ];
+}
+
+thread_local! {
+    static LOSS: Cell<Loss> = const { Cell::new(Loss::None) };
+}
+
+/// Runs `f` once under each [`Loss`] pattern: [`Faulty::failing_at`] made
+/// by `f` on this thread loses what that pattern says at its cut.
+pub fn each_loss(mut f: impl FnMut(Loss)) {
+    for loss in Loss::ALL {
+        LOSS.with(|l| l.set(loss));
+        // Said first: a failed test's output then names its pattern.
+        eprintln!("power cuts lose: {loss:?}");
+        f(loss);
+    }
+    LOSS.with(|l| l.set(Loss::None));
+}
+
+/// One write not yet synced: where, what was there, what was written.
 #[derive(Debug)]
-pub struct SectorWriter<D: Read + Write + Seek> {
-    inner: D,
-    pos: u64,
-    /// The sector being gathered: its offset and contents.
-    dirty: Option<(u64, Box<[u8; SECTOR]>)>,
+struct Unsynced {
+    at: u64,
+    old: Vec<u8>,
+    new: Vec<u8>,
 }
 
-const SECTOR: usize = 512;
-
-impl<D: Read + Write + Seek> SectorWriter<D> {
-    pub fn new(inner: D) -> SectorWriter<D> {
-        SectorWriter {
-            inner,
-            pos: 0,
-            dirty: None,
-        }
-    }
-
-    fn write_back(&mut self) -> io::Result<()> {
-        if let Some((at, buf)) = self.dirty.take() {
-            self.inner.seek(SeekFrom::Start(at))?;
-            self.inner.write_all(&buf[..])?;
-        }
-        Ok(())
-    }
-}
-
-impl<D: Read + Write + Seek> Read for SectorWriter<D> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.write_back()?;
-        self.inner.seek(SeekFrom::Start(self.pos))?;
-        let n = self.inner.read(buf)?;
-        self.pos += n as u64;
-        Ok(n)
-    }
-}
-
-impl<D: Read + Write + Seek> Write for SectorWriter<D> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        let sector = self.pos / SECTOR as u64 * SECTOR as u64;
-        let within = (self.pos - sector) as usize;
-        if within + buf.len() > SECTOR {
-            // Not within one sector: in order, after what was gathered.
-            self.write_back()?;
-            self.inner.seek(SeekFrom::Start(self.pos))?;
-            let n = self.inner.write(buf)?;
-            self.pos += n as u64;
-            return Ok(n);
-        }
-        if self.dirty.as_ref().is_none_or(|(at, _)| *at != sector) {
-            self.write_back()?;
-            let mut b = Box::new([0u8; SECTOR]);
-            self.inner.seek(SeekFrom::Start(sector))?;
-            // The last sector of a device may be short: keep what reads.
-            let mut got = 0;
-            while got < SECTOR {
-                match self.inner.read(&mut b[got..])? {
-                    0 => break,
-                    k => got += k,
-                }
-            }
-            if got < SECTOR {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "write past the end of the device",
-                ));
-            }
-            self.dirty = Some((sector, b));
-        }
-        if let Some((_, b)) = self.dirty.as_mut() {
-            b[within..within + buf.len()].copy_from_slice(buf);
-        }
-        self.pos += buf.len() as u64;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.write_back()?;
-        self.inner.flush()
-    }
-}
-
-impl<D: Read + Write + Seek> Seek for SectorWriter<D> {
-    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
-        let target = match to {
-            SeekFrom::Start(p) => p,
-            SeekFrom::Current(d) => self
-                .pos
-                .checked_add_signed(d)
-                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek before start"))?,
-            SeekFrom::End(_) => {
-                self.write_back()?;
-                self.inner.seek(to)?
-            }
-        };
-        self.pos = target;
-        Ok(target)
-    }
-}
-
-impl<D: Device> Device for SectorWriter<D> {
-    fn sync(&mut self) -> io::Result<()> {
-        self.write_back()?;
-        self.inner.sync()
-    }
-}
-
-impl<D: Read + Write + Seek> Drop for SectorWriter<D> {
-    fn drop(&mut self) {
-        // fatfs does not flush its device when it unmounts: its last write
-        // (clearing the dirty flag) is written here. An error shows at the
-        // caller's sync, which follows every change.
-        let _ = self.write_back();
-    }
-}
-
-/// A device that counts writes and, when asked, fails every write from the
-/// `fail_at`-th on (1-based), as if the power had been cut just before it:
-/// nothing of that write or any later one reaches the device. Handles made
-/// with [`Faulty::share`] count together (two handles on one disk).
+/// A device that counts writes and syncs and, when asked, cuts the power
+/// just before the `fail_at`-th write (1-based): nothing of that write or
+/// any later one reaches the device, and of the writes this handle made
+/// since its last [`Device::sync`] only what the [`Loss`] pattern keeps
+/// (set by [`each_loss`]; none is lost outside it). A sync is the barrier:
+/// what was written before it survives the cut. Handles made with
+/// [`Faulty::share`] count together and are cut together (two handles on
+/// one disk), each losing its own unsynced writes.
 #[derive(Debug)]
 pub struct Faulty<D> {
     inner: D,
     fail_at: Option<u64>,
+    loss: Loss,
+    /// Writes since the last sync (kept only when a cut is planned).
+    unsynced: Vec<Unsynced>,
     writes: Rc<Cell<u64>>,
     bytes: Rc<Cell<u64>>,
+    syncs: Rc<Cell<u64>>,
     refused: Rc<Cell<bool>>,
 }
 
@@ -313,16 +259,21 @@ impl<D> Faulty<D> {
         Faulty {
             inner,
             fail_at: None,
+            loss: Loss::None,
+            unsynced: Vec::new(),
             writes: Rc::default(),
             bytes: Rc::default(),
+            syncs: Rc::default(),
             refused: Rc::default(),
         }
     }
 
-    /// Fails the `n`-th write (1-based) and all after it.
+    /// Cuts the power before the `n`-th write (1-based), losing what the
+    /// current [`Loss`] pattern of this thread says.
     pub fn failing_at(inner: D, n: u64) -> Faulty<D> {
         Faulty {
             fail_at: Some(n),
+            loss: LOSS.with(Cell::get),
             ..Faulty::counting(inner)
         }
     }
@@ -332,8 +283,11 @@ impl<D> Faulty<D> {
         Faulty {
             inner,
             fail_at: self.fail_at,
+            loss: self.loss,
+            unsynced: Vec::new(),
             writes: self.writes.clone(),
             bytes: self.bytes.clone(),
+            syncs: self.syncs.clone(),
             refused: self.refused.clone(),
         }
     }
@@ -348,13 +302,71 @@ impl<D> Faulty<D> {
         self.bytes.get()
     }
 
-    pub fn into_inner(self) -> D {
-        self.inner
+    /// Syncs made.
+    pub fn syncs(&self) -> u64 {
+        self.syncs.get()
     }
 
     fn cut(&self) -> bool {
         self.fail_at.is_some_and(|n| self.writes.get() + 1 >= n)
     }
+}
+
+impl<D: Write + Seek> Faulty<D> {
+    /// The device as the cut left it.
+    pub fn into_inner(mut self) -> D {
+        // An error here leaves the writes in place: the test sees more
+        // than the pattern would keep, never less.
+        let _ = self.lose();
+        self.inner
+    }
+
+    /// After the cut: undoes the unsynced writes the pattern loses. All are
+    /// undone, newest first, then those kept are written again in order.
+    fn lose(&mut self) -> io::Result<()> {
+        if !self.refused.get() || self.unsynced.is_empty() {
+            return Ok(());
+        }
+        let log = std::mem::take(&mut self.unsynced);
+        let back = self.inner.stream_position()?;
+        for w in log.iter().rev() {
+            self.inner.seek(SeekFrom::Start(w.at))?;
+            self.inner.write_all(&w.old)?;
+        }
+        let n = log.len();
+        for (i, w) in log.iter().enumerate() {
+            let keep_all = match self.loss {
+                Loss::None => true,
+                Loss::All => false,
+                Loss::EarlierHalf => i >= n.div_ceil(2),
+                Loss::LaterHalf => i < n / 2,
+                Loss::Coin(seed) => {
+                    for (k, piece) in w.new.chunks(512).enumerate() {
+                        if coin(seed, i as u64, k as u64) {
+                            self.inner.seek(SeekFrom::Start(w.at + 512 * k as u64))?;
+                            self.inner.write_all(piece)?;
+                        }
+                    }
+                    false
+                }
+            };
+            if keep_all {
+                self.inner.seek(SeekFrom::Start(w.at))?;
+                self.inner.write_all(&w.new)?;
+            }
+        }
+        self.inner.seek(SeekFrom::Start(back))?;
+        Ok(())
+    }
+}
+
+/// A fair coin for write `i`'s sector `k` under `seed` (splitmix64).
+fn coin(seed: u64, i: u64, k: u64) -> bool {
+    let mut z =
+        seed ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ k.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) & 1 == 1
 }
 
 /// The error of a write after the simulated power cut.
@@ -364,28 +376,58 @@ pub fn is_power_cut(e: &io::Error) -> bool {
 
 const POWER_CUT: &str = "simulated power cut";
 
-impl<D: Read> Read for Faulty<D> {
+impl<D: Read + Write + Seek> Read for Faulty<D> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.lose()?;
         self.inner.read(buf)
     }
 }
 
-impl<D: Write> Write for Faulty<D> {
+impl<D: Read + Write + Seek> Write for Faulty<D> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         if buf.is_empty() {
             return Ok(0);
         }
         if self.cut() {
             self.refused.set(true);
+            self.lose()?;
             return Err(io::Error::other(POWER_CUT));
         }
+        if self.fail_at.is_some() && self.loss != Loss::None {
+            // What the write replaces, to undo it at the cut.
+            let at = self.inner.stream_position()?;
+            let mut old = vec![0u8; buf.len()];
+            let mut got = 0;
+            while got < old.len() {
+                match self.inner.read(&mut old[got..])? {
+                    0 => break,
+                    k => got += k,
+                }
+            }
+            self.inner.seek(SeekFrom::Start(at))?;
+            let n = self.inner.write(buf)?;
+            old.truncate(n);
+            self.unsynced.push(Unsynced {
+                at,
+                old,
+                new: buf[..n].to_vec(),
+            });
+            self.count(n);
+            return Ok(n);
+        }
         let n = self.inner.write(buf)?;
-        self.writes.set(self.writes.get() + 1);
-        self.bytes.set(self.bytes.get() + n as u64);
+        self.count(n);
         Ok(n)
     }
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
+    }
+}
+
+impl<D> Faulty<D> {
+    fn count(&self, n: usize) {
+        self.writes.set(self.writes.get() + 1);
+        self.bytes.set(self.bytes.get() + n as u64);
     }
 }
 
@@ -398,10 +440,15 @@ impl<D: Seek> Seek for Faulty<D> {
 impl<D: Device> Device for Faulty<D> {
     fn sync(&mut self) -> io::Result<()> {
         // A sync fails once the power is off: after a refused write.
-        if self.fail_at.is_some_and(|n| self.writes.get() + 1 >= n) && self.refused.get() {
+        if self.refused.get() {
+            self.lose()?;
             return Err(io::Error::other(POWER_CUT));
         }
-        self.inner.sync()
+        self.inner.sync()?;
+        self.syncs.set(self.syncs.get() + 1);
+        // The barrier: what was written so far survives a later cut.
+        self.unsynced.clear();
+        Ok(())
     }
 }
 
@@ -426,30 +473,6 @@ mod tests {
         assert_eq!(v[9], 0);
         assert_eq!(&v[10..30], &[1u8; 20]);
         assert_eq!(v[30], 0);
-    }
-
-    #[test]
-    fn sector_writer_gathers_writes_within_a_sector() {
-        let mut f = Faulty::counting(io::Cursor::new(vec![0u8; 2048]));
-        {
-            let mut w = SectorWriter::new(&mut f);
-            w.seek(SeekFrom::Start(600)).unwrap();
-            for b in 0..32u8 {
-                w.write_all(&[b]).unwrap();
-            }
-            let mut back = [0u8; 4];
-            w.seek(SeekFrom::Start(600)).unwrap();
-            w.read_exact(&mut back).unwrap();
-            assert_eq!(back, [0, 1, 2, 3], "reads see gathered writes");
-            w.seek(SeekFrom::Start(1020)).unwrap();
-            w.write_all(&[9; 8]).unwrap(); // across a sector boundary
-            w.flush().unwrap();
-        }
-        assert_eq!(f.writes(), 2, "one sector write, one straight write");
-        let v = f.into_inner().into_inner();
-        assert_eq!(&v[600..604], &[0, 1, 2, 3]);
-        assert_eq!(v[631], 31);
-        assert_eq!(&v[1020..1028], &[9; 8]);
     }
 
     #[test]

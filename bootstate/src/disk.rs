@@ -9,10 +9,11 @@
 //! cross-link BOOT's FAT). The runtime takes the same lock on its boot disk
 //! while it assesses and blesses a boot.
 //!
-//! Writable handles are opened with `O_DSYNC`: every write is on the disk
-//! before the next one starts, so the order of writes that makes an upgrade
-//! crash-safe is the order in which they reach the disk (the page cache
-//! would otherwise write back in its own order).
+//! Writable handles are plain read-write handles (no `O_DSYNC`): a write
+//! may reach the disk late and out of order, and the operations order them
+//! with [`crate::device::Device::sync`] (`fdatasync`) where their order
+//! needs a barrier, and only there (docs/design.md, "Writes reach the disk
+//! in the order the syncs make").
 
 use crate::device::Window;
 use crate::fat::BootFs;
@@ -20,7 +21,7 @@ use crate::gpt::{self, Table};
 use anyhow::{Context, Result, bail};
 use contract::partition::PartitionRole;
 use std::fs::{File, OpenOptions, TryLockError};
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 /// What the operation does to the disk.
@@ -28,7 +29,7 @@ use std::path::{Path, PathBuf};
 pub enum Access {
     /// Reads only; a shared lock.
     Read,
-    /// Changes it; an exclusive lock, `O_DSYNC` handles.
+    /// Changes it; an exclusive lock, writable handles.
     Write,
 }
 
@@ -61,14 +62,10 @@ fn open(path: &Path, access: Access) -> std::io::Result<File> {
     let mut o = OpenOptions::new();
     o.read(true);
     if access == Access::Write {
-        o.write(true).custom_flags(O_DSYNC);
+        o.write(true);
     }
     o.open(path)
 }
-
-/// `O_DSYNC` (Linux's value on x86_64 and every architecture that uses
-/// the generic numbering; bootstate does not depend on libc).
-const O_DSYNC: i32 = 0o10000;
 
 /// Waits for the lock of `access` on an open disk (the runtime: an
 /// installer holds it for the length of one operation). A kernel without

@@ -1,11 +1,15 @@
 //! The BOOT filesystem (FAT) as the slot operations use it: list, read,
 //! hash, create and remove files. Files are created with fatfs, whose order
 //! of writes is safe for a new file (the directory entry gets its size and
-//! first cluster last); they are removed with [`crate::fatfix::remove_file`],
-//! whose order is safe for a removal. Every change ends with a sync.
+//! first cluster last), over [`crate::gather`], which writes fatfs's new
+//! data in large runs and syncs before each write that links it (so the
+//! order holds without `O_DSYNC`); they are removed with
+//! [`crate::fatfix::remove_file`], whose order is safe for a removal. Every
+//! change ends with a sync.
 
-use crate::device::{Device, ReadOnly, SectorWriter};
+use crate::device::{Device, ReadOnly};
 use crate::fatscan::{self, Scan};
+use crate::gather::Gather;
 use anyhow::{Context, Result, bail};
 use fatfs::{Date, DateTime, FileSystem, FsOptions, Time, TimeProvider};
 use sha2::{Digest, Sha256};
@@ -252,13 +256,17 @@ impl<D: Read + Seek> BootFs<D> {
 }
 
 impl<D: Device> BootFs<D> {
-    /// fatfs over the device, its small writes gathered per sector.
-    fn open(&mut self) -> Result<FileSystem<SectorWriter<&mut D>>> {
+    /// The device under fatfs for a change ([`crate::gather`]): fatfs runs
+    /// over `&mut` it, and [`Device::sync`] on it writes what it holds in
+    /// its order.
+    fn gather(&mut self) -> Result<Gather<&mut D>> {
         self.scan()?;
-        self.dev.seek(SeekFrom::Start(0))?;
-        let opts = FsOptions::new().time_provider(time_provider(self.epoch));
-        FileSystem::new(SectorWriter::new(&mut self.dev), opts)
-            .context("reading the BOOT filesystem")
+        let g = fatscan::geometry(&mut self.dev)?;
+        Gather::new(&mut self.dev, g).context("reading BOOT's FAT")
+    }
+
+    fn opts(&self) -> FsOptions {
+        FsOptions::new().time_provider(time_provider(self.epoch))
     }
 
     /// Frees the clusters no directory entry reaches (what a cut file
@@ -279,8 +287,10 @@ impl<D: Device> BootFs<D> {
     /// Creates directory `dir` if missing (its parent must exist).
     pub fn ensure_dir(&mut self, dir: &str) -> Result<()> {
         check_path(dir)?;
+        let opts = self.opts();
         {
-            let fs = self.open()?;
+            let mut g = self.gather()?;
+            let fs = FileSystem::new(&mut g, opts).context("reading the BOOT filesystem")?;
             match fs.root_dir().open_dir(dir) {
                 // A directory starts with `.` and `..`; one without was
                 // cut short in its creation, and is finished below.
@@ -301,6 +311,7 @@ impl<D: Device> BootFs<D> {
                 }
             }
             fs.unmount().context("closing BOOT")?;
+            g.sync().context("syncing BOOT")?;
         }
         crate::fatfix::fix_dot_entries(&mut self.dev)
             .with_context(|| format!("repairing directory {dir} on BOOT"))?;
@@ -313,8 +324,10 @@ impl<D: Device> BootFs<D> {
     /// write: its directory entry gets its length last.
     pub fn create(&mut self, path: &str, src: &mut dyn Read, len: u64) -> Result<()> {
         check_path(path)?;
+        let opts = self.opts();
         {
-            let fs = self.open()?;
+            let mut g = self.gather()?;
+            let fs = FileSystem::new(&mut g, opts).context("reading the BOOT filesystem")?;
             if fs.root_dir().open_file(path).is_ok() {
                 bail!("{path} exists on BOOT already");
             }
@@ -342,8 +355,10 @@ impl<D: Device> BootFs<D> {
                 .with_context(|| format!("writing {path} on BOOT"))?;
             drop(f);
             fs.unmount().context("closing BOOT")?;
+            // Everything held, in its order, and synced.
+            g.sync().context("syncing BOOT")?;
         }
-        self.dev.sync().context("syncing BOOT")
+        Ok(())
     }
 
     /// Rewrites the bytes of the existing file `path` in place, as GRUB's
@@ -602,6 +617,10 @@ mod tests {
     /// directory of several clusters.
     #[test]
     fn removal_is_crash_safe_at_every_write() {
+        crate::device::each_loss(|_| removal_is_crash_safe_at_every_write_under_loss());
+    }
+
+    fn removal_is_crash_safe_at_every_write_under_loss() {
         for (kind, dev) in [
             ("FAT16", blank(512, 40 << 20)),
             ("FAT32", crate::testutil::fat32_volume()),
@@ -668,12 +687,82 @@ mod tests {
         }
     }
 
+    /// A creation cut at any write, losing what each pattern loses of the
+    /// writes since the last sync, leaves no file, an empty one, or the
+    /// whole file, never a file of the right length with other bytes: the
+    /// data is synced before the entry that gives its length
+    /// ([`crate::gather`]). On FAT16 and FAT32, in a directory that grows
+    /// for the new entry and in the root.
+    #[test]
+    fn a_creation_cut_at_any_write_leaves_no_file_an_empty_one_or_the_whole() {
+        crate::device::each_loss(|loss| {
+            for (kind, dev) in [
+                ("FAT16", blank(512, 40 << 20)),
+                ("FAT32", crate::testutil::fat32_volume()),
+            ] {
+                let mut base = BootFs::new(dev, 0);
+                base.ensure_dir("loader").unwrap();
+                for i in 0..15 {
+                    let name = format!("loader/filler-with-a-long-name-{i:02}.conf");
+                    base.create(&name, &mut &b"x"[..], 1).unwrap();
+                }
+                let image = base.into_inner().into_inner();
+                let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8 + 1).collect();
+                for path in ["loader/a-new-file-with-a-long-name.conf", "new.efi"] {
+                    let mut total = Faulty::counting(Cursor::new(image.clone()));
+                    BootFs::new(&mut total, 0)
+                        .create(path, &mut &data[..], data.len() as u64)
+                        .unwrap();
+                    let mut saw_whole = false;
+                    for n in 1..=total.writes() {
+                        let mut dev = Faulty::failing_at(Cursor::new(image.clone()), n);
+                        assert!(
+                            BootFs::new(&mut dev, 0)
+                                .create(path, &mut &data[..], data.len() as u64)
+                                .is_err()
+                        );
+                        let mut fs = BootFs::new(dev.into_inner(), 0);
+                        let at = format!("{kind} {path} {loss:?}: cut {n}");
+                        fs.scan().unwrap_or_else(|e| panic!("{at}: {e:#}"));
+                        if fs.exists(path).unwrap() {
+                            let (sha, len) = fs.hash(path).unwrap();
+                            if len > 0 {
+                                assert_eq!(
+                                    (sha, len),
+                                    (hex(&Sha256::digest(&data)), data.len() as u64),
+                                    "{at}: a file of its length with other bytes"
+                                );
+                                saw_whole = true;
+                            }
+                        }
+                        // The next creation of it completes (after a removal
+                        // of what the cut left).
+                        fs.remove(path).unwrap();
+                        fs.reclaim().unwrap();
+                        fs.create(path, &mut &data[..], data.len() as u64)
+                            .unwrap_or_else(|e| panic!("{at}: {e:#}"));
+                    }
+                    // Without loss, the cut at the sync that ends it leaves
+                    // it whole.
+                    assert!(
+                        saw_whole || loss != crate::device::Loss::None,
+                        "{kind} {path}"
+                    );
+                }
+            }
+        });
+    }
+
     /// A replacement cut at any write leaves the file whole, old or new
     /// (new from the switch on), on FAT16 and FAT32; the next replacement
     /// (which finishes a cut one first) completes, and fsck.fat then finds
     /// the volume clean: no shared clusters, nothing lost.
     #[test]
     fn replacement_is_crash_safe_at_every_write() {
+        crate::device::each_loss(|_| replacement_is_crash_safe_at_every_write_under_loss());
+    }
+
+    fn replacement_is_crash_safe_at_every_write_under_loss() {
         let path = "EFI/BOOT/BOOTX64.EFI";
         assert_eq!(replacement(path), "EFI/BOOT/BOOTX64.NEW");
         assert_eq!(replacement("loader.conf"), "loader.NEW");

@@ -19,6 +19,7 @@
 use anyhow::{Result, bail};
 use std::io::{Read, Seek, SeekFrom, Write};
 
+use crate::device::Device;
 use crate::fatscan::{ATTR_DIR, ATTR_LFN, DOT, DOTDOT, ENTRY, Geometry, Kind, geometry};
 
 fn read_ranges<T: Read + Seek>(dev: &mut T, ranges: &[(u64, u64)]) -> Result<Vec<u8>> {
@@ -32,11 +33,19 @@ fn read_ranges<T: Read + Seek>(dev: &mut T, ranges: &[(u64, u64)]) -> Result<Vec
     Ok(buf)
 }
 
-fn write_ranges<T: Write + Seek>(dev: &mut T, ranges: &[(u64, u64)], buf: &[u8]) -> Result<()> {
+/// Writes `buf` over `ranges`: only the sectors that change, contiguous
+/// ones in one write ([`write_changed`]).
+fn write_ranges<T: Read + Write + Seek>(
+    dev: &mut T,
+    g: &Geometry,
+    ranges: &[(u64, u64)],
+    buf: &[u8],
+) -> Result<()> {
+    let old = read_ranges(dev, ranges)?;
     let mut from = 0;
     for &(at, len) in ranges {
-        dev.seek(SeekFrom::Start(at))?;
-        dev.write_all(&buf[from..from + len as usize])?;
+        let r = from..from + len as usize;
+        write_changed(dev, at, &old[r.clone()], &buf[r], g.sector as usize)?;
         from += len as usize;
     }
     Ok(())
@@ -101,7 +110,7 @@ pub fn fix_dot_entries<T: Read + Write + Seek>(dev: &mut T) -> Result<()> {
             })?;
         }
         set_cluster(&mut buf[ENTRY..2 * ENTRY], parent);
-        write_ranges(dev, &chain, &buf)?;
+        write_ranges(dev, &g, &chain, &buf)?;
         todo.extend(subdirs(&g, &buf[2 * ENTRY..]).into_iter().map(|c| (c, dir)));
     }
     if g.kind == Kind::Fat32 {
@@ -146,6 +155,37 @@ fn unfinished_dir(buf: &[u8], dir: u32) -> Option<Vec<u8>> {
     fresh[..ENTRY].copy_from_slice(&dot);
     fresh[ENTRY..2 * ENTRY].copy_from_slice(&dotdot);
     Some(fresh)
+}
+
+/// Writes the sectors of `new` that differ from `old` (both at `base`),
+/// contiguous changed sectors in one write (at most 1 MiB).
+pub(crate) fn write_changed<T: Write + Seek>(
+    dev: &mut T,
+    base: u64,
+    old: &[u8],
+    new: &[u8],
+    sector: usize,
+) -> Result<()> {
+    let n = new.len().div_ceil(sector);
+    let changed = |k: usize| {
+        let r = k * sector..((k + 1) * sector).min(new.len());
+        old.get(r.clone()) != new.get(r)
+    };
+    let mut k = 0;
+    while k < n {
+        if !changed(k) {
+            k += 1;
+            continue;
+        }
+        let start = k;
+        while k < n && changed(k) && (k - start) * sector < crate::gather::RUN {
+            k += 1;
+        }
+        let r = start * sector..(k * sector).min(new.len());
+        dev.seek(SeekFrom::Start(base + r.start as u64))?;
+        dev.write_all(&new[r])?;
+    }
+    Ok(())
 }
 
 /// Fills the FSInfo sector's free-cluster count and next-free hint, which
@@ -353,12 +393,11 @@ pub fn file_extent<T: Read + Seek>(dev: &mut T, path: &str) -> Result<Option<(u3
 /// its clusters allocated: they belong to another entry now (a replacement,
 /// see `BootFs::replace`). Returns false when there is no such file. The
 /// caller syncs.
-pub fn forget_file<T: Read + Write + Seek>(dev: &mut T, path: &str) -> Result<bool> {
-    let Some((_, f)) = find_file(dev, path)? else {
+pub fn forget_file<D: Device>(dev: &mut D, path: &str) -> Result<bool> {
+    let Some((g, f)) = find_file(dev, path)? else {
         return Ok(false);
     };
-    mark_deleted(dev, &f)?;
-    dev.flush()?;
+    mark_deleted(dev, &g, &f)?;
     Ok(true)
 }
 
@@ -379,49 +418,98 @@ fn find_file<T: Read + Seek>(dev: &mut T, path: &str) -> Result<Option<(Geometry
 /// on the file is gone), then its long-name entries from the one next to
 /// the short entry back to the first: a cut then leaves the start of the
 /// sequence, which fsck.fat deletes by itself as an orphan, never a middle
-/// fragment without its start, which it will not correct.
-fn mark_deleted<T: Write + Seek>(dev: &mut T, f: &Found) -> Result<()> {
+/// fragment without its start, which it will not correct. One write per
+/// sector (a disk writes a sector whole or not at all): the short entry's
+/// sector, with the long-name entries in it, then each sector before it,
+/// last to first, each after a sync (writes are ordered only by syncs).
+/// The last write is not synced: the caller syncs.
+fn mark_deleted<D: Device>(dev: &mut D, g: &Geometry, f: &Found) -> Result<()> {
+    let sector = g.sector;
+    // Sectors in the order they are written, with the entries in each.
+    let mut order: Vec<(u64, Vec<u64>)> = Vec::new();
     for at in std::iter::once(f.short).chain(f.long.iter().rev().copied()) {
-        dev.seek(SeekFrom::Start(at))?;
-        dev.write_all(&[0xE5])?;
+        let s = at / sector * sector;
+        match order.iter_mut().find(|(o, _)| *o == s) {
+            Some((_, v)) => v.push(at),
+            None => order.push((s, vec![at])),
+        }
+    }
+    let mut buf = vec![0u8; sector as usize];
+    for (i, (s, entries)) in order.iter().enumerate() {
+        if i > 0 {
+            dev.sync()?;
+        }
+        dev.seek(SeekFrom::Start(*s))?;
+        dev.read_exact(&mut buf)?;
+        for at in entries {
+            buf[(at - s) as usize] = 0xE5;
+        }
+        dev.seek(SeekFrom::Start(*s))?;
+        dev.write_all(&buf)?;
     }
     Ok(())
 }
 
 /// Removes the file `path` so that a power cut at any write leaves a
 /// consistent filesystem: first its short entry is marked deleted (one
-/// 32-byte write: from then on the file is gone), then its long-name
-/// entries (last to first), then its clusters are freed in every FAT. A cut between the
-/// first write and the last leaves at worst clusters that nothing uses.
-/// (fatfs frees the clusters first, which leaves an entry pointing to free
-/// clusters that a later file may take.) Returns false when there is no
-/// such file. The caller syncs.
-pub fn remove_file<T: Read + Write + Seek>(dev: &mut T, path: &str) -> Result<bool> {
+/// sector write: from then on the file is gone), then its long-name
+/// entries (last to first, [`mark_deleted`]), then, after a sync, its
+/// clusters are freed in every FAT (the changed FAT sectors, contiguous
+/// ones in one write: what nothing points to may be freed in any order).
+/// A cut between the first write and the last leaves at worst clusters
+/// that nothing uses. (fatfs frees the clusters first, which leaves an
+/// entry pointing to free clusters that a later file may take.) Returns
+/// false when there is no such file. The caller syncs.
+pub fn remove_file<D: Device>(dev: &mut D, path: &str) -> Result<bool> {
     let Some((g, f)) = find_file(dev, path)? else {
         return Ok(false);
     };
-    mark_deleted(dev, &f)?;
     if f.first_cluster != 0 && !g.valid_cluster(f.first_cluster) {
         bail!(
             "{path} starts at cluster {}, outside the volume",
             f.first_cluster
         );
     }
+    mark_deleted(dev, &g, &f)?;
     if f.first_cluster >= 2 {
+        // The chain, from the first FAT.
+        let used = ((u64::from(g.clusters) + 2) * g.width()).div_ceil(g.sector) * g.sector;
+        let used = used.min(g.fat_len) as usize;
+        let mut fat = vec![0u8; used];
+        dev.seek(SeekFrom::Start(g.fat_offset))?;
+        dev.read_exact(&mut fat)?;
+        let width = g.width() as usize;
+        let mut chain = Vec::new();
         let mut c = Some(f.first_cluster);
-        let mut n = 0usize;
         while let Some(cl) = c {
-            n += 1;
-            if n > g.clusters as usize + 1 {
+            if chain.len() > g.clusters as usize {
                 bail!("FAT chain of {path} loops");
             }
-            let next = g.next(dev, cl)?;
-            let (at, width) = g.fat_entry(cl);
-            for copy in 0..g.fats {
-                dev.seek(SeekFrom::Start(at + copy * g.fat_len))?;
-                dev.write_all(&[0u8; 4][..width])?;
+            chain.push(cl);
+            let i = cl as usize * width;
+            let v = fat
+                .get(i..i + width)
+                .map(|e| {
+                    let mut b = [0u8; 4];
+                    b[..width].copy_from_slice(e);
+                    u32::from_le_bytes(b) & 0x0FFF_FFFF
+                })
+                .ok_or_else(|| anyhow::anyhow!("cluster {cl} is outside the FAT"))?;
+            c = g.next_of(cl, v)?;
+        }
+        // The entry is gone on the disk before any of its clusters is free.
+        dev.sync()?;
+        for copy in 0..g.fats {
+            let base = g.fat_offset + copy * g.fat_len;
+            let mut this = vec![0u8; used];
+            dev.seek(SeekFrom::Start(base))?;
+            dev.read_exact(&mut this)?;
+            let before = this.clone();
+            for &cl in &chain {
+                let i = cl as usize * width;
+                this[i..i + width].fill(0);
             }
-            c = next;
+            write_changed(dev, base, &before, &this, g.sector as usize)?;
         }
     }
     if g.kind == Kind::Fat32 {

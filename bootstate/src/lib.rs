@@ -2,7 +2,8 @@
 //! installer, the runtime and `imager inspect`: the partition table
 //! ([`gpt`]), BOOT's FAT ([`fatscan`] vets a volume and finds lost clusters,
 //! [`fat`] reads and changes it, [`fatformat`] makes a new one, [`fatfix`]
-//! repairs fatfs's directories and removes files crash-safely), META
+//! repairs fatfs's directories and removes files crash-safely, [`gather`]
+//! orders and merges fatfs's writes), META
 //! ([`meta`]), a disk locked for one operation ([`disk`]) and the slot
 //! state, crash-safely ([`ops`]). A fixed VHD is read and written as the
 //! raw disk before its footer ([`vhd`], [`gpt::image_size`]).
@@ -22,6 +23,7 @@ pub mod fat;
 pub mod fatfix;
 pub mod fatformat;
 pub mod fatscan;
+pub mod gather;
 pub mod gpt;
 pub mod grubenv;
 pub mod meta;

@@ -64,6 +64,10 @@ mod tests {
 
     #[test]
     fn a_cut_write_leaves_the_old_or_the_new() {
+        crate::device::each_loss(|_| a_cut_write_leaves_the_old_or_the_new_under_loss());
+    }
+
+    fn a_cut_write_leaves_the_old_or_the_new_under_loss() {
         let mut old = Meta::default();
         old.set(Tag::DefaultSlot, "A");
         let mut new = old.clone();

@@ -305,7 +305,8 @@ fn secure_boot_parts(
 #[derive(Debug)]
 pub struct Slots {
     pub disk: Disk,
-    /// BOOT, META and the ESP, each on its own `O_DSYNC` handle.
+    /// BOOT, META and the ESP, each on its own handle (synced by
+    /// bootstate where the order of its writes needs it).
     pub boot: Window<File>,
     pub meta: Window<File>,
     /// Written only by an upgrade into Secure Boot (its boot loader).

@@ -31,13 +31,13 @@ enum Source {
     Parts(PathBuf, PathBuf),
 }
 
-/// A partition's device node opened with O_DSYNC, as a window on itself.
+/// A partition's device node opened for writing, as a window on itself.
+/// Not `O_DSYNC`: bootstate syncs (`fdatasync`) where the order of its
+/// writes needs it, as on the whole disk.
 fn open_part(dev: &Path) -> Result<Window<File>> {
-    use std::os::unix::fs::OpenOptionsExt;
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .custom_flags(libc::O_DSYNC)
         .open(dev)
         .with_context(|| format!("open {} for writing", dev.display()))?;
     let len = bootstate::gpt::device_size(&mut f)

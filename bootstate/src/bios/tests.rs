@@ -275,6 +275,10 @@ fn bad_input_is_refused_before_any_write() {
 /// it, and what UEFI reads (the GPT, the ESP) is never touched.
 #[test]
 fn power_cut_before_each_write() {
+    crate::device::each_loss(|_| power_cut_before_each_write_under_loss());
+}
+
+fn power_cut_before_each_write_under_loss() {
     let g = grub(6);
     let mut clean = disk(2048);
     let t = table(&mut clean);

@@ -86,6 +86,10 @@ fn a_whole_volume_scans_clean() {
 /// any of its writes is harmless and finished by the next.
 #[test]
 fn what_a_cut_creation_leaves_is_reclaimed() {
+    crate::device::each_loss(|_| what_a_cut_creation_leaves_is_reclaimed_under_loss());
+}
+
+fn what_a_cut_creation_leaves_is_reclaimed_under_loss() {
     for kind in [Kind::Fat16, Kind::Fat32] {
         let v = volume(kind);
         let data = vec![0x5au8; 100_000];

@@ -263,6 +263,10 @@ fn transitions() -> Vec<(&'static str, Rendering, BootState, Tries, Rendering)> 
 /// finds nothing; once done, the files say the new state.
 #[test]
 fn a_cut_sync_boots_the_old_or_the_new_slot() {
+    crate::device::each_loss(|_| a_cut_sync_boots_the_old_or_the_new_slot_under_loss());
+}
+
+fn a_cut_sync_boots_the_old_or_the_new_slot_under_loss() {
     for (name, before, new, tries, after) in transitions() {
         let image = volume(512, before.good, before.env).into_inner();
         let old = grubcfg::choice(Some(before.good), before.env);
