@@ -47,6 +47,21 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// A whole image made for a machine (a disk in any format, the ISO,
+    /// the installer archive): never read by an install or an upgrade.
+    pub fn is_image(self) -> bool {
+        matches!(
+            self,
+            Kind::Raw
+                | Kind::Vhd
+                | Kind::Qcow2
+                | Kind::RawZst
+                | Kind::RawXz
+                | Kind::Iso
+                | Kind::Installer
+        )
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Kind::Kernel => "kernel",

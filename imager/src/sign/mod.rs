@@ -35,4 +35,4 @@ pub use payload::manifest::{
     Boot, FORMAT, MANIFEST_NAME, Manifest, SIGNATURE_NAME, check_digest, check_path,
 };
 pub use payload::verify::{claimed_key_id, verify_manifest_bytes};
-pub use verify::{ArtifactCheck, Status, VerifyReport, verify};
+pub use verify::{ArtifactCheck, Status, VerifyReport, verify, verify_payload};

@@ -422,6 +422,25 @@ fn verify_accepts_a_good_set() {
     assert_eq!(v["artifacts"].as_array().unwrap().len(), 4);
 }
 
+/// What an install or upgrade verifies of a payload directory: every
+/// artifact but the images (here the ISO), which it never reads; a damaged
+/// image passes there and fails the full verify, a damaged kernel fails
+/// both.
+#[test]
+fn verify_payload_leaves_the_images_out() {
+    let f = Fixture::new();
+    let payload = || crate::sign::verify_payload(&f.manifest, &f.public).unwrap();
+    let mut listed: Vec<Kind> = payload().artifacts.iter().map(|a| a.kind).collect();
+    listed.sort();
+    assert_eq!(listed, [Kind::Kernel, Kind::Initramfs, Kind::Rootfs]);
+    flip(&f.out.join("iso/image.iso"), 10);
+    assert!(payload().ok);
+    assert!(!f.verify().unwrap().ok);
+    flip(&f.out.join("vmlinuz"), 10);
+    let r = payload();
+    assert!(!r.ok && r.problems == 1, "{r:?}");
+}
+
 #[test]
 fn a_flipped_byte_in_each_artifact_is_named() {
     let f = Fixture::new();
