@@ -346,41 +346,52 @@ pub fn sha256_file_progress(path: &Path, progress: &mut dyn FnMut(u64)) -> Resul
 }
 
 fn sha256_sparse(mut f: File, progress: &mut dyn FnMut(u64)) -> io::Result<(String, u64)> {
+    let mut hasher = Sha256::new();
+    let len = read_sparse(&mut f, &mut |b| {
+        hasher.update(b);
+        progress(b.len() as u64);
+        Ok(())
+    })?;
+    Ok((hex::encode(hasher.finalize()), len))
+}
+
+/// Gives every byte of the regular file `f` to `sink`, in order and in
+/// pieces of at most 1 MiB: its data extents as read, its holes as zeros
+/// from memory (SEEK_DATA/SEEK_HOLE: a sparse 2 GiB disk costs a read of
+/// its data only). Returns the length; a file that changes size meanwhile
+/// is an error.
+pub fn read_sparse(f: &mut File, sink: &mut dyn FnMut(&[u8]) -> io::Result<()>) -> io::Result<u64> {
     use std::io::{Seek, SeekFrom};
     static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
     let len = f.metadata()?.len();
-    let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut at = 0u64;
-    let zeros = |hasher: &mut Sha256, progress: &mut dyn FnMut(u64), mut n: u64| {
+    let zeros = |sink: &mut dyn FnMut(&[u8]) -> io::Result<()>, mut n: u64| {
         while n > 0 {
             let k = n.min(ZEROS.len() as u64) as usize;
-            hasher.update(&ZEROS[..k]);
-            progress(k as u64);
+            sink(&ZEROS[..k])?;
             n -= k as u64;
         }
+        io::Result::Ok(())
     };
-    for data in data_extents(&f, len)? {
-        zeros(&mut hasher, progress, data.start - at);
+    for data in data_extents(f, len)? {
+        zeros(sink, data.start - at)?;
         f.seek(SeekFrom::Start(data.start))?;
         let mut left = data.end - data.start;
         while left > 0 {
             let n = left.min(buf.len() as u64) as usize;
             f.read_exact(&mut buf[..n])?;
-            hasher.update(&buf[..n]);
-            progress(n as u64);
+            sink(&buf[..n])?;
             left -= n as u64;
         }
         at = data.end;
     }
-    zeros(&mut hasher, progress, len - at);
-    // A file that grew while hashed is not what was measured.
+    zeros(sink, len - at)?;
+    // A file that grew while read is not what was measured.
     if f.metadata()?.len() != len {
-        return Err(io::Error::other(
-            "the file changed size while it was hashed",
-        ));
+        return Err(io::Error::other("the file changed size while it was read"));
     }
-    Ok((hex::encode(hasher.finalize()), len))
+    Ok(len)
 }
 
 /// The ranges of the first `len` bytes of `f` that hold data, in order; the

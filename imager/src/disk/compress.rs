@@ -19,10 +19,10 @@
 //! Decompression ([`unpack`]) writes a sparse file: a 64 KiB block of zeros
 //! is skipped, not written, so a 2 GiB disk takes the space of its data.
 
-use crate::io::{AtomicFile, data_extents};
+use crate::io::AtomicFile;
 use anyhow::{Context, Result, bail};
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
@@ -94,32 +94,8 @@ pub(crate) fn is_zero(b: &[u8]) -> bool {
 /// Writes `raw` (streamed, holes as zeros) into `w`.
 fn stream_disk(raw: &Path, w: &mut dyn Write) -> Result<()> {
     let mut src = File::open(raw).with_context(|| format!("opening {}", raw.display()))?;
-    let size = src.metadata()?.len();
-    let zeros = vec![0u8; 1 << 20];
-    let mut buf = vec![0u8; 1 << 20];
-    let mut at = 0u64;
-    let feed_zeros = |w: &mut dyn Write, mut n: u64| -> std::io::Result<()> {
-        while n > 0 {
-            let k = n.min(zeros.len() as u64) as usize;
-            w.write_all(&zeros[..k])?;
-            n -= k as u64;
-        }
-        Ok(())
-    };
-    for ext in data_extents(&src, size)? {
-        feed_zeros(w, ext.start - at)?;
-        src.seek(SeekFrom::Start(ext.start))?;
-        let mut left = ext.end - ext.start;
-        while left > 0 {
-            let n = left.min(buf.len() as u64) as usize;
-            src.read_exact(&mut buf[..n])
-                .with_context(|| format!("reading {}", raw.display()))?;
-            w.write_all(&buf[..n])?;
-            left -= n as u64;
-        }
-        at = ext.end;
-    }
-    feed_zeros(w, size - at)?;
+    crate::io::read_sparse(&mut src, &mut |b| w.write_all(b))
+        .with_context(|| format!("streaming {}", raw.display()))?;
     Ok(())
 }
 
