@@ -630,9 +630,24 @@ fn a_changed_skeleton_file_rebuilds_exactly_what_depends_on_it() {
         assert_ne!(after[name], before[name], "{name} was not rebuilt");
     }
     assert_eq!(verify_ok(&f, &out), "1.0.0");
-    // The same bytes as a whole build of the same inputs.
+    // The root filesystem's unchanged blocks came from the pack the first
+    // build left in the cache directory.
+    let packs: Vec<_> = std::fs::read_dir(f.root.join("cache/squashfs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        packs.len() == 1 && packs[0].ends_with("-l1-b131072.pack"),
+        "{packs:?}"
+    );
+    // The same bytes as a whole build of the same inputs, with a cache
+    // directory of its own (no blocks kept: every block compressed).
     let whole = f.out("motd-whole");
-    build::run(&p, &f.opts_reusing(&whole, build::Reuse::Never)).unwrap();
+    let whole_opts = BuildOptions {
+        cache_dir: f.root.join("cache-whole"),
+        ..f.opts_reusing(&whole, build::Reuse::Never)
+    };
+    build::run(&p, &whole_opts).unwrap();
     let (a, b) = (snapshot(&out), snapshot(&whole));
     for (name, bytes) in &b {
         if name != names::RECORD {

@@ -137,6 +137,7 @@ fn build(
         machined: &machined,
         installer_bin: installer_bin.as_deref(),
         dir: stage.path(),
+        blocks: opts.cache_dir.join("squashfs"),
     };
     let (artifacts, boot_info) = run_stages(&mut stages, &inputs)?;
     let listed = stages.run(
@@ -232,6 +233,9 @@ struct BuildInputs<'a> {
     installer_bin: Option<&'a Path>,
     /// The staging directory.
     dir: &'a Path,
+    /// Where the root filesystem's compressed blocks are kept between
+    /// builds (`CACHE/squashfs`, see [`rootfs::pack`]).
+    blocks: PathBuf,
 }
 
 impl BuildInputs<'_> {
@@ -296,7 +300,18 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
         &[names::ROOTFS, names::ROOTFS_VERITY],
         |dir| {
             step("rootfs: squashfs");
-            rootfs::build_rootfs(&dir.join(names::ROOTFS), &spec)?;
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let dest = dir.join(names::ROOTFS);
+            let (_, _, blocks) =
+                rootfs::build_rootfs_threads(&dest, &spec, threads, Some(&b.blocks))?;
+            if blocks.reused > 0 {
+                step(&format!(
+                    "rootfs: {} of {} blocks kept from earlier builds ({}), the others compressed",
+                    blocks.reused,
+                    blocks.parallel,
+                    b.blocks.display()
+                ));
+            }
             let verity = write_verity(dir, &dir.join(names::ROOTFS))?;
             Ok(serde_json::json!({ "root_hash": verity.root_hash }))
         },

@@ -153,6 +153,11 @@ struct SquashfsArgs {
     /// zstd compression level.
     #[arg(long, default_value_t = imager::rootfs::DEFAULT_LEVEL)]
     level: i32,
+    /// Keep the compressed blocks in DIR/squashfs and take them from there
+    /// when the same block comes again (as `imager build` does in its
+    /// cache directory); the image is the same with it or without it.
+    #[arg(long, value_name = "DIR")]
+    cache_dir: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -472,7 +477,8 @@ fn run() -> Result<ExitCode> {
                 epoch,
                 level: a.level,
             };
-            let (sha, size) = imager::rootfs::build_rootfs(&a.dest, &spec)?;
+            let blocks = a.cache_dir.map(|d| d.join("squashfs"));
+            let (sha, size) = imager::rootfs::build_rootfs(&a.dest, &spec, blocks.as_deref())?;
             println!("{}  {size}  {}", sha, a.dest.display());
             Ok(ExitCode::SUCCESS)
         }

@@ -15,8 +15,11 @@
 //!
 //! The blocks are compressed on every core ([`parallel`]); the bytes are
 //! those of backhand's own single-threaded writer, whatever the number of
-//! threads.
+//! threads. Given a cache directory, blocks compressed by earlier builds
+//! are taken from it ([`pack`]): the same bytes again, and a rebuild after
+//! a change compresses only the blocks that changed.
 
+pub mod pack;
 mod parallel;
 pub use parallel::Stats as CompressionStats;
 
@@ -205,23 +208,25 @@ fn plan(spec: &RootfsSpec) -> Result<BTreeMap<String, Node>> {
     Ok(nodes)
 }
 
-/// Builds the squashfs at `dest`, atomically, compressing on every core.
-/// Returns its hex SHA-256 and size.
-pub fn build_rootfs(dest: &Path, spec: &RootfsSpec) -> Result<(String, u64)> {
+/// Builds the squashfs at `dest`, atomically, compressing on every core,
+/// with the blocks of earlier builds kept in `cache` (a directory; none:
+/// every block compressed). Returns its hex SHA-256 and size.
+pub fn build_rootfs(dest: &Path, spec: &RootfsSpec, cache: Option<&Path>) -> Result<(String, u64)> {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (sha, size, _) = build_rootfs_threads(dest, spec, threads)?;
+    let (sha, size, _) = build_rootfs_threads(dest, spec, threads, cache)?;
     Ok((sha, size))
 }
 
 /// [`build_rootfs`] with `threads` compressing threads, and how the blocks
 /// were compressed. `threads == 0`: backhand's own compressor alone, on
-/// this thread (the reference the parallel writer must equal).
+/// this thread (the reference the parallel writer must equal; no cache).
 pub fn build_rootfs_threads(
     dest: &Path,
     spec: &RootfsSpec,
     threads: usize,
+    cache: Option<&Path>,
 ) -> Result<(String, u64, CompressionStats)> {
-    build(dest, spec, threads, |_| {})
+    build(dest, spec, threads, cache, |_| {})
 }
 
 /// The files of `nodes` whose blocks the reader compresses ahead, in any
@@ -234,6 +239,7 @@ fn build(
     dest: &Path,
     spec: &RootfsSpec,
     threads: usize,
+    cache: Option<&Path>,
     predict: impl FnOnce(&mut Prediction<'_>),
 ) -> Result<(String, u64, CompressionStats)> {
     ensure!(
@@ -293,7 +299,7 @@ fn build(
                 })
                 .collect();
             predict(&mut files);
-            parallel::run(&files, BLOCK_SIZE, spec.level, threads, || {
+            parallel::run(&files, BLOCK_SIZE, spec.level, threads, cache, || {
                 fs.write(&mut *f)
             })
         } else {
@@ -363,7 +369,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let spec = spec(dir.path());
         let img = dir.path().join("rootfs.sqsh");
-        let (sha, size) = build_rootfs(&img, &spec).unwrap();
+        let (sha, size) = build_rootfs(&img, &spec, None).unwrap();
         assert_eq!((sha, size), sha256_file(&img).unwrap());
 
         let unsq = tool("unsquashfs", "squashfs-tools");
@@ -437,8 +443,8 @@ mod tests {
         let spec = spec(dir.path());
         let a = dir.path().join("a.sqsh");
         let b = dir.path().join("b.sqsh");
-        let ra = build_rootfs(&a, &spec).unwrap();
-        assert_eq!(ra, build_rootfs(&b, &spec).unwrap());
+        let ra = build_rootfs(&a, &spec, None).unwrap();
+        assert_eq!(ra, build_rootfs(&b, &spec, None).unwrap());
         assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
     }
 
@@ -449,7 +455,10 @@ mod tests {
         let mut s = base.clone();
         s.files
             .push(RootfsFile::new("/usr/../etc", Source::Bytes(vec![]), 0o644));
-        let e = format!("{:#}", build_rootfs(&dir.path().join("x"), &s).unwrap_err());
+        let e = format!(
+            "{:#}",
+            build_rootfs(&dir.path().join("x"), &s, None).unwrap_err()
+        );
         assert!(e.contains("invalid path"), "{e}");
         let mut s = base.clone();
         s.files.push(RootfsFile::new(
@@ -457,11 +466,17 @@ mod tests {
             Source::Bytes(vec![]),
             0o644,
         ));
-        let e = format!("{:#}", build_rootfs(&dir.path().join("x"), &s).unwrap_err());
+        let e = format!(
+            "{:#}",
+            build_rootfs(&dir.path().join("x"), &s, None).unwrap_err()
+        );
         assert!(e.contains("/etc/hostname is a file"), "{e}");
         let mut s = base;
         s.skeleton = Some(dir.path().join("missing"));
-        let e = format!("{:#}", build_rootfs(&dir.path().join("x"), &s).unwrap_err());
+        let e = format!(
+            "{:#}",
+            build_rootfs(&dir.path().join("x"), &s, None).unwrap_err()
+        );
         assert!(e.contains("rootfs.skeleton"), "{e}");
         assert!(!dir.path().join("x").exists());
     }
@@ -606,7 +621,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (spec, _, data_blocks) = many_blocks(dir.path());
         let reference = dir.path().join("one-thread.sqsh");
-        let (sha, size, none) = build_rootfs_threads(&reference, &spec, 0).unwrap();
+        let (sha, size, none) = build_rootfs_threads(&reference, &spec, 0, None).unwrap();
         assert_eq!(none, CompressionStats::default());
         let frags = fragments(&reference);
         assert!(
@@ -616,7 +631,7 @@ mod tests {
         let want = std::fs::read(&reference).unwrap();
         for threads in [1, 2, 4] {
             let img = dir.path().join(format!("{threads}.sqsh"));
-            let (s, n, stats) = build_rootfs_threads(&img, &spec, threads).unwrap();
+            let (s, n, stats) = build_rootfs_threads(&img, &spec, threads, None).unwrap();
             assert!(
                 std::fs::read(&img).unwrap() == want,
                 "{threads} threads: the image differs from backhand's single-threaded one"
@@ -633,7 +648,7 @@ mod tests {
             assert!(stats.inline <= 8, "{threads} threads: {stats:?}");
         }
         let img = dir.path().join("default.sqsh");
-        assert_eq!(build_rootfs(&img, &spec).unwrap(), (sha, size));
+        assert_eq!(build_rootfs(&img, &spec, None).unwrap(), (sha, size));
     }
 
     #[test]
@@ -641,7 +656,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (spec, stage, _) = many_blocks(dir.path());
         let img = dir.path().join("rootfs.sqsh");
-        build_rootfs_threads(&img, &spec, 2).unwrap();
+        build_rootfs_threads(&img, &spec, 2, None).unwrap();
         let unsq = tool("unsquashfs", "squashfs-tools");
         let x = dir.path().join("x");
         run(Command::new(&unsq)
@@ -679,12 +694,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (spec, _, _) = many_blocks(dir.path());
         let reference = dir.path().join("one-thread.sqsh");
-        build_rootfs_threads(&reference, &spec, 0).unwrap();
+        build_rootfs_threads(&reference, &spec, 0, None).unwrap();
         let want = std::fs::read(&reference).unwrap();
         // A file left out: its blocks are compressed by the writer, the
         // rest still by the workers.
         let img = dir.path().join("missing.sqsh");
-        let (_, _, stats) = build(&img, &spec, 2, |f| {
+        let (_, _, stats) = build(&img, &spec, 2, None, |f| {
             f.retain(|(p, _)| *p != "big/f03");
         })
         .unwrap();
@@ -693,12 +708,82 @@ mod tests {
         // A file given twice: the reader's queue never matches again from
         // there, and every later block is compressed by the writer.
         let img = dir.path().join("extra.sqsh");
-        let (_, _, stats) = build(&img, &spec, 2, |f| {
+        let (_, _, stats) = build(&img, &spec, 2, None, |f| {
             let twice = *f.iter().find(|(p, _)| *p == "big/f03").unwrap();
             f.push(twice);
         })
         .unwrap();
         assert!(std::fs::read(&img).unwrap() == want, "{stats:?}");
         assert!(stats.inline > 30, "{stats:?}");
+    }
+    #[test]
+    fn kept_blocks_give_the_same_bytes_and_only_changed_blocks_are_compressed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut spec, _, data_blocks) = many_blocks(dir.path());
+        let cache = dir.path().join("cache");
+        let reference = dir.path().join("reference.sqsh");
+        build_rootfs_threads(&reference, &spec, 0, None).unwrap();
+        let total = data_blocks + fragments(&reference);
+        let build_same = |spec: &RootfsSpec, reference: &Path, name: &str| {
+            let img = dir.path().join(name);
+            let (_, _, stats) = build_rootfs_threads(&img, spec, 2, Some(&cache)).unwrap();
+            assert!(
+                std::fs::read(&img).unwrap() == std::fs::read(reference).unwrap(),
+                "{name}: the image differs from the one made without a cache ({stats:?})"
+            );
+            stats
+        };
+        // No pack yet: every block compressed, then kept.
+        let first = build_same(&spec, &reference, "first.sqsh");
+        assert_eq!((first.parallel, first.reused), (total, 0), "{first:?}");
+        let pack = cache.join(pack::file_name(spec.level, BLOCK_SIZE));
+        assert!(pack.is_file());
+        // Again: every block from the pack.
+        let again = build_same(&spec, &reference, "again.sqsh");
+        assert_eq!((again.parallel, again.reused), (total, total), "{again:?}");
+
+        // One file of three blocks changed in its second: that block
+        // and nothing else is compressed (the fragment holding the small
+        // files' tails is unchanged: the file's tail is not a fragment).
+        let skel = spec.skeleton.clone().unwrap();
+        let f = skel.join("usr/bin/x");
+        let mut bytes = std::fs::read(&f).unwrap();
+        bytes[BS + 10] ^= 0x55;
+        std::fs::write(&f, &bytes).unwrap();
+        let changed = dir.path().join("changed-reference.sqsh");
+        build_rootfs_threads(&changed, &spec, 0, None).unwrap();
+        let after = build_same(&spec, &changed, "changed.sqsh");
+        assert_eq!(
+            (after.parallel, after.reused),
+            (total, total - 1),
+            "{after:?}"
+        );
+
+        // A damaged pack: the damaged blocks are compressed again, the
+        // image is the same.
+        let mut raw = std::fs::read(&pack).unwrap();
+        for at in (0..raw.len() / 2).step_by(50_000) {
+            raw[at] ^= 0xff;
+        }
+        std::fs::write(&pack, &raw).unwrap();
+        let damaged = build_same(&spec, &changed, "damaged.sqsh");
+        assert!(
+            damaged.reused < total && damaged.reused > total / 2,
+            "{damaged:?}"
+        );
+        // Garbage for a pack: no block from it, the same image, and a
+        // good pack again afterwards.
+        std::fs::write(&pack, b"not a pack").unwrap();
+        let garbage = build_same(&spec, &changed, "garbage.sqsh");
+        assert_eq!(garbage.reused, 0, "{garbage:?}");
+        let healed = build_same(&spec, &changed, "healed.sqsh");
+        assert_eq!(healed.reused, total, "{healed:?}");
+
+        // Another level: another pack, nothing taken from this one.
+        spec.level = 4;
+        let other = dir.path().join("level4-reference.sqsh");
+        build_rootfs_threads(&other, &spec, 0, None).unwrap();
+        let l4 = build_same(&spec, &other, "level4.sqsh");
+        assert_eq!(l4.reused, 0, "{l4:?}");
     }
 }

@@ -21,6 +21,11 @@
 //! Memory is bounded: at most [`WINDOW`] blocks are queued ahead of the
 //! writer, plus one per worker in progress, each held with its compressed
 //! bytes (2 x block size at most).
+//!
+//! With a cache directory, a worker first looks its block up in the pack
+//! of the earlier builds ([`super::pack`]), and the writer's thread keeps
+//! every block it used in the next pack: a block built before is
+//! decompressed and compared instead of compressed.
 
 use backhand::BackhandError;
 use backhand::compression::{CompressionAction, Compressor, DefaultCompressor};
@@ -32,6 +37,7 @@ use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
 use std::sync::{Arc, Mutex};
 
 use super::Source;
+use super::pack::{self, Pack};
 
 /// Blocks compressed ahead of the writer, at most.
 pub const WINDOW: usize = 32;
@@ -43,12 +49,19 @@ pub struct Stats {
     pub parallel: u64,
     /// Blocks compressed on the writer's thread (metadata, mispredictions).
     pub inline: u64,
+    /// Of the `parallel` blocks, those taken from the pack of earlier
+    /// builds instead of compressed.
+    pub reused: u64,
 }
 
 /// One compressed block: the input it was made from and zstd's output.
 struct Done {
     input: Vec<u8>,
     output: std::io::Result<Vec<u8>>,
+    /// The input's key, when there is a pack to keep it in.
+    key: Option<pack::Key>,
+    /// Taken from the old pack.
+    reused: bool,
 }
 
 /// The writer's end of the pipeline, kept in a thread-local for the
@@ -61,6 +74,8 @@ struct Consumer {
     level: i32,
     local: Option<zstd::bulk::Compressor<'static>>,
     stats: Stats,
+    /// The next pack; dropped (not written) at its first error.
+    next_pack: Option<pack::Writer>,
 }
 
 impl Consumer {
@@ -81,7 +96,14 @@ impl Consumer {
         {
             let d = self.front.take().expect("front checked above");
             self.stats.parallel += 1;
-            return Ok(d.output.expect("checked above"));
+            self.stats.reused += u64::from(d.reused);
+            let output = d.output.expect("checked above");
+            if let (Some(w), Some(key)) = (&mut self.next_pack, d.key)
+                && w.add(key, &output).is_err()
+            {
+                self.next_pack = None;
+            }
+            return Ok(output);
         }
         self.stats.inline += 1;
         let c = match &mut self.local {
@@ -216,7 +238,10 @@ fn produce(
     submit(fragment, &jobs, &ordered);
 }
 
-fn work(jobs: &Mutex<Receiver<Job>>, level: i32) {
+/// A worker: compresses the blocks it is sent, or takes them from `old`
+/// (the earlier builds' pack) when it holds them; with `keys`, says each
+/// block's key, for the next pack.
+fn work(jobs: &Mutex<Receiver<Job>>, level: i32, old: Option<&Pack>, keys: bool) {
     let mut zstd = None;
     loop {
         let job = match jobs.lock() {
@@ -224,26 +249,46 @@ fn work(jobs: &Mutex<Receiver<Job>>, level: i32) {
             Err(_) => return,
         };
         let Ok((input, tx)) = job else { return };
-        let c = match &mut zstd {
-            Some(c) => Ok(c),
-            None => zstd::bulk::Compressor::new(level).map(|c| zstd.insert(c)),
+        let key = keys.then(|| pack::key(&input));
+        let kept = old.zip(key.as_ref()).and_then(|(p, k)| p.get(k, &input));
+        let reused = kept.is_some();
+        let output = match kept {
+            Some(bytes) => Ok(bytes),
+            None => match &mut zstd {
+                Some(c) => Ok(c),
+                None => zstd::bulk::Compressor::new(level).map(|c| zstd.insert(c)),
+            }
+            .and_then(|c| c.compress(&input)),
         };
-        let output = c.and_then(|c| c.compress(&input));
         // The writer may be gone (an error elsewhere): nothing to do then.
-        let _ = tx.send(Done { input, output });
+        let _ = tx.send(Done {
+            input,
+            output,
+            key,
+            reused,
+        });
     }
 }
 
 /// Runs `write` (backhand's write of the filesystem whose regular files
 /// are `files`, with [`PARALLEL_ZSTD`] as its compressor) while `threads`
-/// workers compress its blocks ahead of it at zstd `level`.
+/// workers compress its blocks ahead of it at zstd `level`. With `cache`
+/// (a directory), blocks come from its pack when it holds them, and the
+/// pack is then replaced by one that holds this run's blocks first.
 pub fn run<T>(
     files: &[(&str, &Source)],
     block_size: u32,
     level: i32,
     threads: usize,
+    cache: Option<&Path>,
     write: impl FnOnce() -> T,
 ) -> (T, Stats) {
+    let pack_path = cache.map(|d| d.join(pack::file_name(level, block_size)));
+    let old = pack_path.as_deref().and_then(|p| Pack::open(p, block_size));
+    let next_pack = pack_path
+        .as_deref()
+        .and_then(|p| pack::Writer::create(p).ok());
+    let keys = next_pack.is_some();
     // backhand writes file data in the order of its tree: paths compared
     // component by component (`usr/bin/x` before `usr/bin-x`).
     let mut order: Vec<&(&str, &Source)> = files.iter().collect();
@@ -254,9 +299,10 @@ pub fn run<T>(
         let (ordered_tx, ordered_rx) = sync_channel(WINDOW);
         let (jobs_tx, jobs_rx) = channel::<Job>();
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        let old = old.as_ref();
         for _ in 0..threads.max(1) {
             let jobs_rx = Arc::clone(&jobs_rx);
-            s.spawn(move || work(&jobs_rx, level));
+            s.spawn(move || work(&jobs_rx, level, old, keys));
         }
         let order = &order;
         s.spawn(move || produce(order, block_size, jobs_tx, ordered_tx));
@@ -268,12 +314,23 @@ pub fn run<T>(
                 level,
                 local: None,
                 stats: Stats::default(),
+                next_pack,
             })
         });
         let installed = Installed;
         let out = write();
-        let stats = CONSUMER.with(|c| c.borrow().as_ref().map(|c| c.stats).unwrap_or_default());
+        let (stats, next_pack) = CONSUMER.with(|c| {
+            c.borrow_mut()
+                .as_mut()
+                .map(|c| (c.stats, c.next_pack.take()))
+                .unwrap_or_default()
+        });
         drop(installed);
+        // A pack that cannot be written costs the next build time, not
+        // this one its image.
+        if let Some(w) = next_pack {
+            let _ = w.finish(old);
+        }
         (out, stats)
     })
 }

@@ -1,0 +1,344 @@
+//! Compressed blocks kept from earlier builds, so that a root filesystem
+//! built again compresses only the blocks that changed.
+//!
+//! A pack is one file in the cache directory, named by everything that
+//! decides a block's compressed bytes besides the block itself: zstd's
+//! version, the level and the block size ([`file_name`], for example
+//! `zstd-1.5.7-l15-b131072.pack`). It holds zstd's output for blocks of
+//! the squashfs (file data and fragment blocks), keyed by the SHA-256 of
+//! their uncompressed bytes:
+//!
+//! | part   | bytes                                                        |
+//! |--------|--------------------------------------------------------------|
+//! | data   | the compressed blocks, one after another                     |
+//! | index  | 44 per block: SHA-256 of the input, offset (u64 LE), length (u32 LE); sorted by SHA-256, no key twice |
+//! | footer | 24: the index's offset (u64 LE), the number of blocks (u64 LE), `IMGSQPK1` |
+//!
+//! A block found in the pack is used only if it decompresses to exactly
+//! the bytes asked for ([`Pack::get`]): a damaged pack costs time, never a
+//! wrong image. The bytes used are those zstd gave for that input at that
+//! level when the pack was written, which are the bytes it gives now: the
+//! pack's name carries the version and the level. So an image is the same
+//! with the pack or without it (tested).
+//!
+//! Each build writes a new pack ([`Writer`], atomically): the blocks that
+//! build used first, then the old pack's other blocks, most recent first,
+//! up to [`MAX_PACK`] bytes. The pack thus holds the blocks of the last
+//! builds, whatever profile they were of, and never grows past the bound.
+//! A pack that cannot be read or written never fails a build: the blocks
+//! are then compressed.
+
+use crate::io::AtomicFile;
+use anyhow::{Context, Result};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+/// The most a pack holds (data bytes): about five builds of the default
+/// root filesystem. Each build copies what it keeps of the old pack.
+pub const MAX_PACK: u64 = 16 << 20;
+
+const MAGIC: &[u8; 8] = b"IMGSQPK1";
+const FOOTER: u64 = 24;
+const ENTRY: u64 = 44;
+/// The most blocks an index lists: enough for [`MAX_PACK`] of blocks of
+/// 1 KiB and more.
+const MAX_ENTRIES: u64 = MAX_PACK / 1024 + 1;
+
+/// The SHA-256 of a block's uncompressed bytes.
+pub type Key = [u8; 32];
+
+/// The key of `input`.
+pub fn key(input: &[u8]) -> Key {
+    Sha256::digest(input).into()
+}
+
+/// One block of a pack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub key: Key,
+    pub offset: u64,
+    pub len: u32,
+}
+
+/// The pack's file name for blocks of `block_size` bytes compressed at
+/// zstd `level` by the zstd this program is linked with.
+pub fn file_name(level: i32, block_size: u32) -> String {
+    let version = zstd::zstd_safe::version_string();
+    format!("zstd-{version}-l{level}-b{block_size}.pack")
+}
+
+/// The largest compressed block a pack may hold for blocks of
+/// `block_size` bytes (zstd's bound for an incompressible block, which is
+/// a little more than the block).
+fn max_block(block_size: u32) -> u64 {
+    u64::from(block_size) + u64::from(block_size) / 128 + 1024
+}
+
+/// Reads a pack's index. `len` is the file's length; `read_at` fills a
+/// buffer from an offset. Whatever the bytes, the entries returned lie
+/// within the data part, are at most `max_block(block_size)` long, and are
+/// sorted by key without a key twice; anything else is an error.
+pub fn parse_index(
+    len: u64,
+    block_size: u32,
+    read_at: &mut dyn FnMut(u64, &mut [u8]) -> io::Result<()>,
+) -> io::Result<Vec<Entry>> {
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("pack: {what}"));
+    if len < FOOTER {
+        return Err(bad("shorter than its footer"));
+    }
+    let mut footer = [0u8; FOOTER as usize];
+    read_at(len - FOOTER, &mut footer)?;
+    if &footer[16..24] != MAGIC {
+        return Err(bad("no footer"));
+    }
+    let word = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    let (index_at, count) = (word(&footer[..8]), word(&footer[8..16]));
+    let index_len = len - FOOTER;
+    if count > MAX_ENTRIES || index_at > index_len || index_len - index_at != count * ENTRY {
+        return Err(bad("index out of place"));
+    }
+    let mut index = vec![0u8; (count * ENTRY) as usize];
+    read_at(index_at, &mut index)?;
+    let mut entries: Vec<Entry> = Vec::with_capacity(count as usize);
+    for e in index.chunks_exact(ENTRY as usize) {
+        let entry = Entry {
+            key: e[..32].try_into().expect("32 bytes"),
+            offset: word(&e[32..40]),
+            len: u32::from_le_bytes(e[40..44].try_into().expect("4 bytes")),
+        };
+        let end = entry.offset.checked_add(u64::from(entry.len));
+        if entry.len == 0
+            || u64::from(entry.len) > max_block(block_size)
+            || end.is_none_or(|end| end > index_at)
+        {
+            return Err(bad("a block out of place"));
+        }
+        if entries.last().is_some_and(|last| last.key >= entry.key) {
+            return Err(bad("index not sorted"));
+        }
+        entries.push(entry);
+    }
+    Ok(entries)
+}
+
+/// The index and footer that follow `data_len` bytes of blocks described
+/// by `entries` (sorted here by key).
+pub fn index_and_footer(entries: &mut [Entry], data_len: u64) -> Vec<u8> {
+    entries.sort_by_key(|e| e.key);
+    let mut tail = Vec::with_capacity(entries.len() * ENTRY as usize + FOOTER as usize);
+    for e in entries.iter() {
+        tail.extend_from_slice(&e.key);
+        tail.extend_from_slice(&e.offset.to_le_bytes());
+        tail.extend_from_slice(&e.len.to_le_bytes());
+    }
+    tail.extend_from_slice(&data_len.to_le_bytes());
+    tail.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    tail.extend_from_slice(MAGIC);
+    tail
+}
+
+/// A pack read back: its index, and its file for the blocks.
+pub struct Pack {
+    file: File,
+    entries: Vec<Entry>,
+    block_size: u32,
+}
+
+impl Pack {
+    /// The pack at `path`, or none when there is none or it does not read
+    /// as one (it is then replaced by the next build's).
+    pub fn open(path: &Path, block_size: u32) -> Option<Pack> {
+        let file = File::open(path).ok()?;
+        let len = file.metadata().ok()?.len();
+        let entries =
+            parse_index(len, block_size, &mut |at, buf| file.read_exact_at(buf, at)).ok()?;
+        Some(Pack {
+            file,
+            entries,
+            block_size,
+        })
+    }
+
+    /// The blocks it holds, in the order of their keys.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// The compressed bytes kept for `input` (whose key is `key`), if the
+    /// pack holds them and they decompress to exactly `input`.
+    pub fn get(&self, key: &Key, input: &[u8]) -> Option<Vec<u8>> {
+        let i = self.entries.binary_search_by(|e| e.key.cmp(key)).ok()?;
+        let bytes = self.read(&self.entries[i]).ok()?;
+        let back = zstd::bulk::decompress(&bytes, self.block_size as usize).ok()?;
+        (back == input).then_some(bytes)
+    }
+
+    fn read(&self, e: &Entry) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; e.len as usize];
+        self.file.read_exact_at(&mut buf, e.offset)?;
+        Ok(buf)
+    }
+}
+
+/// The next pack, written as the build goes.
+pub struct Writer {
+    out: AtomicFile,
+    entries: Vec<Entry>,
+    keys: BTreeSet<Key>,
+    at: u64,
+}
+
+impl Writer {
+    /// Starts the pack that will replace the one at `path`.
+    pub fn create(path: &Path) -> Result<Writer> {
+        Ok(Writer {
+            out: AtomicFile::create(path)?,
+            entries: Vec::new(),
+            keys: BTreeSet::new(),
+            at: 0,
+        })
+    }
+
+    /// Adds a block, unless the pack holds it already or is full.
+    pub fn add(&mut self, key: Key, bytes: &[u8]) -> io::Result<()> {
+        if self.at + bytes.len() as u64 > MAX_PACK || !self.keys.insert(key) {
+            return Ok(());
+        }
+        self.out.write_all(bytes)?;
+        self.entries.push(Entry {
+            key,
+            offset: self.at,
+            len: bytes.len() as u32,
+        });
+        self.at += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Adds `old`'s other blocks, most recent first, while they fit; writes
+    /// the index and renames the pack into place.
+    pub fn finish(mut self, old: Option<&Pack>) -> Result<PathBuf> {
+        if let Some(old) = old {
+            let mut rest: Vec<&Entry> = old.entries().iter().collect();
+            rest.sort_by_key(|e| e.offset);
+            for e in rest {
+                if self.at + u64::from(e.len) > MAX_PACK {
+                    break;
+                }
+                let bytes = old.read(e).context("reading the old block pack")?;
+                self.add(e.key, &bytes)?;
+            }
+        }
+        let tail = index_and_footer(&mut self.entries, self.at);
+        self.out.write_all(&tail)?;
+        // Not flushed: a pack lost or cut by a power cut reads as none, or
+        // its damaged blocks are not used.
+        self.out.commit_unflushed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(seed: u8) -> Vec<u8> {
+        (0..20_000u32)
+            .map(|i| (i % 97) as u8 ^ seed)
+            .collect::<Vec<u8>>()
+    }
+
+    fn write(path: &Path, blocks: &[Vec<u8>], old: Option<&Pack>) {
+        let mut w = Writer::create(path).unwrap();
+        for b in blocks {
+            w.add(key(b), &zstd::bulk::compress(b, 3).unwrap()).unwrap();
+        }
+        w.finish(old).unwrap();
+    }
+
+    #[test]
+    fn blocks_come_back_and_older_ones_follow() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(file_name(3, 131072));
+        assert!(Pack::open(&path, 131072).is_none());
+        write(&path, &[block(1), block(2)], None);
+        let p = Pack::open(&path, 131072).unwrap();
+        assert_eq!(p.entries().len(), 2);
+        let got = p.get(&key(&block(1)), &block(1)).unwrap();
+        assert_eq!(zstd::bulk::decompress(&got, 131072).unwrap(), block(1));
+        assert!(p.get(&key(&block(3)), &block(3)).is_none());
+        // A key whose block is not the input asked for is not used.
+        assert!(p.get(&key(&block(1)), &block(2)).is_none());
+
+        // The next pack: its own blocks, then the old one's others.
+        write(&path, &[block(3), block(2)], Some(&p));
+        drop(p);
+        let p = Pack::open(&path, 131072).unwrap();
+        assert_eq!(p.entries().len(), 3);
+        for s in [1, 2, 3] {
+            assert!(p.get(&key(&block(s)), &block(s)).is_some(), "block {s}");
+        }
+    }
+
+    #[test]
+    fn a_damaged_pack_gives_nothing_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.pack");
+        write(&path, &[block(1), block(2)], None);
+        let good = std::fs::read(&path).unwrap();
+        // A changed byte in a block: that block is not used, the other is.
+        let mut bytes = good.clone();
+        bytes[20] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+        let p = Pack::open(&path, 131072).unwrap();
+        let found = [1, 2].map(|s| p.get(&key(&block(s)), &block(s)).is_some());
+        assert_eq!(found.iter().filter(|f| **f).count(), 1, "{found:?}");
+        // Cut anywhere, or its footer or index changed: no pack.
+        for cut in [0, 10, good.len() - 1, good.len() - 30] {
+            std::fs::write(&path, &good[..cut]).unwrap();
+            assert!(Pack::open(&path, 131072).is_none(), "cut at {cut}");
+        }
+        // The footer's magic, count or index offset changed: no pack.
+        for at in [good.len() - 1, good.len() - 10, good.len() - 20] {
+            let mut bytes = good.clone();
+            bytes[at] ^= 1;
+            std::fs::write(&path, &bytes).unwrap();
+            assert!(Pack::open(&path, 131072).is_none(), "byte {at}");
+        }
+        // The last key changed (its top byte, so the index stays sorted):
+        // that block is no longer found, the other still is.
+        let last_key = good.len() - 24 - 44;
+        let mut bytes = good.clone();
+        bytes[last_key] = 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let p = Pack::open(&path, 131072).unwrap();
+        let found = [1, 2].map(|s| p.get(&key(&block(s)), &block(s)).is_some());
+        assert_eq!(found.iter().filter(|f| **f).count(), 1, "{found:?}");
+    }
+
+    #[test]
+    fn the_pack_stays_under_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.pack");
+        // Incompressible blocks of 128 KiB, more than the bound holds.
+        let n = (MAX_PACK / 131072 + 20) as usize;
+        let mut w = Writer::create(&path).unwrap();
+        let mut state = 1u64;
+        for _ in 0..n {
+            let b: Vec<u8> = (0..131072)
+                .map(|_| {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    (state >> 56) as u8
+                })
+                .collect();
+            w.add(key(&b), &b).unwrap();
+        }
+        w.finish(None).unwrap();
+        let len = std::fs::metadata(&path).unwrap().len();
+        assert!(len <= MAX_PACK + MAX_ENTRIES * ENTRY + FOOTER, "{len}");
+        assert!(len > MAX_PACK - 131072 * 2, "{len}");
+    }
+}
