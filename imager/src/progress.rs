@@ -9,13 +9,15 @@
 //! standard error is one JSON object. A stage's progress is
 //! `{"stage":S,"done":D,"total":T,"unit":U}`: `done` 0 when it starts, equal
 //! to `total` when it ends, and `"skipped":true` on the last line of a
-//! stage the build did not need to run. A message is `{"message":M}`. Lines
-//! of the tools the build runs (cargo, the kernel's make is logged to a
-//! file) are not JSON and start with anything but `{`.
+//! stage the build did not need to run. A message is `{"message":M}`; the
+//! lines the tools a build runs write to standard error (cargo building
+//! the runtime: [`tool_output`]) come as messages too, one per line, so
+//! that every line is JSON (the kernel's make is logged to a file).
 //!
 //! One build runs per process: the mode and the current bar are global.
 
-use std::io::Write;
+use std::io::{BufRead, Read, Write};
+use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
@@ -53,6 +55,38 @@ fn mode() -> Mode {
         1 => Mode::Json,
         _ => Mode::Human,
     }
+}
+
+/// Runs a tool the build needs and returns its output, standard output
+/// captured. Its standard error is ours: as it is in human mode (cargo's
+/// own progress on a terminal), and in JSON mode one [`line`] per line it
+/// writes, so that every line on standard error stays one JSON object.
+pub fn tool_output(cmd: &mut Command) -> std::io::Result<Output> {
+    if mode() != Mode::Json {
+        return cmd.stderr(Stdio::inherit()).output();
+    }
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let (Some(mut out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+        return Err(std::io::Error::other("the tool's output was not piped"));
+    };
+    let forward = std::thread::spawn(move || {
+        for l in std::io::BufReader::new(err)
+            .split(b'\n')
+            .map_while(Result::ok)
+        {
+            line(String::from_utf8_lossy(&l).trim_end_matches('\r'));
+        }
+    });
+    let mut stdout = Vec::new();
+    let read = out.read_to_end(&mut stdout);
+    let status = child.wait()?;
+    let _ = forward.join();
+    read?;
+    Ok(Output {
+        status,
+        stdout,
+        stderr: Vec::new(),
+    })
 }
 
 /// The bar of the stage running now (human mode, on a terminal).

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result, anyhow, bail};
 use contract::le::{read_u16, read_u32, read_u64};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// The only target we can build for here; `+crt-static` makes it static.
 pub const TARGET: &str = "x86_64-unknown-linux-gnu";
@@ -36,16 +36,16 @@ pub fn build_named(package_dir: &Path, what: &str, key: &str) -> Result<PathBuf>
         "-C target-feature=+crt-static --remap-path-prefix={}=/src --remap-path-prefix={cargo_home}=/cargo",
         workspace.display()
     );
-    let out = Command::new(&cargo)
-        .args(["build", "--release", "--locked", "--target", TARGET])
-        .arg("--manifest-path")
-        .arg(&manifest)
-        .args(["--message-format", "json-render-diagnostics"])
-        .env("RUSTFLAGS", &rustflags)
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("running cargo to build the {what}"))?;
+    let out = crate::progress::tool_output(
+        Command::new(&cargo)
+            .args(["build", "--release", "--locked", "--target", TARGET])
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .args(["--message-format", "json-render-diagnostics"])
+            .env("RUSTFLAGS", &rustflags)
+            .env_remove("CARGO_ENCODED_RUSTFLAGS"),
+    )
+    .with_context(|| format!("running cargo to build the {what}"))?;
     if !out.status.success() {
         bail!(
             "building the {what} in {} failed (cargo's messages are above)",
