@@ -315,9 +315,35 @@ pub struct Slots {
     pub esp: Window<File>,
 }
 
+/// Refuses a disk image file in a format that install, upgrade and
+/// rollback cannot change in place (qcow2, zstd, xz: `imager build`'s
+/// other disk outputs), saying how to make it raw. A raw disk, a fixed VHD
+/// (a raw disk and a footer) and a block device pass.
+pub fn require_raw(path: &Path) -> Result<()> {
+    use crate::disk::compress::Format;
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return Ok(());
+    }
+    let p = path.display();
+    let how = match Format::of(path)? {
+        Format::Raw => return Ok(()),
+        Format::Qcow2 => {
+            format!("a qcow2 image: make it raw with `qemu-img convert -O raw {p} disk.raw`")
+        }
+        Format::Zstd => format!("compressed with zstd: unpack it with `zstd -d {p} -o disk.raw`"),
+        Format::Xz => format!("compressed with xz: unpack it with `xz -dc {p} > disk.raw`"),
+    };
+    bail!(
+        "{p} is {how} (or build `raw` among the profile's outputs) and give that disk: \
+         install, upgrade and rollback change raw disk images and block devices in place. \
+         Nothing was written."
+    )
+}
+
 /// Opens and locks `disk_path` for a change and finds BOOT, META and the
 /// ESP.
 pub fn open_slots(disk_path: &Path) -> Result<Slots> {
+    require_raw(disk_path)?;
     let disk = Disk::open(disk_path, Access::Write)?;
     Ok(Slots {
         boot: disk.partition(PartitionRole::Boot)?,
@@ -600,6 +626,7 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     // block device): no upgrade may run on it meanwhile.
     let lock = if exists {
         bootstate::disk::check_kind(&a.disk)?;
+        require_raw(&a.disk)?;
         let f = File::open(&a.disk).with_context(|| format!("opening {}", a.disk.display()))?;
         bootstate::disk::lock(&f, &a.disk, Access::Write)?;
         Some(f)
@@ -801,10 +828,33 @@ fn systemd_boot_for(p: &VerifiedPayload) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
-    // Tests panic on unexpected failures: that is how a test fails.
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    // Tests panic on unexpected failures: that is how a test fails.
+
+    #[test]
+    fn qcow2_and_compressed_disks_are_refused_with_how_to_make_them_raw() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases: [(&str, &[u8], &str); 3] = [
+            ("d.qcow2", b"QFI\xfb\0\0\0\x03", "qemu-img convert -O raw"),
+            ("d.raw.zst", &[0x28, 0xb5, 0x2f, 0xfd, 0, 0], "zstd -d"),
+            ("d.raw.xz", &[0xfd, b'7', b'z', b'X', b'Z', 0], "xz -dc"),
+        ];
+        for (name, head, how) in cases {
+            let path = dir.path().join(name);
+            let mut bytes = head.to_vec();
+            bytes.resize(1 << 20, 0);
+            std::fs::write(&path, &bytes).unwrap();
+            let e = open_slots(&path).err().map(|e| format!("{e:#}")).unwrap();
+            assert!(e.contains(how) && e.contains("Nothing was written"), "{e}");
+            assert_eq!(std::fs::read(&path).unwrap(), bytes, "{name} changed");
+        }
+        // A raw file passes this check (and fails later for its own reason).
+        let raw = dir.path().join("d.raw");
+        std::fs::write(&raw, vec![0u8; 1 << 20]).unwrap();
+        require_raw(&raw).unwrap();
+    }
 
     struct TestKey(ed25519_dalek::SigningKey);
 
