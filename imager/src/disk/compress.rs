@@ -8,7 +8,8 @@
 //! holes are never read from the file system. zstd: level 12, the content
 //! size and a checksum in the frame (`zstd -t` checks it). xz: preset 1 (see
 //! docs/design.md: preset 6 takes twice as long over a 2 GiB disk for a
-//! file 2.3 % smaller), CRC-64.
+//! file 2.3 % smaller), CRC-64, in a container written by [`super::xz`],
+//! where a block of zeros is compressed once.
 //!
 //! Both compress on every core, with output that does not depend on how
 //! many there are: zstd in its multithreaded mode (the same bytes for any
@@ -28,12 +29,7 @@ use std::path::Path;
 
 /// The zstd level of `raw.zst`.
 pub const ZSTD_LEVEL: i32 = 12;
-/// The xz preset of `raw.xz`.
-pub const XZ_PRESET: u32 = 1;
-/// The uncompressed size of each block of `raw.xz` (xz's own default for
-/// preset 1, three times its 1 MiB dictionary, fixed here so that the
-/// bytes never depend on it).
-pub const XZ_BLOCK: u64 = 3 << 20;
+pub use super::xz::{XZ_BLOCK, XZ_PRESET};
 
 /// The threads the compressors use: the cores there are.
 fn threads() -> u32 {
@@ -131,19 +127,16 @@ pub fn write_xz(raw: &Path, dest: &Path) -> Result<()> {
     write_xz_threads(raw, dest, threads())
 }
 
-/// [`write_xz`] with `threads` threads (the bytes do not depend on it).
+/// [`write_xz`] with `threads` threads (the bytes do not depend on it; at
+/// most 8, each holding a block).
 pub fn write_xz_threads(raw: &Path, dest: &Path, threads: u32) -> Result<()> {
-    let stream = liblzma::stream::MtStreamBuilder::new()
-        .threads(threads.max(1))
-        .block_size(XZ_BLOCK)
-        .preset(XZ_PRESET)
-        .check(liblzma::stream::Check::Crc64)
-        .encoder()
-        .context("starting the xz encoder")?;
     let mut out = AtomicFile::create(dest)?;
-    let mut x = liblzma::write::XzEncoder::new_stream(out.file(), stream);
+    let threads = threads.clamp(1, 8) as usize;
+    let mut x = super::xz::XzWriter::new(std::io::BufWriter::new(out.file()), threads)
+        .with_context(|| format!("writing {}", dest.display()))?;
     stream_disk(raw, &mut x).with_context(|| format!("writing {}", dest.display()))?;
     x.finish()
+        .and_then(|mut w| w.flush())
         .with_context(|| format!("writing {}", dest.display()))?;
     out.commit()
         .with_context(|| format!("writing {}", dest.display()))?;

@@ -17,6 +17,7 @@ pub mod gpt;
 pub mod layout;
 pub mod qcow2;
 pub mod vhd;
+pub mod xz;
 
 pub use self::check::{check_image, check_table, check_written};
 pub use self::gpt::{Table, TablePartition, read_table, read_table_from, write_table};
