@@ -716,6 +716,77 @@ fn a_damaged_output_is_rebuilt_and_what_depends_on_it_only_if_its_bytes_change()
     assert_eq!(verify_ok(&f, &out), "1.0.0");
 }
 
+/// The lines of a `--progress=json` build's standard error: every one a
+/// JSON object, a stage's progress or a message. Returns the messages and
+/// each stage's last line, having checked that every stage of the build
+/// ended done.
+fn progress_lines(err: &str) -> (Vec<String>, BTreeMap<String, serde_json::Value>) {
+    let mut messages = Vec::new();
+    let mut last: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    for l in err.lines() {
+        let l: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}"));
+        if let Some(stage) = l["stage"].as_str() {
+            assert!(l["done"].is_u64() && l["total"].is_u64(), "{l}");
+            last.insert(stage.to_string(), l.clone());
+        } else {
+            let m = l["message"].as_str().unwrap_or_else(|| panic!("{l}"));
+            messages.push(m.to_string());
+        }
+    }
+    let stages: Vec<&String> = last.keys().collect();
+    assert_eq!(
+        stages,
+        ["disk", "initramfs", "kernel", "manifest", "rootfs"]
+    );
+    for l in last.values() {
+        assert_eq!(l["done"], l["total"], "{l}");
+    }
+    (messages, last)
+}
+
+/// A build that runs cargo (the runtime from a cargo package): cargo's own
+/// lines on standard error come as JSON messages too.
+#[test]
+fn progress_json_carries_the_lines_of_cargo_as_messages() {
+    let _serial = serial();
+    let f = Fixture::new();
+    let pkg = f.root.join("tiny");
+    std::fs::create_dir_all(&pkg).unwrap();
+    std::fs::write(
+        pkg.join("Cargo.toml"),
+        "[package]\nname = \"tiny\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n\
+         [[bin]]\nname = \"tiny\"\npath = \"main.rs\"\n\n[workspace]\n",
+    )
+    .unwrap();
+    std::fs::write(
+        pkg.join("Cargo.lock"),
+        "version = 4\n\n[[package]]\nname = \"tiny\"\nversion = \"0.1.0\"\n",
+    )
+    .unwrap();
+    std::fs::write(pkg.join("main.rs"), "fn main() {}\n").unwrap();
+    f.profile("1.0.0", "");
+    let text = std::fs::read_to_string(f.root.join("outputs-1.0.0.yaml")).unwrap();
+    let text = text.replace("  binary: machined\n", "  cargo_package: tiny\n");
+    assert!(text.contains("cargo_package: tiny"), "{text}");
+    let profile = f.root.join("cargo.yaml");
+    std::fs::write(&profile, text).unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_imager"))
+        .args(["build", "--progress=json", "--profile"])
+        .arg(&profile)
+        .arg("--out")
+        .arg(f.out("cargo"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(o.status.success(), "{err}");
+    let (messages, _) = progress_lines(&err);
+    assert!(
+        messages.iter().any(|m| m.contains("Compiling tiny v0.1.0")),
+        "cargo's lines are not among the messages: {messages:?}"
+    );
+}
+
 #[test]
 fn progress_json_is_one_object_per_line_and_ends_with_every_stage_done() {
     let _serial = serial();
@@ -732,29 +803,7 @@ fn progress_json_is_one_object_per_line_and_ends_with_every_stage_done() {
             .unwrap();
         let err = String::from_utf8(o.stderr).unwrap();
         assert!(o.status.success(), "{err}");
-        // No tool runs (prebuilt kernel and runtime): every line is JSON.
-        let lines: Vec<serde_json::Value> = err
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
-            .collect();
-        let mut last: BTreeMap<String, serde_json::Value> = BTreeMap::new();
-        for l in &lines {
-            if let Some(stage) = l["stage"].as_str() {
-                assert!(l["done"].is_u64() && l["total"].is_u64(), "{l}");
-                last.insert(stage.to_string(), l.clone());
-            } else {
-                assert!(l["message"].is_string(), "{l}");
-            }
-        }
-        let stages: Vec<&String> = last.keys().collect();
-        assert_eq!(
-            stages,
-            ["disk", "initramfs", "kernel", "manifest", "rootfs"]
-        );
-        for l in last.values() {
-            assert_eq!(l["done"], l["total"], "{l}");
-        }
-        last
+        progress_lines(&err).1
     };
     let first = run();
     assert!(first.values().all(|l| l.get("skipped").is_none()));
