@@ -135,7 +135,9 @@ fn mkimage(
 /// make would see it (the path, size, times and inode of grub-mkimage and
 /// of every file in the modules directory, and the arguments), holding
 /// the image after its own SHA-256. A memo that does not match its digest
-/// is ignored and made again; one that cannot be written is skipped.
+/// is ignored and made again; one that cannot be written is skipped. The
+/// directory keeps the [`MEMOS`] memos written last (each GRUB directory
+/// and format has its own; an update of GRUB's package makes new ones).
 struct Memo {
     path: PathBuf,
 }
@@ -203,7 +205,33 @@ impl Memo {
         if let Some(d) = self.path.parent() {
             let _ = std::fs::create_dir_all(d);
         }
-        let _ = crate::io::write_atomic(&self.path, &b, 0o644);
+        if crate::io::write_atomic(&self.path, &b, 0o644).is_ok()
+            && let Some(d) = self.path.parent()
+        {
+            prune(d, MEMOS);
+        }
+    }
+}
+
+/// The memos a memo directory keeps: about 30 KiB each.
+const MEMOS: usize = 16;
+
+/// Removes all but the `keep` memos of `dir` written last (by
+/// modification time, then name); what cannot be read or removed stays.
+fn prune(dir: &Path, keep: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut memos: Vec<(std::time::SystemTime, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "img"))
+        .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+        .collect();
+    memos.sort();
+    let old = memos.len().saturating_sub(keep);
+    for (_, p) in memos.into_iter().take(old) {
+        let _ = std::fs::remove_file(p);
     }
 }
 
@@ -363,6 +391,37 @@ mod tests {
     /// The memo gives grub-mkimage's bytes back; a changed module (its
     /// times) or a damaged memo file makes the image again, and what that
     /// run fails on shows (a memo never hides a broken directory).
+    #[test]
+    fn a_memo_directory_keeps_the_memos_written_last() {
+        let t = tempfile::tempdir().unwrap();
+        let at = |s: u64| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s);
+        for i in 0..20u64 {
+            let p = t.path().join(format!("{i:02}.img"));
+            std::fs::write(&p, b"memo").unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_modified(at(1_000 + (i * 7) % 20))
+                .unwrap();
+        }
+        std::fs::write(t.path().join("other"), b"not a memo").unwrap();
+        prune(t.path(), MEMOS);
+        let mut left: Vec<String> = std::fs::read_dir(t.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        // The 16 of times 1004..1019 stay: i * 7 % 20 >= 4.
+        let mut want: Vec<String> = (0..20u64)
+            .filter(|i| (i * 7) % 20 >= 4)
+            .map(|i| format!("{i:02}.img"))
+            .collect();
+        want.push("other".into());
+        want.sort();
+        assert_eq!(left, want);
+    }
+
     #[test]
     fn memo_gives_the_same_image_and_is_remade_when_an_input_changes() {
         let t = tempfile::tempdir().unwrap();
