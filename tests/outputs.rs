@@ -613,6 +613,15 @@ fn a_changed_skeleton_file_rebuilds_exactly_what_depends_on_it() {
     let _serial = serial();
     let f = Fixture::new();
     f.with_motd("one\n");
+    // And a file of three blocks and more, which does not change.
+    let m = f.root.join("skeleton.txt");
+    let manifest = std::fs::read_to_string(&m).unwrap();
+    std::fs::write(&m, format!("{manifest}file 0644 etc/big\n")).unwrap();
+    let big: String = (0..100_000)
+        .map(|i| format!("{}\n", i * 7919 % 10007))
+        .collect();
+    assert!(big.len() > 3 * 131072);
+    std::fs::write(f.root.join("skel/etc/big"), big).unwrap();
     let out = f.out("motd");
     let p = f.profile("1.0.0", "");
     build::run(&p, &f.opts(&out)).unwrap();
@@ -630,8 +639,9 @@ fn a_changed_skeleton_file_rebuilds_exactly_what_depends_on_it() {
         assert_ne!(after[name], before[name], "{name} was not rebuilt");
     }
     assert_eq!(verify_ok(&f, &out), "1.0.0");
-    // The root filesystem's unchanged blocks came from the pack the first
-    // build left in the cache directory.
+    // Changed again, built by the command: the big file's blocks come from
+    // the pack the builds before left in the cache directory, the
+    // fragment block holding the changed file is compressed.
     let packs: Vec<_> = std::fs::read_dir(f.root.join("cache/squashfs"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -640,6 +650,28 @@ fn a_changed_skeleton_file_rebuilds_exactly_what_depends_on_it() {
         packs.len() == 1 && packs[0].ends_with("-l1-b131072.pack"),
         "{packs:?}"
     );
+    f.with_motd("three\n");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_imager"))
+        .args(["build", "--progress=json", "--profile"])
+        .arg(&p.path)
+        .arg("--out")
+        .arg(&out)
+        .env("IMAGER_CACHE_DIR", f.root.join("cache"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8(o.stderr).unwrap();
+    assert!(o.status.success(), "{err}");
+    let (messages, _) = progress_lines(&err);
+    let kept = messages
+        .iter()
+        .find_map(|m| {
+            let rest = m.strip_prefix("rootfs: ")?;
+            let (kept, rest) = rest.split_once(" of ")?;
+            let (total, _) = rest.split_once(" blocks kept from earlier builds")?;
+            Some((kept.parse::<u64>().ok()?, total.parse::<u64>().ok()?))
+        })
+        .unwrap_or_else(|| panic!("no blocks kept: {messages:?}"));
+    assert!(kept.0 >= 3 && kept.0 < kept.1, "{kept:?}");
     // The same bytes as a whole build of the same inputs, with a cache
     // directory of its own (no blocks kept: every block compressed).
     let whole = f.out("motd-whole");

@@ -136,8 +136,9 @@ fn mkimage(
 /// of every file in the modules directory, and the arguments), holding
 /// the image after its own SHA-256. A memo that does not match its digest
 /// is ignored and made again; one that cannot be written is skipped. The
-/// directory keeps the [`MEMOS`] memos written last (each GRUB directory
-/// and format has its own; an update of GRUB's package makes new ones).
+/// directory keeps the [`MEMOS`] memos written or used last (each GRUB
+/// directory and format has its own; an update of GRUB's package makes
+/// new ones).
 struct Memo {
     path: PathBuf,
 }
@@ -191,11 +192,19 @@ impl Memo {
         })
     }
 
+    /// The image, if the memo holds it whole. A memo used is marked as
+    /// written now, so that pruning keeps the memos in use.
     fn get(&self) -> Option<Vec<u8>> {
         use sha2::{Digest, Sha256};
         let b = std::fs::read(&self.path).ok()?;
         let (digest, image) = b.split_at_checked(32)?;
-        (Sha256::digest(image).as_slice() == digest).then(|| image.to_vec())
+        if Sha256::digest(image).as_slice() != digest {
+            return None;
+        }
+        if let Ok(f) = std::fs::File::options().write(true).open(&self.path) {
+            let _ = f.set_modified(std::time::SystemTime::now());
+        }
+        Some(image.to_vec())
     }
 
     fn put(&self, image: &[u8]) {
@@ -216,7 +225,7 @@ impl Memo {
 /// The memos a memo directory keeps: about 30 KiB each.
 const MEMOS: usize = 16;
 
-/// Removes all but the `keep` memos of `dir` written last (by
+/// Removes all but the `keep` memos of `dir` written or used last (by
 /// modification time, then name); what cannot be read or removed stays.
 fn prune(dir: &Path, keep: usize) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -388,9 +397,6 @@ mod tests {
         assert_eq!(a.hybrid_mbr.len(), SECTOR);
     }
 
-    /// The memo gives grub-mkimage's bytes back; a changed module (its
-    /// times) or a damaged memo file makes the image again, and what that
-    /// run fails on shows (a memo never hides a broken directory).
     #[test]
     fn a_memo_directory_keeps_the_memos_written_last() {
         let t = tempfile::tempdir().unwrap();
@@ -422,6 +428,9 @@ mod tests {
         assert_eq!(left, want);
     }
 
+    /// The memo gives grub-mkimage's bytes back; a changed module (its
+    /// times) or a damaged memo file makes the image again, and what that
+    /// run fails on shows (a memo never hides a broken directory).
     #[test]
     fn memo_gives_the_same_image_and_is_remade_when_an_input_changes() {
         let t = tempfile::tempdir().unwrap();

@@ -2,9 +2,9 @@
 //! built again compresses only the blocks that changed.
 //!
 //! A pack is one file in the cache directory, named by everything that
-//! decides a block's compressed bytes besides the block itself: zstd's
-//! version, the level and the block size ([`file_name`], for example
-//! `zstd-1.5.7-l15-b131072.pack`). It holds zstd's output for blocks of
+//! decides a block's compressed bytes besides the block itself: the pack's
+//! format and compressor settings, zstd's version, the level and the block
+//! size ([`file_name`], for example `v1-zstd-1.5.7-l15-b131072.pack`). It holds zstd's output for blocks of
 //! the squashfs (file data and fragment blocks), keyed by the SHA-256 of
 //! their uncompressed bytes:
 //!
@@ -14,12 +14,16 @@
 //! | index  | 44 per block: SHA-256 of the input, offset (u64 LE), length (u32 LE); sorted by SHA-256, no key twice |
 //! | footer | 24: the index's offset (u64 LE), the number of blocks (u64 LE), `IMGSQPK1` |
 //!
-//! A block found in the pack is used only if it decompresses to exactly
-//! the bytes asked for ([`Pack::get`]): a damaged pack costs time, never a
-//! wrong image. The bytes used are those zstd gave for that input at that
-//! level when the pack was written, which are the bytes it gives now: the
-//! pack's name carries the version and the level. So an image is the same
-//! with the pack or without it (tested).
+//! A block found in the pack is used only if it is one whole zstd frame
+//! that decompresses to exactly the bytes asked for ([`Pack::get`]): a
+//! damaged pack costs time, never a wrong image. The bytes used are those
+//! zstd gave for that input at that level when the pack was written, which
+//! are the bytes it gives now: the pack's name carries the pack's format
+//! and compressor settings, zstd's version and the level. So an image is
+//! the same with a pack written by this program or without it (tested).
+//! (A pack crafted to hold another encoding of the same bytes would give
+//! another image that reads the same: the cache directory is trusted as
+//! the kernel cache is.)
 //!
 //! Each build writes a new pack ([`Writer`], atomically): the blocks that
 //! build used first, then the old pack's other blocks, most recent first,
@@ -44,9 +48,10 @@ pub const MAX_PACK: u64 = 16 << 20;
 const MAGIC: &[u8; 8] = b"IMGSQPK1";
 const FOOTER: u64 = 24;
 const ENTRY: u64 = 44;
-/// The most blocks an index lists: enough for [`MAX_PACK`] of blocks of
-/// 1 KiB and more.
-const MAX_ENTRIES: u64 = MAX_PACK / 1024 + 1;
+/// The most blocks an index lists (the writer stops there too).
+pub const MAX_ENTRIES: u64 = MAX_PACK / 1024 + 1;
+/// A temporary pack older than this is one a killed build left.
+const STALE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// The SHA-256 of a block's uncompressed bytes.
 pub type Key = [u8; 32];
@@ -68,8 +73,13 @@ pub struct Entry {
 /// zstd `level` by the zstd this program is linked with.
 pub fn file_name(level: i32, block_size: u32) -> String {
     let version = zstd::zstd_safe::version_string();
-    format!("zstd-{version}-l{level}-b{block_size}.pack")
+    format!("v{FORMAT}-zstd-{version}-l{level}-b{block_size}.pack")
 }
+
+/// The pack's format and the compressor's settings besides the level
+/// (`zstd::bulk::Compressor::new(level)`, nothing else set): a change to
+/// either takes a new number, so that an older pack is never used.
+const FORMAT: u32 = 1;
 
 /// The largest compressed block a pack may hold for blocks of
 /// `block_size` bytes (zstd's bound for an incompressible block, which is
@@ -171,9 +181,15 @@ impl Pack {
 
     /// The compressed bytes kept for `input` (whose key is `key`), if the
     /// pack holds them and they decompress to exactly `input`.
+    /// What is kept must also be one zstd frame, whole: one that
+    /// decompresses right with something after it is not what was written.
     pub fn get(&self, key: &Key, input: &[u8]) -> Option<Vec<u8>> {
         let i = self.entries.binary_search_by(|e| e.key.cmp(key)).ok()?;
         let bytes = self.read(&self.entries[i]).ok()?;
+        let frame = zstd::zstd_safe::find_frame_compressed_size(&bytes).ok()?;
+        if frame != bytes.len() {
+            return None;
+        }
         let back = zstd::bulk::decompress(&bytes, self.block_size as usize).ok()?;
         (back == input).then_some(bytes)
     }
@@ -194,8 +210,12 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts the pack that will replace the one at `path`.
+    /// Starts the pack that will replace the one at `path` (and removes
+    /// the temporaries of killed builds beside it).
     pub fn create(path: &Path) -> Result<Writer> {
+        if let Some(dir) = path.parent() {
+            remove_stale(dir);
+        }
         Ok(Writer {
             out: AtomicFile::create(path)?,
             entries: Vec::new(),
@@ -206,7 +226,10 @@ impl Writer {
 
     /// Adds a block, unless the pack holds it already or is full.
     pub fn add(&mut self, key: Key, bytes: &[u8]) -> io::Result<()> {
-        if self.at + bytes.len() as u64 > MAX_PACK || !self.keys.insert(key) {
+        if self.at + bytes.len() as u64 > MAX_PACK
+            || self.entries.len() as u64 >= MAX_ENTRIES
+            || !self.keys.insert(key)
+        {
             return Ok(());
         }
         self.out.write_all(bytes)?;
@@ -238,6 +261,30 @@ impl Writer {
         // Not flushed: a pack lost or cut by a power cut reads as none, or
         // its damaged blocks are not used.
         self.out.commit_unflushed()
+    }
+}
+
+/// Removes the temporary packs (`.NAME.*.partial`) in `dir` older than
+/// [`STALE`]: a build killed while writing its pack leaves one. A younger
+/// one may be another build's, still being written.
+fn remove_stale(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.filter_map(Result::ok) {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let ours = name.starts_with('.') && name.contains(".pack.") && name.ends_with(".partial");
+        let old = || {
+            e.metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > STALE)
+        };
+        if ours && old() {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
@@ -317,6 +364,65 @@ mod tests {
         let p = Pack::open(&path, 131072).unwrap();
         let found = [1, 2].map(|s| p.get(&key(&block(s)), &block(s)).is_some());
         assert_eq!(found.iter().filter(|f| **f).count(), 1, "{found:?}");
+    }
+
+    #[test]
+    fn a_pack_of_many_small_blocks_stays_readable() {
+        // Blocks of a few bytes: the index's bound is reached before the
+        // data's, and the pack still reads.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.pack");
+        let mut w = Writer::create(&path).unwrap();
+        for i in 0..MAX_ENTRIES + 100 {
+            w.add(key(&i.to_le_bytes()), &i.to_le_bytes()).unwrap();
+        }
+        w.finish(None).unwrap();
+        let p = Pack::open(&path, 131072).expect("a full pack reads");
+        assert_eq!(p.entries().len() as u64, MAX_ENTRIES);
+    }
+
+    #[test]
+    fn a_frame_with_bytes_after_it_is_not_used() {
+        // zstd's decompressor takes a frame followed by a skippable frame:
+        // that is not what a build kept, and is not used.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.pack");
+        let b = block(7);
+        let mut bytes = zstd::bulk::compress(&b, 3).unwrap();
+        assert_eq!(zstd::bulk::decompress(&bytes, 131072).unwrap(), b);
+        bytes.extend_from_slice(&[0x50, 0x2a, 0x4d, 0x18, 1, 0, 0, 0, 0xee]);
+        assert_eq!(zstd::bulk::decompress(&bytes, 131072).unwrap(), b);
+        let mut w = Writer::create(&path).unwrap();
+        w.add(key(&b), &bytes).unwrap();
+        w.finish(None).unwrap();
+        assert!(
+            Pack::open(&path, 131072)
+                .unwrap()
+                .get(&key(&b), &b)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn temporaries_of_killed_builds_are_removed_when_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join(".v1-x.pack.AbCdEf.partial");
+        let young = dir.path().join(".v1-x.pack.GhIjKl.partial");
+        let other = dir.path().join(".grub.img.MnOpQr.partial");
+        for p in [&old, &young, &other] {
+            std::fs::write(p, b"partial").unwrap();
+        }
+        for p in [&old, &other] {
+            std::fs::File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(std::time::SystemTime::now() - 2 * STALE)
+                .unwrap();
+        }
+        Writer::create(&dir.path().join("x.pack")).unwrap();
+        assert!(!old.exists());
+        assert!(young.exists() && other.exists());
     }
 
     #[test]

@@ -288,7 +288,9 @@ pub fn run<T>(
     let next_pack = pack_path
         .as_deref()
         .and_then(|p| pack::Writer::create(p).ok());
-    let keys = next_pack.is_some();
+    // Keys to look blocks up in the old pack, or to keep them in the next
+    // (a cache directory that cannot be written is still read).
+    let keys = next_pack.is_some() || old.is_some();
     // backhand writes file data in the order of its tree: paths compared
     // component by component (`usr/bin/x` before `usr/bin-x`).
     let mut order: Vec<&(&str, &Source)> = files.iter().collect();
