@@ -315,8 +315,8 @@ pub struct Slots {
     pub esp: Window<File>,
 }
 
-/// Refuses a disk image file in a format that install, upgrade and
-/// rollback cannot change in place (qcow2, zstd, xz: `imager build`'s
+/// Refuses a disk image file in a format that install, upgrade, rollback
+/// and node provision cannot change in place (qcow2, zstd, xz: `imager build`'s
 /// other disk outputs), saying how to make it raw. A raw disk, a fixed VHD
 /// (a raw disk and a footer) and a block device pass.
 pub fn require_raw(path: &Path) -> Result<()> {
@@ -335,8 +335,9 @@ pub fn require_raw(path: &Path) -> Result<()> {
     };
     bail!(
         "{p} is {how} (or build `raw` among the profile's outputs) and give that disk: \
-         install, upgrade and rollback change raw disk images and block devices in place. \
-         Nothing was written."
+         install, upgrade, rollback and node provision change raw disk images and block \
+         devices in place (`imager install` onto a path that does not exist makes a new raw \
+         disk). Nothing was written."
     )
 }
 
@@ -848,6 +849,11 @@ mod tests {
             std::fs::write(&path, &bytes).unwrap();
             let e = open_slots(&path).err().map(|e| format!("{e:#}")).unwrap();
             assert!(e.contains(how) && e.contains("Nothing was written"), "{e}");
+            let e = crate::node::provision::provision(&path, dir.path(), "n1", false)
+                .err()
+                .map(|e| format!("{e:#}"))
+                .unwrap();
+            assert!(e.contains(how), "node provision: {e}");
             assert_eq!(std::fs::read(&path).unwrap(), bytes, "{name} changed");
         }
         // A raw file passes this check (and fails later for its own reason).

@@ -30,6 +30,7 @@ pub struct Provisioned {
 /// `dir` into the META of `disk`. A disk that has credentials already
 /// keeps them unless `force`.
 pub fn provision(disk: &Path, dir: &Path, name: &str, force: bool) -> Result<Provisioned> {
+    crate::install::require_raw(disk)?;
     let (cert_file, key_file) = Holder::Node {
         name: name.to_string(),
         addresses: Vec::new(),
