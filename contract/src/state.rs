@@ -144,13 +144,15 @@ impl BootState {
         });
     }
 
-    /// Appends an event (`event` is `name key=value…`), numbering it.
+    /// Appends an event (`event` is `name key=value…`), numbering it. The
+    /// last number comes from META (any bytes): at the largest number the
+    /// numbering stays there.
     pub fn record(&mut self, event: impl AsRef<str>) {
         let next = self
             .history
             .last()
             .and_then(|l| l.split_whitespace().next()?.parse::<u64>().ok())
-            .map_or(1, |n| n + 1);
+            .map_or(1, |n| n.saturating_add(1));
         self.history.push(format!("{next} {}", event.as_ref()));
         if self.history.len() > MAX_HISTORY {
             let drop = self.history.len() - MAX_HISTORY;
@@ -324,6 +326,16 @@ mod tests {
                 .unwrap()
                 .starts_with(&format!("{} ", MAX_HISTORY + 5))
         );
+    }
+
+    /// Found by the fuzz target `slot_state`: a history whose last event
+    /// has the largest number overflowed the next one.
+    #[test]
+    fn an_event_after_the_largest_number_is_recorded() {
+        let mut s = state();
+        s.history = vec![format!("{} upgrade", u64::MAX)];
+        s.record("next");
+        assert_eq!(s.history[1], format!("{} next", u64::MAX));
     }
 
     #[test]
