@@ -300,10 +300,9 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
         &[names::ROOTFS, names::ROOTFS_VERITY],
         |dir| {
             step("rootfs: squashfs");
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             let dest = dir.join(names::ROOTFS);
             let (_, _, blocks) =
-                rootfs::build_rootfs_threads(&dest, &spec, threads, Some(&b.blocks))?;
+                rootfs::build_rootfs_threads(&dest, &spec, rootfs::threads(), Some(&b.blocks))?;
             if blocks.reused > 0 {
                 step(&format!(
                     "rootfs: {} of {} blocks kept from earlier builds ({}), the others compressed",

@@ -58,15 +58,22 @@ impl AtomicFile {
     }
 
     /// Flushes to stable storage, sets the mode and renames into place.
-    pub fn commit_with_mode(mut self, mode: u32) -> Result<PathBuf> {
+    pub fn commit_with_mode(self, mode: u32) -> Result<PathBuf> {
+        self.finish(mode, true)
+    }
+
+    /// Sets the mode, flushes when `flush`, and renames into place.
+    fn finish(mut self, mode: u32, flush: bool) -> Result<PathBuf> {
         use std::os::unix::fs::PermissionsExt;
         let tmp = self.tmp.take().expect("AtomicFile committed twice");
         tmp.as_file()
             .set_permissions(std::fs::Permissions::from_mode(mode))
             .with_context(|| format!("setting the mode of {}", self.dest.display()))?;
-        tmp.as_file()
-            .sync_all()
-            .with_context(|| format!("flushing {}", self.dest.display()))?;
+        if flush {
+            tmp.as_file()
+                .sync_all()
+                .with_context(|| format!("flushing {}", self.dest.display()))?;
+        }
         tmp.persist(&self.dest)
             .with_context(|| format!("renaming into {}", self.dest.display()))?;
         Ok(self.dest.clone())
@@ -79,15 +86,8 @@ impl AtomicFile {
     /// Renames into place without flushing: for a cache whose reader
     /// checks what it reads, where a file lost or cut by a power cut only
     /// costs time.
-    pub fn commit_unflushed(mut self) -> Result<PathBuf> {
-        use std::os::unix::fs::PermissionsExt;
-        let tmp = self.tmp.take().expect("AtomicFile committed twice");
-        tmp.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(0o644))
-            .with_context(|| format!("setting the mode of {}", self.dest.display()))?;
-        tmp.persist(&self.dest)
-            .with_context(|| format!("renaming into {}", self.dest.display()))?;
-        Ok(self.dest.clone())
+    pub fn commit_unflushed(self) -> Result<PathBuf> {
+        self.finish(0o644, false)
     }
 }
 
@@ -104,6 +104,15 @@ impl Write for AtomicFile {
 /// `.NAME.*.partial` files and directories: a killed process runs no
 /// destructor). Returns how many were removed.
 pub fn remove_stale_partials(dir: &Path) -> Result<usize> {
+    remove_partials(dir, |_, _| true)
+}
+
+/// [`remove_stale_partials`], only of those temporaries that `pick` (given
+/// each one's entry and name) says to remove.
+pub fn remove_partials(
+    dir: &Path,
+    pick: impl Fn(&std::fs::DirEntry, &str) -> bool,
+) -> Result<usize> {
     let mut n = 0;
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
@@ -114,7 +123,7 @@ pub fn remove_stale_partials(dir: &Path) -> Result<usize> {
         let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with('.') && name.ends_with(".partial") {
+        if name.starts_with('.') && name.ends_with(".partial") && pick(&entry, &name) {
             let path = entry.path();
             let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
             if is_dir {

@@ -212,9 +212,13 @@ fn plan(spec: &RootfsSpec) -> Result<BTreeMap<String, Node>> {
 /// with the blocks of earlier builds kept in `cache` (a directory; none:
 /// every block compressed). Returns its hex SHA-256 and size.
 pub fn build_rootfs(dest: &Path, spec: &RootfsSpec, cache: Option<&Path>) -> Result<(String, u64)> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let (sha, size, _) = build_rootfs_threads(dest, spec, threads, cache)?;
+    let (sha, size, _) = build_rootfs_threads(dest, spec, threads(), cache)?;
     Ok((sha, size))
+}
+
+/// The compressing threads [`build_rootfs`] uses: one per core.
+pub fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// [`build_rootfs`] with `threads` compressing threads, and how the blocks

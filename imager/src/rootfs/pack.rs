@@ -268,24 +268,14 @@ impl Writer {
 /// [`STALE`]: a build killed while writing its pack leaves one. A younger
 /// one may be another build's, still being written.
 fn remove_stale(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
+    let old = |e: &std::fs::DirEntry| {
+        e.metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > STALE)
     };
-    for e in entries.filter_map(Result::ok) {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        let ours = name.starts_with('.') && name.contains(".pack.") && name.ends_with(".partial");
-        let old = || {
-            e.metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age > STALE)
-        };
-        if ours && old() {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
+    let _ = crate::io::remove_partials(dir, |e, name| name.contains(".pack.") && old(e));
 }
 
 #[cfg(test)]
