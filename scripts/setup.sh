@@ -31,6 +31,8 @@ packages=(
   xorriso
   # the build's epoch (git), benchmarks (python3), static linking (libc6-dev)
   git python3 libc6-dev
+  # the host's zstd, which imager links (as mksquashfs does: the same bytes)
+  libzstd-dev pkg-config
   # pip: virt-firmware (virt-fw-vars) for the Secure Boot tests, below
   python3-pip
 )

@@ -307,7 +307,7 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
                 step(&format!(
                     "rootfs: {} of {} blocks kept from earlier builds ({}), the others compressed",
                     blocks.reused,
-                    blocks.parallel,
+                    blocks.blocks,
                     b.blocks.display()
                 ));
             }

@@ -476,6 +476,7 @@ fn run() -> Result<ExitCode> {
                 files: Vec::new(),
                 epoch,
                 level: a.level,
+                keep_modes: true,
             };
             let blocks = a.cache_dir.map(|d| d.join("squashfs"));
             let (sha, size) = imager::rootfs::build_rootfs(&a.dest, &spec, blocks.as_deref())?;

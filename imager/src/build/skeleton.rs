@@ -22,6 +22,7 @@ pub fn rootfs_spec(p: &Profile, machined: &Path, epoch: u64) -> Result<rootfs::R
         files: Vec::new(),
         epoch,
         level: p.compression.rootfs_zstd_level,
+        keep_modes: false,
     };
     // The closures of the `host` programs, first: the builder file that
     // lists them may come before them in the manifest.

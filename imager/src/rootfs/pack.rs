@@ -4,7 +4,7 @@
 //! A pack is one file in the cache directory, named by everything that
 //! decides a block's compressed bytes besides the block itself: the pack's
 //! format and compressor settings, zstd's version, the level and the block
-//! size ([`file_name`], for example `v1-zstd-1.5.7-l15-b131072.pack`). It holds zstd's output for blocks of
+//! size ([`file_name`], for example `v1-zstd-1.5.4-l15-b131072.pack`). It holds zstd's output for blocks of
 //! the squashfs (file data and fragment blocks), keyed by the SHA-256 of
 //! their uncompressed bytes:
 //!
