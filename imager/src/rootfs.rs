@@ -575,6 +575,11 @@ mod tests {
             std::fs::write(&f, b).unwrap();
             std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
         }
+        // Two further names of one file (hard links): one inode, its data
+        // once, a link count of 3.
+        std::fs::hard_link(skel.join("big/f02"), skel.join("big/f02-link")).unwrap();
+        std::fs::hard_link(skel.join("small/s003"), skel.join("usr/s003-link")).unwrap();
+        std::fs::hard_link(skel.join("small/s003"), skel.join("usr/s003-link2")).unwrap();
         // Sparse on disk too: an extended inode that counts its holes.
         {
             use std::os::unix::fs::FileExt;

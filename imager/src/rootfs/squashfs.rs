@@ -31,8 +31,12 @@
 //!   same level, no xattrs, one id (root). A compression-options block only
 //!   for a level other than zstd's default 15. Padded to 4 KiB.
 //!
-//! Not done: hard links are separate files (mksquashfs stores one inode),
-//! and owners other than root.
+//! - **Hard links.** The names of one file (same device and inode, source
+//!   files only) share its inode (extended, with the number of names), its
+//!   number is the first name's, its data is written once.
+//!
+//! Not done: owners other than root, xattrs, device nodes, fifos and
+//! sockets (the trees given here have none).
 //!
 //! The data blocks are compressed on `threads` workers ahead of the writer
 //! (at most [`WINDOW`] queued) and written in order, so the image does not
@@ -44,6 +48,7 @@ use super::pack::{self, Pack};
 use anyhow::{Context, Result, bail, ensure};
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
 use std::sync::{Arc, Mutex};
@@ -125,6 +130,13 @@ struct Node<'a> {
     mode: u16,
     kind: NodeKind<'a>,
     ino: u32,
+    /// A file with other names on its filesystem: (device, inode).
+    link: Option<(u64, u64)>,
+    /// The node whose inode this one's name points to (itself, unless it
+    /// is a further name of a file already in the tree).
+    first: usize,
+    /// Names of this node's inode in the tree.
+    nlink: u32,
 }
 
 /// The tree: node 0 is the root.
@@ -139,6 +151,9 @@ impl<'a> Tree<'a> {
             mode: root_mode,
             kind: NodeKind::Dir(Vec::new()),
             ino: 0,
+            link: None,
+            first: 0,
+            nlink: 1,
         }];
         let mut dirs: HashMap<&str, usize> = HashMap::from([("", 0)]);
         let mut order: Vec<&Entry<'a>> = entries.iter().collect();
@@ -169,11 +184,21 @@ impl<'a> Tree<'a> {
                 Kind::File(s) => NodeKind::File(s),
                 Kind::Symlink(t) => NodeKind::Symlink(t),
             };
+            let link = match e.kind {
+                Kind::File(Source::File(path)) => std::fs::metadata(path)
+                    .ok()
+                    .filter(|m| m.nlink() > 1)
+                    .map(|m| (m.dev(), m.ino())),
+                _ => None,
+            };
             nodes.push(Node {
                 name,
                 mode: e.mode,
                 kind,
                 ino: 0,
+                link,
+                first: index,
+                nlink: 1,
             });
             if let NodeKind::Dir(children) = &mut nodes[p].kind {
                 children.push(index);
@@ -207,16 +232,27 @@ impl<'a> Tree<'a> {
         matches!(self.nodes[i].kind, NodeKind::Dir(_))
     }
 
-    /// Inode numbers: pre-order from 1, the root last. Returns the root's
+    /// Inode numbers: pre-order from 1, the root last; a further name of a
+    /// file (a hard link) gets the number of its first. Returns the root's
     /// parent number (one more than the root's).
     fn number(&mut self) -> u32 {
         let mut next = 1;
         let mut stack = vec![(0usize, 0usize)];
+        let mut links: HashMap<(u64, u64), usize> = HashMap::new();
         while let Some((dir, at)) = stack.pop() {
             let Some(&c) = self.children(dir).get(at) else {
                 continue;
             };
             stack.push((dir, at + 1));
+            if let Some(key) = self.nodes[c].link {
+                if let Some(&first) = links.get(&key) {
+                    self.nodes[c].first = first;
+                    self.nodes[c].ino = self.nodes[first].ino;
+                    self.nodes[first].nlink += 1;
+                    continue;
+                }
+                links.insert(key, c);
+            }
             self.nodes[c].ino = next;
             next += 1;
             if self.is_dir(c) {
@@ -238,8 +274,8 @@ impl<'a> Tree<'a> {
             stack.push((dir, at + 1));
             match self.nodes[c].kind {
                 NodeKind::Dir(_) => stack.push((c, 0)),
-                NodeKind::File(_) => out.push(c),
-                NodeKind::Symlink(_) => {}
+                NodeKind::File(_) if self.nodes[c].first == c => out.push(c),
+                NodeKind::File(_) | NodeKind::Symlink(_) => {}
             }
         }
         out
@@ -476,7 +512,6 @@ impl Planner {
 /// Whether the source keeps fewer blocks on disk than its length (a file
 /// with holes); memory is never sparse.
 fn src_is_sparse(src: &Source, len: u64) -> bool {
-    use std::os::unix::fs::MetadataExt;
     match src {
         Source::File(p) => std::fs::metadata(p).is_ok_and(|m| m.blocks() * 512 < len),
         _ => false,
@@ -650,7 +685,7 @@ pub fn write(out: &mut std::fs::File, entries: &[Entry<'_>], opts: &Options<'_>)
     let mut z = zstd::bulk::Compressor::new(opts.level)?;
     let mut meta = Metadata::new(&tree, &planned, &written, opts, &mut z);
     let root_ref = meta.dir(0, root_parent)?;
-    let inode_count = tree.nodes.len() as u32;
+    let inode_count = tree.nodes[0].ino;
 
     let mut at = written.end;
     let mut put = |w: &mut dyn Write, bytes: &[u8]| -> Result<u64> {
@@ -893,6 +928,8 @@ struct Metadata<'m, 'a> {
     dirs: Stream,
     /// Each inode's reference, by inode number - 1.
     lookup: Vec<u64>,
+    /// The inodes of files with further names, by their first node.
+    refs: HashMap<usize, u64>,
 }
 
 impl<'m, 'a> Metadata<'m, 'a> {
@@ -911,7 +948,8 @@ impl<'m, 'a> Metadata<'m, 'a> {
             z,
             inodes: Stream::new(),
             dirs: Stream::new(),
-            lookup: vec![0; tree.nodes.len()],
+            lookup: vec![0; tree.nodes[0].ino as usize],
+            refs: HashMap::new(),
         }
     }
 
@@ -959,12 +997,13 @@ impl<'m, 'a> Metadata<'m, 'a> {
             ),
         };
         let mut body = Vec::with_capacity(40 + blocks.len() * 4);
-        let typ = if size >= 1 << 32 || start >= 1 << 32 || sparse != 0 {
+        let nlink = self.tree.nodes[node].nlink;
+        let typ = if nlink > 1 || size >= 1 << 32 || start >= 1 << 32 || sparse != 0 {
             body.extend_from_slice(&start.to_le_bytes());
             body.extend_from_slice(&size.to_le_bytes());
             let sparse = if sparse >= size { size - 1 } else { sparse };
             body.extend_from_slice(&sparse.to_le_bytes());
-            for v in [1u32, frag, offset, INVALID_XATTR] {
+            for v in [nlink, frag, offset, INVALID_XATTR] {
                 body.extend_from_slice(&v.to_le_bytes());
             }
             LREG_TYPE
@@ -991,7 +1030,17 @@ impl<'m, 'a> Metadata<'m, 'a> {
             let n = &tree.nodes[c];
             byte_count += n.name.len() + 8;
             let (r, typ) = match n.kind {
-                NodeKind::File(_) => (self.file(c)?, FILE_TYPE),
+                NodeKind::File(_) => {
+                    let first = n.first;
+                    let r = match self.refs.get(&first) {
+                        Some(r) => *r,
+                        None => self.file(first)?,
+                    };
+                    if tree.nodes[first].nlink > 1 {
+                        self.refs.insert(first, r);
+                    }
+                    (r, FILE_TYPE)
+                }
                 NodeKind::Dir(_) => {
                     subdirs += 1;
                     (self.dir(c, tree.nodes[node].ino)?, DIR_TYPE)
