@@ -31,7 +31,7 @@ use anyhow::{Context, Result, bail, ensure};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Default zstd level of the squashfs blocks.
@@ -99,8 +99,10 @@ impl RootfsSpec {
 #[derive(Debug, Clone)]
 enum Node {
     Dir(u32),
-    File(Source, u32),
-    Symlink(PathBuf),
+    /// Contents, mode, and (device, inode) for a skeleton file with
+    /// further names (hard links).
+    File(Source, u32, Option<(u64, u64)>),
+    Symlink(PathBuf, Option<(u64, u64)>),
 }
 
 /// `/usr/bin/x` or `usr/bin/x` to `usr/bin/x`, refusing `.`, `..`, empty
@@ -153,17 +155,22 @@ fn walk_skeleton(root: &Path, keep_modes: bool, nodes: &mut BTreeMap<String, Nod
             .strip_prefix(root)
             .context("walking the skeleton")?
             .to_str()
-            .with_context(|| format!("{} is not UTF-8", entry.path().display()))?
+            .with_context(|| {
+                format!(
+                    "{} is not UTF-8: rename it (paths in the image are UTF-8)",
+                    entry.path().display()
+                )
+            })?
             .to_string();
         let ft = entry.file_type();
-        let mode = || -> Result<u32> {
-            Ok(entry
-                .metadata()
-                .with_context(|| format!("reading {}", entry.path().display()))?
-                .permissions()
-                .mode()
-                & 0o7777)
-        };
+        // Not followed: a symbolic link's own.
+        let meta = entry
+            .metadata()
+            .with_context(|| format!("reading {}", entry.path().display()))?;
+        let mode = || -> Result<u32> { Ok(meta.permissions().mode() & 0o7777) };
+        // A file of the tree under several names is one inode in the image,
+        // as mksquashfs makes it.
+        let link = (meta.nlink() > 1).then(|| (meta.dev(), meta.ino()));
         let node = if ft.is_dir() {
             Node::Dir(if keep_modes { mode()? } else { 0o755 })
         } else if ft.is_file() {
@@ -175,11 +182,15 @@ fn walk_skeleton(root: &Path, keep_modes: bool, nodes: &mut BTreeMap<String, Nod
             } else {
                 0o644
             };
-            Node::File(Source::File(entry.path().to_path_buf()), mode)
+            Node::File(Source::File(entry.path().to_path_buf()), mode, link)
         } else if ft.is_symlink() {
             let target = std::fs::read_link(entry.path())
                 .with_context(|| format!("reading the link {}", entry.path().display()))?;
-            Node::Symlink(target)
+            // Not as one inode: mksquashfs merges the names of one symbolic
+            // link only if its atime did not change between their lstat()s,
+            // which its readlink() of the first may change (it does on a
+            // fresh copy, not on a second run): no rule to follow there.
+            Node::Symlink(target, None)
         } else {
             bail!(
                 "{} in the skeleton is neither a file, a directory nor a symbolic link: \
@@ -231,7 +242,7 @@ fn plan(spec: &RootfsSpec) -> Result<BTreeMap<String, Node>> {
                 src.display()
             );
         }
-        nodes.insert(p, Node::File(f.source.clone(), f.mode));
+        nodes.insert(p, Node::File(f.source.clone(), f.mode, None));
     }
     Ok(nodes)
 }
@@ -278,20 +289,30 @@ fn build(
         .map(|(path, node)| squashfs::Entry {
             path,
             mode: match node {
-                Node::Dir(m) | Node::File(_, m) => *m as u16,
-                Node::Symlink(_) => 0o777,
+                Node::Dir(m) | Node::File(_, m, _) => *m as u16,
+                Node::Symlink(..) => 0o777,
             },
             kind: match node {
-                Node::Dir(_) | Node::File(Source::Dir, _) => squashfs::Kind::Dir,
-                Node::File(src, _) => squashfs::Kind::File(src),
-                Node::Symlink(target) => squashfs::Kind::Symlink(target.as_os_str().as_bytes()),
+                Node::Dir(_) | Node::File(Source::Dir, ..) => squashfs::Kind::Dir,
+                Node::File(src, ..) => squashfs::Kind::File(src),
+                Node::Symlink(target, _) => squashfs::Kind::Symlink(target.as_os_str().as_bytes()),
+            },
+            link: match node {
+                Node::File(_, _, link) | Node::Symlink(_, link) => *link,
+                Node::Dir(_) => None,
             },
         })
         .collect();
     let opts = squashfs::Options {
         level: spec.level,
         block_size: BLOCK_SIZE,
-        mtime: u32::try_from(spec.epoch).unwrap_or(u32::MAX),
+        mtime: u32::try_from(spec.epoch).map_err(|_| {
+            anyhow::anyhow!(
+                "SOURCE_DATE_EPOCH {} is after 2106: squashfs times are 32-bit seconds; \
+                 set an earlier one",
+                spec.epoch
+            )
+        })?,
         root_mode: spec.root_mode()?,
         threads,
         cache,
@@ -551,6 +572,17 @@ mod tests {
         files.push(("small/zeros".into(), vec![0; 700]));
         files.push(("small/zeros-2".into(), vec![0; 900]));
         files.push(("big/zeros".into(), vec![0; 2 * BS + 3]));
+        // Short files of zeros: a later one is a duplicate of the last one
+        // only once a short file of its length went into a fragment.
+        // (9001 bytes: no other short file of the tree has that length.)
+        files.push(("zz/a".into(), vec![0; 9001]));
+        files.push(("zz/b".into(), noise(109, 200 * 1024)));
+        blocks += 2;
+        files.push(("zz/c".into(), vec![0; 9001]));
+        files.push(("zz/d".into(), text(110, 9001)));
+        files.push(("zz/e".into(), vec![0; 9001]));
+        files.push(("zz/f".into(), vec![0; 50]));
+        files.push(("zz/g".into(), vec![0; BS]));
         // A directory of 300 entries: an extended directory inode with an
         // index (its entries take more than 8 KiB).
         for i in 0..300u64 {
@@ -580,6 +612,10 @@ mod tests {
         std::fs::hard_link(skel.join("big/f02"), skel.join("big/f02-link")).unwrap();
         std::fs::hard_link(skel.join("small/s003"), skel.join("usr/s003-link")).unwrap();
         std::fs::hard_link(skel.join("small/s003"), skel.join("usr/s003-link2")).unwrap();
+        std::fs::hard_link(skel.join("small/empty"), skel.join("small/empty-link")).unwrap();
+        // (Not the names of one symbolic link: mksquashfs makes them one
+        // inode or two depending on their atime, see walk_skeleton.)
+        std::os::unix::fs::symlink("../big/f02", skel.join("usr/sl")).unwrap();
         // Sparse on disk too: an extended inode that counts its holes.
         {
             use std::os::unix::fs::FileExt;

@@ -1,10 +1,10 @@
 //! The squashfs writer: the layout of mksquashfs 4.5.1, byte for byte.
 //!
-//! Given the same tree, zstd level, block size, times and zstd library,
-//! this writes the bytes `mksquashfs TREE OUT -comp zstd
-//! -Xcompression-level L -all-root -no-xattrs` writes with
-//! SOURCE_DATE_EPOCH set (tested against mksquashfs itself). What it takes
-//! from mksquashfs, decision by decision:
+//! Given the same tree, zstd level, block size, time and zstd library,
+//! this writes the bytes of `mksquashfs TREE OUT -comp zstd
+//! -Xcompression-level L -noappend -all-root -no-xattrs -mkfs-time E
+//! -all-time E` (tested against mksquashfs itself). What it takes from
+//! mksquashfs, decision by decision:
 //!
 //! - **Order.** Every directory's entries sorted by name (bytes). Inode
 //!   numbers in pre-order (a directory's entries, each followed by its
@@ -19,7 +19,11 @@
 //! - **Duplicates.** A file whose blocks are those of an earlier file
 //!   (holes match holes) points at that file's blocks; a short file equal
 //!   to an earlier short file points at its fragment. Found by SHA-256 here
-//!   (mksquashfs compares the bytes); the same files match.
+//!   (mksquashfs compares the bytes); the same files match. A short file of
+//!   zeros (a hole, not a fragment) is matched as mksquashfs's hash lists
+//!   happen to match it: only when a short file of its length went into a
+//!   fragment before, and then with the last such zero file not itself a
+//!   match ([`Planner::plan_zeros`]).
 //! - **Inodes.** Extended file inodes for a file with holes that its
 //!   source stores sparsely too (the inode counts the holes), or data past
 //!   4 GiB. Extended directory inodes (with an
@@ -31,8 +35,8 @@
 //!   same level, no xattrs, one id (root). A compression-options block only
 //!   for a level other than zstd's default 15. Padded to 4 KiB.
 //!
-//! - **Hard links.** The names of one file (same device and inode, source
-//!   files only) share its inode (extended, with the number of names), its
+//! - **Hard links.** The names of one file or symbolic link (the caller
+//!   says which: [`Entry::link`]) share its inode (extended, with the number of names), its
 //!   number is the first name's, its data is written once.
 //!
 //! Not done: owners other than root, xattrs, device nodes, fifos and
@@ -46,9 +50,8 @@
 use super::Source;
 use super::pack::{self, Pack};
 use anyhow::{Context, Result, bail, ensure};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
 use std::sync::{Arc, Mutex};
@@ -95,6 +98,9 @@ pub struct Entry<'a> {
     /// Permission bits (0o7777 at most).
     pub mode: u16,
     pub kind: Kind<'a>,
+    /// The (device, inode) of a file or symbolic link with several names
+    /// in the tree (hard links): its names share one inode.
+    pub link: Option<(u64, u64)>,
 }
 
 /// How to write it.
@@ -159,6 +165,9 @@ impl<'a> Tree<'a> {
         let mut order: Vec<&Entry<'a>> = entries.iter().collect();
         // A parent's path is a prefix of its children's: it sorts first.
         order.sort_by(|a, b| a.path.cmp(b.path));
+        if let Some(w) = order.windows(2).find(|w| w[0].path == w[1].path) {
+            bail!("/{} is in the tree twice", w[0].path);
+        }
         for e in order {
             let (parent, name) = e.path.rsplit_once('/').unwrap_or(("", e.path));
             ensure!(
@@ -184,19 +193,12 @@ impl<'a> Tree<'a> {
                 Kind::File(s) => NodeKind::File(s),
                 Kind::Symlink(t) => NodeKind::Symlink(t),
             };
-            let link = match e.kind {
-                Kind::File(Source::File(path)) => std::fs::metadata(path)
-                    .ok()
-                    .filter(|m| m.nlink() > 1)
-                    .map(|m| (m.dev(), m.ino())),
-                _ => None,
-            };
             nodes.push(Node {
                 name,
                 mode: e.mode,
                 kind,
                 ino: 0,
-                link,
+                link: e.link.filter(|_| !matches!(e.kind, Kind::Dir)),
                 first: index,
                 nlink: 1,
             });
@@ -210,12 +212,6 @@ impl<'a> Tree<'a> {
             };
             let mut sorted = children.clone();
             sorted.sort_by(|a, b| nodes[*a].name.as_bytes().cmp(nodes[*b].name.as_bytes()));
-            if let Some(w) = sorted
-                .windows(2)
-                .find(|w| nodes[w[0]].name == nodes[w[1]].name)
-            {
-                bail!("{:?} is in the tree twice", nodes[w[0]].name);
-            }
             nodes[i].kind = NodeKind::Dir(sorted);
         }
         Ok(Tree { nodes })
@@ -318,11 +314,12 @@ struct Done {
     reused: bool,
 }
 
-/// What the planner hands back: each file's plan, and each fragment
-/// block's sequence number.
+/// What the planner hands back: each file's plan, each fragment block's
+/// sequence number, and how many blocks it sent.
 struct Planned {
     plans: HashMap<usize, Plan>,
     fragments: Vec<u64>,
+    sent: u64,
 }
 
 /// Sends the blocks to the workers, in order, and decides where every
@@ -335,9 +332,17 @@ struct Planner {
     fragment: Vec<u8>,
     /// The current fragment block's index, if one is being filled.
     fragment_index: Option<u32>,
+    /// Each fragment block's sequence number, by fragment index.
     fragments: Vec<u64>,
+    /// Files of blocks, by their blocks' keys (None: a hole): a later file
+    /// with the same keys is the same blocks.
     by_blocks: HashMap<Arc<[Option<[u8; 32]>]>, Plan>,
+    /// Short files in fragments, by length and key: (fragment, offset).
     by_content: HashMap<(u32, [u8; 32]), (u32, u32)>,
+    /// The lengths of the short files put in fragments.
+    fragment_sizes: HashSet<u32>,
+    /// The last short file of zeros that was not a duplicate.
+    last_zeros: Option<Plan>,
 }
 
 fn all_zero(b: &[u8]) -> bool {
@@ -350,12 +355,45 @@ fn read_block(r: &mut dyn Read, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 impl Planner {
+    fn new(block_size: usize, jobs: Sender<Job>, ordered: SyncSender<Receiver<Done>>) -> Planner {
+        Planner {
+            block_size,
+            jobs,
+            ordered,
+            next_seq: 0,
+            fragment: Vec::new(),
+            fragment_index: None,
+            fragments: Vec::new(),
+            by_blocks: HashMap::new(),
+            by_content: HashMap::new(),
+            fragment_sizes: HashSet::new(),
+            last_zeros: None,
+        }
+    }
+
+    /// Plans `files` (nodes of `tree`) in order, sending their blocks, and
+    /// the last fragment block.
+    fn run(mut self, tree: &Tree<'_>, files: &[usize]) -> Result<Planned> {
+        let mut plans = HashMap::new();
+        for &f in files {
+            if let NodeKind::File(src) = tree.nodes[f].kind {
+                plans.insert(f, self.plan(src)?);
+            }
+        }
+        self.flush_fragment()?;
+        Ok(Planned {
+            plans,
+            fragments: self.fragments,
+            sent: self.next_seq,
+        })
+    }
+
     fn submit(&mut self, input: Vec<u8>, key: [u8; 32]) -> Result<u64> {
         let (tx, rx) = channel();
         // The receiver first: it blocks while WINDOW blocks wait.
         ensure!(
             self.ordered.send(rx).is_ok() && self.jobs.send((input, key, tx)).is_ok(),
-            "the squashfs writer stopped"
+            "the squashfs writer stopped early"
         );
         self.next_seq += 1;
         Ok(self.next_seq - 1)
@@ -368,7 +406,9 @@ impl Planner {
         let index = match self.fragment_index {
             Some(i) => i,
             None => {
-                let i = u32::try_from(self.fragments.len()).context("too many fragments")?;
+                let i = u32::try_from(self.fragments.len()).context(
+                    "more than 2^32 fragment blocks: too many small files for one squashfs",
+                )?;
                 self.fragments.push(u64::MAX);
                 *self.fragment_index.insert(i)
             }
@@ -387,113 +427,117 @@ impl Planner {
         Ok(())
     }
 
-    fn plan(&mut self, path: &str, src: &Source) -> Result<Plan> {
-        let bs = self.block_size;
-        let what = || format!("reading {} for /{path}", src.describe());
-        let (mut r, len) = src.open().with_context(what)?;
-        if len == 0 {
-            let mut b = [0u8; 1];
-            ensure!(
-                read_block(&mut r, &mut b).with_context(what)? == 0,
-                "{} grew while read",
-                src.describe()
-            );
-            return Ok(Plan::Empty);
+    /// Where `src`'s data goes: nowhere (empty), a fragment (short, not
+    /// all zeros), or blocks; an earlier file's when it has the same.
+    fn plan(&mut self, src: &Source) -> Result<Plan> {
+        let scan = Scan::read(src, self.block_size)?;
+        match (&scan.short, scan.keys.first()) {
+            (_, None) => Ok(Plan::Empty),
+            (Some(data), Some(Some(key))) => self.plan_fragment(data, *key),
+            (Some(_), Some(None)) => Ok(self.plan_zeros(src, scan.len)),
+            (None, Some(_)) => self.plan_blocks(src, scan),
         }
-        let mut buf = vec![0u8; bs];
-        // First pass: every block's key (None for a hole).
-        let mut keys = Vec::new();
-        let mut sizes = Vec::new();
-        let mut total = 0u64;
-        let mut short = None;
-        loop {
-            let n = read_block(&mut r, &mut buf).with_context(what)?;
-            if n == 0 {
-                break;
-            }
-            total += n as u64;
-            if len < bs as u64 {
-                short = Some(buf[..n].to_vec());
-            }
-            keys.push((!all_zero(&buf[..n])).then(|| pack::key(&buf[..n])));
-            sizes.push(n);
-            if n < bs {
-                break;
-            }
-        }
-        ensure!(
-            total == len
-                && (!len.is_multiple_of(bs as u64)
-                    || read_block(&mut r, &mut buf[..1]).with_context(what)? == 0),
-            "{} changed size while read: build again",
-            src.describe()
-        );
-        let size = u32::try_from(len).ok();
-        if let (Some(data), Some(size), Some(Some(key))) = (&short, size, keys.first()) {
-            // A short file with data: in a fragment, or an earlier one's.
-            if let Some(&(index, offset)) = self.by_content.get(&(size, *key)) {
-                return Ok(Plan::Fragment {
-                    size,
-                    index,
-                    offset,
-                });
-            }
-            let (index, offset) = self.add_fragment(data)?;
-            self.by_content.insert((size, *key), (index, offset));
-            return Ok(Plan::Fragment {
+    }
+
+    /// A short file of zeros: one hole. mksquashfs looks for a duplicate
+    /// of it only when a short file of the same length went into a
+    /// fragment before (its `pre_duplicate`), and then finds the last short
+    /// file of zeros that was not a duplicate (they share hash list 0, most
+    /// recent first, in its `duplicate`).
+    fn plan_zeros(&mut self, src: &Source, len: u64) -> Plan {
+        let sparse = if src_is_sparse(src, len) { len } else { 0 };
+        if self.fragment_sizes.contains(&(len as u32))
+            && let Some(Plan::Blocks {
                 size,
-                index,
-                offset,
-            });
+                start,
+                blocks,
+                sparse: earlier_sparse,
+            }) = &self.last_zeros
+        {
+            return Plan::Blocks {
+                size: len,
+                start: *start,
+                blocks: Arc::clone(blocks),
+                sparse: if *size == len {
+                    *earlier_sparse
+                } else {
+                    sparse
+                },
+            };
         }
-        let holes: u64 = keys
-            .iter()
-            .zip(&sizes)
-            .filter(|(k, _)| k.is_none())
-            .map(|(_, n)| *n as u64)
-            .sum();
-        let sparse = if holes > 0 && !src_is_sparse(src, len) {
+        let plan = Plan::Blocks {
+            size: len,
+            start: self.next_seq,
+            blocks: [Blk::Hole].into(),
+            sparse,
+        };
+        self.last_zeros = Some(plan.clone());
+        plan
+    }
+
+    fn plan_fragment(&mut self, data: &[u8], key: [u8; 32]) -> Result<Plan> {
+        let size = data.len() as u32;
+        let (index, offset) = match self.by_content.get(&(size, key)) {
+            Some(&earlier) => earlier,
+            None => {
+                let at = self.add_fragment(data)?;
+                self.by_content.insert((size, key), at);
+                self.fragment_sizes.insert(size);
+                at
+            }
+        };
+        Ok(Plan::Fragment {
+            size,
+            index,
+            offset,
+        })
+    }
+
+    /// A file of blocks: an earlier file's if their blocks are the same
+    /// (holes match holes, whatever their length, as in mksquashfs),
+    /// else read again and its blocks with data sent, in order.
+    fn plan_blocks(&mut self, src: &Source, scan: Scan) -> Result<Plan> {
+        let len = scan.len;
+        let sparse = if scan.holes > 0 && !src_is_sparse(src, len) {
             0
         } else {
-            holes
+            scan.holes
         };
-        let keys: Arc<[Option<[u8; 32]>]> = keys.into();
+        let keys: Arc<[Option<[u8; 32]>]> = scan.keys.into();
         if let Some(Plan::Blocks {
-            size: dsize,
+            size,
             start,
             blocks,
-            sparse: dsparse,
+            sparse: earlier_sparse,
         }) = self.by_blocks.get(&keys)
         {
             return Ok(Plan::Blocks {
                 size: len,
                 start: *start,
                 blocks: Arc::clone(blocks),
-                sparse: if *dsize == len { *dsparse } else { sparse },
+                // The earlier file's inode, or a new one with this size.
+                sparse: if *size == len {
+                    *earlier_sparse
+                } else {
+                    sparse
+                },
             });
         }
-        // Second pass: the blocks with data, compressed in order.
+        let changed = || format!("{} changed while read: build again", src.describe());
         let start = self.next_seq;
         let mut blocks = Vec::with_capacity(keys.len());
-        let (mut r, _) = src.open().with_context(what)?;
+        let (mut r, _) = src.open().with_context(changed)?;
+        let mut buf = vec![0u8; self.block_size];
         for key in keys.iter() {
-            let n = read_block(&mut r, &mut buf).with_context(what)?;
+            let n = read_block(&mut r, &mut buf).with_context(changed)?;
             let data = &buf[..n];
             blocks.push(match key {
                 None => {
-                    ensure!(
-                        all_zero(data),
-                        "{} changed while read: build again",
-                        src.describe()
-                    );
+                    ensure!(all_zero(data), changed());
                     Blk::Hole
                 }
                 Some(k) => {
-                    ensure!(
-                        pack::key(data) == *k,
-                        "{} changed while read: build again",
-                        src.describe()
-                    );
+                    ensure!(pack::key(data) == *k, changed());
                     Blk::Seq(self.submit(data.to_vec(), *k)?)
                 }
             });
@@ -509,9 +553,64 @@ impl Planner {
     }
 }
 
+/// A file read once: its length, each block's key (None for a hole), the
+/// bytes in holes, and the data itself when shorter than a block.
+struct Scan {
+    len: u64,
+    keys: Vec<Option<[u8; 32]>>,
+    holes: u64,
+    short: Option<Vec<u8>>,
+}
+
+impl Scan {
+    fn read(src: &Source, block_size: usize) -> Result<Scan> {
+        let what = || format!("reading {}", src.describe());
+        let (mut r, len) = src.open().with_context(what)?;
+        let mut buf = vec![0u8; block_size];
+        let mut scan = Scan {
+            len,
+            keys: Vec::new(),
+            holes: 0,
+            short: None,
+        };
+        let mut total = 0u64;
+        loop {
+            let n = read_block(&mut r, &mut buf).with_context(what)?;
+            total += n as u64;
+            // A read past the expected end (the file grew) is caught below.
+            if n == 0 || total > len {
+                break;
+            }
+            let data = &buf[..n];
+            if all_zero(data) {
+                scan.keys.push(None);
+                scan.holes += n as u64;
+            } else {
+                scan.keys.push(Some(pack::key(data)));
+            }
+            if len < block_size as u64 {
+                scan.short = Some(data.to_vec());
+            }
+            if n < block_size {
+                break;
+            }
+        }
+        ensure!(
+            total == len
+                && (len == 0
+                    || !len.is_multiple_of(block_size as u64)
+                    || read_block(&mut r, &mut buf[..1]).with_context(what)? == 0),
+            "{} changed size while read: build again",
+            src.describe()
+        );
+        Ok(scan)
+    }
+}
+
 /// Whether the source keeps fewer blocks on disk than its length (a file
 /// with holes); memory is never sparse.
 fn src_is_sparse(src: &Source, len: u64) -> bool {
+    use std::os::unix::fs::MetadataExt;
     match src {
         Source::File(p) => std::fs::metadata(p).is_ok_and(|m| m.blocks() * 512 < len),
         _ => false,
@@ -555,6 +654,39 @@ struct Written {
 }
 
 impl Written {
+    /// Writes a compressed block (as it is if zstd did not make it
+    /// smaller) and keeps it in the next pack.
+    fn put(
+        &mut self,
+        w: &mut dyn Write,
+        done: &Done,
+        next_pack: &mut Option<pack::Writer>,
+    ) -> Result<()> {
+        let compressed = match &done.output {
+            Ok(c) => c,
+            Err(e) => bail!("compressing a squashfs block: {e}"),
+        };
+        let (bytes, size) = if compressed.len() < done.input.len() {
+            (&compressed[..], compressed.len() as u32)
+        } else {
+            (&done.input[..], done.input.len() as u32 | DATA_UNCOMPRESSED)
+        };
+        w.write_all(bytes)?;
+        self.offsets.push(self.end);
+        self.sizes.push(size);
+        self.end += bytes.len() as u64;
+        self.stats.blocks += 1;
+        self.stats.reused += u64::from(done.reused);
+        if let Some(p) = next_pack
+            && p.add(done.key, compressed).is_err()
+        {
+            *next_pack = None;
+        }
+        Ok(())
+    }
+
+    /// Where the block `seq` starts; past the last block, the end of the
+    /// data (a file of holes starts where the next block would).
     fn start(&self, seq: u64) -> u64 {
         self.offsets.get(seq as usize).copied().unwrap_or(self.end)
     }
@@ -581,8 +713,45 @@ pub fn write(out: &mut std::fs::File, entries: &[Entry<'_>], opts: &Options<'_>)
     );
     let mut tree = Tree::new(entries, opts.root_mode)?;
     let root_parent = tree.number();
-    let files = tree.files();
+    // The superblock (and the options block) last, when the tables are
+    // known; the data starts after them.
+    let data_start = SUPERBLOCK_SIZE
+        + if opts.level != ZSTD_DEFAULT_LEVEL {
+            6
+        } else {
+            0
+        };
+    out.seek(SeekFrom::Start(data_start))?;
+    let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut *out);
+    let (planned, written) = write_data(&mut w, &tree, data_start, opts)?;
+    let tables = write_tables(&mut w, &tree, &planned, &written, root_parent, opts)?;
+    // Padded to 4 KiB, as mksquashfs pads.
+    let pad = (4096 - tables.bytes_used % 4096) % 4096;
+    w.write_all(&vec![0u8; pad as usize])?;
+    w.flush()?;
+    drop(w);
+    let sb = superblock(
+        &tables,
+        tree.nodes[0].ino,
+        planned.fragments.len() as u32,
+        opts,
+    );
+    out.seek(SeekFrom::Start(0))?;
+    out.write_all(&sb)?;
+    out.set_len(tables.bytes_used + pad)?;
+    Ok(written.stats)
+}
 
+/// Writes the data and fragment blocks from `start`: the planner thread
+/// reads the files and sends their blocks to the workers, this thread
+/// writes the results in order. With a cache directory, blocks come from
+/// its pack when it holds them and the next pack is written.
+fn write_data(
+    w: &mut dyn Write,
+    tree: &Tree<'_>,
+    start: u64,
+    opts: &Options<'_>,
+) -> Result<(Planned, Written)> {
     let pack_path = opts
         .cache
         .map(|d| d.join(pack::file_name(opts.level, opts.block_size)));
@@ -592,13 +761,14 @@ pub fn write(out: &mut std::fs::File, entries: &[Entry<'_>], opts: &Options<'_>)
     let mut next_pack = pack_path
         .as_deref()
         .and_then(|p| pack::Writer::create(p).ok());
-
-    let comp_opts = opts.level != ZSTD_DEFAULT_LEVEL;
-    let data_start = SUPERBLOCK_SIZE + if comp_opts { 6 } else { 0 };
-    out.seek(SeekFrom::Start(data_start))?;
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, &mut *out);
-
-    let (planned, written) = std::thread::scope(|s| -> Result<(Planned, Written)> {
+    let mut written = Written {
+        offsets: Vec::new(),
+        sizes: Vec::new(),
+        end: start,
+        stats: Stats::default(),
+    };
+    let files = tree.files();
+    let planned = std::thread::scope(|s| -> Result<Planned> {
         let (ordered_tx, ordered_rx) = sync_channel::<Receiver<Done>>(WINDOW);
         let (jobs_tx, jobs_rx) = channel::<Job>();
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
@@ -607,67 +777,23 @@ pub fn write(out: &mut std::fs::File, entries: &[Entry<'_>], opts: &Options<'_>)
             let jobs_rx = Arc::clone(&jobs_rx);
             s.spawn(move || work(&jobs_rx, opts.level, old));
         }
-        let tree = &tree;
+        let planner = Planner::new(opts.block_size as usize, jobs_tx, ordered_tx);
         let files = &files;
-        let planner = s.spawn(move || -> Result<Planned> {
-            let mut p = Planner {
-                block_size: opts.block_size as usize,
-                jobs: jobs_tx,
-                ordered: ordered_tx,
-                next_seq: 0,
-                fragment: Vec::new(),
-                fragment_index: None,
-                fragments: Vec::new(),
-                by_blocks: HashMap::new(),
-                by_content: HashMap::new(),
-            };
-            let mut plans = HashMap::new();
-            for &f in files {
-                let NodeKind::File(src) = tree.nodes[f].kind else {
-                    continue;
-                };
-                plans.insert(f, p.plan(tree.nodes[f].name, src)?);
-            }
-            p.flush_fragment()?;
-            Ok(Planned {
-                plans,
-                fragments: p.fragments,
-            })
-        });
-        let mut written = Written {
-            offsets: Vec::new(),
-            sizes: Vec::new(),
-            end: data_start,
-            stats: Stats::default(),
-        };
+        let planner = s.spawn(move || planner.run(tree, files));
         let mut failed = None;
         while let Ok(rx) = ordered_rx.recv() {
-            let Ok(done) = rx.recv() else { break };
-            let res = (|| -> Result<()> {
-                let compressed = done.output.context("compressing a squashfs block")?;
-                let (bytes, size) = if compressed.len() < done.input.len() {
-                    (&compressed[..], compressed.len() as u32)
-                } else {
-                    (&done.input[..], done.input.len() as u32 | DATA_UNCOMPRESSED)
-                };
-                w.write_all(bytes)?;
-                written.offsets.push(written.end);
-                written.sizes.push(size);
-                written.end += bytes.len() as u64;
-                written.stats.blocks += 1;
-                written.stats.reused += u64::from(done.reused);
-                if let Some(p) = &mut next_pack
-                    && p.add(done.key, &compressed).is_err()
-                {
-                    next_pack = None;
-                }
-                Ok(())
-            })();
-            if let Err(e) = res {
+            let Ok(done) = rx.recv() else {
+                failed = Some(anyhow::anyhow!(
+                    "a compressing thread stopped without its result (a bug: report it)"
+                ));
+                break;
+            };
+            if let Err(e) = written.put(w, &done, &mut next_pack) {
                 failed = Some(e);
                 break;
             }
         }
+        // The planner, if still sending, stops at its next block.
         drop(ordered_rx);
         let planned = planner
             .join()
@@ -675,53 +801,87 @@ pub fn write(out: &mut std::fs::File, entries: &[Entry<'_>], opts: &Options<'_>)
         if let Some(e) = failed {
             return Err(e.context("writing the squashfs data"));
         }
-        Ok((planned?, written))
+        let planned = planned?;
+        ensure!(
+            planned.sent == written.offsets.len() as u64,
+            "internal error: {} squashfs blocks sent, {} written (a bug: report it)",
+            planned.sent,
+            written.offsets.len()
+        );
+        Ok(planned)
     })?;
     if let Some(p) = next_pack {
         // A pack that cannot be written costs the next build time only.
         let _ = p.finish(old.as_ref());
     }
+    Ok((planned, written))
+}
 
+/// Where the tables went, and the image's end.
+struct Tables {
+    root: u64,
+    inode: u64,
+    dir: u64,
+    fragment: u64,
+    lookup: u64,
+    id: u64,
+    bytes_used: u64,
+}
+
+/// Writes the tables after the data, in mksquashfs's order: inodes,
+/// directories, fragments, the NFS export table, ids.
+fn write_tables(
+    w: &mut dyn Write,
+    tree: &Tree<'_>,
+    planned: &Planned,
+    written: &Written,
+    root_parent: u32,
+    opts: &Options<'_>,
+) -> Result<Tables> {
     let mut z = zstd::bulk::Compressor::new(opts.level)?;
-    let mut meta = Metadata::new(&tree, &planned, &written, opts, &mut z);
-    let root_ref = meta.dir(0, root_parent)?;
-    let inode_count = tree.nodes[0].ino;
-
-    let mut at = written.end;
-    let mut put = |w: &mut dyn Write, bytes: &[u8]| -> Result<u64> {
-        w.write_all(bytes)?;
-        let start = at;
-        at += bytes.len() as u64;
-        Ok(start)
-    };
+    let mut meta = Metadata::new(tree, planned, written, opts, &mut z);
+    let root = meta.dir(0, root_parent)?;
     let Metadata {
         inodes,
         dirs,
         lookup,
         ..
     } = meta;
-    let inode_table = put(&mut w, &inodes.finish(&mut z)?)?;
-    let dir_table = put(&mut w, &dirs.finish(&mut z)?)?;
-    let mut frag_entries = Vec::with_capacity(planned.fragments.len() * 16);
+    let mut at = written.end;
+    let inode = at;
+    let bytes = inodes.finish(&mut z)?;
+    w.write_all(&bytes)?;
+    at += bytes.len() as u64;
+    let dir = at;
+    let bytes = dirs.finish(&mut z)?;
+    w.write_all(&bytes)?;
+    at += bytes.len() as u64;
+    let mut entries = Vec::with_capacity(planned.fragments.len() * 16);
     for &seq in &planned.fragments {
-        frag_entries.extend_from_slice(&written.start(seq).to_le_bytes());
-        frag_entries.extend_from_slice(&written.sizes[seq as usize].to_le_bytes());
-        frag_entries.extend_from_slice(&0u32.to_le_bytes());
+        entries.extend_from_slice(&written.start(seq).to_le_bytes());
+        entries.extend_from_slice(&written.size(Blk::Seq(seq)).to_le_bytes());
+        entries.extend_from_slice(&0u32.to_le_bytes());
     }
-    let fragment_table = table(&mut w, &mut at, &frag_entries, &mut z)?;
-    let mut refs = Vec::with_capacity(lookup.len() * 8);
-    for r in &lookup {
-        refs.extend_from_slice(&r.to_le_bytes());
-    }
-    let lookup_table = table(&mut w, &mut at, &refs, &mut z)?;
-    let id_table = table(&mut w, &mut at, &0u32.to_le_bytes(), &mut z)?;
-    let bytes_used = at;
-    let pad = (4096 - bytes_used % 4096) % 4096;
-    w.write_all(&vec![0u8; pad as usize])?;
-    w.flush()?;
-    drop(w);
+    let fragment = table(w, &mut at, &entries, &mut z)?;
+    let refs: Vec<u8> = lookup.iter().flat_map(|r| r.to_le_bytes()).collect();
+    let lookup = table(w, &mut at, &refs, &mut z)?;
+    // One id: root, the owner of everything.
+    let id = table(w, &mut at, &0u32.to_le_bytes(), &mut z)?;
+    Ok(Tables {
+        root,
+        inode,
+        dir,
+        fragment,
+        lookup,
+        id,
+        bytes_used: at,
+    })
+}
 
-    let mut sb = Vec::with_capacity(SUPERBLOCK_SIZE as usize + 6);
+/// The superblock, and the compression-options block mksquashfs writes
+/// after it for a level other than zstd's default.
+fn superblock(t: &Tables, inodes: u32, fragments: u32, opts: &Options<'_>) -> Vec<u8> {
+    let comp_opts = opts.level != ZSTD_DEFAULT_LEVEL;
     let flags = FLAG_DUPLICATES
         | FLAG_EXPORTABLE
         | FLAG_NO_XATTRS
@@ -730,15 +890,11 @@ pub fn write(out: &mut std::fs::File, entries: &[Entry<'_>], opts: &Options<'_>)
         } else {
             0
         };
-    for v in [
-        MAGIC,
-        inode_count,
-        opts.mtime,
-        opts.block_size,
-        planned.fragments.len() as u32,
-    ] {
+    let mut sb = Vec::with_capacity(SUPERBLOCK_SIZE as usize + 6);
+    for v in [MAGIC, inodes, opts.mtime, opts.block_size, fragments] {
         sb.extend_from_slice(&v.to_le_bytes());
     }
+    // Compressor, log2 of the block size, flags, one id, version 4.0.
     for v in [
         ZSTD,
         opts.block_size.trailing_zeros() as u16,
@@ -750,14 +906,14 @@ pub fn write(out: &mut std::fs::File, entries: &[Entry<'_>], opts: &Options<'_>)
         sb.extend_from_slice(&v.to_le_bytes());
     }
     for v in [
-        root_ref,
-        bytes_used,
-        id_table,
+        t.root,
+        t.bytes_used,
+        t.id,
         INVALID_TABLE,
-        inode_table,
-        dir_table,
-        fragment_table,
-        lookup_table,
+        t.inode,
+        t.dir,
+        t.fragment,
+        t.lookup,
     ] {
         sb.extend_from_slice(&v.to_le_bytes());
     }
@@ -765,9 +921,7 @@ pub fn write(out: &mut std::fs::File, entries: &[Entry<'_>], opts: &Options<'_>)
         sb.extend_from_slice(&(4 | META_UNCOMPRESSED).to_le_bytes());
         sb.extend_from_slice(&(opts.level as u32).to_le_bytes());
     }
-    out.seek(SeekFrom::Start(0))?;
-    out.write_all(&sb)?;
-    Ok(written.stats)
+    sb
 }
 
 /// One metadata block: zstd's output if smaller, else the bytes, with the
@@ -847,11 +1001,21 @@ impl Stream {
 }
 
 /// A directory's entries being laid out (mksquashfs's `struct directory`).
+///
+/// A header starts a run of at most 256 entries whose inodes are in one
+/// metadata block and whose numbers are within 32767 of the header's; a
+/// run also ends where the entries since the last index point would pass
+/// 8 KiB, and the new header is then an index point.
 struct DirBuf {
     buf: Vec<u8>,
+    /// Entries under the current header (256 at first: the first entry
+    /// starts a header).
     entry_count: u32,
+    /// The current header's offset in `buf`.
     header: Option<usize>,
+    /// Where the current index span starts in `buf`.
     index_at: usize,
+    /// The current header's inode block and inode number.
     start_block: u32,
     inode_number: u32,
     /// (offset of a header in `buf`, name) for the extended inode's index.
@@ -974,7 +1138,7 @@ impl<'m, 'a> Metadata<'m, 'a> {
             .planned
             .plans
             .get(&node)
-            .context("a file without a plan")?;
+            .context("internal error: a file the planner did not plan (a bug: report it)")?;
         let (size, start, frag, offset, blocks, sparse) = match plan {
             Plan::Empty => (0, 0, INVALID_FRAGMENT, 0, Vec::new(), 0),
             Plan::Fragment {
@@ -1001,7 +1165,12 @@ impl<'m, 'a> Metadata<'m, 'a> {
         let typ = if nlink > 1 || size >= 1 << 32 || start >= 1 << 32 || sparse != 0 {
             body.extend_from_slice(&start.to_le_bytes());
             body.extend_from_slice(&size.to_le_bytes());
-            let sparse = if sparse >= size { size - 1 } else { sparse };
+            // As mksquashfs: a file all holes says one byte less.
+            let sparse = if sparse != 0 && sparse >= size {
+                size - 1
+            } else {
+                sparse
+            };
             body.extend_from_slice(&sparse.to_le_bytes());
             for v in [nlink, frag, offset, INVALID_XATTR] {
                 body.extend_from_slice(&v.to_le_bytes());
@@ -1030,64 +1199,34 @@ impl<'m, 'a> Metadata<'m, 'a> {
             let n = &tree.nodes[c];
             byte_count += n.name.len() + 8;
             let (r, typ) = match n.kind {
-                NodeKind::File(_) => {
-                    let first = n.first;
-                    let r = match self.refs.get(&first) {
-                        Some(r) => *r,
-                        None => self.file(first)?,
-                    };
-                    if tree.nodes[first].nlink > 1 {
-                        self.refs.insert(first, r);
-                    }
-                    (r, FILE_TYPE)
-                }
+                NodeKind::File(_) => (self.shared(c)?, FILE_TYPE),
+                NodeKind::Symlink(_) => (self.shared(c)?, SYMLINK_TYPE),
                 NodeKind::Dir(_) => {
                     subdirs += 1;
                     (self.dir(c, tree.nodes[node].ino)?, DIR_TYPE)
                 }
-                NodeKind::Symlink(target) => {
-                    let mut body = Vec::with_capacity(8 + target.len());
-                    body.extend_from_slice(&1u32.to_le_bytes());
-                    body.extend_from_slice(&(target.len() as u32).to_le_bytes());
-                    body.extend_from_slice(target);
-                    (self.inode(c, SYMLINK_TYPE, &body)?, SYMLINK_TYPE)
-                }
             };
             d.add(r, n.ino, n.name.as_bytes(), typ);
         }
-        let ldir = children.len() >= 257 || byte_count >= METADATA_SIZE;
         d.close_header();
-        // The directory's bytes join the directory table.
-        self.dirs.flush_full(self.z)?;
-        let dir_offset = self.dirs.cache.len();
-        let dir_block = self.dirs.table.len() as u32;
-        let dir_size = d.buf.len();
-        self.dirs.cache.extend_from_slice(&d.buf);
-        let mut index_starts = Vec::with_capacity(d.index.len());
-        let mut limit = METADATA_SIZE - dir_offset;
-        loop {
-            while index_starts.len() < d.index.len()
-                && (d.index[index_starts.len()].0 as usize) < limit
-            {
-                index_starts.push(self.dirs.table.len() as u32);
-            }
-            limit += METADATA_SIZE;
-            if self.dirs.cache.len() < METADATA_SIZE {
-                break;
-            }
-            let b = meta_block(&self.dirs.cache[..METADATA_SIZE], self.z)?;
-            self.dirs.table.extend_from_slice(&b);
-            self.dirs.cache.drain(..METADATA_SIZE);
-        }
+        let (block, offset, index_starts) = self.append_dir(&d.buf, &d.index)?;
+        let path = || format!("directory {:?}", tree.nodes[node].name);
+        let file_size = u32::try_from(d.buf.len() + 3)
+            .ok()
+            .with_context(|| format!("{} is larger than 4 GiB: split it", path()))?;
         let nlink = subdirs + 2;
-        let file_size = dir_size as u32 + 3;
-        let mut body = Vec::new();
-        if ldir {
-            for v in [nlink, file_size, dir_block, parent] {
+        // mksquashfs's rule (its dir_scan6): an extended inode, with the
+        // index, from 257 entries or 8 KiB of them.
+        if children.len() >= 257 || byte_count >= METADATA_SIZE {
+            let count = u16::try_from(d.index.len())
+                .ok()
+                .with_context(|| format!("{} has too many entries: split it", path()))?;
+            let mut body = Vec::new();
+            for v in [nlink, file_size, block, parent] {
                 body.extend_from_slice(&v.to_le_bytes());
             }
-            body.extend_from_slice(&(d.index.len() as u16).to_le_bytes());
-            body.extend_from_slice(&(dir_offset as u16).to_le_bytes());
+            body.extend_from_slice(&count.to_le_bytes());
+            body.extend_from_slice(&offset.to_le_bytes());
             body.extend_from_slice(&INVALID_XATTR.to_le_bytes());
             for ((at, name), start) in d.index.iter().zip(&index_starts) {
                 body.extend_from_slice(&at.to_le_bytes());
@@ -1097,12 +1236,67 @@ impl<'m, 'a> Metadata<'m, 'a> {
             }
             self.inode(node, LDIR_TYPE, &body)
         } else {
-            body.extend_from_slice(&dir_block.to_le_bytes());
+            let mut body = Vec::new();
+            body.extend_from_slice(&block.to_le_bytes());
             body.extend_from_slice(&nlink.to_le_bytes());
             body.extend_from_slice(&(file_size as u16).to_le_bytes());
-            body.extend_from_slice(&(dir_offset as u16).to_le_bytes());
+            body.extend_from_slice(&offset.to_le_bytes());
             body.extend_from_slice(&parent.to_le_bytes());
             self.inode(node, DIR_TYPE, &body)
         }
+    }
+
+    /// The inode of a file or symbolic link: made at its first name, the
+    /// same one for its further names.
+    fn shared(&mut self, node: usize) -> Result<u64> {
+        let first = self.tree.nodes[node].first;
+        if let Some(r) = self.refs.get(&first) {
+            return Ok(*r);
+        }
+        let r = match self.tree.nodes[first].kind {
+            NodeKind::Symlink(target) => {
+                let mut body = Vec::with_capacity(8 + target.len());
+                body.extend_from_slice(&self.tree.nodes[first].nlink.to_le_bytes());
+                body.extend_from_slice(&(target.len() as u32).to_le_bytes());
+                body.extend_from_slice(target);
+                self.inode(first, SYMLINK_TYPE, &body)?
+            }
+            _ => self.file(first)?,
+        };
+        if self.tree.nodes[first].nlink > 1 {
+            self.refs.insert(first, r);
+        }
+        Ok(r)
+    }
+
+    /// Appends a directory's entries to the directory table (mksquashfs's
+    /// write_dir): returns where they start (the block's offset in the
+    /// table, the offset in the block) and, for each index point, the
+    /// offset of the block that holds it.
+    fn append_dir(
+        &mut self,
+        entries: &[u8],
+        index: &[(u32, Vec<u8>)],
+    ) -> Result<(u32, u16, Vec<u32>)> {
+        // Full blocks are compressed as soon as they are full: the cache
+        // holds less than one.
+        let offset = self.dirs.cache.len();
+        let block = self.dirs.table.len() as u32;
+        self.dirs.cache.extend_from_slice(entries);
+        let mut starts = Vec::with_capacity(index.len());
+        let mut limit = METADATA_SIZE - offset;
+        loop {
+            while starts.len() < index.len() && (index[starts.len()].0 as usize) < limit {
+                starts.push(self.dirs.table.len() as u32);
+            }
+            limit += METADATA_SIZE;
+            if self.dirs.cache.len() < METADATA_SIZE {
+                break;
+            }
+            let b = meta_block(&self.dirs.cache[..METADATA_SIZE], self.z)?;
+            self.dirs.table.extend_from_slice(&b);
+            self.dirs.cache.drain(..METADATA_SIZE);
+        }
+        Ok((block, offset as u16, starts))
     }
 }
