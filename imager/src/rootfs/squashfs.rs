@@ -304,6 +304,33 @@ enum Plan {
     },
 }
 
+impl Plan {
+    /// A file of `len` bytes (`sparse` of them in holes that its source
+    /// keeps) whose blocks are this earlier file's: the earlier file's
+    /// inode if it has the same length, else a new one with its blocks.
+    fn same_blocks(&self, len: u64, sparse: u64) -> Option<Plan> {
+        let Plan::Blocks {
+            size,
+            start,
+            blocks,
+            sparse: earlier_sparse,
+        } = self
+        else {
+            return None;
+        };
+        Some(Plan::Blocks {
+            size: len,
+            start: *start,
+            blocks: Arc::clone(blocks),
+            sparse: if *size == len {
+                *earlier_sparse
+            } else {
+                sparse
+            },
+        })
+    }
+}
+
 /// A block to compress: its bytes, its key, and where its result goes.
 type Job = (Vec<u8>, [u8; 32], Sender<Done>);
 
@@ -447,23 +474,12 @@ impl Planner {
     fn plan_zeros(&mut self, src: &Source, len: u64) -> Plan {
         let sparse = if src_is_sparse(src, len) { len } else { 0 };
         if self.fragment_sizes.contains(&(len as u32))
-            && let Some(Plan::Blocks {
-                size,
-                start,
-                blocks,
-                sparse: earlier_sparse,
-            }) = &self.last_zeros
+            && let Some(dup) = self
+                .last_zeros
+                .as_ref()
+                .and_then(|e| e.same_blocks(len, sparse))
         {
-            return Plan::Blocks {
-                size: len,
-                start: *start,
-                blocks: Arc::clone(blocks),
-                sparse: if *size == len {
-                    *earlier_sparse
-                } else {
-                    sparse
-                },
-            };
+            return dup;
         }
         let plan = Plan::Blocks {
             size: len,
@@ -504,24 +520,12 @@ impl Planner {
             scan.holes
         };
         let keys: Arc<[Option<[u8; 32]>]> = scan.keys.into();
-        if let Some(Plan::Blocks {
-            size,
-            start,
-            blocks,
-            sparse: earlier_sparse,
-        }) = self.by_blocks.get(&keys)
+        if let Some(dup) = self
+            .by_blocks
+            .get(&keys)
+            .and_then(|e| e.same_blocks(len, sparse))
         {
-            return Ok(Plan::Blocks {
-                size: len,
-                start: *start,
-                blocks: Arc::clone(blocks),
-                // The earlier file's inode, or a new one with this size.
-                sparse: if *size == len {
-                    *earlier_sparse
-                } else {
-                    sparse
-                },
-            });
+            return Ok(dup);
         }
         let changed = || format!("{} changed while read: build again", src.describe());
         let start = self.next_seq;
