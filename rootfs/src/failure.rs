@@ -119,6 +119,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn time_left_never_panics() {
+        use std::time::Duration;
+        assert_eq!(time_left(90, 30.5), Duration::from_secs_f64(59.5));
+        assert_eq!(time_left(10, 30.0), Duration::ZERO);
+        assert_eq!(time_left(u64::MAX, 1.0), Duration::MAX);
+        assert_eq!(time_left(5, f64::NAN), Duration::ZERO);
+        assert_eq!(time_left(5, f64::NEG_INFINITY), Duration::MAX);
+    }
+
+    #[test]
     fn policy_from_cmdline() {
         assert_eq!(policy_of("console=ttyS0").0, OnFailure::Reboot);
         assert_eq!(
@@ -160,9 +170,9 @@ pub fn arm_ready_timeout(cmdline: &str, uptime_s: f64) -> Option<u64> {
     if secs == 0 {
         return None;
     }
-    let left = (secs as f64 - uptime_s).max(0.0);
+    let left = time_left(secs, uptime_s);
     std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs_f64(left));
+        std::thread::sleep(left);
         if !READY.load(Ordering::SeqCst) {
             fatal(format!(
                 "not ready {secs} s after boot ({}={secs})",
@@ -171,6 +181,14 @@ pub fn arm_ready_timeout(cmdline: &str, uptime_s: f64) -> Option<u64> {
         }
     });
     Some(secs)
+}
+
+/// What is left of `secs` after `uptime_s`: none if it has passed, the
+/// longest wait for a timeout too large to count (the command line may
+/// say `machined.ready_timeout=18446744073709551615`: no panic).
+fn time_left(secs: u64, uptime_s: f64) -> std::time::Duration {
+    std::time::Duration::try_from_secs_f64((secs as f64 - uptime_s).max(0.0))
+        .unwrap_or(std::time::Duration::MAX)
 }
 
 /// The runtime is ready: the ready timeout no longer applies.
