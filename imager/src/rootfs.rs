@@ -102,7 +102,7 @@ enum Node {
     /// Contents, mode, and (device, inode) for a skeleton file with
     /// further names (hard links).
     File(Source, u32, Option<(u64, u64)>),
-    Symlink(PathBuf, Option<(u64, u64)>),
+    Symlink(PathBuf),
 }
 
 /// `/usr/bin/x` or `usr/bin/x` to `usr/bin/x`, refusing `.`, `..`, empty
@@ -190,7 +190,7 @@ fn walk_skeleton(root: &Path, keep_modes: bool, nodes: &mut BTreeMap<String, Nod
             // link only if its atime did not change between their lstat()s,
             // which its readlink() of the first may change (it does on a
             // fresh copy, not on a second run): no rule to follow there.
-            Node::Symlink(target, None)
+            Node::Symlink(target)
         } else {
             bail!(
                 "{} in the skeleton is neither a file, a directory nor a symbolic link: \
@@ -268,21 +268,6 @@ pub fn build_rootfs_threads(
     threads: usize,
     cache: Option<&Path>,
 ) -> Result<(String, u64, CompressionStats)> {
-    build(dest, spec, threads, cache)
-}
-
-/// [`build_rootfs_threads`].
-fn build(
-    dest: &Path,
-    spec: &RootfsSpec,
-    threads: usize,
-    cache: Option<&Path>,
-) -> Result<(String, u64, CompressionStats)> {
-    ensure!(
-        (1..=22).contains(&spec.level),
-        "squashfs zstd level {} is out of range: use 1 to 22",
-        spec.level
-    );
     let nodes = plan(spec)?;
     let entries: Vec<squashfs::Entry<'_>> = nodes
         .iter()
@@ -295,11 +280,11 @@ fn build(
             kind: match node {
                 Node::Dir(_) | Node::File(Source::Dir, ..) => squashfs::Kind::Dir,
                 Node::File(src, ..) => squashfs::Kind::File(src),
-                Node::Symlink(target, _) => squashfs::Kind::Symlink(target.as_os_str().as_bytes()),
+                Node::Symlink(target) => squashfs::Kind::Symlink(target.as_os_str().as_bytes()),
             },
             link: match node {
-                Node::File(_, _, link) | Node::Symlink(_, link) => *link,
-                Node::Dir(_) => None,
+                Node::File(_, _, link) => *link,
+                Node::Dir(_) | Node::Symlink(_) => None,
             },
         })
         .collect();

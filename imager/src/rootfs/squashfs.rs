@@ -224,8 +224,21 @@ impl<'a> Tree<'a> {
         }
     }
 
-    fn is_dir(&self, i: usize) -> bool {
-        matches!(self.nodes[i].kind, NodeKind::Dir(_))
+    /// Every node but the root in pre-order: a directory's entries in
+    /// order, each followed by its subtree (mksquashfs's order for inode
+    /// numbers and for file data).
+    fn preorder(&self) -> Vec<usize> {
+        let mut out = Vec::with_capacity(self.nodes.len());
+        let mut stack = vec![(0usize, 0usize)];
+        while let Some((dir, at)) = stack.pop() {
+            let Some(&c) = self.children(dir).get(at) else {
+                continue;
+            };
+            stack.push((dir, at + 1));
+            out.push(c);
+            stack.push((c, 0));
+        }
+        out
     }
 
     /// Inode numbers: pre-order from 1, the root last; a further name of a
@@ -233,13 +246,8 @@ impl<'a> Tree<'a> {
     /// parent number (one more than the root's).
     fn number(&mut self) -> u32 {
         let mut next = 1;
-        let mut stack = vec![(0usize, 0usize)];
         let mut links: HashMap<(u64, u64), usize> = HashMap::new();
-        while let Some((dir, at)) = stack.pop() {
-            let Some(&c) = self.children(dir).get(at) else {
-                continue;
-            };
-            stack.push((dir, at + 1));
+        for c in self.preorder() {
             if let Some(key) = self.nodes[c].link {
                 if let Some(&first) = links.get(&key) {
                     self.nodes[c].first = first;
@@ -251,9 +259,6 @@ impl<'a> Tree<'a> {
             }
             self.nodes[c].ino = next;
             next += 1;
-            if self.is_dir(c) {
-                stack.push((c, 0));
-            }
         }
         self.nodes[0].ino = next;
         next + 1
@@ -261,20 +266,12 @@ impl<'a> Tree<'a> {
 
     /// The regular files in the order their data is written.
     fn files(&self) -> Vec<usize> {
-        let mut out = Vec::new();
-        let mut stack = vec![(0usize, 0usize)];
-        while let Some((dir, at)) = stack.pop() {
-            let Some(&c) = self.children(dir).get(at) else {
-                continue;
-            };
-            stack.push((dir, at + 1));
-            match self.nodes[c].kind {
-                NodeKind::Dir(_) => stack.push((c, 0)),
-                NodeKind::File(_) if self.nodes[c].first == c => out.push(c),
-                NodeKind::File(_) | NodeKind::Symlink(_) => {}
-            }
-        }
-        out
+        self.preorder()
+            .into_iter()
+            .filter(|&c| {
+                matches!(self.nodes[c].kind, NodeKind::File(_)) && self.nodes[c].first == c
+            })
+            .collect()
     }
 }
 
