@@ -10,7 +10,7 @@ packages=(
   xz-utils zstd tar cpio
   # boot: firmware (OVMF; SeaBIOS comes with QEMU), boot loaders (systemd-boot
   # for UEFI, GRUB's i386-pc images, modules and grub-mkimage for BIOS), emulator
-  ovmf systemd-boot-efi grub-pc-bin qemu-system-x86
+  ovmf systemd-boot-efi grub-pc-bin grub-common qemu-system-x86
   # qemu-img: reads the VHD output back in the tests
   qemu-utils
   # independent checkers used by the tests and the benchmark

@@ -14,12 +14,11 @@ use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 /// The default image, built once for all tests.
 fn image() -> &'static Build {
-    static B: OnceLock<Build> = OnceLock::new();
-    B.get_or_init(|| build_into("first"))
+    static B: Fixture<Build> = Fixture::new("first");
+    B.get(|| build_into("first"))
 }
 
 #[test]

@@ -15,7 +15,6 @@ mod reg;
 use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 /// The installer image's reference name (the profile's default).
 const TAG: &str = "localhost/metal/installer:0.1.0";
@@ -32,8 +31,8 @@ fn build_installer(name: &str) -> Build {
 
 /// The installer image, built once for all tests.
 fn image() -> &'static Build {
-    static B: OnceLock<Build> = OnceLock::new();
-    B.get_or_init(|| build_installer("installer-first"))
+    static B: Fixture<Build> = Fixture::new("installer-first");
+    B.get(|| build_installer("installer-first"))
 }
 
 fn archive() -> PathBuf {
@@ -70,8 +69,8 @@ fn same_files(want: &Path, got: &Path, names: &[&str], copy: &Path) {
 
 /// The archive unpacked into an OCI layout directory (umoci reads those).
 fn layout() -> &'static Path {
-    static L: OnceLock<PathBuf> = OnceLock::new();
-    L.get_or_init(|| {
+    static L: Fixture<PathBuf> = Fixture::new("installer-layout");
+    L.get(|| {
         let dir = scratch().join("installer-layout");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();

@@ -14,12 +14,11 @@ use common::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 /// The default image, built once for all tests.
 fn image() -> &'static Build {
-    static B: OnceLock<Build> = OnceLock::new();
-    B.get_or_init(|| build_into("storage"))
+    static B: Fixture<Build> = Fixture::new("storage");
+    B.get(|| build_into("storage"))
 }
 
 /// A private, sparse copy of the built disk.

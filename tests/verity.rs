@@ -19,7 +19,6 @@ use contract::paths::{INITRAMFS_ROOTFS, INITRAMFS_ROOTFS_VERITY};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(600);
@@ -34,8 +33,8 @@ fn build_verity(name: &str, version: &'static str) -> Build {
 
 /// The default build.
 fn image() -> &'static Build {
-    static B: OnceLock<Build> = OnceLock::new();
-    B.get_or_init(|| build_verity("verity", "0.1.0"))
+    static B: Fixture<Build> = Fixture::new("verity");
+    B.get(|| build_verity("verity", "0.1.0"))
 }
 
 fn manifest_cmdline(b: &Build) -> String {

@@ -1,15 +1,16 @@
 //! Helpers for tests that check bootstate's output with the reference tools.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-/// The path of a reference tool, or a failed test saying how to get it.
-pub fn tool(name: &str, package: &str) -> PathBuf {
-    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
-        .iter()
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{name} not found: install {package} (scripts/setup.sh)"))
+#[path = "../../tests/common/tool.rs"]
+#[allow(dead_code)]
+mod shared;
+
+/// The path of a reference tool, or a failed test saying to run
+/// scripts/setup.sh (the one lookup: tests/common/tool.rs).
+pub fn tool(name: &str) -> PathBuf {
+    shared::tool_path(name)
 }
 
 /// Runs `cmd`; its standard output, or a failed test with everything it said.
@@ -29,7 +30,7 @@ pub fn fsck(volume: &[u8]) -> String {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let p = dir.path().join("volume");
     std::fs::write(&p, volume).expect("writing the volume");
-    let out = Command::new(tool("fsck.fat", "dosfstools"))
+    let out = Command::new(tool("fsck.fat"))
         .arg("-n")
         .arg(&p)
         .output()

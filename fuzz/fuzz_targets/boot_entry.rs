@@ -8,7 +8,10 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     if let Ok(e) = contract::boot::Entry::parse(&text) {
         // What parses renders and parses back to itself.
-        assert_eq!(contract::boot::Entry::parse(&e.render()).ok(), Some(e.clone()));
+        assert_eq!(
+            contract::boot::Entry::parse(&e.render()).ok(),
+            Some(e.clone())
+        );
     }
     let _ = contract::boot::slot_of_entry(&text);
     let _ = contract::cmdline::parse(&text);

@@ -254,11 +254,12 @@ fuzz_target!(|data: &[u8]| {
     // repair): the volume then scans and holds the file.
     let mut dev = Cursor::new(base.image(&patches));
     let mut fs = BootFs::new(&mut dev, 0);
-    if fs.ensure_dir("fuzzdir").is_ok()
-        && fs.create("fuzzdir/new", &mut &b"fuzz"[..], 4).is_ok()
-    {
+    if fs.ensure_dir("fuzzdir").is_ok() && fs.create("fuzzdir/new", &mut &b"fuzz"[..], 4).is_ok() {
         let mut fs = BootFs::new(&mut dev, 0);
         fs.scan().expect("a volume scans after a creation");
-        assert_eq!(fs.read("fuzzdir/new", 16).expect("the new file reads"), b"fuzz");
+        assert_eq!(
+            fs.read("fuzzdir/new", 16).expect("the new file reads"),
+            b"fuzz"
+        );
     }
 });

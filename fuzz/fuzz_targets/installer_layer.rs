@@ -33,9 +33,8 @@ fuzz_target!(|data: &[u8]| {
             },
         ),
     ];
-    let mut open = |_: &str| -> anyhow::Result<Box<dyn std::io::Write>> {
-        Ok(Box::new(std::io::sink()))
-    };
+    let mut open =
+        |_: &str| -> anyhow::Result<Box<dyn std::io::Write>> { Ok(Box::new(std::io::sink())) };
     if let Ok(files) = payload::layer::stage_files(data, &wanted, &mut open) {
         for (name, f) in files {
             let (_, a) = wanted.iter().find(|(n, _)| *n == name).expect("wanted");
@@ -43,4 +42,3 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
-

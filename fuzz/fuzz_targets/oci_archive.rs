@@ -28,6 +28,9 @@ fuzz_target!(|data: &[u8]| {
     // Nothing beside the archive and the destination.
     for e in std::fs::read_dir(dir).expect("work directory").flatten() {
         let name = e.file_name();
-        assert!(name == "archive.tar" || name == "dest", "{name:?} written outside dest");
+        assert!(
+            name == "archive.tar" || name == "dest",
+            "{name:?} written outside dest"
+        );
     }
 });

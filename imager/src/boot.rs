@@ -388,9 +388,7 @@ mod tests {
             .unwrap();
 
             if ss == 512 {
-                let out = run(Command::new(tool("sfdisk", "fdisk"))
-                    .arg("--json")
-                    .arg(&img));
+                let out = run(Command::new(tool("sfdisk")).arg("--json").arg(&img));
                 let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
                 let names: Vec<_> = v["partitiontable"]["partitions"]
                     .as_array()
@@ -407,9 +405,7 @@ mod tests {
                 let (off, len) = p.range(ss);
                 let part = dir.path().join(format!("{label}.fat"));
                 extract(&img, off, len, &part);
-                let out = run(Command::new(tool("fsck.fat", "dosfstools"))
-                    .args(["-n", "-V"])
-                    .arg(&part));
+                let out = run(Command::new(tool("fsck.fat")).args(["-n", "-V"]).arg(&part));
                 let text = String::from_utf8_lossy(&out.stdout);
                 assert!(!text.contains("Warning"), "{label}: {text}");
                 std::fs::remove_file(&part).unwrap();

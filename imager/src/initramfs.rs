@@ -338,14 +338,11 @@ mod tests {
     }
 
     fn decompress(img: &Path) -> Vec<u8> {
-        run(Command::new(tool("zstd", "zstd"))
-            .args(["-d", "-c", "-q"])
-            .arg(img))
-        .stdout
+        run(Command::new(tool("zstd")).args(["-d", "-c", "-q"]).arg(img)).stdout
     }
 
     fn cpio(args: &[&str], input: &[u8], cwd: &Path) -> String {
-        let mut child = Command::new(tool("cpio", "cpio"))
+        let mut child = Command::new(tool("cpio"))
             .args(args)
             .current_dir(cwd)
             .stdin(Stdio::piped())
@@ -383,9 +380,7 @@ mod tests {
             let window = base + base / 8 * u64::from(wd & 7);
             assert!(window <= 8 << 20, "window {window}");
         }
-        let frames = run(Command::new(tool("zstd", "zstd"))
-            .args(["-l", "-v"])
-            .arg(&img));
+        let frames = run(Command::new(tool("zstd")).args(["-l", "-v"]).arg(&img));
         let text = String::from_utf8_lossy(&frames.stdout);
         assert!(text.contains("# Zstandard Frames: 1"), "{text}");
 

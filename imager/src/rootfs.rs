@@ -369,7 +369,7 @@ mod tests {
         let (sha, size) = build_rootfs(&img, &spec, None).unwrap();
         assert_eq!((sha, size), sha256_file(&img).unwrap());
 
-        let unsq = tool("unsquashfs", "squashfs-tools");
+        let unsq = tool("unsquashfs");
         let out = run(Command::new(&unsq).args(["-lln", "-UTC"]).arg(&img));
         let text = String::from_utf8_lossy(&out.stdout);
         let line = |p: &str| {
@@ -643,9 +643,7 @@ mod tests {
 
     /// Fragment blocks of an image, as unsquashfs counts them.
     fn fragments(img: &Path) -> u64 {
-        let out = run(Command::new(tool("unsquashfs", "squashfs-tools"))
-            .arg("-s")
-            .arg(img));
+        let out = run(Command::new(tool("unsquashfs")).arg("-s").arg(img));
         let s = String::from_utf8_lossy(&out.stdout);
         s.lines()
             .find_map(|l| l.strip_prefix("Number of fragments "))
@@ -658,7 +656,7 @@ mod tests {
     /// mksquashfs's image of `stage` at `level`, times `epoch`.
     fn mksquashfs(stage: &Path, out: &Path, level: i32, epoch: u64) -> Vec<u8> {
         let e = epoch.to_string();
-        run(Command::new(tool("mksquashfs", "squashfs-tools"))
+        run(Command::new(tool("mksquashfs"))
             .arg(stage)
             .arg(out)
             .args(["-comp", "zstd", "-Xcompression-level", &level.to_string()])
@@ -713,7 +711,7 @@ mod tests {
 
         // And it reads back as the tree.
         let x = dir.path().join("x");
-        run(Command::new(tool("unsquashfs", "squashfs-tools"))
+        run(Command::new(tool("unsquashfs"))
             .arg("-no-xattrs")
             .arg("-d")
             .arg(&x)

@@ -220,7 +220,7 @@ mod tests {
     }
 
     fn veritysetup() -> std::path::PathBuf {
-        tool("veritysetup", "cryptsetup-bin")
+        tool("veritysetup")
     }
 
     /// Our hash device equals veritysetup's, byte for byte, and veritysetup

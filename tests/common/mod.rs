@@ -10,6 +10,14 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod fixture;
+#[allow(clippy::duplicate_mod)]
+mod tool;
+#[allow(unused_imports)]
+pub use fixture::Fixture;
+#[allow(unused_imports)]
+pub use tool::{tool, tool_path};
+
 pub const EPOCH: &str = "1700000000";
 
 pub fn repo() -> PathBuf {
@@ -38,17 +46,6 @@ pub fn ok(cmd: &mut Command) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-pub fn tool(name: &str) -> Command {
-    let found = std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .chain(["/usr/sbin", "/sbin"])
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file());
-    let path = found.unwrap_or_else(|| panic!("{name} not found: run scripts/setup.sh"));
-    Command::new(path)
 }
 
 pub struct Build {
@@ -457,4 +454,47 @@ pub fn live_uki(iso: &Path, dir: &Path) -> (PathBuf, imager::uki::UkiReport, Str
     )
     .unwrap();
     (uki, r, cmdline)
+}
+
+/// The seed of this run's sampled choices (which cut points boot under
+/// firmware): `IMAGER_TEST_SEED` when set, else one from the clock. It is
+/// printed, with the variable that reproduces the run's choices.
+pub fn test_seed() -> u64 {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| {
+        let seed = match std::env::var("IMAGER_TEST_SEED") {
+            Ok(s) => s
+                .parse()
+                .unwrap_or_else(|_| panic!("IMAGER_TEST_SEED={s:?} is not a number")),
+            Err(_) => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+        };
+        eprintln!("test: sampled with seed {seed} (IMAGER_TEST_SEED={seed} chooses the same)");
+        seed
+    })
+}
+
+/// `k` of `from` (fewer when it has fewer), chosen by `seed` and `what`
+/// (each sample of a run is its own draw), in ascending order.
+pub fn sample(from: &[u64], k: usize, seed: u64, what: &str) -> Vec<u64> {
+    // splitmix64, started from the seed and the sample's name.
+    let mut state = what
+        .bytes()
+        .fold(seed, |s, b| s.rotate_left(5) ^ u64::from(b));
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut pool = from.to_vec();
+    let mut chosen = Vec::new();
+    while chosen.len() < k && !pool.is_empty() {
+        let i = (next() % pool.len() as u64) as usize;
+        chosen.push(pool.swap_remove(i));
+    }
+    chosen.sort_unstable();
+    chosen
 }

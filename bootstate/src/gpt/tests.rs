@@ -88,9 +88,7 @@ fn table(path: &Path, sector: u64) -> Table {
 fn libfdisk(path: &Path, sector: u64) -> Vec<(u64, u64, String)> {
     if sector == 512 {
         let text = output(
-            Command::new(tool("sfdisk", "fdisk"))
-                .arg("--dump")
-                .arg(path),
+            Command::new(tool("sfdisk")).arg("--dump").arg(path),
             "sfdisk refused the table",
         );
         text.lines()
@@ -111,7 +109,7 @@ fn libfdisk(path: &Path, sector: u64) -> Vec<(u64, u64, String)> {
             .collect()
     } else {
         let text = output(
-            Command::new(tool("fdisk", "fdisk"))
+            Command::new(tool("fdisk"))
                 .args(["-b", &sector.to_string(), "-o", "Start,Sectors,Name", "-l"])
                 .arg(path),
             "fdisk refused the table",
@@ -174,7 +172,7 @@ fn tables_made_by_sfdisk_read_as_sfdisk_reads_them() {
     let path = dir.path().join("sfdisk.img");
     File::create(&path).unwrap().set_len(300 * MIB).unwrap();
     let script = "label: gpt\nfirst-lba: 2048\nsize=10MiB, name=\"one\"\nsize=20MiB, name=\"two\"\nname=\"rest\"\n";
-    let mut child = Command::new(tool("sfdisk", "fdisk"))
+    let mut child = Command::new(tool("sfdisk"))
         .arg("--quiet")
         .arg(&path)
         .stdin(std::process::Stdio::piped())

@@ -79,7 +79,7 @@ fn fsck(img: &Path, layout: &Layout, role: PartitionRole, dir: &Path) -> String 
     let p = layout.get(role);
     let part = dir.join(format!("{}.fat", p.label()));
     extract(img, p.offset(), p.len(), &part);
-    let out = run(Command::new(tool("fsck.fat", "dosfstools"))
+    let out = run(Command::new(tool("fsck.fat"))
         .arg("-n")
         .arg("-v")
         .arg(&part));
@@ -94,9 +94,7 @@ fn fsck(img: &Path, layout: &Layout, role: PartitionRole, dir: &Path) -> String 
 fn sfdisk_reads_512_byte_sector_table() {
     let dir = tempfile::tempdir().unwrap();
     let (img, layout) = image(dir.path(), "disk.raw", 512);
-    let out = run(Command::new(tool("sfdisk", "fdisk"))
-        .arg("--json")
-        .arg(&img));
+    let out = run(Command::new(tool("sfdisk")).arg("--json").arg(&img));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let t = &v["partitiontable"];
     assert_eq!(t["label"], "gpt");
@@ -115,9 +113,7 @@ fn sfdisk_reads_512_byte_sector_table() {
         assert_eq!(p["size"], placed.last_lba + 1 - placed.first_lba);
     }
     // Both headers and arrays check out.
-    let verify = run(Command::new(tool("sfdisk", "fdisk"))
-        .arg("--verify")
-        .arg(&img));
+    let verify = run(Command::new(tool("sfdisk")).arg("--verify").arg(&img));
     let text = String::from_utf8_lossy(&verify.stdout);
     assert!(text.contains("No errors detected"), "{text}");
 }
@@ -128,7 +124,7 @@ fn sfdisk_reads_512_byte_sector_table() {
 fn fdisk_reads_4096_byte_sector_table() {
     let dir = tempfile::tempdir().unwrap();
     let (img, layout) = image(dir.path(), "disk.raw", 4096);
-    let out = run(Command::new(tool("fdisk", "fdisk"))
+    let out = run(Command::new(tool("fdisk"))
         .args(["-b", "4096", "-l", "-o", "Start,End,Type-UUID,UUID,Name"])
         .arg(&img));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();

@@ -6,23 +6,14 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The path of `tool`, or a failed test saying how to install it.
-pub fn tool(tool: &str, package: &str) -> PathBuf {
-    for dir in ["/usr/sbin", "/usr/bin", "/sbin", "/bin", "/usr/local/bin"] {
-        let p = Path::new(dir).join(tool);
-        if p.exists() {
-            return p;
-        }
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&path) {
-            let p = dir.join(tool);
-            if p.exists() {
-                return p;
-            }
-        }
-    }
-    panic!("{tool} not found: install {package} (scripts/setup.sh)");
+#[path = "../../../tests/common/tool.rs"]
+#[allow(dead_code)]
+mod shared;
+
+/// The path of a reference tool, or a failed test saying to run
+/// scripts/setup.sh (the one lookup: tests/common/tool.rs).
+pub fn tool(name: &str) -> PathBuf {
+    shared::tool_path(name)
 }
 
 /// Runs a command, failing the test with its output unless it succeeds.

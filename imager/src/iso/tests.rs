@@ -37,31 +37,33 @@ fn long_name() -> String {
     n
 }
 
-/// Runs a tool; `None` (with a message) when it is not installed.
-fn run(tool: &str, args: &[&str]) -> Option<std::process::Output> {
-    match Command::new(tool).args(args).output() {
-        Ok(o) => Some(o),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("SKIPPED: {tool} is not installed (scripts/setup.sh installs it)");
-            None
-        }
-        Err(e) => panic!("running {tool}: {e}"),
-    }
+/// Runs a tool (a missing one fails the test: scripts/setup.sh installs it).
+fn run(name: &str, args: &[&str]) -> std::process::Output {
+    Command::new(crate::disk::testutil::tool(name))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {name}: {e}"))
 }
 
-fn ok(tool: &str, args: &[&str]) -> Option<String> {
-    let o = run(tool, args)?;
+fn ok(name: &str, args: &[&str]) -> String {
+    let o = run(name, args);
     assert!(
         o.status.success(),
-        "{tool} {args:?} failed: {}{}",
+        "{name} {args:?} failed: {}{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
-    Some(format!(
+    format!(
         "{}{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
-    ))
+    )
+}
+
+/// GRUB's hybrid MBR (grub-pc-bin, which scripts/setup.sh installs).
+fn hybrid_mbr() -> Vec<u8> {
+    std::fs::read(HYBRID)
+        .unwrap_or_else(|e| panic!("{HYBRID}: {e}: run scripts/setup.sh (grub-pc-bin)"))
 }
 
 /// A fake eltorito.img: 30 KiB of recognisable bytes.
@@ -85,13 +87,9 @@ struct Fixture {
     fat: Vec<u8>,
 }
 
-/// The files of the test image, or `None` when a tool or GRUB's hybrid MBR
-/// is missing.
-fn fixture() -> Option<Fixture> {
-    let Ok(hybrid) = std::fs::read(HYBRID) else {
-        eprintln!("SKIPPED: {HYBRID} is missing (install grub-pc-bin)");
-        return None;
-    };
+/// The files of the test image.
+fn fixture() -> Fixture {
+    let hybrid = hybrid_mbr();
     let dir = tempfile::tempdir().unwrap();
     let p = |n: &str| dir.path().join(n);
     std::fs::write(p("eltorito.img"), fake_eltorito()).unwrap();
@@ -99,8 +97,8 @@ fn fixture() -> Option<Fixture> {
     std::fs::write(p("BOOTX64.EFI"), b"MZ not really an EFI program").unwrap();
     let fat = p("efi.img");
     let fat_s = fat.to_str().unwrap();
-    ok("mkfs.vfat", &["-C", "-i", "12345678", fat_s, "2048"])?;
-    ok("mmd", &["-i", fat_s, "::/EFI", "::/EFI/BOOT"])?;
+    ok("mkfs.vfat", &["-C", "-i", "12345678", fat_s, "2048"]);
+    ok("mmd", &["-i", fat_s, "::/EFI", "::/EFI/BOOT"]);
     ok(
         "mcopy",
         &[
@@ -109,7 +107,7 @@ fn fixture() -> Option<Fixture> {
             p("BOOTX64.EFI").to_str().unwrap(),
             "::/EFI/BOOT/BOOTX64.EFI",
         ],
-    )?;
+    );
     let file = |path: &str, src: &str| IsoFile {
         path: path.into(),
         source: IsoSource::File(p(src)),
@@ -142,12 +140,12 @@ fn fixture() -> Option<Fixture> {
         efi_image: Some(EFI_IMG.into()),
     };
     let fat = std::fs::read(&fat).unwrap();
-    Some(Fixture {
+    Fixture {
         dir,
         spec,
         hybrid,
         fat,
-    })
+    }
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -197,11 +195,11 @@ fn write_fixture(f: &Fixture, name: &str) -> (PathBuf, IsoReport) {
 /// content and the modes 0555/0444.
 #[test]
 fn xorriso_extracts_every_file() {
-    let Some(f) = fixture() else { return };
+    let f = fixture();
     let (iso, r) = write_fixture(&f, "x.iso");
     let iso_s = iso.to_str().unwrap();
     let dest = f.dir.path().join("extracted");
-    let Some(_) = ok(
+    ok(
         "xorriso",
         &[
             "-osirrox",
@@ -212,9 +210,7 @@ fn xorriso_extracts_every_file() {
             "/",
             dest.to_str().unwrap(),
         ],
-    ) else {
-        return;
-    };
+    );
     let mut found = Vec::new();
     for e in walkdir::WalkDir::new(&dest).min_depth(1) {
         let e = e.unwrap();
@@ -244,7 +240,7 @@ fn xorriso_extracts_every_file() {
     // The extracted tree is read-only: let the temporary directory go.
     ok("chmod", &["-R", "u+w", dest.to_str().unwrap()]);
 
-    let list = ok("xorriso", &["-indev", iso_s, "-find", "/", "-exec", "lsdl"]).unwrap();
+    let list = ok("xorriso", &["-indev", iso_s, "-find", "/", "-exec", "lsdl"]);
     let mut lines = 0;
     let records = list
         .lines()
@@ -265,9 +261,9 @@ fn xorriso_extracts_every_file() {
 /// The El Torito report and the system area as xorriso reads them.
 #[test]
 fn xorriso_reports_boot_images_and_system_area() {
-    let Some(f) = fixture() else { return };
+    let f = fixture();
     let (iso, r) = write_fixture(&f, "b.iso");
-    let Some(out) = ok(
+    let out = ok(
         "xorriso",
         &[
             "-indev",
@@ -277,9 +273,7 @@ fn xorriso_reports_boot_images_and_system_area() {
             "-report_system_area",
             "plain",
         ],
-    ) else {
-        return;
-    };
+    );
     let (bios, efi) = (r.bios_image_lba.unwrap(), r.efi_image_lba.unwrap());
     let norm: Vec<String> = out
         .lines()
@@ -316,11 +310,9 @@ fn xorriso_reports_boot_images_and_system_area() {
 /// and fsck.fat finds it clean.
 #[test]
 fn sfdisk_finds_the_efi_partition() {
-    let Some(f) = fixture() else { return };
+    let f = fixture();
     let (iso, r) = write_fixture(&f, "s.iso");
-    let Some(json) = ok("sfdisk", &["--json", iso.to_str().unwrap()]) else {
-        return;
-    };
+    let json = ok("sfdisk", &["--json", iso.to_str().unwrap()]);
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     let t = &v["partitiontable"];
     assert_eq!(t["label"], "gpt", "{json}");
@@ -340,7 +332,7 @@ fn sfdisk_finds_the_efi_partition() {
     std::fs::write(&dumped, part).unwrap();
     ok("fsck.fat", &["-n", dumped.to_str().unwrap()]);
     let at = format!("{}@@{}", iso.to_str().unwrap(), first * 512);
-    let dir = ok("mdir", &["-b", "-i", &at, "::/EFI/BOOT"]).unwrap();
+    let dir = ok("mdir", &["-b", "-i", &at, "::/EFI/BOOT"]);
     assert!(dir.contains("BOOTX64.EFI"), "{dir}");
 }
 
@@ -348,7 +340,7 @@ fn sfdisk_finds_the_efi_partition() {
 /// --grub2-mbr would write, read straight from the image.
 #[test]
 fn boot_patches_and_hybrid_mbr() {
-    let Some(f) = fixture() else { return };
+    let f = fixture();
     let (iso, r) = write_fixture(&f, "p.iso");
     let image = std::fs::read(&iso).unwrap();
     let lba = r.bios_image_lba.unwrap();
@@ -409,7 +401,7 @@ fn boot_patches_and_hybrid_mbr() {
 /// derived values).
 #[test]
 fn deterministic() {
-    let Some(mut f) = fixture() else { return };
+    let mut f = fixture();
     let (a, ra) = write_fixture(&f, "a.iso");
     let (b, rb) = write_fixture(&f, "b.iso");
     assert_eq!(ra, rb);
@@ -425,7 +417,7 @@ fn deterministic() {
 /// protective MBR, the EFI image as default entry), neither.
 #[test]
 fn boot_variants() {
-    let Some(mut f) = fixture() else { return };
+    let mut f = fixture();
     let efi = f.spec.efi_image.take();
     let (iso, r) = write_fixture(&f, "bios.iso");
     let image = std::fs::read(&iso).unwrap();
@@ -447,7 +439,7 @@ fn boot_variants() {
     assert_eq!(cat[1], 0xEF);
     assert_eq!(cat[32], 0x88);
     assert_eq!(u32_at(cat, 40), r.efi_image_lba.unwrap());
-    if let Some(out) = ok(
+    let out = ok(
         "xorriso",
         &[
             "-indev",
@@ -455,10 +447,9 @@ fn boot_variants() {
             "-report_el_torito",
             "plain",
         ],
-    ) {
-        assert!(out.contains("UEFI"), "{out}");
-        assert!(!out.contains("BIOS  y"), "{out}");
-    }
+    );
+    assert!(out.contains("UEFI"), "{out}");
+    assert!(!out.contains("BIOS  y"), "{out}");
 
     f.spec.efi_image = None;
     let (iso, r) = write_fixture(&f, "plain.iso");
@@ -667,9 +658,6 @@ fn plain_names() {
 /// continuation areas over several blocks still read back.
 #[test]
 fn large_directories_and_tables() {
-    if run("xorriso", &["-version"]).is_none() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let mut files = Vec::new();
     for i in 0..120 {
@@ -742,7 +730,7 @@ fn empty_volume() {
     let iso = dir.path().join("e.iso");
     let r = write(&spec, &iso).unwrap();
     assert_eq!(r.catalog_lba, None);
-    let Some(list) = ok(
+    let list = ok(
         "xorriso",
         &[
             "-indev",
@@ -752,9 +740,7 @@ fn empty_volume() {
             "-exec",
             "lsdl",
         ],
-    ) else {
-        return;
-    };
+    );
     assert!(list.contains("dr-xr-xr-x"), "{list}");
     assert!(list.contains("Jan  1  1970 '/'"), "{list}");
 }
@@ -764,13 +750,10 @@ fn empty_volume() {
 /// core.img from the sector after it; cdboot.img is the first 2048 bytes.
 #[test]
 fn real_grub_eltorito() {
-    let Ok(hybrid) = std::fs::read(HYBRID) else {
-        eprintln!("SKIPPED: {HYBRID} is missing (install grub-pc-bin)");
-        return;
-    };
+    let hybrid = hybrid_mbr();
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("eltorito.img");
-    let Some(_) = ok(
+    ok(
         "grub-mkimage",
         &[
             "-O",
@@ -785,9 +768,7 @@ fn real_grub_eltorito() {
             "iso9660",
             "normal",
         ],
-    ) else {
-        return;
-    };
+    );
     let len = std::fs::metadata(&img).unwrap().len() as usize;
     let spec = IsoSpec {
         volume_id: "GRUB".into(),

@@ -10,7 +10,7 @@
 use registry::Digest;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,15 +34,12 @@ pub fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
-pub fn tool(name: &str) -> PathBuf {
-    std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .chain(["/usr/sbin", "/sbin"])
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{name} not found: run scripts/setup.sh"))
-}
+// The one tool lookup; the imager tests that include this file load it
+// twice (once through their own common module).
+#[path = "../../../tests/common/tool.rs"]
+#[allow(clippy::duplicate_mod)]
+mod shared;
+pub use shared::tool_path as tool;
 
 impl Registry {
     pub fn start() -> Registry {

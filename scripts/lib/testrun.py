@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""The bookkeeping of scripts/test: runs cargo test commands, reads what
+each test binary reported, and ends the run with one honest closing line.
+
+    testrun.py run LOG LABEL -- CMD...   run CMD (a cargo test command), its
+                                        output streamed; one record a test
+                                        binary appended to LOG (JSON lines)
+    testrun.py declared MANIFEST         the [[test]] names of MANIFEST, one
+                                        a line; fails naming any tests/*.rs
+                                        beside them that is not declared
+    testrun.py step LOG LABEL START END STATUS
+                                        a step that is not a cargo test (the
+                                        kernel, fuzzing) recorded for the
+                                        table of times
+    testrun.py summary LOG               the table of times and the closing
+                                        line; exits 1 on any failure
+
+A test binary counts as failed, beside its failed tests, when it crashed
+(it printed no `test result:` line: a signal, an abort, a panic outside a
+test), when cargo could not build it, and when an integration test file
+(a declared tests/*.rs) ran no test. The closing line is
+`tests: N passed, M failed, K skipped`, where M counts those binaries too.
+tests/harness.rs runs this on a throwaway crate with each kind of failure.
+"""
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HEADER = re.compile(r"^\s+(Running|Doc-tests) (.+?)(?: \((.+)\))?$")
+RUNNING = re.compile(r"^running (\d+) tests?$")
+RESULT = re.compile(
+    r"^test result: (\w+)\. (\d+) passed; (\d+) failed; (\d+) ignored;"
+)
+COMPILE = re.compile(r"^error(\[E\d+\])?: (could not compile|.*)")
+
+
+def parse(lines):
+    """The test binaries a cargo test output reports, in order: dicts with
+    name, kind (unit, integration, doc), tests, passed, failed, ignored and
+    result (None when the binary printed no result line)."""
+    bins = []
+    cur = None
+    for line in lines:
+        m = HEADER.match(line)
+        if m:
+            what, name = m.group(1), m.group(2)
+            if what == "Doc-tests":
+                kind = "doc"
+            elif name.startswith("unittests "):
+                kind = "unit"
+                name = name[len("unittests "):]
+            else:
+                kind = "integration"
+            cur = {"name": name, "kind": kind, "tests": None, "passed": 0,
+                   "failed": 0, "ignored": 0, "result": None}
+            bins.append(cur)
+            continue
+        if cur is None:
+            continue
+        m = RUNNING.match(line)
+        if m and cur["tests"] is None:
+            cur["tests"] = int(m.group(1))
+            continue
+        m = RESULT.match(line)
+        if m and cur["result"] is None:
+            cur["result"] = m.group(1)
+            cur["passed"] = int(m.group(2))
+            cur["failed"] = int(m.group(3))
+            cur["ignored"] = int(m.group(4))
+    return bins
+
+
+def problems(bins, status):
+    """What went wrong beside failed tests, one sentence each."""
+    out = []
+    for b in bins:
+        if b["result"] is None:
+            out.append(f"{b['name']}: the test binary crashed or was killed "
+                       "(no `test result:` line; its last output is above)")
+        elif b["kind"] == "integration" and b["tests"] == 0:
+            out.append(f"{b['name']}: a declared test file that ran no test")
+    failed_tests = sum(b["failed"] for b in bins)
+    if status != 0 and not out and failed_tests == 0:
+        if not bins:
+            out.append(f"cargo exited with {status} before running any test "
+                       "binary: a test did not compile (cargo's errors are above)")
+        else:
+            out.append(f"cargo exited with {status} though every binary it ran "
+                       "passed: a later one did not compile (its errors are above)")
+    return out
+
+
+def run(log, label, cmd):
+    start = time.monotonic()
+    lines = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace") as p:
+        for line in p.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            lines.append(line.rstrip("\n"))
+        status = p.wait()
+    seconds = time.monotonic() - start
+    bins = parse(lines)
+    record = {
+        "label": label,
+        "seconds": round(seconds, 1),
+        "status": status,
+        "passed": sum(b["passed"] for b in bins),
+        "failed": sum(b["failed"] for b in bins),
+        "ignored": sum(b["ignored"] for b in bins),
+        "problems": problems(bins, status),
+    }
+    with open(log, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    bad = record["failed"] or record["problems"] or status != 0
+    for p in record["problems"]:
+        print(f"test: {label}: {p}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def step(log, label, start, end, status):
+    record = {"label": label, "seconds": round(float(end) - float(start), 1),
+              "status": int(status), "passed": 0, "failed": 0, "ignored": 0,
+              "problems": [] if int(status) == 0 else
+              [f"exited with {status} (its output is above)"]}
+    with open(log, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    return 0
+
+
+def declared(manifest):
+    """[[test]] names of a Cargo.toml, checked against the tests/*.rs files
+    their paths sit beside."""
+    manifest = Path(manifest)
+    text = manifest.read_text()
+    tests = []
+    for block in re.split(r"^\[", text, flags=re.M):
+        if not block.startswith("[test]]"):
+            continue
+        name = re.search(r'^name\s*=\s*"([^"]+)"', block, re.M)
+        path = re.search(r'^path\s*=\s*"([^"]+)"', block, re.M)
+        if not name:
+            print(f"test: a [[test]] of {manifest} has no name", file=sys.stderr)
+            return 1
+        rel = path.group(1) if path else f"tests/{name.group(1)}.rs"
+        tests.append((name.group(1), (manifest.parent / rel).resolve()))
+    dirs = {p.parent for _, p in tests} or {(manifest.parent / "tests").resolve()}
+    paths = {p for _, p in tests}
+    missing = [p for _, p in tests if not p.is_file()]
+    undeclared = sorted(f for d in dirs for f in d.glob("*.rs") if f not in paths)
+    for p in missing:
+        print(f"test: {p} is declared in {manifest} but does not exist", file=sys.stderr)
+    for f in undeclared:
+        print(f"test: {f} is not declared as a [[test]] in {manifest}: "
+              "declare it, or it never runs", file=sys.stderr)
+    if missing or undeclared:
+        return 1
+    for n, _ in tests:
+        print(n)
+    return 0
+
+
+def summary(log):
+    records = [json.loads(l) for l in Path(log).read_text().splitlines() if l.strip()]
+    print("test: seconds by part")
+    for r in records:
+        mark = "" if (r["status"] == 0 and not r["failed"] and not r["problems"]) else "  FAILED"
+        counts = f"{r['passed']} passed, {r['failed']} failed" if r["passed"] or r["failed"] else ""
+        print(f"  {r['seconds']:8.1f}  {r['label']:<28} {counts}{mark}")
+    print(f"  {sum(r['seconds'] for r in records):8.1f}  total")
+    passed = sum(r["passed"] for r in records)
+    ignored = sum(r["ignored"] for r in records)
+    probs = [(r["label"], p) for r in records for p in r["problems"]]
+    # A non-zero exit with no failed test and no named problem still fails.
+    unexplained = [r["label"] for r in records
+                   if r["status"] != 0 and not r["failed"] and not r["problems"]]
+    failed = sum(r["failed"] for r in records) + len(probs) + len(unexplained)
+    for label, p in probs:
+        print(f"test: FAILED: {label}: {p}")
+    for label in unexplained:
+        print(f"test: FAILED: {label}: exited non-zero (its output is above)")
+    if passed == 0 and failed == 0:
+        print("test: FAILED: no test ran")
+        failed += 1
+    print(f"tests: {passed} passed, {failed} failed, {ignored} skipped")
+    return 1 if failed else 0
+
+
+def main(argv):
+    if len(argv) >= 4 and argv[0] == "run" and "--" in argv:
+        i = argv.index("--")
+        return run(argv[1], argv[2], argv[i + 1:])
+    if len(argv) == 6 and argv[0] == "step":
+        return step(*argv[1:])
+    if len(argv) == 2 and argv[0] == "declared":
+        return declared(argv[1])
+    if len(argv) == 2 and argv[0] == "summary":
+        return summary(argv[1])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
