@@ -14,11 +14,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     for c in certs.0.iter() {
-        if let cms::cert::CertificateChoices::Certificate(cert) = c {
-            if let Ok(v) = verify(data, cert) {
-                assert_eq!(v.digest, hex::encode(d));
-                assert_eq!(e.digest, d);
-            }
+        if let cms::cert::CertificateChoices::Certificate(cert) = c
+            && let Ok(v) = verify(data, cert)
+        {
+            assert_eq!(v.digest, hex::encode(d));
+            assert_eq!(e.digest, d);
         }
     }
 });
