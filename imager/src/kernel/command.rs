@@ -200,26 +200,34 @@ fn resolve_waivers(files: &[PathBuf], none: bool) -> Result<Vec<Waiver>> {
 }
 
 /// `kernel-config/` of the repository: searched from the current directory
-/// upwards, then next to this crate's sources (a cargo run from anywhere).
+/// upwards, then from the running executable's directory upwards (a
+/// `target/*/imager` run from anywhere). Not from a path fixed at compile
+/// time: that would put the build machine's checkout path into every
+/// binary, the installer in `installer.tar` and `live.iso` included, and
+/// two checkouts would build different images (tests/reproducible.rs).
 pub fn kernel_config_dir() -> Result<PathBuf> {
-    let marker = Path::new("kernel-config").join("kspp-rules.yaml");
-    if let Ok(cwd) = std::env::current_dir() {
-        for dir in cwd.ancestors() {
-            if dir.join(&marker).is_file() {
-                return Ok(dir.join("kernel-config"));
-            }
-        }
-    }
-    let built_in = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("kernel-config");
-    if built_in.join("kspp-rules.yaml").is_file() {
-        return Ok(built_in);
+    let cwd = std::env::current_dir().ok();
+    let exe = std::env::current_exe().ok();
+    let starts = [cwd.as_deref(), exe.as_deref().and_then(Path::parent)];
+    if let Some(dir) = find_kernel_config(starts.into_iter().flatten()) {
+        return Ok(dir);
     }
     bail!(
-        "cannot find kernel-config/kspp-rules.yaml from {} or its parents: run inside the repository or pass --rules",
-        std::env::current_dir().unwrap_or_default().display()
+        "cannot find kernel-config/kspp-rules.yaml from {} or its parents, nor from imager's own \
+         directory: run inside the repository or pass --rules",
+        cwd.unwrap_or_default().display()
     )
+}
+
+/// The first `kernel-config/` holding `kspp-rules.yaml` in any of `starts`
+/// or their ancestors, in that order.
+fn find_kernel_config<'a>(starts: impl IntoIterator<Item = &'a Path>) -> Option<PathBuf> {
+    let marker = Path::new("kernel-config").join("kspp-rules.yaml");
+    starts
+        .into_iter()
+        .flat_map(Path::ancestors)
+        .find(|dir| dir.join(&marker).is_file())
+        .map(|dir| dir.join("kernel-config"))
 }
 
 #[cfg(test)]
@@ -260,5 +268,26 @@ mod tests {
         };
         assert_eq!(run_check(&args(&good)).unwrap(), ExitCode::SUCCESS);
         assert_eq!(run_check(&args(&bad)).unwrap(), ExitCode::FAILURE);
+    }
+
+    #[test]
+    fn kernel_config_is_found_above_the_first_start_then_the_next() {
+        let root = tempfile::tempdir().unwrap();
+        let (a, b) = (root.path().join("a"), root.path().join("b"));
+        for d in [&a, &b] {
+            std::fs::create_dir_all(d.join("kernel-config")).unwrap();
+            std::fs::create_dir_all(d.join("x/y")).unwrap();
+        }
+        std::fs::write(b.join("kernel-config/kspp-rules.yaml"), "rules: []\n").unwrap();
+        let (ay, by) = (a.join("x/y"), b.join("x/y"));
+        // a has no rule table: passed over, whichever comes first.
+        let found = find_kernel_config([ay.as_path(), by.as_path()]);
+        assert_eq!(found, Some(b.join("kernel-config")));
+        std::fs::write(a.join("kernel-config/kspp-rules.yaml"), "rules: []\n").unwrap();
+        let found = find_kernel_config([ay.as_path(), by.as_path()]);
+        assert_eq!(found, Some(a.join("kernel-config")));
+        let found = find_kernel_config([by.as_path(), ay.as_path()]);
+        assert_eq!(found, Some(b.join("kernel-config")));
+        assert_eq!(find_kernel_config([root.path()]), None);
     }
 }
