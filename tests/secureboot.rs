@@ -250,16 +250,46 @@ fn ovmf_with_our_keys_boots_our_signed_systemd_boot_and_uki_to_ready() {
         },
     );
     let vars = vars("boot-signed", true);
-    let r = imager::qemu::boot(&sb_opts(&disk, &vars))
+    let mut opts = sb_opts(&disk, &vars);
+    let log = dir().join("boot-signed.console");
+    opts.console_log = Some(log.clone());
+    let r = imager::qemu::boot(&opts)
         .unwrap_or_else(|e| panic!("the signed UKI under Secure Boot: {e:#}"));
     assert!(r.ready && r.live, "{r:?}");
-    // The store virt-fw-vars made has Secure Boot on (the refusal tests show
-    // that such a store enforces).
+    // Secure Boot was on for this boot, as three readers see it: the
+    // variable store, read by virt-fw-vars after the boot (a PK enrolled:
+    // user mode; OVMF's SecureBootEnable set); the kernel, which logs the
+    // firmware's SecureBoot variable as its EFI stub found it; and the
+    // runtime's ready line. (The refusal tests show that such a store
+    // enforces.)
     let print = ok(tool("virt-fw-vars")
         .arg("--input")
         .arg(&vars)
         .arg("--print"));
-    assert!(print.contains("SecureBootEnable"), "{print}");
+    assert_eq!(
+        store_value(&print, "SecureBootEnable"),
+        Some("bool: ON"),
+        "{print}"
+    );
+    assert!(
+        store_value(&print, "PK").is_some_and(|v| v.starts_with("blob: ")),
+        "no PK: {print}"
+    );
+    let console = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        console.contains("secureboot: Secure boot enabled"),
+        "{console}"
+    );
+    assert_eq!(r.secure_boot.as_deref(), Some("on"), "{r:?}");
+}
+
+/// The value `virt-fw-vars --print` shows for the variable `name`
+/// (`NAME   : bool: ON`).
+fn store_value<'a>(print: &'a str, name: &str) -> Option<&'a str> {
+    print.lines().find_map(|l| {
+        let (n, v) = l.split_once(" : ")?;
+        (n.trim() == name).then(|| v.trim())
+    })
 }
 
 #[test]
@@ -323,6 +353,13 @@ fn systemd_boot_enrols_our_keys_resets_and_boots_the_signed_uki_with_secure_boot
         console.contains("Enrolling secure boot keys from directory: \\loader\\keys\\auto"),
         "{console}"
     );
+    // The next boot ran with Secure Boot on: the kernel logs the firmware's
+    // SecureBoot variable as its EFI stub found it, the runtime reports it.
+    assert!(
+        console.contains("secureboot: Secure boot enabled"),
+        "{console}"
+    );
+    assert_eq!(r.secure_boot.as_deref(), Some("on"), "{r:?}");
     // systemd-boot reset the machine after enrolling: the firmware started
     // it twice.
     assert_eq!(
