@@ -288,10 +288,37 @@ fn srcarch(config: &KernelConfig) -> Result<String> {
 /// from the source and stored there (best effort: a read-only cache still
 /// works, it only reads the source again next time).
 fn cached_symbols(dir: &Path, source: &Path, config: &KernelConfig) -> Result<KconfigSymbols> {
-    let path = dir.join(SYMBOLS_FILE);
+    symbols_memo(&dir.join(SYMBOLS_FILE), source, &srcarch(config)?)
+}
+
+/// The Kconfig symbols of `source` for `srcarch`, as `kernel check --source`
+/// reads them: remembered in the cache directory by the source's hash, so
+/// that a tarball's Kconfig files are unpacked once, not at every check.
+pub fn source_symbols(cache_dir: &Path, source: &Path, srcarch: &str) -> Result<KconfigSymbols> {
+    let kernel = cache_dir.join("kernel");
+    let memo = hash_source_memo(source, &kernel.join("source-hashes.json"))
+        .ok()
+        .filter(|_| {
+            !srcarch.is_empty()
+                && srcarch
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        });
+    let Some(hash) = memo else {
+        return KconfigSymbols::from_source(source, srcarch);
+    };
+    let name = format!("{}-{srcarch}", hash.replace(':', "-"));
+    let dir = kernel.join("kconfig");
+    let _ = fs::create_dir_all(&dir);
+    symbols_memo(&dir.join(name), source, srcarch)
+}
+
+/// The symbols stored at `path`, else read from `source` and stored there
+/// (best effort, atomically).
+fn symbols_memo(path: &Path, source: &Path, srcarch: &str) -> Result<KconfigSymbols> {
     let origin = source.display().to_string();
     if path.is_file() {
-        let text = crate::input::read_text(&path, "Kconfig symbol list", crate::input::MAX_TEXT)?;
+        let text = crate::input::read_text(path, "Kconfig symbol list", crate::input::MAX_TEXT)?;
         return KconfigSymbols::parse(&text, &origin)
             .with_context(|| format!("in {}: delete the file to read it again", path.display()));
     }
@@ -299,9 +326,9 @@ fn cached_symbols(dir: &Path, source: &Path, config: &KernelConfig) -> Result<Kc
         "kernel: reading the Kconfig files of {}",
         source.display()
     ));
-    let symbols = KconfigSymbols::from_source(source, &srcarch(config)?)?;
-    let tmp = dir.join(format!("{SYMBOLS_FILE}.tmp-{}", std::process::id()));
-    if fs::write(&tmp, symbols.render()).is_ok() && fs::rename(&tmp, &path).is_err() {
+    let symbols = KconfigSymbols::from_source(source, srcarch)?;
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    if fs::write(&tmp, symbols.render()).is_ok() && fs::rename(&tmp, path).is_err() {
         let _ = fs::remove_file(&tmp);
     }
     Ok(symbols)

@@ -2,9 +2,8 @@
 //! `imager` binary parses the command line).
 
 use super::audit::{Rules, Waiver, audit_with_source, load_waivers};
-use super::build::{KernelRequest, build, configure_only, default_cache_dir};
+use super::build::{KernelRequest, build, configure_only, default_cache_dir, source_symbols};
 use super::config::KernelConfig;
-use super::kconfig::KconfigSymbols;
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -157,7 +156,7 @@ pub fn run_check(args: &CheckOptions) -> Result<ExitCode> {
                     args.config.display()
                 )
             })?;
-            Some(KconfigSymbols::from_source(src, &arch)?)
+            Some(source_symbols(&default_cache_dir(), src, &arch)?)
         }
         None => None,
     };

@@ -154,3 +154,51 @@ fn stale_work_dirs_are_swept() {
     assert!(live.exists());
     assert!(done.exists());
 }
+
+/// `kernel check --source`'s symbols: read from the tarball once, then from
+/// the memo in the cache directory (named by the tarball's hash and the
+/// architecture); the same symbols either way. A memo that does not parse
+/// is an error that says to delete it, not a wrong audit.
+#[test]
+fn source_symbols_are_read_once_and_remembered() {
+    let dir = tempfile::tempdir().unwrap();
+    let top = dir.path().join("linux-source-9.9");
+    fs::create_dir_all(&top).unwrap();
+    fs::write(top.join("Kconfig"), "config TOP\nconfig OTHER\n").unwrap();
+    let tarball = dir.path().join("src.tar.xz");
+    let st = Command::new("tar")
+        .arg("-cJf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(dir.path())
+        .arg("linux-source-9.9")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let cache = dir.path().join("cache");
+    let first = source_symbols(&cache, &tarball, "x86").unwrap();
+    assert!(first.defines("CONFIG_TOP") && first.defines("CONFIG_OTHER"));
+    let memos: Vec<_> = fs::read_dir(cache.join("kernel/kconfig"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(memos.len(), 1, "{memos:?}");
+    let name = memos[0].file_name().unwrap().to_str().unwrap().to_string();
+    assert!(
+        name.starts_with("file-") && name.ends_with("-x86"),
+        "{name}"
+    );
+    let again = source_symbols(&cache, &tarball, "x86").unwrap();
+    assert_eq!(again.render(), first.render());
+    // The second read came from the memo: a damaged memo is reported.
+    fs::write(&memos[0], "not a symbol list \u{1}\n").unwrap();
+    let err = format!("{:#}", source_symbols(&cache, &tarball, "x86").unwrap_err());
+    assert!(err.contains("delete the file"), "{err}");
+    // An architecture name that is not a plain word is never a file name.
+    let other = source_symbols(&cache, &tarball, "../x86").unwrap();
+    assert_eq!(other.render(), first.render());
+    assert_eq!(
+        fs::read_dir(cache.join("kernel/kconfig")).unwrap().count(),
+        1
+    );
+}
