@@ -1,0 +1,373 @@
+//! The guest's network (README "Network", docs/design.md "Network"): what
+//! the built kernel has (IPv4 and virtio-net; no IPv6, netfilter or packet
+//! sockets), read from the kernel cache's own `.config` and build log and
+//! from the booted kernel's console; what a booted node reaches (QEMU's
+//! user-mode network with `restrict=on`: nothing on the host but what
+//! `--guest-forward` forwards), shown by the node API pulling an installer
+//! image from a registry on the host's loopback both ways; and what the
+//! node takes from a registry (an image pushed without `skopeo copy
+//! --preserve-digests`, its layers gzipped, is refused saying how to push
+//! it; the same image pushed with it is taken).
+
+// Test helpers panic on unexpected failures: that is how a test fails.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+#[path = "../registry/tests/common/mod.rs"]
+mod reg;
+
+use common::*;
+use serde_json::Value;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// `grep ARGS FILE`: the matching lines (grep exits 1 when none match, 2
+/// on an error, which fails the test).
+fn grep(args: &[&str], file: &Path) -> Vec<String> {
+    let out = run(tool("grep").args(args).arg(file));
+    assert!(
+        out.status.code() == Some(0) || out.status.code() == Some(1),
+        "grep {args:?} {}: {}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The kernel metal's images boot, as the kernel cache holds it: `imager
+/// kernel build --profile metal` (built once, then cached) prints its
+/// bzImage, beside which the cache keeps the build tree's `.config`
+/// (`config`) and the log of the compile (`build.log`). Both are read with
+/// grep, not with imager's Kconfig reader: the symbols are off in the
+/// configuration, and no object of IPv6, netfilter or packet sockets was
+/// compiled, while IPv4's and virtio-net's were.
+#[test]
+fn the_built_kernel_has_ipv4_and_no_ipv6_netfilter_or_packet_sockets() {
+    let bzimage = PathBuf::from(
+        ok(imager().args(["kernel", "build", "--profile", "metal"]))
+            .trim()
+            .to_string(),
+    );
+    let dir = bzimage.parent().unwrap();
+    let config = dir.join("config");
+    let log = dir.join("build.log");
+
+    for on in ["CONFIG_NET=y", "CONFIG_INET=y", "CONFIG_VIRTIO_NET=y"] {
+        assert_eq!(grep(&["-x", on], &config), [on], "{}", config.display());
+    }
+    for off in ["IPV6", "NETFILTER", "PACKET"] {
+        let line = format!("# CONFIG_{off} is not set");
+        assert_eq!(grep(&["-x", &line], &config), [line.clone()]);
+    }
+    // Nor anything of theirs built in or as a module (netfilter's tables
+    // and conntrack, IPv6's and packet sockets' diagnostics, bridging's
+    // hooks).
+    let on = grep(
+        &[
+            "-E",
+            "^CONFIG_(IPV6|IP6_|NETFILTER|NF_|NFT_|IP_NF_|IP6_NF_|IP_VS|BRIDGE_NF|PACKET)[A-Z0-9_]*=[ym]",
+        ],
+        &config,
+    );
+    assert!(on.is_empty(), "{}: {on:?}", config.display());
+
+    // The compile itself: IPv4's and virtio-net's objects were built; of
+    // net/ipv6 only the checksum and offload helpers that net/ipv6/Makefile
+    // builds for every kernel with INET (addrconf_core.o, ip6_checksum.o,
+    // ...), not the protocol (af_inet6.o, tcp_ipv6.o, ndisc.o: built with
+    // IPV6); nothing of net/netfilter, IPv4's or bridging's netfilter, or
+    // net/packet.
+    for built in [
+        "net/ipv4/af_inet.o",
+        "net/ipv4/tcp.o",
+        "drivers/net/virtio_net.o",
+        "net/ipv6/ip6_checksum.o",
+    ] {
+        assert!(
+            !grep(&["-F", built], &log).is_empty(),
+            "{} does not show {built} compiled",
+            log.display()
+        );
+    }
+    let built = grep(
+        &[
+            "-E",
+            "net/ipv6/(af_inet6|tcp_ipv6|ndisc|route|addrconf)\\.o|(net/netfilter|net/ipv4/netfilter|net/bridge/netfilter|net/packet)/",
+        ],
+        &log,
+    );
+    assert!(built.is_empty(), "{}: {built:?}", log.display());
+}
+
+/// Where the guest reaches the test's registry through `--guest-forward`.
+const GUEST_REGISTRY: &str = "10.0.2.100:5000";
+/// QEMU's user-mode network's alias of the host, which without
+/// `restrict=on` is the host's loopback.
+const HOST_ALIAS: &str = "10.0.2.2";
+
+/// A running `imager boot --stay` of the node, its console in a file;
+/// dropped, it is killed with its QEMU.
+struct Vm {
+    child: Child,
+    log: PathBuf,
+    port: u16,
+}
+
+impl Vm {
+    fn start(disk: &Path, port: u16, guest_forward: &str) -> Vm {
+        let log = disk.with_extension("console.log");
+        let _ = std::fs::remove_file(&log);
+        let child = imager()
+            .args(["boot", "--write", "--stay", "--quiet", "--json"])
+            .args(["--timeout", "900", "--forward"])
+            .arg(format!("{port}:{}", nodeapi::proto::PORT))
+            .arg("--guest-forward")
+            .arg(guest_forward)
+            .arg("--console-log")
+            .arg(&log)
+            .arg(disk)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            // Its own process group: dropped, it goes with its QEMU.
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        Vm { child, log, port }
+    }
+
+    fn console(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (at most 900 s) for a console line containing `what`.
+    fn wait_for(&mut self, what: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(900);
+        loop {
+            let text = self.console();
+            if let Some(line) = text.lines().find(|l| l.contains(what)) {
+                return line.to_string();
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("imager boot ended ({status}) before {what:?}; console:\n{text}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {what:?} within 900 s; console:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `imager node ARGS` as the operator `ops` of `creds`.
+    fn node(&self, creds: &Path, args: &[&str]) -> std::process::Output {
+        run(imager()
+            .arg("node")
+            .args(args)
+            .args(["--node", &format!("127.0.0.1:{}", self.port)])
+            .args(["--server-name", "node1", "--client", "ops"])
+            .arg("--credentials")
+            .arg(creds))
+    }
+
+    /// The node's status (`imager node status --json`).
+    fn status(&self, creds: &Path) -> Value {
+        let out = self.node(creds, &["status", "--json"]);
+        assert!(
+            out.status.success(),
+            "status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// The stderr of an `imager node upgrade --image IMAGE` that must be
+    /// refused.
+    fn refused_upgrade(&self, creds: &Path, image: &str) -> String {
+        let out = self.node(creds, &["upgrade", "--image", image]);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success(),
+            "{image}: expected a refusal, got: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        err
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// `skopeo copy` of `archive` to `docker://REGISTRY/NAME` over plain HTTP
+/// without `--preserve-digests`, as README's reader might push it.
+fn skopeo_copy_gzipped(archive: &Path, registry: &str, name: &str) {
+    ok(tool("skopeo")
+        .args(["copy", "--quiet", "--dest-tls-verify=false"])
+        .arg(format!("oci-archive:{}", archive.display()))
+        .arg(format!("docker://{registry}/{name}")));
+}
+
+/// The layers' media types of `docker://REGISTRY/NAME`, as skopeo reads
+/// the registry's manifest.
+fn layer_types(registry: &str, name: &str) -> Vec<String> {
+    let m: Value = serde_json::from_str(&ok(tool("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(format!("docker://{registry}/{name}"))))
+    .unwrap();
+    m["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["mediaType"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A node booted by `imager boot` with its registry forwarded
+/// (`--guest-forward 10.0.2.100:5000=127.0.0.1:P`, P a counting proxy in
+/// front of a real registry): a pull from `10.0.2.2:P`, the user-mode
+/// network's alias of the host's loopback, never reaches P (the node says
+/// it cannot reach the registry, P counts no connection), while pulls
+/// through the forward do. The image pushed with `skopeo copy` without
+/// `--preserve-digests` (layers gzipped) is refused with a message that
+/// names the flag; the same archive pushed with it is pulled, verified and
+/// staged. The boot's console shows IPv4 registered and neither IPv6 nor
+/// packet sockets.
+#[test]
+fn the_guest_reaches_the_host_only_through_guest_forward_and_a_node_takes_only_preserved_layers() {
+    let creds = scratch().join("network-credentials");
+    let _ = std::fs::remove_dir_all(&creds);
+    for args in [
+        &["--role", "operator", "--name", "ops"][..],
+        &["--node", "node1", "--address", "127.0.0.1"][..],
+    ] {
+        ok(imager()
+            .args(["node", "credentials"])
+            .arg(&creds)
+            .args(args));
+    }
+    let profile = write_profile_from("installer", "network", |t| {
+        format!(
+            "{t}\nnode_api:\n  ca: {}\n  plain_http_registries: [{GUEST_REGISTRY}]\n",
+            creds.join("ca.crt").display()
+        )
+    });
+    let b = build_profile(
+        "network",
+        &profile,
+        &["--key", &dev_key().display().to_string()],
+    );
+    let archive = b.dir.join("installer.tar");
+
+    // The registry on the host's loopback, behind a proxy that counts the
+    // connections it accepts; the installer image in it both ways, without
+    // --preserve-digests first (skopeo does not gzip a layer the registry
+    // already holds uncompressed: it reuses it).
+    let registry = reg::Registry::start();
+    let proxy = reg::CuttingProxy::start(&registry.addr, u64::MAX);
+    skopeo_copy_gzipped(&archive, &registry.addr, "metal/installer:gzipped");
+    reg::skopeo_copy(
+        &format!("oci-archive:{}", archive.display()),
+        &registry.addr,
+        "metal/installer:kept",
+    );
+    let tar = "application/vnd.oci.image.layer.v1.tar";
+    assert!(
+        layer_types(&registry.addr, "metal/installer:kept")
+            .iter()
+            .all(|t| t == tar)
+    );
+    let gzipped = layer_types(&registry.addr, "metal/installer:gzipped");
+    assert!(
+        gzipped.iter().all(|t| t == &format!("{tar}+gzip")),
+        "skopeo did not gzip the layers: {gzipped:?}"
+    );
+
+    let disk = sparse_copy(&b.artifact("raw"), "network");
+    ok(imager()
+        .args(["node", "provision"])
+        .arg(&disk)
+        .arg("--credentials")
+        .arg(&creds)
+        .args(["--node", "node1"]));
+    let port = reg::free_port();
+    let mut vm = Vm::start(&disk, port, &format!("{GUEST_REGISTRY}={}", proxy.addr));
+    let ready = vm.wait_for("machined: ready version=");
+    assert!(ready.contains("version=0.1.0 slot=A"), "{ready}");
+    vm.wait_for("api: listening on port");
+
+    // The booted kernel: IPv4 registered, no IPv6 or packet sockets.
+    let console = vm.console();
+    assert!(
+        console.contains("NET: Registered PF_INET protocol family"),
+        "{console}"
+    );
+    for family in ["PF_INET6", "PF_PACKET"] {
+        assert!(!console.contains(family), "{family}:\n{console}");
+    }
+
+    // Through the host alias: the node cannot reach the proxy, which sees
+    // nothing.
+    assert_eq!(proxy.connections.load(Ordering::SeqCst), 0);
+    let proxy_port = proxy.addr.rsplit(':').next().unwrap();
+    let direct = format!("{HOST_ALIAS}:{proxy_port}");
+    let err = vm.refused_upgrade(&creds, &format!("{direct}/metal/installer:kept"));
+    assert!(
+        err.contains(&format!("cannot reach registry {direct}")),
+        "{err}"
+    );
+    assert_eq!(
+        proxy.connections.load(Ordering::SeqCst),
+        0,
+        "the guest reached the host's loopback at {direct}"
+    );
+
+    // Through the forward: the gzipped image is read and refused, saying
+    // how to push it; nothing changes.
+    let image = format!("{GUEST_REGISTRY}/metal/installer:gzipped");
+    let err = vm.refused_upgrade(&creds, &image);
+    assert!(
+        err.contains(&format!(
+            "layer 0 of {image} is {tar}+gzip, not an uncompressed tar: push the installer \
+             image with `skopeo copy --preserve-digests`"
+        )),
+        "{err}"
+    );
+    assert!(proxy.connections.load(Ordering::SeqCst) > 0);
+    let s = vm.status(&creds);
+    assert_eq!(s["slots"][1]["status"], "empty", "{s}");
+    assert!(s["staged"].is_null(), "{s}");
+
+    // The same archive pushed with --preserve-digests: pulled, verified
+    // and staged into slot B.
+    let out = vm.node(
+        &creds,
+        &[
+            "upgrade",
+            "--image",
+            &format!("{GUEST_REGISTRY}/metal/installer:kept"),
+            "--stage",
+            "--wait",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}\nconsole:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        vm.console()
+    );
+    let s = vm.status(&creds);
+    assert_eq!(s["staged"], "0.1.0 in slot B", "{s}");
+    drop(vm);
+    std::fs::remove_file(&disk).unwrap();
+}
