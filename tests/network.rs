@@ -63,7 +63,12 @@ fn the_built_kernel_has_ipv4_and_no_ipv6_netfilter_or_packet_sockets() {
     }
     for off in ["IPV6", "NETFILTER", "PACKET"] {
         let line = format!("# CONFIG_{off} is not set");
-        assert_eq!(grep(&["-x", &line], &config), [line.clone()]);
+        assert_eq!(
+            grep(&["-x", &line], &config),
+            std::slice::from_ref(&line),
+            "{}",
+            config.display()
+        );
     }
     // Nor anything of theirs built in or as a module (netfilter's tables
     // and conntrack, IPv6's and packet sockets' diagnostics, bridging's
