@@ -130,15 +130,13 @@ fn blank(name: &str, size: u64) -> PathBuf {
     p
 }
 
-/// Boots the live system with the boot medium (serial `live-iso`) and
-/// `target` (serial `target1`; read-only with `read_only`) and `append` on
-/// the command line, until QEMU exits or a console line contains `until`
-/// (then QEMU is stopped). Returns the console and whether QEMU exited by
-/// itself.
-fn boot(target: &Path, read_only: bool, append: &str, until: &str) -> (Vec<String>, bool) {
+/// QEMU booting the live system with the boot medium (serial `live-iso`)
+/// and `target` (serial `target1`; read-only with `read_only`) and
+/// `append` on the command line (add arguments before spawning).
+fn live_qemu(target: &Path, read_only: bool, append: &str) -> Command {
     let l = live();
-    let child = direct_qemu(&l.kernel, &l.initramfs, &format!("{} {append}", l.cmdline))
-        .arg("-drive")
+    let mut c = direct_qemu(&l.kernel, &l.initramfs, &format!("{} {append}", l.cmdline));
+    c.arg("-drive")
         .arg(format!(
             "if=none,id=iso,format=raw,snapshot=on,file={}",
             l.dir.join("iso.raw").display()
@@ -150,10 +148,116 @@ fn boot(target: &Path, read_only: bool, append: &str, until: &str) -> (Vec<Strin
             target.display(),
             if read_only { ",readonly=on" } else { "" }
         ))
-        .args(["-device", "virtio-blk-pci,drive=t,serial=target1"])
+        .args(["-device", "virtio-blk-pci,drive=t,serial=target1"]);
+    c
+}
+
+/// Boots the live system ([`live_qemu`]) until QEMU exits or a console
+/// line contains `until` (then QEMU is stopped). Returns the console and
+/// whether QEMU exited by itself.
+fn boot(target: &Path, read_only: bool, append: &str, until: &str) -> (Vec<String>, bool) {
+    let child = live_qemu(target, read_only, append).spawn().unwrap();
+    follow_console(child, Some(until), TIMEOUT)
+}
+
+/// How long a live system that is up takes at most to power off after
+/// the ACPI power button (generous: TCG on a loaded machine).
+const POWER_OFF_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What a boot that was refused its install did ([`boot_refused`]).
+struct Refused {
+    console: Vec<String>,
+    /// The index in `console` of the line saying why the install was not
+    /// done ([`STAYS_UP`]), if one came.
+    refusal: Option<usize>,
+    /// Whether QEMU exited by itself after the power button.
+    exited: bool,
+}
+
+/// Boots the live system ([`live_qemu`]) with a QMP socket until the line
+/// saying why it does not install; then presses the ACPI power button
+/// (QMP `system_powerdown`) and follows the console until QEMU exits. Only
+/// a system still up after the refusal answers the button: PID 1's
+/// supervisor announces the power-off and the machine powers off.
+fn boot_refused(target: &Path, read_only: bool, append: &str) -> Refused {
+    use std::io::{BufRead, BufReader};
+    use std::sync::mpsc;
+    use std::time::Instant;
+    let qmp = live().dir.join("refuse.qmp");
+    let _ = std::fs::remove_file(&qmp);
+    let mut child = live_qemu(target, read_only, append)
+        .arg("-qmp")
+        .arg(format!("unix:{},server=on,wait=off", qmp.display()))
         .spawn()
         .unwrap();
-    follow_console(child, Some(until), TIMEOUT)
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut console = Vec::new();
+    let mut refusal = None;
+    let mut deadline = Instant::now() + TIMEOUT;
+    let exited = loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => {
+                let line = imager::qemu::clean_line(&line);
+                eprintln!("{line}");
+                let refused = refusal.is_none() && line.contains(STAYS_UP);
+                console.push(line);
+                if refused {
+                    refusal = Some(console.len() - 1);
+                    power_button(&qmp);
+                    deadline = Instant::now() + POWER_OFF_TIMEOUT;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                child.wait().unwrap();
+                break true;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break false;
+            }
+        }
+    };
+    Refused {
+        console,
+        refusal,
+        exited,
+    }
+}
+
+/// Presses the ACPI power button of the QEMU whose QMP socket is `socket`.
+fn power_button(socket: &Path) {
+    use std::io::{BufRead, BufReader, Write};
+    let stream = std::os::unix::net::UnixStream::connect(socket)
+        .unwrap_or_else(|e| panic!("QMP at {}: {e}", socket.display()));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut w = stream;
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert!(line.contains("\"QMP\""), "QMP greeting: {line}");
+    for cmd in ["qmp_capabilities", "system_powerdown"] {
+        writeln!(w, "{{\"execute\":\"{cmd}\"}}").unwrap();
+        loop {
+            line.clear();
+            assert!(reader.read_line(&mut line).unwrap() > 0, "QMP closed");
+            if line.contains("\"return\"") {
+                break;
+            }
+            assert!(!line.contains("\"error\""), "QMP {cmd}: {line}");
+        }
+    }
 }
 
 /// SHA-256 of a file, read in pieces (the disks are sparse gigabytes).
@@ -252,8 +356,9 @@ fn live_install_by_id_path_and_by_kernel_name() {
 }
 
 /// Every refusal says why on a `machined: install:` line and leaves the
-/// live system up (QEMU is still running when the line appears), the
-/// target unchanged.
+/// live system up: after the line, the ACPI power button makes PID 1
+/// announce a clean power-off and the machine powers off, as only a
+/// running system does; the target unchanged.
 #[test]
 fn live_install_refusals_leave_the_system_up_and_the_disk_unchanged() {
     let l = live();
@@ -321,19 +426,41 @@ fn live_install_refusals_leave_the_system_up_and_the_disk_unchanged() {
         ),
     ];
     for (disk, ro, append, want, net) in cases {
-        let (console, exited) = boot(disk, ro, &append, STAYS_UP);
+        let Refused {
+            console,
+            refusal,
+            exited,
+        } = boot_refused(disk, ro, &append);
         let all = console.join("\n");
-        assert!(!exited, "{append}: QEMU exited:\n{all}");
+        let at = refusal.unwrap_or_else(|| panic!("{append}: no {STAYS_UP:?} line:\n{all}"));
+        let (before, after) = console.split_at(at + 1);
         assert!(
-            has(&console, "machined: ready version=0.1.0 live uptime="),
+            has(before, "machined: ready version=0.1.0 live uptime="),
             "{all}"
         );
-        let line = console.iter().find(|l| l.contains(STAYS_UP)).unwrap();
+        let line = &console[at];
         assert!(
             line.contains(want),
             "{append}: want {want:?} in {line:?}:\n{all}"
         );
-        assert!(!has(&console, "powering off"), "{all}");
+        assert!(
+            !has(before, "powering off"),
+            "{append}: powered off before the refusal:\n{all}"
+        );
+        // Still up after the refusal: the power button is answered by a
+        // clean power-off, and QEMU exits by itself.
+        assert!(
+            has(after, "machined: powering off"),
+            "{append}: no power-off after the power button:\n{all}"
+        );
+        assert!(
+            exited,
+            "{append}: still running {POWER_OFF_TIMEOUT:?} after the power button:\n{all}"
+        );
+        assert!(
+            !has(&console, "machined: fatal") && !has(&console, "Kernel panic"),
+            "{append}: {all}"
+        );
         assert!(has(&console, net), "{append}: want {net:?}:\n{all}");
         let net_lines = console
             .iter()
