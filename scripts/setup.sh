@@ -15,6 +15,8 @@ packages=(
   qemu-utils
   # independent checkers used by the tests and the benchmark
   fdisk dosfstools mtools squashfs-tools openssl file time util-linux coreutils
+  # sgdisk -v: both GPT copies of every disk the tests make, checked
+  gdisk
   # objdump and sbverify: read the UKI's PE sections back in the tests
   binutils sbsigntool
   # veritysetup: the dm-verity hash tree is checked against its own

@@ -207,6 +207,8 @@ fn an_undeclared_test_file_fails_the_run() {
     let text = quoted(&out);
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("stray.rs is not declared"), "{text}");
+    // The declared files still run.
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "fine\n");
     std::fs::remove_file(dir.join("tests/stray.rs")).unwrap();
     let out = common::run(testrun().arg("declared").arg(dir.join("Cargo.toml")));
     assert!(out.status.success(), "{}", quoted(&out));
@@ -355,4 +357,55 @@ fn a_missing_tool_fails_the_test_that_needs_it() {
         text.contains("test result: FAILED. 0 passed; 1 failed"),
         "{text}"
     );
+}
+
+/// The independent GPT check every built, installed, upgraded and grown
+/// disk goes through ([`common::check_gpt`]) passes a whole table and
+/// fails on a damaged backup header or backup array, which a reader of the
+/// primary alone (and sfdisk, which only warns) would pass.
+#[test]
+fn the_gpt_check_fails_on_a_damaged_backup() {
+    let dir = repo().join("target/harness/gpt");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let whole = dir.join("whole.img");
+    std::fs::File::create(&whole)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let mut sfdisk = common::tool("sfdisk")
+        .args(["-q"])
+        .arg(&whole)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    sfdisk
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"label: gpt\n,10M,L\n,,L\n")
+        .unwrap();
+    assert!(sfdisk.wait().unwrap().success());
+    common::check_gpt(&whole);
+    let last = (64 << 20) / 512 - 1;
+    // The backup header (the last sector), then one byte of the backup
+    // array (the 32 sectors before it).
+    for (name, sector, at) in [("header", last, 20), ("array", last - 32, 40)] {
+        let damaged = dir.join(format!("{name}.img"));
+        std::fs::copy(&whole, &damaged).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&damaged)
+            .unwrap();
+        let mut b = common::read_at(&mut f, sector * 512 + at, 1);
+        b[0] ^= 0xFF;
+        common::write_at(&mut f, sector * 512 + at, &b);
+        drop(f);
+        let r = std::panic::catch_unwind(|| common::check_gpt(&damaged));
+        let e = r.expect_err(&format!("a damaged backup {name} passed the GPT check"));
+        let text = common::panic_text(e.as_ref());
+        assert!(text.contains("sgdisk -v"), "{text}");
+    }
 }

@@ -48,6 +48,8 @@ fn boot(disk: &Path, name: &str) -> (BTreeMap<String, String>, String) {
         ])
         .arg(&log)
         .arg(disk));
+    // Both GPT copies whole after the runtime's writes (a grow rewrites them).
+    check_gpt(disk);
     let console = std::fs::read_to_string(&log).unwrap();
     let lines: Vec<&str> = console
         .lines()

@@ -14,7 +14,6 @@ use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 /// Builds a variant of the default profile into target/e2e/NAME.
 fn build_variant(name: &str, edit: impl Fn(String) -> String, key: &Path) -> Build {
@@ -37,8 +36,8 @@ struct Images {
 }
 
 fn images() -> &'static Images {
-    static I: OnceLock<Images> = OnceLock::new();
-    I.get_or_init(|| {
+    static I: Fixture<Images> = Fixture::new("upgrade-images");
+    I.get(|| {
         let v1 = build_variant("upgrade-v1", |t| t, &dev_key());
         // v2 comes as an installer image, v3 as a payload directory.
         let v2 = build_variant_of("installer", "upgrade-v2", version("0.2.0"), &dev_key());
@@ -70,12 +69,14 @@ fn payload(b: &Build) -> PathBuf {
 }
 
 fn upgrade(disk: &Path, installer: &Path) -> Value {
-    serde_json::from_str(&ok(imager()
+    let r = serde_json::from_str(&ok(imager()
         .args(["upgrade", "--json", "--installer"])
         .arg(installer)
         .arg("--disk")
         .arg(disk)))
-    .unwrap()
+    .unwrap();
+    check_gpt(disk);
+    r
 }
 
 fn rollback(disk: &Path, force: bool) -> Output2 {
@@ -85,6 +86,7 @@ fn rollback(disk: &Path, force: bool) -> Output2 {
         c.arg("--force");
     }
     let out = run(&mut c);
+    check_gpt(disk);
     Output2 {
         ok: out.status.success(),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -118,6 +120,7 @@ fn boot_under(disk: &Path, reboots: bool, firmware: &str) -> (Value, String) {
         c.arg("--reboots");
     }
     let report: Value = serde_json::from_str(&ok(&mut c)).unwrap();
+    check_gpt(disk);
     (report, std::fs::read_to_string(&log).unwrap())
 }
 
@@ -473,65 +476,136 @@ fn tampered_and_foreign_payloads_and_a_full_boot_are_refused_with_nothing_writte
     assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
 }
 
-/// Cuts the power before the N-th write of an upgrade, for N spread over the
-/// whole write sequence and every write of its switch, and boots the disk
-/// after each: it always boots v1 or v2, and v2 only once the switch is
-/// written. (`bootstate`'s unit tests check every single write offline.)
-/// A copy of every cut disk boots the same version under SeaBIOS (GRUB), at
-/// most one boot behind (see below).
+/// The v1 disk booted once under OVMF (its first boot formats STATE and
+/// EPHEMERAL): what the cut sweeps copy, so that no cut boot formats them
+/// again. A node upgrades from a disk that has booted, too.
+fn booted_v1() -> &'static PathBuf {
+    static D: Fixture<PathBuf> = Fixture::new("upgrade-v1-booted");
+    D.get(|| {
+        let disk = disk_copy("upgrade-v1-booted");
+        let (r, console) = boot(&disk, false);
+        assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()), "{console}");
+        assert_eq!(r["ready"], true, "{console}");
+        disk
+    })
+}
+
+/// The cut points a sweep boots under firmware: the first write, the last
+/// cut (after every write), each point where what the loaders boot next
+/// changes and the one before it, and `extra` more chosen by the run's seed
+/// ([`test_seed`], printed) from the rest. Every other point is checked
+/// offline only (each cut's loaders read off the disk), and `bootstate`'s
+/// unit tests cut before every single write.
+fn cuts_to_boot(views: &[(u64, String, String)], extra: usize, what: &str) -> Vec<u64> {
+    let last = views.last().expect("at least one cut").0;
+    let mut points = vec![1, last];
+    for w in views.windows(2) {
+        if (&w[0].1, &w[0].2) != (&w[1].1, &w[1].2) {
+            points.extend([w[0].0, w[1].0]);
+        }
+    }
+    let rest: Vec<u64> = views
+        .iter()
+        .map(|v| v.0)
+        .filter(|n| !points.contains(n))
+        .collect();
+    points.extend(sample(&rest, extra, test_seed(), what));
+    points.sort_unstable();
+    points.dedup();
+    points
+}
+
+/// Cuts the power before each write of an upgrade in turn (v1 to v2, from
+/// an installer image), and after the last. Every cut disk is read offline:
+/// what systemd-boot and GRUB boot next, each switching once, systemd-boot
+/// first. The cuts where that changes, the first, the last and a seeded
+/// sample of the rest boot under OVMF and a copy under SeaBIOS: always v1
+/// or v2, each as its loader's rendering on the disk says, and v2 only
+/// once the switch is written; GRUB at most one boot behind (below).
 #[test]
 fn an_upgrade_interrupted_at_any_point_leaves_a_bootable_disk() {
     let i = images();
+    let base = booted_v1();
     let run_upgrade =
         |disk: &Path, fail_at: Option<u64>| cut_upgrade(disk, &payload(&i.v2), fail_at, false);
-    let probe = disk_copy("upgrade-cut-probe");
+    let probe = sparse_copy(base, "upgrade-cut-probe");
     let (done, total) = run_upgrade(&probe, None);
     assert!(done && total > 20, "{total} writes");
-    let mut points: Vec<u64> = vec![1, 2, total / 4, total / 2, 3 * total / 4];
-    points.extend(total.saturating_sub(7)..=total + 1);
-    points.sort();
-    points.dedup();
-    let mut v2_from = None;
+    assert_eq!(loaders_next(&probe), ("B".into(), "B".into()));
+
+    // Every cut, offline.
+    let mut views = Vec::new();
+    for n in 1..=total + 1 {
+        let what = format!("cut before write {n} of {total}");
+        let disk = sparse_copy(base, "upgrade-cut");
+        let (done, writes) = run_upgrade(&disk, Some(n));
+        assert_eq!(done, n > total, "{what}");
+        assert_eq!(writes, (n - 1).min(total), "{what}");
+        let (sd, grub) = loaders_next(&disk);
+        assert!(
+            matches!(
+                (sd.as_str(), grub.as_str()),
+                ("A", "A") | ("B", "A") | ("B", "B")
+            ),
+            "{what}: systemd-boot boots {sd}, GRUB {grub}"
+        );
+        if let Some((m, psd, pgrub)) = views.last() {
+            let back = (psd == "B" && sd == "A") || (pgrub == "B" && grub == "A");
+            assert!(!back, "{what}: back to A after B at cut {m}");
+        }
+        views.push((n, sd, grub));
+    }
+    assert_eq!(
+        views.last().map(|v| (v.1.as_str(), v.2.as_str())),
+        Some(("B", "B"))
+    );
+    let points = cuts_to_boot(&views, 3, "upgrade cuts");
+    eprintln!("an upgrade makes {total} writes; booting the cuts before writes {points:?}");
+
     for n in points {
-        let disk = disk_copy("upgrade-cut");
+        let what = format!("cut before write {n} of {total}");
+        let (_, sd, grub) = views[n as usize - 1].clone();
+        let disk = sparse_copy(base, "upgrade-cut");
         let (done, _) = run_upgrade(&disk, Some(n));
-        assert_eq!(done, n > total, "cut at write {n}");
+        assert_eq!(done, n > total, "{what}");
         // The same cut disk under SeaBIOS (GRUB), from a copy.
         let bios = sparse_copy(&disk, "upgrade-cut-bios");
+        let version = |slot: &str| if slot == "A" { "0.1.0" } else { "0.2.0" };
         let (r, console) = boot(&disk, false);
-        let (v, slot) = slot_of(&r);
-        // GRUB boots the same slot, or (a cut between systemd-boot's switch
-        // and GRUB's) the old one once, whose runtime finishes the switch:
-        // the next boot is the new slot.
+        assert_eq!(r["ready"], true, "{what}: {console}");
+        assert_eq!(
+            slot_of(&r),
+            (version(&sd).into(), sd.clone()),
+            "{what}: OVMF: {console}"
+        );
+        if sd == "B" {
+            assert!(console.contains("blessed slot B"), "{what}: {console}");
+        }
+        // GRUB boots its slot: the same, or (a cut between systemd-boot's
+        // switch and GRUB's) the old one once, whose runtime finishes the
+        // switch: the next boot is the new slot.
         let (rb, cb) = boot_under(&bios, false, "bios");
-        if slot_of(&rb) != (v.clone(), slot.clone()) {
-            assert_eq!(slot_of(&rb), ("0.1.0".into(), "A".into()), "cut {n}: {cb}");
+        assert_eq!(rb["ready"], true, "{what}: {cb}");
+        assert_eq!(
+            slot_of(&rb),
+            (version(&grub).into(), grub.clone()),
+            "{what}: SeaBIOS: {cb}"
+        );
+        if grub != sd {
             assert!(
                 cb.contains("GRUB's switch to slot B finished"),
-                "cut {n}: {cb}"
+                "{what}: {cb}"
             );
             let (rb, cb) = boot_under(&bios, false, "bios");
-            assert_eq!(slot_of(&rb), (v.clone(), slot.clone()), "cut {n}: {cb}");
-        }
-        match v.as_str() {
-            "0.1.0" => {
-                assert_eq!(slot, "A");
-                assert!(
-                    v2_from.is_none(),
-                    "cut {n}: v1 after v2 booted at an earlier cut"
-                );
-            }
-            "0.2.0" => {
-                assert_eq!(slot, "B");
-                assert!(console.contains("blessed slot B"), "cut {n}: {console}");
-                v2_from.get_or_insert(n);
-            }
-            _ => panic!("cut {n}: booted {v}"),
+            assert_eq!(
+                slot_of(&rb),
+                (version(&sd).into(), sd.clone()),
+                "{what}: the second SeaBIOS boot: {cb}"
+            );
         }
         let fsck = boot_fsck_beyond_a_cut(&disk);
-        assert!(fsck.is_empty(), "cut {n}: fsck.fat reports {fsck:#?}");
+        assert!(fsck.is_empty(), "{what}: fsck.fat reports {fsck:#?}");
     }
-    assert!(v2_from.is_some(), "no cut point booted v2");
 }
 
 /// What fsck.fat finds on BOOT beyond what a cut leaves by design (the
@@ -591,10 +665,12 @@ fn loaders_next(disk: &Path) -> (String, String) {
 }
 
 /// Cuts the power before each write of a rollback in turn (v2 blessed on
-/// slot B back to v1 on slot A), and after the last, and boots every cut
-/// disk under OVMF and a copy of it under SeaBIOS. Each boots to ready, on
-/// v2 from B (the rollback not yet effective) or v1 from A, as its loader's
-/// rendering on the disk says; once a cut boots A, no later cut boots B.
+/// slot B back to v1 on slot A), and after the last; reads every cut disk
+/// offline (fsck.fat, what each loader boots next) and boots the cuts
+/// [`cuts_to_boot`] picks under OVMF and a copy under SeaBIOS. Each boots
+/// to ready, on v2 from B (the rollback not yet effective) or v1 from A, as
+/// its loader's rendering on the disk says; once a cut boots A, no later
+/// cut boots B.
 /// The two loaders switch by one write each, systemd-boot first: a cut
 /// between the two (and only there) boots A under OVMF and B under SeaBIOS
 /// once, whose runtime brings GRUB to META (docs/design.md, "Two renderings
@@ -643,7 +719,8 @@ fn a_rollback_interrupted_at_any_point_leaves_a_bootable_disk() {
     eprintln!("a rollback makes {total} writes: cutting before each, then none");
 
     let version = |slot: &str| if slot == "A" { "0.1.0" } else { "0.2.0" };
-    let (mut a_from, mut window) = (None::<u64>, Vec::new());
+    // Every cut, offline: fsck.fat and what each loader boots next.
+    let mut views = Vec::new();
     let mut fsck_found = Vec::new();
     for n in 1..=total + 1 {
         let what = format!("cut before write {n} of {total}");
@@ -651,7 +728,7 @@ fn a_rollback_interrupted_at_any_point_leaves_a_bootable_disk() {
         let (done, writes) = run_rollback(&disk, Some(n));
         assert_eq!(done, n > total, "{what}");
         assert_eq!(writes, (n - 1).min(total), "{what}");
-        // What fsck.fat finds, asserted after every cut has booted.
+        // What fsck.fat finds, asserted after every cut was read.
         let fsck = boot_fsck_beyond_a_cut(&disk);
         if !fsck.is_empty() {
             eprintln!("{what}: fsck.fat reports {:?}", &fsck[..fsck.len() - 1]);
@@ -670,6 +747,40 @@ fn a_rollback_interrupted_at_any_point_leaves_a_bootable_disk() {
         if n > total {
             assert_eq!((sd.as_str(), grub.as_str()), ("A", "A"), "{what}");
         }
+        views.push((n, sd, grub));
+    }
+    assert!(
+        fsck_found.is_empty(),
+        "fsck.fat finds more on BOOT than a cut leaves by design: {fsck_found:#?}"
+    );
+    // Once a cut boots A, no later cut boots B.
+    let a_from = views
+        .iter()
+        .find(|v| v.1 == "A")
+        .map(|v| v.0)
+        .expect("the last cut boots A");
+    assert!(a_from > 1, "the first cut boots A");
+    assert!(
+        views.iter().all(|v| (v.1 == "A") == (v.0 >= a_from)),
+        "B after A: {views:?}"
+    );
+    // The loaders differ from systemd-boot's switch to GRUB's, and only
+    // there: the cuts from the first that boots A, one after the other.
+    let window: Vec<u64> = views.iter().filter(|v| v.1 != v.2).map(|v| v.0).collect();
+    let to = a_from + window.len() as u64;
+    assert!(
+        !window.is_empty() && window == (a_from..to).collect::<Vec<_>>(),
+        "cuts where the loaders differ: {window:?} (A from cut {a_from})"
+    );
+
+    let points = cuts_to_boot(&views, 2, "rollback cuts");
+    eprintln!("a rollback makes {total} writes; booting the cuts before writes {points:?}");
+    for n in points {
+        let what = format!("cut before write {n} of {total}");
+        let (_, sd, grub) = views[n as usize - 1].clone();
+        let disk = sparse_copy(&base, "rollback-cut");
+        let (done, _) = run_rollback(&disk, Some(n));
+        assert_eq!(done, n > total, "{what}");
         let bios = sparse_copy(&disk, "rollback-cut-bios");
 
         // Under OVMF: systemd-boot's slot, to ready; the runtime brings META
@@ -698,7 +809,6 @@ fn a_rollback_interrupted_at_any_point_leaves_a_bootable_disk() {
         if grub != sd {
             // The window between the two switches: this boot of B brought
             // GRUB to META (A), and the next SeaBIOS boot is A.
-            window.push(n);
             assert!(cb.contains(FOLLOWED), "{what}: {cb}");
             assert_eq!(loaders_next(&bios), (sd.clone(), sd.clone()), "{what}");
             let (rb, cb) = boot_under(&bios, false, "bios");
@@ -714,30 +824,7 @@ fn a_rollback_interrupted_at_any_point_leaves_a_bootable_disk() {
         assert_eq!(inspect(&bios)["slots"]["default"], sd.as_str(), "{what}");
         assert_eq!(loaders_next(&bios), (sd.clone(), sd.clone()), "{what}");
         eprintln!("{what}: OVMF boots {sd}, SeaBIOS {grub}");
-
-        if sd == "A" {
-            a_from.get_or_insert(n);
-        } else {
-            assert!(
-                a_from.is_none(),
-                "{what}: B after A booted at cut {a_from:?}"
-            );
-        }
     }
-    let a_from = a_from.unwrap();
-    assert!(a_from > 1, "the first cut booted A");
-    // The loaders differ from systemd-boot's switch to GRUB's, and only
-    // there: the cuts from the first that boots A, one after the other.
-    let to = a_from + window.len() as u64;
-    assert!(
-        !window.is_empty() && window == (a_from..to).collect::<Vec<_>>(),
-        "cuts where the loaders differ: {window:?} (A from cut {a_from})"
-    );
-    eprintln!("A from cut {a_from}; the loaders differ at cuts {window:?}");
-    assert!(
-        fsck_found.is_empty(),
-        "fsck.fat finds more on BOOT than a cut leaves by design: {fsck_found:#?}"
-    );
 }
 
 /// The installer taken out of its image by umoci runs as the image's
@@ -792,6 +879,7 @@ fn install_lays_out_a_blank_disk_that_boots_the_payload() {
             c.args(["--size", s]);
         }
         let r: Value = serde_json::from_str(&ok(&mut c)).unwrap();
+        check_gpt(disk);
         assert_eq!((&r["slot"], &r["version"]), (&"A".into(), &"0.2.0".into()));
         assert_eq!(r["bios_boot"], true, "GRUB from the payload: {r}");
         let want = if size.is_some() { 3u64 << 30 } else { 2 << 30 };

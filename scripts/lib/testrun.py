@@ -6,8 +6,9 @@ each test binary reported, and ends the run with one honest closing line.
                                         output streamed; one record a test
                                         binary appended to LOG (JSON lines)
     testrun.py declared MANIFEST         the [[test]] names of MANIFEST, one
-                                        a line; fails naming any tests/*.rs
-                                        beside them that is not declared
+                                        a line; fails (after printing them)
+                                        naming any tests/*.rs beside them
+                                        that is not declared
     testrun.py step LOG LABEL START END STATUS
                                         a step that is not a cargo test (the
                                         kernel, fuzzing) recorded for the
@@ -158,11 +159,10 @@ def declared(manifest):
     for f in undeclared:
         print(f"test: {f} is not declared as a [[test]] in {manifest}: "
               "declare it, or it never runs", file=sys.stderr)
-    if missing or undeclared:
-        return 1
-    for n, _ in tests:
-        print(n)
-    return 0
+    for n, p in tests:
+        if p.is_file():
+            print(n)
+    return 1 if missing or undeclared else 0
 
 
 def summary(log):

@@ -14,7 +14,7 @@ mod fixture;
 #[allow(clippy::duplicate_mod)]
 mod tool;
 #[allow(unused_imports)]
-pub use fixture::Fixture;
+pub use fixture::{Fixture, panic_text};
 #[allow(unused_imports)]
 pub use tool::{tool, tool_path};
 
@@ -64,6 +64,19 @@ impl Build {
         )
     }
 
+    /// The build's raw disk, when it made one, checked by [`check_gpt`]:
+    /// every disk a test builds has both its GPT copies whole.
+    pub fn check_disks(&self) {
+        let raw = self.json["artifacts"].as_array().and_then(|a| {
+            a.iter()
+                .find(|a| a["kind"] == "raw")
+                .and_then(|a| a["path"].as_str())
+        });
+        if let Some(raw) = raw {
+            check_gpt(Path::new(raw));
+        }
+    }
+
     pub fn artifact(&self, kind: &str) -> PathBuf {
         let a = self.json["artifacts"]
             .as_array()
@@ -98,7 +111,9 @@ pub fn build_with(name: &str, cargo_target: Option<&Path>) -> Build {
         .args(["build", "--profile", "metal", "--json", "--out"])
         .arg(&dir));
     let json: Value = serde_json::from_str(&stdout).expect("build --json prints JSON");
-    Build { dir, json }
+    let b = Build { dir, json };
+    b.check_disks();
+    b
 }
 
 /// Builds `profile` into target/e2e/NAME with `args` added (`--key K`).
@@ -111,10 +126,12 @@ pub fn build_profile(name: &str, profile: &Path, args: &[&str]) -> Build {
         .args(args)
         .arg("--out")
         .arg(&dir));
-    Build {
+    let b = Build {
         dir,
         json: serde_json::from_str(&stdout).unwrap(),
-    }
+    };
+    b.check_disks();
+    b
 }
 
 /// `imager boot IMAGE --json --quiet --timeout 600` with `args`: the
@@ -356,7 +373,10 @@ pub fn cut_upgrade(
         let chain = format!("{e:#}");
         assert!(chain.contains("simulated power cut"), "{chain}");
     }
-    (r.is_ok(), m.writes())
+    let writes = m.writes();
+    drop(m);
+    check_gpt(disk);
+    (r.is_ok(), writes)
 }
 
 /// QEMU booting `kernel` and `initramfs` directly (no firmware, no boot
@@ -497,4 +517,32 @@ pub fn sample(from: &[u64], k: usize, seed: u64, what: &str) -> Vec<u64> {
     }
     chosen.sort_unstable();
     chosen
+}
+
+/// Both GPT copies of `disk` as an independent reader checks them:
+/// `sgdisk -v` (gdisk) verifies the primary and the backup header and
+/// array, their CRCs and that they agree. It exits 0 whatever it finds, so
+/// its words decide: "No problems found" and none of its warnings of a
+/// damaged table (sfdisk only warns of a bad backup, and reads on).
+pub fn check_gpt(disk: &Path) {
+    let out = run(tool("sgdisk").arg("-v").arg(disk));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    const DAMAGE: [&str; 6] = [
+        "Caution",
+        "ERROR",
+        "corrupt",
+        "Problem",
+        "problems!",
+        "differ",
+    ];
+    let found: Vec<&str> = DAMAGE.into_iter().filter(|w| text.contains(w)).collect();
+    assert!(
+        out.status.success() && text.contains("No problems found") && found.is_empty(),
+        "sgdisk -v {}: {found:?}:\n{text}",
+        disk.display()
+    );
 }
