@@ -184,6 +184,23 @@ fn other_arch(tree: &Path, dir: &Path, srcarch: &str) -> bool {
     }
 }
 
+/// `DIR/NAME.tar.xz` of the tree `DIR/TOP`, as a source tarball is made
+/// (for tests that read one).
+#[cfg(test)]
+pub(crate) fn test_tarball(dir: &Path, top: &str, name: &str) -> std::path::PathBuf {
+    let tarball = dir.join(format!("{name}.tar.xz"));
+    let st = Command::new("tar")
+        .arg("-cJf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(dir)
+        .arg(top)
+        .status()
+        .expect("running tar");
+    assert!(st.success());
+    tarball
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,16 +257,7 @@ mod tests {
         fs::write(top.join("Kconfig"), "config TOP\n").unwrap();
         fs::write(top.join("security/Kconfig"), "config PROC_MEM_NO_FORCE\n").unwrap();
         fs::write(top.join("Makefile"), "config NOT_READ\n").unwrap();
-        let tarball = dir.path().join("src.tar.xz");
-        let st = Command::new("tar")
-            .arg("-cJf")
-            .arg(&tarball)
-            .arg("-C")
-            .arg(dir.path())
-            .arg("linux-source-9.9")
-            .status()
-            .unwrap();
-        assert!(st.success());
+        let tarball = super::test_tarball(dir.path(), "linux-source-9.9", "src");
         let s = KconfigSymbols::from_source(&tarball, "x86").unwrap();
         assert!(s.defines("CONFIG_PROC_MEM_NO_FORCE") && s.defines("CONFIG_TOP"));
         assert!(!s.defines("CONFIG_NOT_READ"));

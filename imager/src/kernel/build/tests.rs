@@ -165,16 +165,7 @@ fn source_symbols_are_read_once_and_remembered() {
     let top = dir.path().join("linux-source-9.9");
     fs::create_dir_all(&top).unwrap();
     fs::write(top.join("Kconfig"), "config TOP\nconfig OTHER\n").unwrap();
-    let tarball = dir.path().join("src.tar.xz");
-    let st = Command::new("tar")
-        .arg("-cJf")
-        .arg(&tarball)
-        .arg("-C")
-        .arg(dir.path())
-        .arg("linux-source-9.9")
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let tarball = super::super::kconfig::test_tarball(dir.path(), "linux-source-9.9", "src");
     let cache = dir.path().join("cache");
     let first = source_symbols(&cache, &tarball, "x86").unwrap();
     assert!(first.defines("CONFIG_TOP") && first.defines("CONFIG_OTHER"));
