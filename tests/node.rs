@@ -200,6 +200,21 @@ fn refused(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// The offset in the tar archive `layer` of the middle byte of the file
+/// `path`'s contents.
+fn middle_of_file(layer: &[u8], path: &str) -> usize {
+    let mut archive = tar::Archive::new(layer);
+    for e in archive.entries().unwrap() {
+        let e = e.unwrap();
+        let name = e.path().unwrap().to_string_lossy().into_owned();
+        if name.trim_start_matches("./") == path {
+            assert!(e.size() > 0, "{path} is empty");
+            return (e.raw_file_position() + e.size() / 2) as usize;
+        }
+    }
+    panic!("no {path} in the layer");
+}
+
 /// `imager node provision DISK --credentials DIR ARGS`.
 fn provision(disk: &Path, dir: &Path, args: &[&str]) -> std::process::Command {
     let mut c = imager();
@@ -393,8 +408,15 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     assert!(err.contains("refused this client's certificate"), "{err}");
     let err = refused(&node_cmd(&vm, &other, "mallory", &["status"]));
     assert!(err.contains("not issued by the cluster CA"), "{err}");
+    // Slot B was never written: nothing to roll back to.
     let err = refused(&node_cmd(&vm, &creds, "ops", &["rollback"]));
-    assert!(err.contains("refused"), "{err}");
+    assert!(
+        err.contains(
+            "the node refused rollback (refused): slot B is empty: there is nothing to roll \
+             back to"
+        ),
+        "{err}"
+    );
     let err = refused(&upgrade(
         &vm,
         &creds,
@@ -420,8 +442,9 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         &[],
     ));
     assert!(err.contains("nothing was written"), "wrong digest: {err}");
-    // A tampered payload layer (in the registry's storage): refused after
-    // streaming, before any write.
+    // A tampered payload layer (in the registry's storage): one byte in the
+    // middle of its kernel changed; refused when the kernel's bytes do not
+    // hash to the signed digest, before any write.
     let m: Value = serde_json::from_str(&ok(std::process::Command::new(reg::tool("skopeo"))
         .args(["inspect", "--raw", "--tls-verify=false"])
         .arg(format!("docker://{}/metal/installer:0.2.0", registry.addr))))
@@ -430,12 +453,21 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let blob = registry.blob_file(&registry::Digest::parse(layer).unwrap());
     let original = std::fs::read(&blob).unwrap();
     let mut bad = original.clone();
-    let at = bad.len() / 2;
+    let kernel = format!(
+        "{}/{}",
+        contract::paths::INSTALLER_PAYLOAD_DIR,
+        contract::paths::PAYLOAD_KERNEL
+    );
+    let at = middle_of_file(&original, &kernel);
     bad[at] ^= 0x40;
     std::fs::write(&blob, &bad).unwrap();
     let err = refused(&upgrade(&vm, &creds, "ops", &image, &[]));
     assert!(
-        err.contains("not the signed file") || err.contains("digest"),
+        err.contains("the node refused upgrade (refused): streaming the payload of ")
+            && err.contains(&format!(
+                "nothing was written: {kernel} is not the signed file ("
+            ))
+            && err.contains("): the image was changed"),
         "tampered layer: {err}"
     );
     std::fs::write(&blob, &original).unwrap();
