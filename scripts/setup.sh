@@ -17,6 +17,9 @@ packages=(
   fdisk dosfstools mtools squashfs-tools openssl file time util-linux coreutils
   # sgdisk -v: both GPT copies of every disk the tests make, checked
   gdisk
+  # jq: docs/signing.md's verification, run as written by tests/signing.rs;
+  # locales: localedef compiles tests/reproducible.rs's second locale
+  jq locales
   # objdump and sbverify: read the UKI's PE sections back in the tests
   binutils sbsigntool
   # veritysetup: the dm-verity hash tree is checked against its own

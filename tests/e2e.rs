@@ -486,30 +486,6 @@ fn the_signature_verifies_with_openssl() {
 }
 
 #[test]
-fn two_builds_in_different_directories_are_byte_identical() {
-    let first = image();
-    // The second build compiles the runtime afresh, in another directory.
-    let target2 = scratch().join("cargo-target-2");
-    let _ = std::fs::remove_dir_all(&target2);
-    let second = build_with("second", Some(&target2));
-    assert_ne!(first.dir, second.dir);
-    for kind in [
-        "kernel",
-        "kernel-config",
-        "initramfs",
-        "rootfs",
-        "rootfs-verity",
-        "raw",
-        "manifest",
-        "signature",
-    ] {
-        let a = std::fs::read(first.artifact(kind)).unwrap();
-        let b = std::fs::read(second.artifact(kind)).unwrap();
-        assert!(a == b, "{kind} differs between two builds");
-    }
-}
-
-#[test]
 fn inspect_shows_partitions_entries_meta_and_manifest() {
     let b = image();
     let raw = b.artifact("raw");

@@ -94,19 +94,11 @@ pub fn scratch() -> PathBuf {
     d
 }
 
+/// Builds the default image into target/e2e/NAME.
 pub fn build_into(name: &str) -> Build {
-    build_with(name, None)
-}
-
-/// Builds the default image into target/e2e/NAME, optionally with the
-/// runtime compiled into another cargo target directory.
-pub fn build_with(name: &str, cargo_target: Option<&Path>) -> Build {
     let dir = scratch().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     let mut cmd = imager();
-    if let Some(t) = cargo_target {
-        cmd.env("CARGO_TARGET_DIR", t);
-    }
     let stdout = ok(cmd
         .args(["build", "--profile", "metal", "--json", "--out"])
         .arg(&dir));
