@@ -1,19 +1,22 @@
 //! Reproducibility of every output across two checkouts (issue 24, point
-//! 4): the working tree's files (tracked, and untracked but not ignored, as
-//! they are now: uncommitted changes are tested too) copied into two
-//! directories of different paths and depths, each building with its own
-//! runtime and installer (the static `imager` the images carry), compiled
-//! by the build from that copy into its own `CARGO_TARGET_DIR`, and, for the
-//! second, its own kernel cache (a cold kernel build); the second in another
-//! time zone, umask and locale. The same signing key, Secure Boot keys and
-//! `SOURCE_DATE_EPOCH`. Every output of a build that lists all formats (raw,
-//! vhd, qcow2, raw.zst, raw.xz, installer, iso, uki) and of a Secure Boot
-//! build (signed UKIs, installer, ISO) must be the same bytes.
+//! 4): the repository itself (checkout A, with its own cargo target
+//! directory and kernel cache, warm from the tests before, as on a
+//! developer's machine) and a copy of its working tree's files (tracked,
+//! and untracked but not ignored, as they are now: uncommitted changes are
+//! tested too) in a directory of another path and depth (checkout B), whose
+//! build compiles its own runtime and installer (the static `imager` the
+//! images carry) into its own `CARGO_TARGET_DIR` and its own kernel in its
+//! own, cold, kernel cache, in another time zone, umask and locale. The
+//! same signing key, Secure Boot keys and `SOURCE_DATE_EPOCH`. Every output
+//! of a build that lists all formats (raw, vhd, qcow2, raw.zst, raw.xz,
+//! installer, iso, uki) and of a Secure Boot build (signed UKIs, installer,
+//! ISO) must be the same bytes.
 //!
-//! The checkouts and the second kernel cache are made again on every run;
-//! the two cargo target directories are kept between runs (their
-//! dependencies compile once; the workspace's own crates are rebuilt since
-//! the copies are new).
+//! B's copy and kernel cache are made again on every run; its cargo target
+//! directory is kept between runs (its dependencies compile once; the
+//! workspace's own crates are rebuilt since the copy is new). The profiles
+//! built are written beside the real ones in each checkout
+//! (`profiles/repro-*.yaml`, ignored by git) and removed after.
 
 // Test helpers panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
@@ -268,13 +271,32 @@ fn timed<T>(what: &str, f: impl FnOnce() -> T) -> T {
     r
 }
 
+/// Removes its paths (files or directories) when dropped: what the test
+/// adds to the repository, checkout A, goes even when it fails.
+struct RemoveOnDrop(Vec<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p).or_else(|_| std::fs::remove_dir_all(p));
+        }
+    }
+}
+
 #[test]
 fn every_output_is_the_same_bytes_from_two_checkouts_in_other_places_zones_umasks_and_locales() {
     let started = Instant::now();
     let base = repo().join("target/reproducible");
     // The copies, their outputs, the keys and the second kernel cache are
     // made again; the cargo target directories are kept.
-    for d in ["a", "second/checkout-b", "b-cache", "keys", "locale"] {
+    for d in [
+        "a",
+        "a-target",
+        "second/checkout-b",
+        "b-cache",
+        "keys",
+        "locale",
+    ] {
         let _ = std::fs::remove_dir_all(base.join(d));
     }
     std::fs::create_dir_all(base.join("locale")).unwrap();
@@ -288,8 +310,8 @@ fn every_output_is_the_same_bytes_from_two_checkouts_in_other_places_zones_umask
 
     let a = Checkout {
         name: "a",
-        root: base.join("a"),
-        target: base.join("a-target"),
+        root: repo(),
+        target: repo().join("target"),
         cache: None,
         tz: "UTC",
         umask: 0o022,
@@ -306,12 +328,8 @@ fn every_output_is_the_same_bytes_from_two_checkouts_in_other_places_zones_umask
         locale: "tr_TR.UTF-8",
         locpath: Some(base.join("locale")),
     };
-    timed("copying the working tree twice", || {
-        let files = working_tree_files();
-        copy_tree(&files, &repo(), &a.root, a.umask);
-        // The second copy from the first: an edit made in the working tree
-        // meanwhile cannot make them differ.
-        copy_tree(&files, &a.root, &b.root, b.umask);
+    timed("copying the working tree", || {
+        copy_tree(&working_tree_files(), &repo(), &b.root, b.umask);
     });
     // The second environment is in effect: another month name, another
     // offset, another umask.
@@ -340,6 +358,17 @@ fn every_output_is_the_same_bytes_from_two_checkouts_in_other_places_zones_umask
     // compiled from the copy by the build. The kernels first (the second's
     // cold, in its own cache; the first's the default cache's).
     let driver = Path::new(env!("CARGO_BIN_EXE_imager"));
+    let _cleanup = RemoveOnDrop(
+        profiles(&a.root, &sb_keys)
+            .iter()
+            .flat_map(|(name, _)| {
+                [
+                    a.root.join(format!("profiles/{name}.yaml")),
+                    a.root.join("out").join(name),
+                ]
+            })
+            .collect(),
+    );
     for c in [&a, &b] {
         for (name, text) in profiles(&c.root, &sb_keys) {
             std::fs::write(c.root.join(format!("profiles/{name}.yaml")), text).unwrap();
@@ -388,7 +417,9 @@ fn every_output_is_the_same_bytes_from_two_checkouts_in_other_places_zones_umask
 
     // No path of the build machine in the binaries the images carry: the
     // installer and the runtime, as compiled from each copy.
-    let needle = base.to_str().unwrap().as_bytes();
+    // (B's copy lies under the repository: its path starts with it.)
+    let needle = repo().to_str().unwrap().as_bytes().to_vec();
+    let needle = &needle[..];
     for c in [&a, &b] {
         for bin in ["imager", "machined"] {
             let path = c.release_dir().join(bin);
@@ -396,7 +427,7 @@ fn every_output_is_the_same_bytes_from_two_checkouts_in_other_places_zones_umask
                 !contains(&path, needle),
                 "{} carries the build path {}",
                 path.display(),
-                base.display()
+                repo().display()
             );
         }
     }
