@@ -10,21 +10,20 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 /// The serial number of the disk the install variant installs to.
 const TARGET: &str = "TARGET01";
 
 /// The default ISO build.
 fn iso() -> &'static Build {
-    static B: OnceLock<Build> = OnceLock::new();
-    B.get_or_init(|| build_profile("iso", &repo().join("profiles/iso.yaml"), &[]))
+    static B: Fixture<Build> = Fixture::new("iso");
+    B.get(|| build_profile("iso", &repo().join("profiles/iso.yaml"), &[]))
 }
 
 /// The ISO whose live system installs onto the disk with serial [`TARGET`].
 fn install_iso() -> &'static Build {
-    static B: OnceLock<Build> = OnceLock::new();
-    B.get_or_init(|| {
+    static B: Fixture<Build> = Fixture::new("iso-install");
+    B.get(|| {
         let profile = write_profile_from("iso", "iso-install", |t| {
             format!("{t}\nlive:\n  install: serial:{TARGET}\n")
         });

@@ -15,7 +15,6 @@ use serde_json::Value;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 const ID: &str = "5e1f0a11";
@@ -32,8 +31,8 @@ struct Live {
 
 /// The installer build, unpacked, and its initramfs with `/live` appended.
 fn live() -> &'static Live {
-    static L: OnceLock<Live> = OnceLock::new();
-    L.get_or_init(|| {
+    static L: Fixture<Live> = Fixture::new("live");
+    L.get(|| {
         let out = scratch().join("live-build");
         let _ = std::fs::remove_dir_all(&out);
         let json: Value = serde_json::from_str(&ok(imager()

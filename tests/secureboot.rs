@@ -15,7 +15,6 @@ use common::*;
 use imager::qemu::BootOptions;
 use imager::secureboot::{SecureBootKeys, authenticode, write_enrolment};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 const SD_BOOT: &str = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi";
@@ -34,8 +33,8 @@ fn dir() -> PathBuf {
 /// A fresh key directory made by `imager keygen --secure-boot` (once per
 /// test process).
 fn keys() -> &'static SecureBootKeys {
-    static K: OnceLock<SecureBootKeys> = OnceLock::new();
-    K.get_or_init(|| {
+    static K: Fixture<SecureBootKeys> = Fixture::new("secureboot-keys");
+    K.get(|| {
         let k = dir().join("keys");
         let _ = std::fs::remove_dir_all(&k);
         let out = ok(imager().args(["keygen", "--secure-boot"]).arg(&k));
@@ -46,8 +45,8 @@ fn keys() -> &'static SecureBootKeys {
 
 /// systemd-boot signed with our db key.
 fn signed_sd_boot() -> &'static Path {
-    static P: OnceLock<PathBuf> = OnceLock::new();
-    P.get_or_init(|| {
+    static P: Fixture<PathBuf> = Fixture::new("secureboot-profile");
+    P.get(|| {
         let out = dir().join("systemd-bootx64.signed.efi");
         imager::secureboot::sign(Path::new(SD_BOOT), &keys().db, &out).unwrap();
         out
@@ -57,8 +56,8 @@ fn signed_sd_boot() -> &'static Path {
 /// The live system's UKI (`imager::uki` from the default ISO build's
 /// kernel, live initramfs and command line): `(unsigned, signed)`.
 fn ukis() -> &'static (PathBuf, PathBuf) {
-    static U: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
-    U.get_or_init(|| {
+    static U: Fixture<(PathBuf, PathBuf)> = Fixture::new("secureboot-ukis");
+    U.get(|| {
         let build = build_profile("sb-iso", &repo().join("profiles/iso.yaml"), &[]);
         let iso = build.artifact("iso");
         let d = dir().join("uki");

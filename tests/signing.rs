@@ -14,7 +14,6 @@ mod common;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::sync::OnceLock;
 
 const DOC: &str = "docs/signing.md";
 /// What the page's block starts with and which key it names: replaced by
@@ -168,42 +167,30 @@ struct Signed {
 /// by the tests of this file. A build that fails fails every test at once
 /// with its message; it is not tried again.
 fn signed() -> &'static Signed {
-    static BUILD: OnceLock<Result<Signed, String>> = OnceLock::new();
-    let b = BUILD.get_or_init(|| {
-        std::panic::catch_unwind(|| {
-            let keys = scratch().join("signing-keys");
-            let _ = std::fs::remove_dir_all(&keys);
-            for k in ["signing", "other"] {
-                ok(imager()
-                    .args(["keygen", "--private"])
-                    .arg(keys.join(format!("{k}.key")))
-                    .arg("--public")
-                    .arg(keys.join(format!("{k}.pub"))));
-            }
-            let key = keys.join("signing.key");
-            let b = build_profile(
-                "signing",
-                &repo().join("profiles/metal.yaml"),
-                &["--key", key.to_str().unwrap()],
-            );
-            Signed {
-                dir: b.dir,
-                key,
-                public: keys.join("signing.pub"),
-                other: keys.join("other.pub"),
-            }
-        })
-        .map_err(|e| {
-            e.downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default()
-        })
-    });
-    match b {
-        Ok(s) => s,
-        Err(e) => panic!("the shared signed build failed (not tried again):\n{e}"),
-    }
+    static BUILD: Fixture<Signed> = Fixture::new("signing");
+    BUILD.get(|| {
+        let keys = scratch().join("signing-keys");
+        let _ = std::fs::remove_dir_all(&keys);
+        for k in ["signing", "other"] {
+            ok(imager()
+                .args(["keygen", "--private"])
+                .arg(keys.join(format!("{k}.key")))
+                .arg("--public")
+                .arg(keys.join(format!("{k}.pub"))));
+        }
+        let key = keys.join("signing.key");
+        let b = build_profile(
+            "signing",
+            &repo().join("profiles/metal.yaml"),
+            &["--key", key.to_str().unwrap()],
+        );
+        Signed {
+            dir: b.dir,
+            key,
+            public: keys.join("signing.pub"),
+            other: keys.join("other.pub"),
+        }
+    })
 }
 
 /// A copy of the build in target/e2e/signing-NAME whose files are hard
