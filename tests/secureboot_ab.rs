@@ -15,6 +15,7 @@
 
 mod common;
 
+use bootstate::fat::BootFs;
 use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -137,6 +138,20 @@ fn slot_of(r: &Value) -> (String, String) {
         r["version"].as_str().unwrap().to_string(),
         r["slot"].as_str().unwrap().to_string(),
     )
+}
+
+/// The slot systemd-boot boots next on `disk`, as its boot entries and
+/// META say (`bootstate`'s reading of systemd-boot's order): what a boot
+/// of a disk cut during an upgrade must come up on.
+fn next_slot(disk: &Path) -> String {
+    let mut slots = imager::install::open_slots(disk).unwrap();
+    let mut boot = BootFs::new(slots.boot, 0);
+    let st = bootstate::ops::status(&mut boot, &mut slots.meta).unwrap();
+    st.next_boot()
+        .unwrap_or_else(|| panic!("{}: no bootable entry", disk.display()))
+        .slot
+        .name()
+        .to_string()
 }
 
 fn upgrade(disk: &Path, installer: &Path, extra: &[&str]) -> std::process::Output {
@@ -508,14 +523,32 @@ fn a_plain_disk_enters_secure_boot_by_an_upgrade_when_asked() {
     assert!(done && total > 20, "{total} writes");
     let mut points = vec![1, 3, total / 2, total - 1, total];
     points.dedup();
+    let mut b_from = None;
     for n in points {
         let disk = fresh();
         let (done, _) = run_upgrade(&disk, Some(n));
         assert!(!done, "cut {n}");
+        // Nothing written yet: A; from the switch on: B, and no cut after
+        // it A again.
+        let expected = next_slot(&disk);
+        if n == 1 {
+            assert_eq!(expected, "A", "cut {n}: nothing was written");
+        }
+        if expected == "B" {
+            b_from.get_or_insert(n);
+        } else {
+            assert!(b_from.is_none(), "cut {n}: A after B at cut {b_from:?}");
+        }
         let r = boot_report(&disk, &["--write", "--reboots"])
             .unwrap_or_else(|e| panic!("cut {n}: {e}"));
-        let slot = r["slot"].as_str().unwrap().to_string();
-        assert!(slot == "A" || slot == "B", "cut {n}: {r}");
+        // (The plain disk's version is 0.2.0 as well: the slot tells them
+        // apart.)
+        assert_eq!(
+            slot_of(&r),
+            ("0.2.0".into(), expected.clone()),
+            "cut {n}: {r}"
+        );
+        let slot = expected;
         if slot == "A" {
             let (done, _) = run_upgrade(&disk, None);
             assert!(done, "cut {n}: the upgrade run again");
@@ -528,6 +561,7 @@ fn a_plain_disk_enters_secure_boot_by_an_upgrade_when_asked() {
             "cut {n}"
         );
     }
+    assert!(b_from.is_some(), "no cut booted B");
 }
 
 /// Power cut before writes spread over a Secure Boot upgrade: each cut disk
@@ -547,16 +581,27 @@ fn a_secure_boot_upgrade_cut_anywhere_leaves_a_disk_that_boots() {
         let disk = disk_copy("sb-cut");
         let (done, _) = run_upgrade(&disk, Some(n));
         assert_eq!(done, n > total, "cut {n}");
-        let (r, console) = sb_boot(&disk, &vars, true);
-        match slot_of(&r) {
-            (v, s) if v == "0.1.0" && s == "A" => {
-                assert!(v2_from.is_none(), "cut {n}: v1 after v2 at an earlier cut")
-            }
-            (v, s) if v == "0.2.0" && s == "B" => {
-                v2_from.get_or_insert(n);
-            }
-            other => panic!("cut {n}: booted {other:?}: {console}"),
+        // The slot the disk says boots next: A before the switch, B from
+        // it on (and after the whole upgrade); no A after B.
+        let expected = next_slot(&disk);
+        match n {
+            1 => assert_eq!(expected, "A", "cut {n}: nothing was written"),
+            n if n > total => assert_eq!(expected, "B", "the whole upgrade"),
+            _ => {}
         }
+        if expected == "B" {
+            v2_from.get_or_insert(n);
+        } else {
+            assert!(v2_from.is_none(), "cut {n}: A after B at cut {v2_from:?}");
+        }
+        let version = if expected == "A" { "0.1.0" } else { "0.2.0" };
+        let (r, console) = sb_boot(&disk, &vars, true);
+        assert_eq!(
+            slot_of(&r),
+            (version.into(), expected.clone()),
+            "cut {n}: {console}"
+        );
+        assert_eq!(r["secure_boot"], "on", "cut {n}: {r}");
     }
     assert!(v2_from.is_some(), "no cut booted v2");
 }
