@@ -20,7 +20,6 @@ use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 /// A Secure Boot key set made for these tests.
 fn sb_keys(name: &str) -> PathBuf {
@@ -57,8 +56,8 @@ fn variant(name: &str, keys: &Path, v: &str, edit: impl Fn(String) -> String) ->
 }
 
 fn images() -> &'static Images {
-    static I: OnceLock<Images> = OnceLock::new();
-    I.get_or_init(|| {
+    static I: Fixture<Images> = Fixture::new("secureboot-ab-images");
+    I.get(|| {
         let keys = sb_keys("sb-keys");
         let other = sb_keys("sb-keys-other");
         let v1 = variant("sb-v1", &keys, "0.1.0", |t| t);
