@@ -295,7 +295,8 @@ pub fn enrolled_vars(keys: &Path, out: &Path, secure_boot: bool) -> PathBuf {
         .args(if secure_boot {
             &["--secure-boot"][..]
         } else {
-            // OVMF's store has it on: with a PK, firmware would enforce.
+            // OVMF_VARS_4M.fd has no SecureBootEnable: with a PK enrolled
+            // and nothing said, the firmware would enforce.
             &["--set-false", "SecureBootEnable"][..]
         }));
     out.to_path_buf()
