@@ -169,6 +169,35 @@ fn a_declared_file_without_tests_fails_the_run() {
     assert!(!last_line(&summary).contains(" 0 failed"), "{text}");
 }
 
+/// A failing test whose output holds look-alikes of cargo's and libtest's
+/// lines (a result that passes nine, a `Running` header) is counted as
+/// what it is: one failed test, in the binary it ran in.
+#[test]
+fn look_alike_lines_in_a_failed_tests_output_do_not_change_the_count() {
+    let dir = toy(
+        "lookalike",
+        &["lookalike"],
+        &[(
+            "tests/lookalike.rs",
+            "#[test]\nfn fails() {\n\
+             \x20   println!(\"     Running fake.rs (target/debug/deps/fake)\");\n\
+             \x20   println!(\"test result: ok. 9 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out\");\n\
+             \x20   panic!(\"the real failure\");\n}\n\
+             #[test]\nfn passes() {}\n"
+                .into(),
+        )],
+    );
+    let (run, summary) = run_file(&dir, "lookalike");
+    let text = format!("{}{}", quoted(&run), quoted(&summary));
+    assert!(!run.status.success(), "{text}");
+    assert_eq!(
+        last_line(&summary),
+        "tests: 1 passed, 1 failed, 0 skipped",
+        "{text}"
+    );
+    assert!(!text.contains("crashed"), "{text}");
+}
+
 /// A file that does not compile fails the run, and says so.
 #[test]
 fn a_file_that_does_not_compile_fails_the_run() {
@@ -407,5 +436,25 @@ fn the_gpt_check_fails_on_a_damaged_backup() {
         let e = r.expect_err(&format!("a damaged backup {name} passed the GPT check"));
         let text = common::panic_text(e.as_ref());
         assert!(text.contains("sgdisk -v"), "{text}");
+    }
+    // No GPT at all (both headers wiped; sgdisk makes one up in memory and
+    // finds "No problems" with it), and a blank disk.
+    let wiped = dir.join("wiped.img");
+    std::fs::copy(&whole, &wiped).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&wiped)
+        .unwrap();
+    common::write_at(&mut f, 512, &[0; 512]);
+    common::write_at(&mut f, last * 512, &[0; 512]);
+    drop(f);
+    let blank = dir.join("blank.img");
+    std::fs::File::create(&blank)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    for disk in [&wiped, &blank] {
+        let r = std::panic::catch_unwind(|| common::check_gpt(disk));
+        assert!(r.is_err(), "{} passed the GPT check", disk.display());
     }
 }

@@ -560,7 +560,11 @@ fn an_upgrade_interrupted_at_any_point_leaves_a_bootable_disk() {
         Some(("B", "B"))
     );
     let points = cuts_to_boot(&views, 3, "upgrade cuts");
-    eprintln!("an upgrade makes {total} writes; booting the cuts before writes {points:?}");
+    eprintln!(
+        "an upgrade makes {total} writes; booting the cuts before writes {points:?} \
+         (IMAGER_TEST_SEED={})",
+        test_seed()
+    );
 
     for n in points {
         let what = format!("cut before write {n} of {total}");
@@ -774,7 +778,11 @@ fn a_rollback_interrupted_at_any_point_leaves_a_bootable_disk() {
     );
 
     let points = cuts_to_boot(&views, 2, "rollback cuts");
-    eprintln!("a rollback makes {total} writes; booting the cuts before writes {points:?}");
+    eprintln!(
+        "a rollback makes {total} writes; booting the cuts before writes {points:?} \
+         (IMAGER_TEST_SEED={})",
+        test_seed()
+    );
     for n in points {
         let what = format!("cut before write {n} of {total}");
         let (_, sd, grub) = views[n as usize - 1].clone();

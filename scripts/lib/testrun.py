@@ -31,12 +31,17 @@ import sys
 import time
 from pathlib import Path
 
-HEADER = re.compile(r"^\s+(Running|Doc-tests) (.+?)(?: \((.+)\))?$")
+# Cargo's own lines, with its exact indentation (a test's captured output,
+# printed when it fails, may hold look-alikes, but not at these columns
+# before the real ones: see parse()).
+HEADER = re.compile(r"^(?:     Running|   Doc-tests) (.+?)(?: \((.+)\))?$")
 RUNNING = re.compile(r"^running (\d+) tests?$")
 RESULT = re.compile(
     r"^test result: (\w+)\. (\d+) passed; (\d+) failed; (\d+) ignored;"
 )
-COMPILE = re.compile(r"^error(\[E\d+\])?: (could not compile|.*)")
+# Cargo's word on a binary that exited non-zero: `process didn't exit
+# successfully: `PATH ...` (exit status: N)` or `(signal: N, ...)`.
+EXITED = re.compile(r"process didn't exit successfully: `([^` ]+)[^`]*` \((.+)\)")
 
 
 def parse(lines):
@@ -47,27 +52,43 @@ def parse(lines):
     cur = None
     for line in lines:
         m = HEADER.match(line)
-        if m:
-            what, name = m.group(1), m.group(2)
-            if what == "Doc-tests":
+        # A binary's section ends with its result line or cargo's word on
+        # its exit; a header before that is a look-alike in its output.
+        ended = cur is None or cur["result"] is not None or cur["exit"] is not None
+        if m and ended:
+            name, exe = m.group(1), m.group(2)
+            if line.startswith("   Doc-tests"):
                 kind = "doc"
             elif name.startswith("unittests "):
                 kind = "unit"
                 name = name[len("unittests "):]
             else:
                 kind = "integration"
-            cur = {"name": name, "kind": kind, "tests": None, "passed": 0,
-                   "failed": 0, "ignored": 0, "result": None}
+            cur = {"name": name, "kind": kind, "exe": exe, "tests": None,
+                   "passed": 0, "failed": 0, "ignored": 0, "result": None,
+                   "exit": None}
             bins.append(cur)
+            continue
+        m = EXITED.search(line)
+        if m:
+            # Cargo names the binary's path (relative or absolute).
+            for b in reversed(bins):
+                if b["exe"] and (m.group(1).endswith(b["exe"]) or b["exe"].endswith(m.group(1))):
+                    b["exit"] = m.group(2)
+                    break
             continue
         if cur is None:
             continue
+        # The first `running N tests` is the binary's own (a look-alike in
+        # a failed test's output comes after it).
         m = RUNNING.match(line)
         if m and cur["tests"] is None:
             cur["tests"] = int(m.group(1))
             continue
+        # The last result line is the binary's own: a failed test's output,
+        # printed before it, may hold look-alikes.
         m = RESULT.match(line)
-        if m and cur["result"] is None:
+        if m:
             cur["result"] = m.group(1)
             cur["passed"] = int(m.group(2))
             cur["failed"] = int(m.group(3))
@@ -82,6 +103,9 @@ def problems(bins, status):
         if b["result"] is None:
             out.append(f"{b['name']}: the test binary crashed or was killed "
                        "(no `test result:` line; its last output is above)")
+        elif b["exit"] is not None and b["failed"] == 0:
+            out.append(f"{b['name']}: the test binary exited with {b['exit']} "
+                       "though no test failed (a crash after its tests?)")
         elif b["kind"] == "integration" and b["tests"] == 0:
             out.append(f"{b['name']}: a declared test file that ran no test")
     failed_tests = sum(b["failed"] for b in bins)

@@ -483,7 +483,13 @@ pub fn test_seed() -> u64 {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64),
         };
-        eprintln!("test: sampled with seed {seed} (IMAGER_TEST_SEED={seed} chooses the same)");
+        // Straight to stderr, not through the test's captured output: the
+        // run shows it whether its tests pass or fail.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "test: sampled with seed {seed} (IMAGER_TEST_SEED={seed} chooses the same)"
+        );
         seed
     })
 }
@@ -524,13 +530,18 @@ pub fn check_gpt(disk: &Path) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    const DAMAGE: [&str; 6] = [
+    // The last three: no GPT at all (sgdisk makes one up in memory, and
+    // then finds no problem with it).
+    const DAMAGE: [&str; 9] = [
         "Caution",
         "ERROR",
         "corrupt",
         "Problem",
         "problems!",
         "differ",
+        "Creating new GPT",
+        "invalid GPT",
+        "converting MBR",
     ];
     let found: Vec<&str> = DAMAGE.into_iter().filter(|w| text.contains(w)).collect();
     assert!(
