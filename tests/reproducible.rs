@@ -194,7 +194,7 @@ fn expected_kinds(profile: &str) -> &'static [&'static str] {
             "iso",
             "uki",
         ],
-        _ => &["raw", "installer", "iso", "uki", "secure-boot-db"],
+        _ => &["raw", "installer", "iso", "uki"],
     }
 }
 
@@ -242,7 +242,10 @@ fn first_difference(a: &Path, b: &Path) -> Option<u64> {
             }
             m += k;
         }
-        if let Some(i) = (0..m).find(|&i| ba[i] != bb[i]) {
+        // Slices compare with memcmp (fast in this unoptimized test build);
+        // the offset is looked for only in a block that differs.
+        if ba[..m] != bb[..m] {
+            let i = (0..m).find(|&i| ba[i] != bb[i]).unwrap_or(0);
             return Some(at + i as u64);
         }
         if m < n {
@@ -287,8 +290,11 @@ impl Drop for RemoveOnDrop {
 fn every_output_is_the_same_bytes_from_two_checkouts_in_other_places_zones_umasks_and_locales() {
     let started = Instant::now();
     let base = repo().join("target/reproducible");
-    // The copies, their outputs, the keys and the second kernel cache are
-    // made again; the cargo target directories are kept.
+    // The copy, the keys and the second kernel cache are made again; B's
+    // cargo target directory is kept. IMAGER_REPRO_KEEP_KERNEL=1 keeps B's
+    // kernel cache too (for a developer running the test again: B's kernel
+    // is then the one an earlier run built cold).
+    let keep_kernel = std::env::var_os("IMAGER_REPRO_KEEP_KERNEL").is_some();
     for d in [
         "a",
         "a-target",
@@ -297,6 +303,10 @@ fn every_output_is_the_same_bytes_from_two_checkouts_in_other_places_zones_umask
         "keys",
         "locale",
     ] {
+        if d == "b-cache" && keep_kernel {
+            eprintln!("reproducible: B's kernel cache kept (IMAGER_REPRO_KEEP_KERNEL)");
+            continue;
+        }
         let _ = std::fs::remove_dir_all(base.join(d));
     }
     std::fs::create_dir_all(base.join("locale")).unwrap();
