@@ -12,9 +12,13 @@
 //! installer, iso, uki) and of a Secure Boot build (signed UKIs, installer,
 //! ISO) must be the same bytes.
 //!
-//! B's copy and kernel cache are made again on every run; its cargo target
-//! directory is kept between runs (its dependencies compile once; the
-//! workspace's own crates are rebuilt since the copy is new). The profiles
+//! B's copy is made again on every run; its cargo target directory and
+//! kernel cache are kept per machine in the cache directory
+//! (`reproducible-b/`): B's kernel is built cold on a machine's first run
+//! and again whenever the kernel's inputs change, and compared with A's at
+//! every run (`IMAGER_REPRO_COLD_KERNEL=1` builds it cold again); its
+//! dependencies compile once (the workspace's own crates are rebuilt, the
+//! copy being new). The profiles
 //! built are written beside the real ones in each checkout
 //! (`profiles/repro-*.yaml`, ignored by git) and removed after.
 
@@ -290,23 +294,25 @@ impl Drop for RemoveOnDrop {
 fn every_output_is_the_same_bytes_from_two_checkouts_in_other_places_zones_umasks_and_locales() {
     let started = Instant::now();
     let base = repo().join("target/reproducible");
-    // The copy, the keys and the second kernel cache are made again; B's
-    // cargo target directory is kept. IMAGER_REPRO_KEEP_KERNEL=1 keeps B's
-    // kernel cache too (for a developer running the test again: B's kernel
-    // is then the one an earlier run built cold).
-    let keep_kernel = std::env::var_os("IMAGER_REPRO_KEEP_KERNEL").is_some();
+    // The copy and the keys are made again. B's cargo target directory and
+    // kernel cache are kept per machine, in the cache directory
+    // (`reproducible-b/`): B's kernel is built cold, in B's environment, on
+    // a machine's first run and whenever the kernel's inputs change (its
+    // cache key), and compared with A's at every run; its dependencies
+    // compile once. IMAGER_REPRO_COLD_KERNEL=1 builds B's kernel cold again.
+    let machine = imager::kernel::default_cache_dir().join("reproducible-b");
+    if std::env::var_os("IMAGER_REPRO_COLD_KERNEL").is_some() {
+        let _ = std::fs::remove_dir_all(machine.join("kernel-cache"));
+    }
     for d in [
         "a",
         "a-target",
         "second/checkout-b",
         "b-cache",
+        "b-target",
         "keys",
         "locale",
     ] {
-        if d == "b-cache" && keep_kernel {
-            eprintln!("reproducible: B's kernel cache kept (IMAGER_REPRO_KEEP_KERNEL)");
-            continue;
-        }
         let _ = std::fs::remove_dir_all(base.join(d));
     }
     std::fs::create_dir_all(base.join("locale")).unwrap();
@@ -331,8 +337,8 @@ fn every_output_is_the_same_bytes_from_two_checkouts_in_other_places_zones_umask
     let b = Checkout {
         name: "b",
         root: base.join("second/checkout-b"),
-        target: base.join("b-target"),
-        cache: Some(base.join("b-cache")),
+        target: machine.join("target"),
+        cache: Some(machine.join("kernel-cache")),
         tz: "Pacific/Chatham",
         umask: 0o077,
         locale: "tr_TR.UTF-8",
