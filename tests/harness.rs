@@ -58,8 +58,8 @@ fn testrun() -> Command {
     c
 }
 
-/// `cargo test --test T` of the toy through testrun.py, as scripts/test
-/// runs a declared file; then testrun.py's summary. Both outputs, quoted.
+/// `cargo test --test T` of the toy through testrun.py, with the runner
+/// that adds each test's time, as scripts/test runs a declared file; then testrun.py's summary. Both outputs, quoted.
 fn run_file(dir: &Path, t: &str) -> (Output, Output) {
     let log = dir.join("results.jsonl");
     let _ = std::fs::remove_file(&log);
@@ -71,7 +71,13 @@ fn run_file(dir: &Path, t: &str) -> (Output, Output) {
             .arg(t)
             .arg("--")
             .arg(&cargo)
-            .args(["test", "--offline", "--manifest-path"])
+            .args(["test", "--offline", "--config"])
+            .arg(format!(
+                "target.{}-unknown-linux-gnu.runner=[{:?}]",
+                std::env::consts::ARCH,
+                repo().join("scripts/lib/test-runner")
+            ))
+            .arg("--manifest-path")
             .arg(dir.join("Cargo.toml"))
             .args(["--test", t])
             .env("CARGO_TARGET_DIR", dir.join("target")),
@@ -99,21 +105,38 @@ fn last_line(o: &Output) -> String {
 
 /// A file whose test passes: the run passes and counts it (the toy and the
 /// reading of its output work, so the failures below are the failures
-/// they are named for).
+/// they are named for), and the summary names its slowest test with
+/// libtest's time of it.
 #[test]
 fn a_passing_file_passes_and_is_counted() {
     let dir = toy(
         "pass",
         &["fine"],
-        &[("tests/fine.rs", "#[test]\nfn works() {}\n".into())],
+        &[(
+            "tests/fine.rs",
+            "#[test]\nfn works() {}\n\
+             #[test]\nfn takes_a_while() {\n    \
+             std::thread::sleep(std::time::Duration::from_millis(1500));\n}\n"
+                .into(),
+        )],
     );
     let (run, summary) = run_file(&dir, "fine");
     let text = format!("{}{}", quoted(&run), quoted(&summary));
     assert!(run.status.success(), "{text}");
     assert!(summary.status.success(), "{text}");
+    let slowest = String::from_utf8_lossy(&summary.stdout)
+        .lines()
+        .skip_while(|l| !l.starts_with("test: the slowest tests"))
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    let (secs, name) = slowest.trim().split_once("  ").unwrap_or_default();
+    assert_eq!(name, "fine: takes_a_while", "{text}");
+    let secs: f64 = secs.parse().unwrap_or(0.0);
+    assert!((1.5..60.0).contains(&secs), "{text}");
     assert_eq!(
         last_line(&summary),
-        "tests: 1 passed, 0 failed, 0 skipped",
+        "tests: 2 passed, 0 failed, 0 skipped",
         "{text}"
     );
 }
@@ -301,7 +324,13 @@ fn a_broken_fixture_fails_its_file_at_once_with_the_log() {
             .arg("fixture")
             .arg("--")
             .arg(&cargo)
-            .args(["test", "--offline", "--manifest-path"])
+            .args(["test", "--offline", "--config"])
+            .arg(format!(
+                "target.{}-unknown-linux-gnu.runner=[{:?}]",
+                std::env::consts::ARCH,
+                repo().join("scripts/lib/test-runner")
+            ))
+            .arg("--manifest-path")
             .arg(dir.join("Cargo.toml"))
             .args(["--test", "fixture", "--", "--test-threads", "3"])
             .env("CARGO_TARGET_DIR", dir.join("target"))

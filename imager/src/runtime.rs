@@ -43,7 +43,11 @@ pub fn build_named(package_dir: &Path, what: &str, key: &str) -> Result<PathBuf>
             .arg(&manifest)
             .args(["--message-format", "json-render-diagnostics"])
             .env("RUSTFLAGS", &rustflags)
-            .env_remove("CARGO_ENCODED_RUSTFLAGS"),
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            // Built as the stable toolchain builds it: a caller's
+            // RUSTC_BOOTSTRAP (scripts/lib/test-runner sets it for test
+            // binaries) would change cargo's fingerprints and rebuild it.
+            .env_remove("RUSTC_BOOTSTRAP"),
     )
     .with_context(|| format!("running cargo to build the {what}"))?;
     if !out.status.success() {

@@ -42,6 +42,13 @@ RESULT = re.compile(
 # Cargo's word on a binary that exited non-zero: `process didn't exit
 # successfully: `PATH ...` (exit status: N)` or `(signal: N, ...)`.
 EXITED = re.compile(r"process didn't exit successfully: `([^` ]+)[^`]*` \((.+)\)")
+# One test's line with libtest's time (`--report-time`, which
+# scripts/lib/test-runner adds): `test NAME ... ok <12.345s>`.
+TIMED = re.compile(r"^test (\S+) \.\.\. (?:ok|FAILED) <([\d.]+)s>$")
+
+
+# How many of the slowest tests a run's summary names.
+SLOWEST = 12
 
 
 def parse(lines):
@@ -66,7 +73,7 @@ def parse(lines):
                 kind = "integration"
             cur = {"name": name, "kind": kind, "exe": exe, "tests": None,
                    "passed": 0, "failed": 0, "ignored": 0, "result": None,
-                   "exit": None}
+                   "exit": None, "times": []}
             bins.append(cur)
             continue
         m = EXITED.search(line)
@@ -87,6 +94,10 @@ def parse(lines):
             continue
         # The last result line is the binary's own: a failed test's output,
         # printed before it, may hold look-alikes.
+        m = TIMED.match(line)
+        if m and cur["result"] is None:
+            cur["times"].append((m.group(1), float(m.group(2))))
+            continue
         m = RESULT.match(line)
         if m:
             cur["result"] = m.group(1)
@@ -139,6 +150,9 @@ def run(log, label, cmd):
         "failed": sum(b["failed"] for b in bins),
         "ignored": sum(b["ignored"] for b in bins),
         "problems": problems(bins, status),
+        # The slowest tests, for the table at the end.
+        "slowest": sorted(((t, s) for b in bins for t, s in b["times"]),
+                          key=lambda ts: -ts[1])[:SLOWEST],
     }
     with open(log, "a") as f:
         f.write(json.dumps(record) + "\n")
@@ -197,6 +211,12 @@ def summary(log):
         counts = f"{r['passed']} passed, {r['failed']} failed" if r["passed"] or r["failed"] else ""
         print(f"  {r['seconds']:8.1f}  {r['label']:<28} {counts}{mark}")
     print(f"  {sum(r['seconds'] for r in records):8.1f}  total")
+    slow = sorted(((s, r["label"], t) for r in records for t, s in r.get("slowest", [])),
+                  reverse=True)[:SLOWEST]
+    if slow:
+        print("test: the slowest tests (seconds; tests of a file run two at a time)")
+        for s, label, t in slow:
+            print(f"  {s:8.1f}  {label}: {t}")
     passed = sum(r["passed"] for r in records)
     ignored = sum(r["ignored"] for r in records)
     probs = [(r["label"], p) for r in records for p in r["problems"]]
