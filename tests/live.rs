@@ -259,14 +259,6 @@ fn power_button(socket: &Path) {
     }
 }
 
-/// SHA-256 of a file, read in pieces (the disks are sparse gigabytes).
-fn digest(p: &Path) -> String {
-    use sha2::Digest;
-    let mut h = sha2::Sha256::new();
-    std::io::copy(&mut std::fs::File::open(p).unwrap(), &mut h).unwrap();
-    hex::encode(h.finalize())
-}
-
 /// SHA-256 of `len` zero bytes.
 fn zero_digest(len: u64) -> String {
     use sha2::Digest;
@@ -366,7 +358,7 @@ fn live_install_refusals_leave_the_system_up_and_the_disk_unchanged() {
         .arg("--sparse=always")
         .arg(&l.raw)
         .arg(&data));
-    let before = digest(&data);
+    let before = sha256(&data);
     let small = blank("refuse-small", 100 << 20);
     let empty = blank("refuse-blank", 1 << 30);
     // The last cases also carry a machined.net= that cannot be used (it
@@ -467,8 +459,8 @@ fn live_install_refusals_leave_the_system_up_and_the_disk_unchanged() {
             .count();
         assert_eq!(net_lines, 1, "{append}: one line on the network:\n{all}");
     }
-    assert_eq!(digest(&data), before, "the disk was written");
+    assert_eq!(sha256(&data), before, "the disk was written");
     for p in [&small, &empty] {
-        assert_eq!(digest(p), zero_digest(std::fs::metadata(p).unwrap().len()));
+        assert_eq!(sha256(p), zero_digest(std::fs::metadata(p).unwrap().len()));
     }
 }

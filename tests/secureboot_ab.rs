@@ -19,7 +19,6 @@ use bootstate::fat::BootFs;
 use common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// A Secure Boot key set made for these tests.
 fn sb_keys(name: &str) -> PathBuf {
@@ -666,12 +665,4 @@ fn the_secure_boot_iso_boots_from_cd_and_usb_and_installs_a_secure_boot_disk() {
     let (r, console) = sb_boot(&target, &vars, false);
     assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()), "{console}");
     assert_eq!(r["secure_boot"], "on");
-}
-
-fn sha256(path: &Path) -> String {
-    ok(Command::new("sha256sum").arg(path))
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string()
 }

@@ -165,11 +165,6 @@ fn var_log(console: &str) -> (u32, String) {
     (field("boot=").parse().unwrap(), field("first-version="))
 }
 
-fn sha256(path: &Path) -> String {
-    let out = ok(Command::new("sha256sum").arg(path));
-    out.split_whitespace().next().unwrap().to_string()
-}
-
 #[test]
 fn upgrade_bless_manual_rollback_and_fallback_from_a_broken_version() {
     let i = images();
