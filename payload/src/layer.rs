@@ -5,12 +5,14 @@
 //! ([`slot_files`]), each checked against its signed size and digest while
 //! it is written. Both read their layer to its end, so that a reader that
 //! verifies the layer's digest at its end (`registry::Client::blob`) has
-//! verified it when they return. Untrusted bytes: every read is bounded,
+//! verified it when they return. Untrusted bytes: every read is bounded
+//! (the tar headers by [`crate::targuard`]),
 //! nothing but regular files and directories is accepted, and nothing
 //! panics (fuzz target `installer_layer`).
 
 use crate::artifact::{Artifact, Kind};
 use crate::manifest::{Manifest, check_path};
+use crate::targuard::TarGuard;
 use anyhow::{Context, Result, bail, ensure};
 use contract::paths::{self, INSTALLER_PAYLOAD_DIR};
 use sha2::{Digest, Sha256};
@@ -42,7 +44,7 @@ pub struct StagedFile {
 pub fn signed_manifest(blob: impl Read) -> Result<(Vec<u8>, Vec<u8>)> {
     let manifest_path = format!("{INSTALLER_PAYLOAD_DIR}/{}", paths::PAYLOAD_MANIFEST);
     let sig_path = format!("{INSTALLER_PAYLOAD_DIR}/{}", paths::PAYLOAD_SIGNATURE);
-    let mut archive = tar::Archive::new(blob);
+    let mut archive = tar::Archive::new(TarGuard::new(blob));
     let (mut manifest, mut signature) = (None, None);
     for entry in archive.entries().context("reading the first layer")? {
         let mut e = entry.context("reading the first layer")?;
@@ -123,7 +125,7 @@ pub fn stage_files(
     open: &mut dyn FnMut(&str) -> Result<Box<dyn Write>>,
 ) -> Result<BTreeMap<String, StagedFile>> {
     let mut staged = BTreeMap::new();
-    let mut archive = tar::Archive::new(blob);
+    let mut archive = tar::Archive::new(TarGuard::new(blob));
     for entry in archive.entries().context("reading the payload layer")? {
         let mut e = entry.context("reading the payload layer")?;
         let path = entry_path(&e)?;

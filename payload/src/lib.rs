@@ -1,7 +1,8 @@
 //! The installer payload's signed manifest: its format ([`manifest`]), the
 //! artifacts it lists ([`artifact`]), key ids and META's trusted keys
 //! ([`keys`]), the signature check ([`verify`]), and the installer image's
-//! layers read as streams ([`layer`]).
+//! layers read as streams ([`layer`]) through the guard that bounds their
+//! tar headers ([`targuard`]).
 //!
 //! imager writes and verifies manifests with it; machined verifies what
 //! it pulls from a registry with it, against the keys in META, before it
@@ -13,6 +14,7 @@ pub mod artifact;
 pub mod keys;
 pub mod layer;
 pub mod manifest;
+pub mod targuard;
 pub mod text;
 pub mod verify;
 

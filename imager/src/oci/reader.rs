@@ -22,6 +22,7 @@ use crate::io::HashingReader;
 use crate::sign::{self, Manifest};
 use anyhow::{Context, Result, anyhow, bail};
 use contract::paths::{INSTALLER_PAYLOAD_DIR, PAYLOAD_FILES, PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE};
+use payload::targuard::TarGuard;
 use serde::Deserialize;
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -274,7 +275,7 @@ fn read_signed(store: &Store, layer: &Descriptor, diff_id: &str, work: &Work) ->
     let mut manifest = None;
     let mut signature = None;
     with_layer(store, layer, diff_id, MAX_SMALL, &over, work, |r| {
-        let mut ar = tar::Archive::new(r);
+        let mut ar = tar::Archive::new(TarGuard::new(r));
         let entries = ar.entries().map_err(|e| tar_error(e, "the layer"))?;
         for (i, e) in entries.enumerate() {
             let mut e = e.map_err(|e| tar_error(e, "the layer"))?;
@@ -388,7 +389,7 @@ fn extract_listed(
     }
     let mut found = std::collections::BTreeSet::new();
     with_layer(store, layer, diff_id, cap, &over, work, |r| {
-        let mut ar = tar::Archive::new(r);
+        let mut ar = tar::Archive::new(TarGuard::new(r));
         let entries = ar.entries().map_err(|e| tar_error(e, "the layer"))?;
         for (i, e) in entries.enumerate() {
             let mut e = e.map_err(|e| tar_error(e, "the layer"))?;
@@ -601,7 +602,7 @@ impl Store {
     fn open_archive(path: &Path) -> Result<(Store, Vec<u8>)> {
         let what = path.display();
         let f = open_regular(path)?;
-        let mut ar = tar::Archive::new(BufReader::with_capacity(1 << 20, f));
+        let mut ar = tar::Archive::new(TarGuard::new(BufReader::with_capacity(1 << 20, f)));
         let mut blobs = BTreeMap::new();
         let mut index = None;
         let mut layout = None;
