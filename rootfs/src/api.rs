@@ -195,11 +195,14 @@ fn serve(server: &Server, stream: TcpStream, peer: &str) -> Result<()> {
         Ok(r) => r,
         Err(e) => (failed(ErrorCode::Failed, format!("{e:#}")), None),
     };
-    finish(&mut tls, event)?;
+    // An accepted reboot or power-off happens whether or not the client
+    // is still there to read the answer (a client gone before the last
+    // event left an armed upgrade waiting for the next unrelated reboot).
+    let answered = finish(&mut tls, event);
     if let Some(action) = then {
         power::request(action);
     }
-    Ok(())
+    answered
 }
 
 impl Server {
