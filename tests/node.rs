@@ -20,6 +20,8 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Where the guest reaches the test's registry.
@@ -246,6 +248,95 @@ fn upgrade(vm: &Vm, dir: &Path, client: &str, image: &str, args: &[&str]) -> std
     node_cmd(vm, dir, client, &all)
 }
 
+/// Connections to the node's API port that never finish a TLS handshake,
+/// opened from a thread: up to 48 held at once, every other one dripping
+/// a byte every 2 s, each reopened when the node closes it, at most 300 in
+/// all. (QEMU's port forward accepts them one at a time, so they come at
+/// its pace.)
+struct Flood {
+    stop: Arc<AtomicBool>,
+    opened: Arc<AtomicUsize>,
+    closed: Arc<AtomicUsize>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Flood {
+    fn start(port: u16) -> Flood {
+        let stop = Arc::new(AtomicBool::new(false));
+        let opened = Arc::new(AtomicUsize::new(0));
+        let closed = Arc::new(AtomicUsize::new(0));
+        let (flag, o, c) = (stop.clone(), opened.clone(), closed.clone());
+        let thread = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            let mut open: Vec<(std::net::TcpStream, bool)> = Vec::new();
+            let mut last_drip = Instant::now();
+            while !flag.load(Ordering::SeqCst) {
+                if open.len() < 48
+                    && o.load(Ordering::SeqCst) < 300
+                    && let Ok(s) =
+                        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1))
+                {
+                    s.set_nonblocking(true).unwrap();
+                    let n = o.fetch_add(1, Ordering::SeqCst);
+                    open.push((s, n % 2 == 1));
+                }
+                let drip = last_drip.elapsed() >= Duration::from_secs(2);
+                if drip {
+                    last_drip = Instant::now();
+                }
+                // Drip, and drop those the node closed.
+                open.retain_mut(|(s, drips)| {
+                    let mut b = [0u8; 64];
+                    let gone = match s.read(&mut b) {
+                        Ok(0) => true,
+                        Ok(_) => false,
+                        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+                    };
+                    let gone = gone || (*drips && drip && s.write(&[0x16]).is_err());
+                    if gone {
+                        c.fetch_add(1, Ordering::SeqCst);
+                    }
+                    !gone
+                });
+                if open.len() >= 48 {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        });
+        Flood {
+            stop,
+            opened,
+            closed,
+            thread,
+        }
+    }
+
+    /// Waits (at most 5 minutes) until `n` connections were opened.
+    fn wait_opened(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while self.opened.load(Ordering::SeqCst) < n {
+            assert!(
+                Instant::now() < deadline,
+                "the flood opened only {} connections in 5 minutes",
+                self.opened.load(Ordering::SeqCst)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops the flood (its connections closed); (opened, closed by the
+    /// node).
+    fn stop(self) -> (usize, usize) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap();
+        (
+            self.opened.load(Ordering::SeqCst),
+            self.closed.load(Ordering::SeqCst),
+        )
+    }
+}
+
 /// The slots as the node reports them: (status, version) of A and B.
 fn slots(s: &Value) -> [(String, String); 2] {
     [0, 1].map(|i| {
@@ -303,7 +394,14 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     // The installer images in a registry on the host's loopback, their
     // layers as built (--preserve-digests).
     let registry = reg::Registry::start();
-    for (b, tag) in [(&v2, "0.2.0"), (&v3, "0.3.0"), (&foreign, "foreign")] {
+    // v2 also under a newer tag, as a registry replaying an older signed
+    // image would serve it.
+    for (b, tag) in [
+        (&v2, "0.2.0"),
+        (&v3, "0.3.0"),
+        (&foreign, "foreign"),
+        (&v2, "v0.5.0"),
+    ] {
         reg::skopeo_copy(
             &format!("oci-archive:{}", b.dir.join("installer.tar").display()),
             &registry.addr,
@@ -397,6 +495,54 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let boot1 = s["boot_id"].as_str().unwrap().to_string();
     assert_eq!(boot1.len(), 36, "{boot1}");
 
+    // A flood of connections that never finish their handshake (idle, or
+    // dripping a byte at a time), reopened as the node closes them: the
+    // operator's requests are still answered within seconds.
+    let flood = Flood::start(vm.port);
+    flood.wait_opened(nodeapi::proto::MAX_PENDING + 8);
+    for _ in 0..3 {
+        let t = Instant::now();
+        let s = status(&vm, &creds, "watcher");
+        assert_eq!(s["boot_id"], boot1.as_str());
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "status took {:?} during the flood",
+            t.elapsed()
+        );
+    }
+    let (opened, closed) = flood.stop();
+    assert!(
+        opened > nodeapi::proto::MAX_PENDING && closed > 0,
+        "the flood opened {opened} connections, the node closed {closed}"
+    );
+    // A lone connection that drips its handshake a byte every 2 s is
+    // closed by the node at its handshake deadline (a read timeout alone
+    // would restart with each byte).
+    let t = Instant::now();
+    let mut lone = std::net::TcpStream::connect(("127.0.0.1", vm.port)).unwrap();
+    lone.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let closed_after = loop {
+        use std::io::{Read, Write};
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "a dripping handshake was still open after a minute"
+        );
+        let mut b = [0u8; 64];
+        match lone.read(&mut b) {
+            Ok(0) => break t.elapsed(),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => break t.elapsed(),
+            Ok(_) => {}
+        }
+        if lone.write_all(&[0x16]).is_err() {
+            break t.elapsed();
+        }
+    };
+    assert!(
+        closed_after < Duration::from_secs(25),
+        "closed after {closed_after:?}"
+    );
+
     // Refusals: each leaves the slots as they were and the node up.
     let err = refused(&node_cmd(&vm, &creds, "watcher", &["reboot"]));
     assert!(err.contains("forbidden"), "{err}");
@@ -481,6 +627,26 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     assert!(
         err.contains("not signed by a key this disk trusts"),
         "foreign key: {err}"
+    );
+    // The version asked for is the version installed: the tag's, or
+    // --version's.
+    let older = format!("{GUEST_REGISTRY}/metal/installer:v0.5.0");
+    let err = refused(&upgrade(&vm, &creds, "ops", &older, &[]));
+    assert!(
+        err.contains("holds metal 0.2.0 (genuinely signed), not the version 0.5.0 asked for")
+            && err.contains("nothing was written"),
+        "older payload under a newer tag: {err}"
+    );
+    let err = refused(&upgrade(
+        &vm,
+        &creds,
+        "ops",
+        &image,
+        &["--version", "0.2.1"],
+    ));
+    assert!(
+        err.contains("not the version 0.2.1 asked for"),
+        "--version: {err}"
     );
     let s = status(&vm, &creds, "watcher");
     assert_eq!(slots(&s), before, "a refusal changed the slots");

@@ -27,6 +27,7 @@ pub mod skeleton;
 pub mod slot;
 pub mod state;
 pub mod verity;
+pub mod version;
 
 pub use guid::Guid;
 pub use partition::{LAYOUT, PartitionRole, PartitionSpec};

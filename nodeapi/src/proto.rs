@@ -15,8 +15,19 @@ use std::io::{BufRead, Write};
 
 /// The TCP port the node API listens on (Talos's apid port).
 pub const PORT: u16 = 50000;
+/// Connections a node keeps that have not sent their request yet (the TLS
+/// handshake and the request line: anyone can open one); a newcomer
+/// closes the oldest of them.
+pub const MAX_PENDING: usize = 16;
+/// Requests a node answers at once; more are answered `busy`.
+pub const MAX_SERVING: usize = 8;
+/// How long a connection may take, in all, to finish the TLS handshake and
+/// send its request, however slowly its bytes arrive.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// The longest line either end sends or accepts, newline included.
 pub const MAX_LINE: usize = 64 * 1024;
+/// The longest version a request may ask for.
+pub const MAX_VERSION: usize = 64;
 /// The longest image reference a request may name.
 pub const MAX_IMAGE_REF: usize = 1024;
 /// Boots an upgraded slot is tried before the boot loader falls back, when
@@ -43,6 +54,11 @@ pub enum Request {
         preserve: bool,
         #[serde(default)]
         tries: Option<u32>,
+        /// The version the signed payload must be (`--version`, else what
+        /// the reference's tag names: `contract::version`); another is
+        /// refused before anything is written.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        version: Option<String>,
     },
     /// Arm the slot a staged upgrade wrote, and reboot into it.
     Arm {},
@@ -83,7 +99,23 @@ impl Request {
 
     /// Checks the values a request carries (beyond their types).
     pub fn check(&self) -> Result<()> {
-        if let Request::Upgrade { image, tries, .. } = self {
+        if let Request::Upgrade {
+            image,
+            tries,
+            version,
+            ..
+        } = self
+        {
+            if let Some(v) = version
+                && (v.is_empty()
+                    || v.len() > MAX_VERSION
+                    || v.chars().any(|c| c.is_whitespace() || c.is_control()))
+            {
+                bail!(
+                    "the version asked for is empty, over {MAX_VERSION} bytes, or has spaces \
+                     or control characters"
+                );
+            }
             if image.is_empty() || image.len() > MAX_IMAGE_REF {
                 bail!("the image reference is empty or over {MAX_IMAGE_REF} bytes");
             }
@@ -346,7 +378,8 @@ mod tests {
                 image: "127.0.0.1:5000/metal/installer:0.2.0".into(),
                 stage: false,
                 preserve: true,
-                tries: None
+                tries: None,
+                version: None,
             }
         );
         assert_eq!(
@@ -364,6 +397,7 @@ mod tests {
             stage: true,
             preserve: false,
             tries: Some(2),
+            version: Some("0.2.0".into()),
         };
         let mut out = Vec::new();
         write_line(&mut out, &r).unwrap();

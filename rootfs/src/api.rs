@@ -3,9 +3,16 @@
 //! certificate and key from META (`imager node provision`), one request per
 //! connection answered by JSON lines ([`nodeapi::proto`]).
 //!
-//! Each connection has a thread of its own (at most [`MAX_CONNECTIONS`] at
-//! once, each with read and write timeouts), so that a slow client holds no
-//! one else up. The role in the client's certificate decides what it may
+//! Each connection has a thread of its own, so that a slow client holds no
+//! one else up. A connection that has not sent its request yet (the TLS
+//! handshake and the request line: anyone can open one) is *pending*: it
+//! has [`HANDSHAKE_TIMEOUT`](nodeapi::proto::HANDSHAKE_TIMEOUT) in all, however slowly its bytes drip, and at
+//! most [`MAX_PENDING`](nodeapi::proto::MAX_PENDING) are kept: a newcomer closes the oldest, so that idle
+//! or dripping connections cannot lock clients out. A client whose
+//! certificate passed and whose request arrived is *served*, at most
+//! [`MAX_SERVING`](nodeapi::proto::MAX_SERVING) at once (more are answered `busy`). Connections closed
+//! for either bound are counted and said on the console at most every
+//! [`REFUSALS_SAID_EVERY`], not one line each. The role in the client's certificate decides what it may
 //! call ([`nodeapi::Role::may`]); an operation that changes the node holds
 //! the one operation slot, and a second one meanwhile is answered `busy`.
 //! A reboot or power-off is answered first, then asked of PID 1's
@@ -17,18 +24,22 @@ use crate::{power, pull, secureboot, slots};
 use anyhow::{Context, Result, bail};
 use contract::Slot;
 use contract::meta::{Meta, Tag};
-use nodeapi::proto::{self, ErrorCode, Event, Request, SlotStatus, Status};
-use std::io::BufReader;
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use nodeapi::proto::{
+    self, ErrorCode, Event, HANDSHAKE_TIMEOUT, MAX_PENDING, MAX_SERVING, Request, SlotStatus,
+    Status,
+};
+use std::collections::VecDeque;
+use std::io::{BufReader, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// Connections served at once; more are closed at once.
-pub const MAX_CONNECTIONS: usize = 16;
-/// How long a client may take to finish the handshake and send its
-/// request, and to take each answer line.
+/// How long an authenticated client may take to take each answer line.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections closed by the bounds above are said on the console at most
+/// this often (with their count), never one line each.
+pub const REFUSALS_SAID_EVERY: Duration = Duration::from_secs(10);
 
 /// What the server knows of the node it runs on.
 pub struct Node {
@@ -47,7 +58,13 @@ struct Server {
     config: Arc<rustls::ServerConfig>,
     /// The operation in progress, if any.
     operation: Mutex<Option<&'static str>>,
-    connections: AtomicUsize,
+    /// Pending connections (module doc): an id and a handle that closes it.
+    pending: Mutex<VecDeque<(u64, TcpStream)>>,
+    next_id: AtomicU64,
+    serving: AtomicUsize,
+    /// Connections closed before their request (evicted, timed out, failed
+    /// handshakes) since the console last said so, and when it did.
+    refused: Mutex<(u64, Option<Instant>)>,
     /// An upgrade staged (`--stage`) and not armed yet; kept until `arm`
     /// or a reboot (its files stay on EPHEMERAL and in the inactive slot).
     staged: Mutex<Option<StagedUpgrade>>,
@@ -100,7 +117,10 @@ pub fn start(meta: &Meta, node: Node) -> Result<()> {
         node,
         config,
         operation: Mutex::new(None),
-        connections: AtomicUsize::new(0),
+        pending: Mutex::new(VecDeque::new()),
+        next_id: AtomicU64::new(0),
+        serving: AtomicUsize::new(0),
+        refused: Mutex::new((0, None)),
         staged: Mutex::new(None),
     });
     std::thread::Builder::new()
@@ -113,9 +133,18 @@ pub fn start(meta: &Meta, node: Node) -> Result<()> {
 fn accept(listener: TcpListener, server: Arc<Server>) {
     for stream in listener.incoming() {
         let Ok(stream) = stream else { continue };
-        if server.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-            server.connections.fetch_sub(1, Ordering::SeqCst);
+        let Ok(handle) = stream.try_clone() else {
             continue; // dropped: closed
+        };
+        let id = server.next_id.fetch_add(1, Ordering::SeqCst);
+        if let Ok(mut pending) = server.pending.lock() {
+            if pending.len() >= MAX_PENDING
+                && let Some((_, oldest)) = pending.pop_front()
+            {
+                // Its thread's next read fails, and it ends.
+                let _ = oldest.shutdown(Shutdown::Both);
+            }
+            pending.push_back((id, handle));
         }
         let s = server.clone();
         let spawned = std::thread::Builder::new()
@@ -124,45 +153,131 @@ fn accept(listener: TcpListener, server: Arc<Server>) {
                 let peer = stream
                     .peer_addr()
                     .map_or("?".to_string(), |a| a.to_string());
-                if let Err(e) = serve(&s, stream, &peer) {
-                    say(format!("api: {peer}: {e:#}"));
+                match serve(&s, stream, id, &peer) {
+                    Ok(()) => {}
+                    Err(Refusal::Unauthenticated(e)) => s.refusal(&e),
+                    Err(Refusal::Authenticated(e)) => say(format!("api: {peer}: {e:#}")),
                 }
-                s.connections.fetch_sub(1, Ordering::SeqCst);
+                s.unpend(id);
             });
         if spawned.is_err() {
-            server.connections.fetch_sub(1, Ordering::SeqCst);
+            server.unpend(id);
         }
     }
 }
 
-type Tls = rustls::StreamOwned<rustls::ServerConnection, TcpStream>;
+/// Why a connection ended early: before its request was read (anyone can
+/// cause that: counted, not said each time), or after.
+enum Refusal {
+    Unauthenticated(anyhow::Error),
+    Authenticated(anyhow::Error),
+}
 
-fn serve(server: &Server, stream: TcpStream, peer: &str) -> Result<()> {
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+impl From<anyhow::Error> for Refusal {
+    fn from(e: anyhow::Error) -> Self {
+        Refusal::Authenticated(e)
+    }
+}
+
+impl From<std::io::Error> for Refusal {
+    fn from(e: std::io::Error) -> Self {
+        Refusal::Authenticated(e.into())
+    }
+}
+
+/// A connection's socket whose reads end at a deadline, however slowly
+/// bytes arrive (a read timeout alone restarts with each byte).
+struct Sock {
+    stream: TcpStream,
+    deadline: Option<Instant>,
+}
+
+impl Read for Sock {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let timeout = match self.deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the handshake and request took too long",
+                    ));
+                }
+                left.min(IO_TIMEOUT)
+            }
+            None => IO_TIMEOUT,
+        };
+        self.stream.set_read_timeout(Some(timeout))?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Sock {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.stream.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+type Tls = rustls::StreamOwned<rustls::ServerConnection, Sock>;
+
+fn serve(server: &Server, stream: TcpStream, id: u64, peer: &str) -> Result<(), Refusal> {
+    let unauthenticated = Refusal::Unauthenticated;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
     let conn = rustls::ServerConnection::new(server.config.clone()).context("TLS")?;
-    let mut tls = rustls::StreamOwned::new(conn, stream);
+    let sock = Sock {
+        stream,
+        deadline: Some(Instant::now() + HANDSHAKE_TIMEOUT),
+    };
+    let mut tls = rustls::StreamOwned::new(conn, sock);
     while tls.conn.is_handshaking() {
         tls.conn
             .complete_io(&mut tls.sock)
-            .context("TLS handshake (a client without a certificate of the cluster CA?)")?;
+            .context("TLS handshake (a client without a certificate of the cluster CA?)")
+            .map_err(unauthenticated)?;
     }
-    let role = nodeapi::tls::peer_role(&tls.conn)?;
+    let role = nodeapi::tls::peer_role(&tls.conn).map_err(unauthenticated)?;
     let line = {
         let mut r = BufReader::new(&mut tls);
-        proto::read_line(&mut r)?
+        proto::read_line(&mut r).map_err(unauthenticated)?
     };
     let Some(line) = line else {
         return Ok(());
     };
-    let request = match proto::parse_request(&line) {
+    // Authenticated, with its request: no longer pending.
+    server.unpend(id);
+    tls.sock.deadline = None;
+    let Some(_serving) = Serving::take(&server.serving) else {
+        finish(
+            &mut tls,
+            failed(
+                ErrorCode::Busy,
+                format!("the node is answering {MAX_SERVING} requests already: try again"),
+            ),
+        )?;
+        return Ok(());
+    };
+    answer(server, &mut tls, &line, role, peer).map_err(Refusal::Authenticated)
+}
+
+/// Answers an authenticated client's request `line`.
+fn answer(
+    server: &Server,
+    tls: &mut Tls,
+    line: &[u8],
+    role: nodeapi::Role,
+    peer: &str,
+) -> Result<()> {
+    let request = match proto::parse_request(line) {
         Ok(r) => r,
-        Err(e) => return finish(&mut tls, failed(ErrorCode::BadRequest, format!("{e:#}"))),
+        Err(e) => return finish(tls, failed(ErrorCode::BadRequest, format!("{e:#}"))),
     };
     say(format!("api: {peer} ({}): {}", role.name(), request.name()));
     if !role.may(request.op()) {
         return finish(
-            &mut tls,
+            tls,
             failed(
                 ErrorCode::Forbidden,
                 format!(
@@ -179,33 +294,81 @@ fn serve(server: &Server, stream: TcpStream, peer: &str) -> Result<()> {
             Ok(s) => done("status", s, false),
             Err(e) => failed(ErrorCode::Failed, format!("{e:#}")),
         };
-        return finish(&mut tls, event);
+        return finish(tls, event);
     }
     let Some(_op) = server.begin(request.name()) else {
         let now = server.current().unwrap_or("another operation");
         return finish(
-            &mut tls,
+            tls,
             failed(
                 ErrorCode::Busy,
                 format!("the node is busy with {now}: try again when it has ended"),
             ),
         );
     };
-    let (event, then) = match operate(server, &request, &mut tls) {
+    let (event, then) = match operate(server, &request, tls) {
         Ok(r) => r,
         Err(e) => (failed(ErrorCode::Failed, format!("{e:#}")), None),
     };
     // An accepted reboot or power-off happens whether or not the client
     // is still there to read the answer (a client gone before the last
     // event left an armed upgrade waiting for the next unrelated reboot).
-    let answered = finish(&mut tls, event);
+    let answered = finish(tls, event);
     if let Some(action) = then {
         power::request(action);
     }
     answered
 }
 
+/// One of the [`MAX_SERVING`] places for a request being answered,
+/// given back when dropped.
+struct Serving<'a>(&'a AtomicUsize);
+
+impl<'a> Serving<'a> {
+    fn take(count: &'a AtomicUsize) -> Option<Serving<'a>> {
+        let taken = count.fetch_add(1, Ordering::SeqCst);
+        let place = Serving(count);
+        (taken < MAX_SERVING).then_some(place)
+    }
+}
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl Server {
+    /// Forgets pending connection `id` (served, or ended).
+    fn unpend(&self, id: u64) {
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.retain(|(i, _)| *i != id);
+        }
+    }
+
+    /// Counts a connection that ended before its request; says the count
+    /// on the console at most every [`REFUSALS_SAID_EVERY`].
+    fn refusal(&self, why: &anyhow::Error) {
+        let Ok(mut r) = self.refused.lock() else {
+            return;
+        };
+        r.0 += 1;
+        let now = Instant::now();
+        if r.1
+            .is_none_or(|t| now.duration_since(t) >= REFUSALS_SAID_EVERY)
+        {
+            say(format!(
+                "api: {} connection(s) closed before a request: no valid client \
+                 certificate, too slow (over {} s), or closed for a newer one \
+                 (at most {MAX_PENDING} wait); the last: {}",
+                r.0,
+                HANDSHAKE_TIMEOUT.as_secs(),
+                payload::text::sanitise(&format!("{why:#}"))
+            ));
+            *r = (0, Some(now));
+        }
+    }
+
     /// Takes the operation slot for `name`, unless an operation holds it.
     fn begin(&self, name: &'static str) -> Option<Operation<'_>> {
         let mut op = self.operation.lock().ok()?;
@@ -269,10 +432,11 @@ fn operate(
             stage,
             preserve,
             tries,
+            version,
         } => {
             return upgrade(
                 server,
-                image,
+                (image, version.as_deref()),
                 tries.unwrap_or(proto::DEFAULT_TRIES),
                 *preserve,
                 *stage,
@@ -313,7 +477,7 @@ fn operate(
 /// staged files on EPHEMERAL stay mounted until the reboot unmounts them).
 fn upgrade(
     server: &Server,
-    image: &str,
+    (image, version): (&str, Option<&str>),
     tries: u32,
     preserve: bool,
     stage: bool,
@@ -324,6 +488,7 @@ fn upgrade(
     let mut progress = |step: &str, message: String| tell(tls, "upgrade", step, message);
     let request = pull::Pull {
         image,
+        version,
         plain_http: node.plain_http.clone(),
     };
     let staged = match pull::pull(&request, &meta, &pull::staging_dir(), &mut progress) {

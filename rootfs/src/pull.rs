@@ -37,6 +37,8 @@ pub const STAGING_DIR: &str = "/var/lib/machined/upgrade";
 /// What a pull is asked for.
 pub struct Pull<'a> {
     pub image: &'a str,
+    /// The version the signed payload must be (`contract::version`).
+    pub version: Option<&'a str>,
     /// Registries reached over plain HTTP (`machined.plain_http=`).
     pub plain_http: Vec<String>,
 }
@@ -126,6 +128,16 @@ pub fn pull(
         );
     }
     check_version(&manifest.version)?;
+    if !contract::version::is_expected(pull.version, &manifest.version) {
+        bail!(
+            "{reference} holds {} {} (genuinely signed), not the version {} asked for (the \
+             tag's, or --version's): a registry can serve any signed payload under any tag; \
+             nothing was written",
+            manifest.name,
+            manifest.version,
+            pull.version.unwrap_or_default()
+        );
+    }
     ensure!(
         !manifest
             .artifacts

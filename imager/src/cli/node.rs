@@ -115,6 +115,24 @@ pub struct UpgradeArgs {
     /// (admin).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub preserve: bool,
+    /// The version the image must hold; the node refuses another before
+    /// writing anything. Default: the version the tag names (`0.3.0`,
+    /// `v0.3.0`); a reference by digest or a tag like `latest` checks none.
+    #[arg(long, value_name = "VERSION")]
+    pub version: Option<String>,
+}
+
+/// The version an upgrade asks for: `--version`, else the one the image
+/// reference's tag names (`contract::version::named_by_tag`).
+fn expected_version(a: &UpgradeArgs) -> Result<Option<String>> {
+    if let Some(v) = &a.version {
+        return Ok(Some(v.clone()));
+    }
+    let r = registry::Reference::parse(&a.image)
+        .map_err(|e| anyhow::anyhow!("--image {:?}: {e}", a.image))?;
+    Ok(r.tag()
+        .and_then(contract::version::named_by_tag)
+        .map(str::to_string))
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -195,6 +213,7 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
                 stage: a.stage,
                 preserve: a.preserve,
                 tries: Some(a.tries),
+                version: expected_version(a)?,
             },
         ),
         NodeCommand::Arm(a) => operate(a, &Request::Arm {}),

@@ -1,0 +1,44 @@
+//! The version an operator asks for. A registry can serve any signed
+//! payload under any tag: an older one, genuinely signed, under a newer tag
+//! installed itself (issue 25). So `imager node upgrade` sends the version
+//! it expects (`--version`, else the version its image reference's tag
+//! names), and the node refuses a signed payload of another version before
+//! it writes anything. Versions are compared as the strings the signed
+//! manifest and the profile carry: the same string, or refused.
+
+/// The version a tag names: the tag, without a leading `v` (`v1.7.0` names
+/// `1.7.0`), when what is left starts with a digit; none for a tag that
+/// names no version (`latest`, `stable`, `foreign`), which then needs
+/// `--version` to be checked.
+pub fn named_by_tag(tag: &str) -> Option<&str> {
+    let v = tag.strip_prefix('v').unwrap_or(tag);
+    v.starts_with(|c: char| c.is_ascii_digit()).then_some(v)
+}
+
+/// Whether a payload of version `actual` is what was asked for.
+pub fn is_expected(expected: Option<&str>, actual: &str) -> bool {
+    expected.is_none_or(|e| e == actual)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_name_versions_with_or_without_a_v() {
+        assert_eq!(named_by_tag("0.3.0"), Some("0.3.0"));
+        assert_eq!(named_by_tag("v1.7.0"), Some("1.7.0"));
+        assert_eq!(named_by_tag("2"), Some("2"));
+        for none in ["latest", "stable", "foreign", "v", "", "version-1"] {
+            assert_eq!(named_by_tag(none), None, "{none}");
+        }
+    }
+
+    #[test]
+    fn only_the_same_version_is_expected() {
+        assert!(is_expected(Some("0.3.0"), "0.3.0"));
+        assert!(!is_expected(Some("0.3.0"), "0.1.0"));
+        assert!(!is_expected(Some("0.3.0"), "0.3.0.1"));
+        assert!(is_expected(None, "0.1.0"));
+    }
+}
