@@ -58,30 +58,36 @@ fn testrun() -> Command {
     c
 }
 
-/// `cargo test --test T` of the toy through testrun.py, with the runner
-/// that adds each test's time, as scripts/test runs a declared file; then testrun.py's summary. Both outputs, quoted.
+/// `testrun.py run LOG LABEL -- cargo test` of the toy crate in `dir`, with
+/// the runner that adds each test's time, as scripts/test runs its cargo
+/// test commands; add `--test T` and the rest.
+fn toy_test(dir: &Path, log: &Path, label: &str) -> Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut c = testrun();
+    c.arg("run")
+        .arg(log)
+        .arg(label)
+        .arg("--")
+        .arg(&cargo)
+        .args(["test", "--offline", "--config"])
+        .arg(format!(
+            "target.{}-unknown-linux-gnu.runner=[{:?}]",
+            std::env::consts::ARCH,
+            repo().join("scripts/lib/test-runner")
+        ))
+        .arg("--manifest-path")
+        .arg(dir.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", dir.join("target"));
+    c
+}
+
+/// `cargo test --test T` of the toy through testrun.py ([`toy_test`]), as
+/// scripts/test runs a declared file; then testrun.py's summary. Both
+/// outputs, quoted.
 fn run_file(dir: &Path, t: &str) -> (Output, Output) {
     let log = dir.join("results.jsonl");
     let _ = std::fs::remove_file(&log);
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let run = common::run(
-        testrun()
-            .arg("run")
-            .arg(&log)
-            .arg(t)
-            .arg("--")
-            .arg(&cargo)
-            .args(["test", "--offline", "--config"])
-            .arg(format!(
-                "target.{}-unknown-linux-gnu.runner=[{:?}]",
-                std::env::consts::ARCH,
-                repo().join("scripts/lib/test-runner")
-            ))
-            .arg("--manifest-path")
-            .arg(dir.join("Cargo.toml"))
-            .args(["--test", t])
-            .env("CARGO_TARGET_DIR", dir.join("target")),
-    );
+    let run = common::run(toy_test(dir, &log, t).args(["--test", t]));
     let summary = common::run(testrun().arg("summary").arg(&log));
     (run, summary)
 }
@@ -316,24 +322,9 @@ fn a_broken_fixture_fails_its_file_at_once_with_the_log() {
     let builds = dir.join("builds");
     let log = dir.join("results.jsonl");
     let started = std::time::Instant::now();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let run = common::run(
-        testrun()
-            .arg("run")
-            .arg(&log)
-            .arg("fixture")
-            .arg("--")
-            .arg(&cargo)
-            .args(["test", "--offline", "--config"])
-            .arg(format!(
-                "target.{}-unknown-linux-gnu.runner=[{:?}]",
-                std::env::consts::ARCH,
-                repo().join("scripts/lib/test-runner")
-            ))
-            .arg("--manifest-path")
-            .arg(dir.join("Cargo.toml"))
+        toy_test(&dir, &log, "fixture")
             .args(["--test", "fixture", "--", "--test-threads", "3"])
-            .env("CARGO_TARGET_DIR", dir.join("target"))
             .env("IMAGER", env!("CARGO_BIN_EXE_imager"))
             .env("PROFILE", &profile)
             .env("BUILDS", &builds),
