@@ -58,10 +58,6 @@ impl<R> TarGuard<R> {
             ended: false,
         }
     }
-
-    pub fn into_inner(self) -> R {
-        self.inner
-    }
 }
 
 fn refuse(msg: String) -> io::Error {

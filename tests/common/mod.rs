@@ -93,19 +93,10 @@ impl Build {
 /// speed (18 s for 2 GiB here).
 pub fn sha256(path: &Path) -> String {
     use sha2::Digest;
-    use std::io::Read;
-    let mut f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let f = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f
-            .read(&mut buf)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
+    std::io::copy(&mut std::io::BufReader::with_capacity(1 << 20, f), &mut h)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     hex::encode(h.finalize())
 }
 
