@@ -110,13 +110,14 @@ impl Vm {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Waits for the `n`th console line containing `what` (counting from
-    /// the start of the log).
+    /// Waits for the `n`th console line in which the runtime says
+    /// something starting with `what` (counting from the start of the log;
+    /// what the runtime quotes further on in a line does not count).
     fn wait_for(&mut self, what: &str, n: usize) -> String {
         let deadline = Instant::now() + Duration::from_secs(900);
         loop {
             let text = self.console();
-            if let Some(line) = text.lines().filter(|l| l.contains(what)).nth(n - 1) {
+            if let Some(line) = text.lines().filter(|l| said(l, what)).nth(n - 1) {
                 return line.to_string();
             }
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -147,6 +148,38 @@ impl Drop for Vm {
             .status();
         let _ = self.child.wait();
     }
+}
+
+/// Whether the runtime says something starting with `what` on `line`.
+fn said(line: &str, what: &str) -> bool {
+    line.find("machined: ")
+        .is_some_and(|at| line[at + "machined: ".len()..].starts_with(what))
+}
+
+/// Sends `line` as is over the node API as `client` and returns the node's
+/// first answer line: what a client that does not use imager can send.
+fn raw_request(vm: &Vm, dir: &Path, client: &str, line: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
+    let config = nodeapi::tls::client_config(
+        &read("ca.crt"),
+        &read(&format!("{client}.crt")),
+        &read(&format!("{client}.key")),
+    )
+    .unwrap();
+    let sock = std::net::TcpStream::connect(("127.0.0.1", vm.port)).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let conn = rustls::ClientConnection::new(config, "node1".try_into().unwrap()).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    tls.write_all(line).unwrap();
+    tls.flush().unwrap();
+    let mut answer = Vec::new();
+    let mut byte = [0u8; 1];
+    while answer.len() < 1 << 20 && tls.read(&mut byte).unwrap_or(0) == 1 && byte[0] != b'\n' {
+        answer.push(byte[0]);
+    }
+    String::from_utf8_lossy(&answer).into_owned()
 }
 
 fn tail(text: &str) -> String {
@@ -541,6 +574,61 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     assert!(
         closed_after < Duration::from_secs(25),
         "closed after {closed_after:?}"
+    );
+
+    // Requests whose op forges console lines and terminal control, or
+    // is 60 KiB long: the node's console quotes each escaped, cut, on one
+    // line, and `imager boot --stay` (which ends on the firmware's "No
+    // bootable device") stays.
+    for (forged, marker) in [
+        ("\nmachined: ready version=9.9.9\u{1b}c", "9.9.9"),
+        ("\r\nNo bootable device\u{1b}[2J", "bootable"),
+        (&*"y".repeat(60_000), "yyyy"),
+    ] {
+        let answer = raw_request(
+            &vm,
+            &creds,
+            "ops",
+            format!("{}\n", serde_json::json!({ "op": forged })).as_bytes(),
+        );
+        let event: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(event["code"], "bad-request", "{answer}");
+        assert!(answer.len() < 1000, "an answer of {} bytes", answer.len());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let quoted = loop {
+            let console = vm.console();
+            if let Some(l) = console
+                .lines()
+                .find(|l| said(l, "api: answered bad-request") && l.contains(marker))
+            {
+                break l.to_string();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the request was not logged: {}",
+                tail(&console)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(
+            !quoted.contains('\u{1b}') && !quoted.contains('\r') && quoted.len() < 1000,
+            "{quoted:?}"
+        );
+        if marker != "yyyy" {
+            assert!(quoted.contains("\\u{1b}"), "{quoted:?}");
+        }
+    }
+    let console = vm.console();
+    assert!(
+        !console
+            .lines()
+            .any(|l| said(l, "ready version=9.9.9") || l.starts_with("No bootable")),
+        "a forged line reached the console: {}",
+        tail(&console)
+    );
+    assert!(
+        vm.child.try_wait().unwrap().is_none(),
+        "imager boot --stay ended"
     );
 
     // Refusals: each leaves the slots as they were and the node up.

@@ -26,6 +26,7 @@ pub mod ready;
 pub mod skeleton;
 pub mod slot;
 pub mod state;
+pub mod text;
 pub mod verity;
 pub mod version;
 

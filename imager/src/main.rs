@@ -683,10 +683,11 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             // Messages never quote secrets; redact is the last guard.
-            eprintln!(
-                "imager: error: {}",
-                imager::input::redact(&format!("{e:#}"))
-            );
+            // Each line escaped: what a message quotes from outside cannot
+            // drive the terminal (quoted newlines are escaped at the source).
+            let message = imager::input::redact(&format!("{e:#}"));
+            let lines: Vec<String> = message.split('\n').map(contract::text::escape).collect();
+            eprintln!("imager: error: {}", lines.join("\n"));
             ExitCode::FAILURE
         }
     }

@@ -29,6 +29,28 @@ pub const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
 pub const OVMF_CODE_SECBOOT: &str = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd";
 /// The runtime's ready line starts with this.
 pub const READY_PREFIX: &str = "machined: ready ";
+
+/// Every line the runtime prints starts with this.
+const RUNTIME_PREFIX: &str = "machined: ";
+
+/// What the runtime said on a console line: the text after its first
+/// `machined: ` (a kernel message or a firmware's noise may come before
+/// it), or `None` for a line that is not the runtime's. The runtime
+/// escapes whatever it quotes ([`contract::text::escape`]), so a request or
+/// a registry's answer holding `\nmachined: ready …` stays inside the line
+/// that quotes it, after this prefix: a line is read by its first prefix
+/// only, and a pattern of another program (the kernel's, the firmware's)
+/// only before it.
+fn runtime_said(line: &str) -> Option<&str> {
+    line.find(RUNTIME_PREFIX)
+        .map(|at| &line[at + RUNTIME_PREFIX.len()..])
+}
+
+/// The part of a console line before the runtime's text, where other
+/// programs' patterns are looked for.
+fn not_runtime(line: &str) -> &str {
+    line.find(RUNTIME_PREFIX).map_or(line, |at| &line[..at])
+}
 const LAST_LINES: usize = 40;
 
 /// The firmware a machine boots with.
@@ -240,7 +262,7 @@ pub struct BootReport {
 /// runtimes) and an unknown value of theirs is read as absent.
 pub fn parse_ready(line: &str) -> Option<Ready> {
     use contract::ready::{ROOT, Root, SECURE_BOOT, SecureBoot};
-    let rest = &line[line.find(READY_PREFIX)? + READY_PREFIX.len()..];
+    let rest = runtime_said(line)?.strip_prefix(&READY_PREFIX[RUNTIME_PREFIX.len()..])?;
     let (mut version, mut slot, mut uptime, mut live) = (None, None, None, false);
     let (mut secure_boot, mut root_verified) = (None, None);
     for word in rest.split_whitespace() {
@@ -289,12 +311,15 @@ fn refused_uki(line: &str) -> bool {
 
 /// Console lines that end a boot as failed.
 fn fatal_line(line: &str) -> Option<&'static str> {
+    if runtime_said(line).is_some_and(|said| said.starts_with("fatal:")) {
+        return Some("the runtime failed");
+    }
+    let line = not_runtime(line);
     if refused_uki(line) {
         return Some(REFUSED_UKI);
     }
-    const FATAL: [(&str, &str); 10] = [
+    const FATAL: [(&str, &str); 9] = [
         ("Kernel panic", "the kernel panicked"),
-        ("machined: fatal:", "the runtime failed"),
         ("No bootable option", "the firmware found nothing to boot"),
         ("No bootable device", "the firmware found nothing to boot"),
         (
@@ -597,12 +622,10 @@ pub struct InstallOutcome {
 /// The runtime's line saying what became of a live install (from
 /// `machined: `), if `line` is one.
 fn install_outcome(line: &str) -> Option<String> {
-    let at = line.find("machined: ")?;
-    let said = &line[at..];
-    let done = said.starts_with(&format!("machined: {}", contract::iso::INSTALLED));
-    let not_done =
-        said.starts_with("machined: install: ") && said.ends_with(contract::iso::INSTALL_NOT_DONE);
-    (done || not_done).then(|| said.to_string())
+    let said = runtime_said(line)?;
+    let done = said.starts_with(contract::iso::INSTALLED);
+    let not_done = said.starts_with("install: ") && said.ends_with(contract::iso::INSTALL_NOT_DONE);
+    (done || not_done).then(|| format!("{RUNTIME_PREFIX}{said}"))
 }
 
 /// A running machine and its console.
@@ -650,7 +673,7 @@ impl Session {
             let left = self.deadline.saturating_duration_since(Instant::now());
             match self.rx.recv_timeout(left) {
                 Ok(line) => {
-                    if let Some(c) = line.strip_prefix("machined: cmdline ") {
+                    if let Some(c) = runtime_said(&line).and_then(|s| s.strip_prefix("cmdline ")) {
                         self.cmdline = Some(c.to_string());
                     }
                     let fatal = fatal_line(&line);
@@ -839,7 +862,9 @@ pub fn boot_until(opts: &BootOptions, patterns: &[&str]) -> Result<String> {
 /// announced the power-off and QEMU exited cleanly.
 fn stay(session: &mut Session) -> Result<bool> {
     session.wait_line("the machine's power-off", |l| {
-        l.contains("machined: powering off").then_some(())
+        runtime_said(l)
+            .is_some_and(|s| s.starts_with("powering off"))
+            .then_some(())
     })?;
     let status = session.wait_exit("QEMU's exit after the power-off")?;
     Ok(status.success())
@@ -859,7 +884,7 @@ fn power_button(
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok(line) => {
-                announced |= line.contains("machined: powering off");
+                announced |= runtime_said(&line).is_some_and(|s| s.starts_with("powering off"));
                 con.push(line);
             }
             Err(mpsc::RecvTimeoutError::Timeout) => bail!(
@@ -991,5 +1016,28 @@ mod tests {
         assert!(fatal_line("Boot failed: not a bootable disk").is_some());
         assert!(fatal_line("Press any key to continue...").is_some());
         assert!(fatal_line("machined: ready version=1 slot=A uptime=1").is_none());
+    }
+
+    /// What the runtime quotes (escaped, on its own line) is never read as
+    /// another line: not as ready, fatal, an install's outcome or the
+    /// firmware's.
+    #[test]
+    fn a_quoted_line_is_not_read_as_the_line_it_quotes() {
+        for forged in [
+            "machined: ready version=9.9.9 slot=A uptime=1",
+            "machined: fatal: x",
+            "No bootable device",
+            "Kernel panic - not syncing",
+            "machined: installed 9.9.9 on /dev/vda (slot A); powering off",
+            "machined: powering off",
+        ] {
+            let line = format!(
+                "machined: api: 10.0.2.2:1 (operator): unknown op {}",
+                contract::text::escape(&format!("x\n{forged}"))
+            );
+            assert!(parse_ready(&line).is_none(), "{line}");
+            assert!(fatal_line(&line).is_none(), "{line}");
+            assert!(install_outcome(&line).is_none(), "{line}");
+        }
     }
 }

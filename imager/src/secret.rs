@@ -9,10 +9,10 @@
 //!   characters, control characters escaped, and nothing at all of a value
 //!   that looks like key material (a long run of base64 or hex).
 //!
-//! The text helpers are the `payload` crate's ([`payload::text`]), which the
-//! manifest's messages use too; re-exported here.
+//! The text helpers are the `contract` crate's ([`contract::text`]), which
+//! the manifest's messages and the runtime use too; re-exported here.
 
-pub use payload::text::{
+pub use contract::text::{
     EXCERPT_CHARS, excerpt, looks_like_key_material, looks_like_private_key, sanitise,
 };
 

@@ -313,7 +313,13 @@ fn parse<T: serde::de::DeserializeOwned>(line: &[u8], what: &str) -> Result<T> {
         bail!("the {what} is over {MAX_LINE} bytes");
     }
     let text = std::str::from_utf8(line).with_context(|| format!("the {what} is not UTF-8"))?;
-    serde_json::from_str(text).map_err(|e| anyhow::anyhow!("the {what} is not valid: {e}"))
+    // serde quotes the input (an unknown op, whole): cut and escaped.
+    serde_json::from_str(text).map_err(|e| {
+        anyhow::anyhow!(
+            "the {what} is not valid: {}",
+            contract::text::sanitise(&e.to_string())
+        )
+    })
 }
 
 /// The bounds of a status a client accepts (its text goes to a terminal).
@@ -428,6 +434,18 @@ mod tests {
         }
         let long = format!(r#"{{"op":"upgrade","image":"{}"}}"#, "a".repeat(2000));
         assert!(parse_request(long.as_bytes()).is_err());
+    }
+
+    /// serde's message quotes an unknown op whole: the refusal the node
+    /// logs and sends back shows a short, escaped excerpt of it.
+    #[test]
+    fn a_refusal_quotes_the_request_short_and_escaped() {
+        for op in ["\nmachined: ready\u{1b}[2J", &"y".repeat(60_000)] {
+            let line = serde_json::json!({ "op": op }).to_string();
+            let e = format!("{:#}", parse_request(line.as_bytes()).unwrap_err());
+            assert!(e.contains("unknown variant"), "{e}");
+            assert!(e.len() < 400 && !e.chars().any(char::is_control), "{e}");
+        }
     }
 
     #[test]

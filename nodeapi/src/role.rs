@@ -53,7 +53,10 @@ impl Role {
                 continue;
             };
             let Some(role) = Role::parse(name) else {
-                bail!("the client certificate names an unknown role {name:?}");
+                bail!(
+                    "the client certificate names an unknown role {}",
+                    contract::text::excerpt(name)
+                );
             };
             if found.replace(role).is_some() {
                 bail!("the client certificate names more than one role");

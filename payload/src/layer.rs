@@ -52,14 +52,20 @@ pub fn signed_manifest(blob: impl Read) -> Result<(Vec<u8>, Vec<u8>)> {
         match e.header().entry_type() {
             tar::EntryType::Directory => continue,
             tar::EntryType::Regular => {}
-            t => bail!("the first layer has {path:?} of type {t:?}: only regular files"),
+            t => bail!(
+                "the first layer has {} of type {t:?}: only regular files",
+                contract::text::excerpt(&path)
+            ),
         }
         let slot = if path == manifest_path {
             &mut manifest
         } else if path == sig_path {
             &mut signature
         } else {
-            bail!("the first layer holds {path:?}: it must hold only the signed manifest");
+            bail!(
+                "the first layer holds {}: it must hold only the signed manifest",
+                contract::text::excerpt(&path)
+            );
         };
         let mut bytes = Vec::new();
         (&mut e).take(MAX_SMALL + 1).read_to_end(&mut bytes)?;

@@ -15,7 +15,6 @@ pub mod keys;
 pub mod layer;
 pub mod manifest;
 pub mod targuard;
-pub mod text;
 pub mod verify;
 
 #[cfg(test)]

@@ -65,7 +65,7 @@ impl Boot {
             if v.chars().any(char::is_control) {
                 return Err(format!(
                     "{field} {} contains a control character (it is one line of a boot entry)",
-                    crate::text::excerpt(v)
+                    contract::text::excerpt(v)
                 ));
             }
         }
@@ -110,7 +110,7 @@ impl Manifest {
         let m: Manifest = serde_json::from_slice(bytes).map_err(|e| {
             anyhow::anyhow!(
                 "not a format-{FORMAT} manifest: {}",
-                crate::text::sanitise(&e.to_string())
+                contract::text::sanitise(&e.to_string())
             )
         })?;
         if m.format != FORMAT {

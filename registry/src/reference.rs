@@ -205,14 +205,10 @@ impl fmt::Display for Reference {
     }
 }
 
-/// At most 40 characters of an input, quoted, control characters escaped:
-/// what messages show of text that came from outside.
+/// At most 40 characters of an input, quoted and escaped
+/// ([`contract::text::quote`]): what messages show of text from outside.
 pub(crate) fn excerpt(s: &str) -> String {
-    let mut out: String = s.chars().take(40).collect();
-    if out.len() < s.len() {
-        out.push('…');
-    }
-    format!("{out:?}")
+    contract::text::quote(s, 40)
 }
 
 fn check_registry(r: &str) -> Result<(), String> {

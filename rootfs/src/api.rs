@@ -363,7 +363,7 @@ impl Server {
                  (at most {MAX_PENDING} wait); the last: {}",
                 r.0,
                 HANDSHAKE_TIMEOUT.as_secs(),
-                payload::text::sanitise(&format!("{why:#}"))
+                contract::text::sanitise(&format!("{why:#}"))
             ));
             *r = (0, Some(now));
         }

@@ -263,7 +263,7 @@ fn operate(a: &PowerArgs, request: &Request) -> Result<ExitCode> {
                 println!("{line}");
             }
         } else if let Event::Progress { step, message, .. } = e {
-            eprintln!("{step}: {message}");
+            eprintln!("{}", shown(&format!("{step}: {message}")));
         }
     };
     let (message, status, reboot) = match client.call(request, show)? {
@@ -277,9 +277,10 @@ fn operate(a: &PowerArgs, request: &Request) -> Result<ExitCode> {
             message,
             written,
         } => bail!(
-            "the node refused {} ({}): {message}{}",
+            "the node refused {} ({}): {}{}",
             request.name(),
             code.name(),
+            shown(&message),
             if written || message.contains("nothing was written") {
                 ""
             } else {
@@ -289,7 +290,7 @@ fn operate(a: &PowerArgs, request: &Request) -> Result<ExitCode> {
         Event::Progress { .. } => unreachable!("call returns the last event"),
     };
     if !a.json {
-        println!("{message}");
+        println!("{}", shown(&message));
     }
     if !a.wait || !reboot {
         return Ok(ExitCode::SUCCESS);
@@ -313,38 +314,57 @@ fn operate(a: &PowerArgs, request: &Request) -> Result<ExitCode> {
         println!("{}", serde_json::to_string(&back)?);
     } else {
         println!(
-            "the node is back: {} {} on slot {}, ready (boot id {})",
-            back.name, back.version, back.booted_slot, back.boot_id
+            "{}",
+            shown(&format!(
+                "the node is back: {} {} on slot {}, ready (boot id {})",
+                back.name, back.version, back.booted_slot, back.boot_id
+            ))
         );
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn print_status(s: &Status) {
-    println!(
-        "{} {} on slot {} ({}), boot id {}, up {} s",
-        s.name,
-        s.version,
-        s.booted_slot,
-        if s.ready { "ready" } else { "not ready" },
-        s.boot_id,
-        s.uptime
-    );
-    println!(
-        "default slot {}, boots next {}, Secure Boot {}",
-        s.default_slot,
-        s.next_boot.as_deref().unwrap_or("nothing"),
-        s.secure_boot
-    );
+    for line in status_lines(s) {
+        println!("{}", shown(&line));
+    }
+}
+
+/// A node's answer made fit for the terminal: each line is printed
+/// through this ([`contract::text::escape`]), whole, so that nothing the
+/// node (or a registry it quotes) says can forge a line or send the
+/// terminal an escape sequence.
+fn shown(line: &str) -> String {
+    contract::text::escape(line)
+}
+
+fn status_lines(s: &Status) -> Vec<String> {
+    let mut out = vec![
+        format!(
+            "{} {} on slot {} ({}), boot id {}, up {} s",
+            s.name,
+            s.version,
+            s.booted_slot,
+            if s.ready { "ready" } else { "not ready" },
+            s.boot_id,
+            s.uptime
+        ),
+        format!(
+            "default slot {}, boots next {}, Secure Boot {}",
+            s.default_slot,
+            s.next_boot.as_deref().unwrap_or("nothing"),
+            s.secure_boot
+        ),
+    ];
     for slot in &s.slots {
         let tries = match (slot.tries_left, slot.tries_done) {
             (Some(l), Some(d)) => format!(", tries left {l}, done {d}"),
             _ => String::new(),
         };
-        println!(
+        out.push(format!(
             "  slot {}: {} {}{tries}",
             slot.slot, slot.status, slot.version
-        );
+        ));
     }
     for (what, v) in [
         ("pending upgrade", &s.pending_upgrade),
@@ -353,7 +373,8 @@ fn print_status(s: &Status) {
         ("last event", &s.last_event),
     ] {
         if let Some(v) = v {
-            println!("{what}: {v}");
+            out.push(format!("{what}: {v}"));
         }
     }
+    out
 }

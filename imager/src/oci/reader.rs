@@ -487,28 +487,24 @@ fn check_regular<R: Read>(e: &tar::Entry<R>, path: &str) -> Result<()> {
                 .map(|t| sanitize(&t))
                 .unwrap_or_default();
             bail!(
-                "payload entry {path} is a link (to {target:?}): the payload must be regular \
-                 files: refusing the image"
+                "payload entry {} is a link (to {target}): the payload must be regular \
+                 files: refusing the image",
+                sanitize(path.as_bytes())
             )
         }
         other => {
-            bail!("payload entry {path} is a {other:?}, not a regular file: refusing the image")
+            bail!(
+                "payload entry {} is a {other:?}, not a regular file: refusing the image",
+                sanitize(path.as_bytes())
+            )
         }
     }
 }
 
-/// At most 64 printable characters of untrusted bytes, for a message.
+/// At most 64 characters of untrusted bytes, quoted and escaped
+/// ([`contract::text::quote`]), for a message.
 fn sanitize(bytes: &[u8]) -> String {
-    let s: String = String::from_utf8_lossy(bytes)
-        .chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .take(65)
-        .collect();
-    if s.chars().count() > 64 {
-        format!("{}…", s.chars().take(64).collect::<String>())
-    } else {
-        s
-    }
+    contract::text::quote(&String::from_utf8_lossy(bytes), 64)
 }
 
 /// Opens `layer`, decompressed, at most `cap` unpacked bytes (more fails
@@ -535,7 +531,7 @@ fn with_layer(
         MEDIA_TYPE_LAYER_GZIP | DOCKER_LAYER_GZIP => Compression::Gzip,
         MEDIA_TYPE_LAYER_ZSTD => Compression::Zstd,
         other => bail!(
-            "layer {} has media type {:?}: only tar layers, uncompressed or compressed with \
+            "layer {} has media type {}: only tar layers, uncompressed or compressed with \
              gzip or zstd, are supported",
             layer.digest,
             sanitize(other.as_bytes())
@@ -773,9 +769,9 @@ fn check_layout(layout: Option<&[u8]>, at: &Path) -> Result<()> {
     match v["imageLayoutVersion"].as_str() {
         Some(s) if s.starts_with("1.") => Ok(()),
         other => bail!(
-            "oci-layout in {}: imageLayoutVersion {:?} is not supported (1.x)",
+            "oci-layout in {}: imageLayoutVersion {} is not supported (1.x)",
             at.display(),
-            other.map(|o| sanitize(o.as_bytes()))
+            other.map_or("(none)".to_string(), |o| sanitize(o.as_bytes()))
         ),
     }
 }
@@ -803,13 +799,13 @@ fn check_digest(d: &Descriptor, (hex, size): (String, u64)) -> Result<()> {
 fn digest_hex(digest: &str) -> Result<&str> {
     let hex = digest.strip_prefix("sha256:").with_context(|| {
         format!(
-            "digest {:?} is not a sha256 digest (the only algorithm supported)",
+            "digest {} is not a sha256 digest (the only algorithm supported)",
             sanitize(digest.as_bytes())
         )
     })?;
     if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
         bail!(
-            "digest {:?} is not sha256: and 64 lowercase hex digits",
+            "digest {} is not sha256: and 64 lowercase hex digits",
             sanitize(digest.as_bytes())
         );
     }

@@ -766,7 +766,21 @@ const SIGNED: [&str; 2] = [PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE];
 fn unsafe_layer_entries_are_refused() {
     type Make = Box<dyn Fn(&Path, &mut tar::Builder<Vec<u8>>)>;
     // In the payload layer.
-    let cases: [(&str, Make, &str); 6] = [
+    let cases: [(&str, Make, &str); 7] = [
+        (
+            "a link to a name that would drive the terminal",
+            Box::new(|d, b| {
+                payload_files(d, &[PAYLOAD_INITRAMFS, PAYLOAD_BOOT_LOADER])(b);
+                raw_entry(
+                    b,
+                    tar::EntryType::Symlink,
+                    "usr/install/amd64/vmlinuz",
+                    "\u{1b}[2J\nimager: error: forged",
+                    b"",
+                );
+            }),
+            "is a link (to \"\\u{1b}[2J\\nimager: error: forged\")",
+        ),
         (
             "dotdot",
             Box::new(|d, b| {
@@ -834,6 +848,7 @@ fn unsafe_layer_entries_are_refused() {
         let dest = t.path().join("dest");
         let e = format!("{:#}", extract(&img, &dest).unwrap_err());
         assert!(e.contains(want) && e.contains("refusing"), "{what}: {e}");
+        assert!(!e.chars().any(char::is_control), "{what}: {e:?}");
         assert_empty(&dest, what);
     }
 

@@ -1,16 +1,62 @@
-//! Keeping secrets out of messages.
+//! Text from outside, made fit to print.
 //!
-//! Errors about input files must say what is wrong without echoing the
-//! file: a file given in the wrong place may be a private key. Every reader
-//! of an outside file uses these two helpers:
+//! Two concerns, one module, shared by imager, the installer and the
+//! runtime (which is why it lives in this small crate):
 //!
-//! - [`looks_like_private_key`]: refuse such a file by name, quoting nothing;
-//! - [`excerpt`]: the most of a value a message may show: a few dozen
-//!   characters, control characters escaped, and nothing at all of a value
+//! - **Escaping.** [`escape`] is the one escaping function: every string
+//!   from outside (a registry's answer, a tar header's name, a request's
+//!   field, a certificate's subject, a profile's value) passes through it,
+//!   directly or through [`quote`], [`excerpt`] or [`sanitise`], before it
+//!   reaches a console or a terminal. Control characters (newline and
+//!   escape included) and invisible format or bidirectional characters are
+//!   shown escaped, so input can neither forge a line nor drive a terminal.
+//!   machined's console escapes every line it prints this way, whole.
+//! - **Keeping secrets out of messages.** Errors about input files must say
+//!   what is wrong without echoing the file: a file given in the wrong place
+//!   may be a private key. [`looks_like_private_key`] refuses such a file by
+//!   name, quoting nothing; [`excerpt`] is the most of a value a message may
+//!   show: a few dozen characters, escaped, and nothing at all of a value
 //!   that looks like key material (a long run of base64 or hex).
-//!
-//! Pure text, shared by imager (`imager::secret` re-exports it) and the
-//! manifest's own messages ([`crate::manifest`]).
+
+/// `s` with every control character (C0 and C1, DEL; newline, carriage
+/// return and escape included) and every invisible format or bidirectional
+/// character written as a Rust escape (`\n`, `\u{1b}`, `\u{202e}`), the rest
+/// as it is. The one escaping function: see the module's documentation.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        push_escaped(&mut out, c);
+    }
+    out
+}
+
+fn push_escaped(out: &mut String, c: char) {
+    if c.is_control() || !is_printing(c) {
+        out.extend(c.escape_default());
+    } else {
+        out.push(c);
+    }
+}
+
+/// At most `max` characters of `value`, [`escape`]d, between double quotes
+/// (a quote or backslash inside escaped too), then `…` and the length when
+/// it was cut.
+pub fn quote(value: &str, max: usize) -> String {
+    let n = value.chars().count();
+    let mut s = String::from("\"");
+    for c in value.chars().take(max) {
+        match c {
+            '"' => s.push_str("\\\""),
+            '\\' => s.push_str("\\\\"),
+            c => push_escaped(&mut s, c),
+        }
+    }
+    s.push('"');
+    if n > max {
+        s.push_str(&format!("… ({n} characters)"));
+    }
+    s
+}
 
 /// The most characters of a value [`excerpt`] shows.
 pub const EXCERPT_CHARS: usize = 32;
@@ -93,26 +139,10 @@ pub fn looks_like_key_material(s: &str) -> bool {
 /// non-printing characters escaped, and only the length of a value that
 /// [`looks_like_key_material`] or a private key.
 pub fn excerpt(value: &str) -> String {
-    let n = value.chars().count();
     if looks_like_key_material(value) || looks_like_private_key(value.as_bytes()) {
-        return format!("<{n} characters, not shown>");
+        return format!("<{} characters, not shown>", value.chars().count());
     }
-    let mut s = String::from("\"");
-    for c in value.chars().take(EXCERPT_CHARS) {
-        match c {
-            '"' => s.push_str("\\\""),
-            '\\' => s.push_str("\\\\"),
-            c if c.is_control() || !is_printing(c) => {
-                s.push_str(&c.escape_default().to_string());
-            }
-            c => s.push(c),
-        }
-    }
-    s.push('"');
-    if n > EXCERPT_CHARS {
-        s.push_str(&format!("… ({n} characters)"));
-    }
-    s
+    quote(value, EXCERPT_CHARS)
 }
 
 /// Not a format, bidirectional or other invisible character that could make
@@ -223,18 +253,6 @@ fn plain(s: &str) -> String {
         .join(" ")
 }
 
-fn escape(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -255,6 +273,30 @@ mod tests {
                 .to_public_key_pem(LineEnding::LF)
                 .unwrap(),
         )
+    }
+
+    /// What an attacker puts in a name, a message or a field: a newline
+    /// that would start a forged console line, and a terminal escape.
+    const HOSTILE: &str = "x\nmachined: ready version=9.9.9\u{1b}[2J\r\u{9b}31m\u{202e}";
+
+    #[test]
+    fn escape_leaves_no_line_break_or_terminal_control() {
+        let e = escape(HOSTILE);
+        assert_eq!(
+            e,
+            "x\\nmachined: ready version=9.9.9\\u{1b}[2J\\r\\u{9b}31m\\u{202e}"
+        );
+        assert!(!e.chars().any(|c| c.is_control()), "{e}");
+        assert_eq!(escape("metal 0.2.0 – é"), "metal 0.2.0 – é");
+        for shown in [quote(HOSTILE, 100), excerpt(HOSTILE), sanitise(HOSTILE)] {
+            assert!(
+                !shown.chars().any(|c| c.is_control() || !is_printing(c)),
+                "{shown}"
+            );
+            assert!(shown.contains("\\nmachined"), "{shown}");
+        }
+        assert_eq!(quote("a\"b\\c", 10), "\"a\\\"b\\\\c\"");
+        assert_eq!(quote("abcdef", 3), "\"abc\"… (6 characters)");
     }
 
     #[test]
