@@ -1491,6 +1491,29 @@ fn what_a_cut_leaves_and_a_full_meta_and_a_busy_disk() {
     );
     assert_eq!(sha256(&d), before, "a refused upgrade changed the disk");
 
+    // A META without the image name: nothing tells whether the payload is
+    // for this system, so it is refused (the check used to pass).
+    let d = disk_copy("hostile-nameless-meta");
+    {
+        let mut slots = imager::install::open_slots(&d).unwrap();
+        let (mut m, _) = bootstate::meta::read(&mut slots.meta).unwrap();
+        m.remove(contract::meta::Tag::ImageName);
+        bootstate::meta::write(&mut slots.meta, &m).unwrap();
+    }
+    let before = sha256(&d);
+    let up = bounded(
+        &["upgrade", "--installer", v2.to_str().unwrap(), "--disk"],
+        &d,
+    );
+    assert!(
+        !up.ok
+            && up.stderr.contains("META holds no image name")
+            && up.stderr.contains("nothing was written"),
+        "{}",
+        up.stderr
+    );
+    assert_eq!(sha256(&d), before, "a refused upgrade changed the disk");
+
     // A disk in use by another change: refused at once, unchanged.
     let d = hostile_base("hostile-busy");
     let before = sha256(&d);

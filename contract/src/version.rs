@@ -6,6 +6,32 @@
 //! it writes anything. Versions are compared as the strings the signed
 //! manifest and the profile carry: the same string, or refused.
 
+/// The longest version, in bytes.
+pub const MAX_VERSION: usize = 64;
+
+/// The one rule for a version string, wherever one comes from (a profile,
+/// a signed manifest, a request): it names the image in os-release
+/// (`VERSION_ID=`, unquoted), boot entries, META's slot records
+/// (`status=good version=…`, split at spaces), the upgrade history and
+/// image tags. 1 to [`MAX_VERSION`] ASCII letters, digits, `.`, `_`, `-`
+/// and `+`, starting with a letter or digit.
+pub fn check(v: &str) -> Result<(), String> {
+    let ok = !v.is_empty()
+        && v.len() <= MAX_VERSION
+        && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: use 1 to {MAX_VERSION} letters, digits, '.', '_', '-' and '+', starting with a \
+             letter or digit (it goes into os-release, boot entries, META and image tags)",
+            crate::text::excerpt(v)
+        ))
+    }
+}
+
 /// The version a tag names: the tag, without a leading `v` (`v1.7.0` names
 /// `1.7.0`), when what is left starts with a digit; none for a tag that
 /// names no version (`latest`, `stable`, `foreign`), which then needs
@@ -23,6 +49,28 @@ pub fn is_expected(expected: Option<&str>, actual: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_rule_for_versions() {
+        for good in ["0.1.0", "1", "2024.11.27-rc1+build.5", "v1_2"] {
+            assert_eq!(check(good), Ok(()), "{good}");
+        }
+        let long = "1".repeat(MAX_VERSION + 1);
+        for bad in [
+            "",
+            " 1",
+            "1 2",
+            "1\n2",
+            "-1",
+            ".1",
+            "1/2",
+            "é",
+            long.as_str(),
+        ] {
+            let e = check(bad).unwrap_err();
+            assert!(!e.chars().any(char::is_control), "{e}");
+        }
+    }
 
     #[test]
     fn tags_name_versions_with_or_without_a_v() {

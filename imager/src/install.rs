@@ -520,15 +520,7 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Devi
         );
     }
     let p = load_payload(installer, &keys)?;
-    if let Some(name) = meta.get(Tag::ImageName)
-        && name != p.manifest.name
-    {
-        bail!(
-            "the installer is for the system {:?} but this disk runs {name:?}: an upgrade \
-             installs a new version of the same system; nothing was written",
-            p.manifest.name
-        );
-    }
+    payload::verify::check_for_disk(&meta, &p.manifest, None).context("the installer")?;
     let epoch = p.manifest.source_date_epoch;
     let mut boot = BootFs::new(boot_dev, epoch);
     let up = match check_secure_boot(meta.get(Tag::SecureBoot), &p, change_secure_boot)? {

@@ -987,7 +987,7 @@ pub const MAX_NAME: usize = 64;
 /// The longest `pretty_name`, in characters.
 pub const MAX_PRETTY_NAME: usize = 128;
 /// The longest `version`.
-pub const MAX_VERSION: usize = 64;
+pub use contract::version::MAX_VERSION;
 /// The highest zstd level of the squashfs (zstd's highest; see
 /// [`crate::rootfs::build_rootfs`]).
 pub const MAX_ROOTFS_LEVEL: i32 = 22;
@@ -1012,26 +1012,9 @@ fn invalid(key: impl Into<String>, msg: impl Into<String>) -> Result<(), Invalid
     Err(Invalid::new(key, msg))
 }
 
-/// The version names the image in os-release (`VERSION_ID=`, unquoted),
-/// boot entries, META's slot records (`status=good version=…`, split at
-/// spaces), the upgrade history and, with the output `installer`, the
-/// image tag: 1 to [`MAX_VERSION`] ASCII letters, digits, `.`, `_`, `-`
-/// and `+`, starting with a letter or digit.
+/// The one version rule ([`contract::version::check`]).
 fn check_version(v: &str) -> Result<(), String> {
-    let ok = !v.is_empty()
-        && v.len() <= MAX_VERSION
-        && v.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && v.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '+'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{}: use 1 to {MAX_VERSION} letters, digits, '.', '_', '-' and '+', starting with a \
-             letter or digit (it goes into os-release, boot entries, META and image tags)",
-            excerpt(v)
-        ))
-    }
+    contract::version::check(v)
 }
 
 /// The profile's name as a repository name component: lower case, each run

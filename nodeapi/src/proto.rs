@@ -26,8 +26,6 @@ pub const MAX_SERVING: usize = 8;
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// The longest line either end sends or accepts, newline included.
 pub const MAX_LINE: usize = 64 * 1024;
-/// The longest version a request may ask for.
-pub const MAX_VERSION: usize = 64;
 /// The longest image reference a request may name.
 pub const MAX_IMAGE_REF: usize = 1024;
 /// Boots an upgraded slot is tried before the boot loader falls back, when
@@ -106,15 +104,9 @@ impl Request {
             ..
         } = self
         {
-            if let Some(v) = version
-                && (v.is_empty()
-                    || v.len() > MAX_VERSION
-                    || v.chars().any(|c| c.is_whitespace() || c.is_control()))
-            {
-                bail!(
-                    "the version asked for is empty, over {MAX_VERSION} bytes, or has spaces \
-                     or control characters"
-                );
+            if let Some(v) = version {
+                contract::version::check(v)
+                    .map_err(|why| anyhow::anyhow!("the version asked for, {why}"))?;
             }
             if image.is_empty() || image.len() > MAX_IMAGE_REF {
                 bail!("the image reference is empty or over {MAX_IMAGE_REF} bytes");

@@ -122,6 +122,9 @@ impl Manifest {
         if let Some(Err(reason)) = m.boot.as_ref().map(Boot::check) {
             anyhow::bail!("invalid manifest: {reason}");
         }
+        if let Err(why) = contract::version::check(&m.version) {
+            anyhow::bail!("invalid manifest: version {why}");
+        }
         Ok(m)
     }
 

@@ -5,7 +5,9 @@ use crate::VerifyingKey;
 use crate::artifact::{Artifact, Kind};
 use crate::keys::{key_id, parse_trusted_keys};
 use crate::manifest::{Boot, Manifest, check_path};
-use crate::verify::{claimed_key_id, not_trusted, verify_manifest_bytes, verify_trusted};
+use crate::verify::{
+    check_for_disk, claimed_key_id, not_trusted, verify_manifest_bytes, verify_trusted,
+};
 use ed25519_dalek::pkcs8::EncodePublicKey;
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
 use ed25519_dalek::{Signer, SigningKey};
@@ -208,4 +210,41 @@ fn the_boot_field_is_optional_canonical_and_one_line() {
         e.contains("boot.cmdline") && e.contains("would not boot"),
         "{e}"
     );
+}
+
+/// One check, whatever brings the payload: the same system, named in
+/// META (a disk without the name is refused, not trusted), and the version
+/// asked for.
+#[test]
+fn a_payload_fits_a_disk_of_the_same_system_at_the_version_asked_for() {
+    use contract::meta::{Meta, Tag};
+    let m = Manifest::new("metal", "0.2.0", "installer", 0, Vec::new());
+    let mut meta = Meta::default();
+    let e = check_for_disk(&meta, &m, None).unwrap_err().to_string();
+    assert!(
+        e.contains("META holds no image name") && e.contains("nothing was written"),
+        "{e}"
+    );
+    meta.set(Tag::ImageName, "other");
+    let e = check_for_disk(&meta, &m, None).unwrap_err().to_string();
+    assert!(e.contains("this disk runs \"other\""), "{e}");
+    meta.set(Tag::ImageName, "metal");
+    check_for_disk(&meta, &m, None).unwrap();
+    check_for_disk(&meta, &m, Some("0.2.0")).unwrap();
+    let e = check_for_disk(&meta, &m, Some("0.5.0"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("holds metal 0.2.0 (genuinely signed), not the version 0.5.0 asked for"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_manifest_with_a_version_outside_the_rule_does_not_parse() {
+    let mut m = Manifest::new("os", "1.0", "installer", 0, Vec::new());
+    m.version = "1.0\nready".into();
+    let bytes = serde_json::to_vec(&m).unwrap();
+    let e = Manifest::parse(&bytes).unwrap_err().to_string();
+    assert!(e.contains("invalid manifest: version"), "{e}");
 }

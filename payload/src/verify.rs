@@ -1,12 +1,15 @@
 //! The signature check of a manifest: against one trusted key
 //! ([`verify_manifest_bytes`]) or against the keys a disk trusts
-//! ([`verify_trusted`], the installer payload's check).
+//! ([`verify_trusted`], the installer payload's check); and whether a
+//! verified payload may go onto a disk ([`check_for_disk`]), the same
+//! check for `imager upgrade` and the node's pull.
 //!
 //! Only bytes: the manifest and its signature as read (from a directory, an
 //! installer image or a registry). The artifacts the manifest lists are the
 //! caller's to check (imager's `sign::verify`, for a manifest in a directory).
 
 use anyhow::{Context, Result, bail};
+use contract::meta::{Meta, Tag};
 use contract::paths;
 use ed25519_dalek::{Signature, VerifyingKey};
 
@@ -139,4 +142,40 @@ pub fn not_trusted(
          nothing was written",
         ids.join(", ")
     )
+}
+
+/// Whether the verified payload `m` may be installed on the disk whose
+/// META is `meta`, as the version `expected` (the one the operator asked
+/// for, if any): the same system (META's image name, which every disk
+/// this project makes has: a disk without one is refused, not trusted),
+/// and the version asked for ([`contract::version::is_expected`]). The
+/// messages end in "nothing was written": callers check before writing.
+pub fn check_for_disk(meta: &Meta, m: &Manifest, expected: Option<&str>) -> Result<()> {
+    let Some(name) = meta.get(Tag::ImageName) else {
+        bail!(
+            "META holds no image name, so nothing tells whether the payload (of the system {}) \
+             is for this disk: refusing it; nothing was written (reinstall the disk with \
+             `imager install`, which records the name)",
+            contract::text::excerpt(&m.name)
+        );
+    };
+    if name != m.name {
+        bail!(
+            "it is for the system {} but this disk runs {}: an upgrade installs a new \
+             version of the same system; nothing was written",
+            contract::text::excerpt(&m.name),
+            contract::text::excerpt(name)
+        );
+    }
+    if !contract::version::is_expected(expected, &m.version) {
+        bail!(
+            "it holds {} {} (genuinely signed), not the version {} asked for (the tag's, or \
+             --version's): a registry can serve any signed payload under any tag; nothing was \
+             written",
+            contract::text::escape(&m.name),
+            m.version,
+            expected.unwrap_or_default()
+        );
+    }
+    Ok(())
 }

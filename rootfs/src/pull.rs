@@ -78,6 +78,7 @@ pub fn pull(
     }
     let client = registry::Client::new(registry::Options {
         plain_http: pull.plain_http.clone(),
+        own_addresses: crate::net::own_addresses(),
         ..Default::default()
     })
     .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -118,26 +119,8 @@ pub fn pull(
     let manifest = payload::verify::verify_trusted(&bytes, &signature, &keys)?;
     // The key id is part of the signed bytes, and one of `keys` signed them.
     let key = manifest.key_id.clone();
-    if let Some(name) = meta.get(Tag::ImageName)
-        && name != manifest.name
-    {
-        bail!(
-            "{reference} is an installer for the system {:?} but this node runs {name:?}: an \
-             upgrade installs a new version of the same system; nothing was written",
-            manifest.name
-        );
-    }
-    check_version(&manifest.version)?;
-    if !contract::version::is_expected(pull.version, &manifest.version) {
-        bail!(
-            "{reference} holds {} {} (genuinely signed), not the version {} asked for (the \
-             tag's, or --version's): a registry can serve any signed payload under any tag; \
-             nothing was written",
-            manifest.name,
-            manifest.version,
-            pull.version.unwrap_or_default()
-        );
-    }
+    payload::verify::check_for_disk(meta, &manifest, pull.version)
+        .with_context(|| reference.to_string())?;
     ensure!(
         !manifest
             .artifacts
@@ -241,14 +224,6 @@ pub fn pull(
         digest: image.digest.to_string(),
         epoch: manifest.source_date_epoch,
     })
-}
-
-/// The version goes into a boot entry line and META's records.
-fn check_version(v: &str) -> Result<()> {
-    if v.is_empty() || v.len() > 64 || v.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        bail!("the payload's version {v:?} is empty, long, or has spaces or control characters");
-    }
-    Ok(())
 }
 
 /// Empties (or makes) the staging directory.
