@@ -40,6 +40,10 @@ pub struct Options {
     /// The platform picked from an index (OCI image index, Docker manifest
     /// list): `(os, architecture)`.
     pub platform: (String, String),
+    /// Addresses a redirect may never lead to, beside the loopback,
+    /// unspecified, link-local (cloud metadata) and multicast ones: the
+    /// node's own (a redirect to them would make it talk to its own API).
+    pub own_addresses: Vec<std::net::IpAddr>,
 }
 
 impl Default for Options {
@@ -54,6 +58,7 @@ impl Default for Options {
             read_timeout: Duration::from_secs(30),
             ca_pem: None,
             platform: ("linux".into(), "amd64".into()),
+            own_addresses: Vec::new(),
         }
     }
 }
@@ -385,6 +390,9 @@ impl Client {
             .ok_or_else(|| bad("not an absolute URL or path"))?;
         let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
         let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+        if let Some(why) = self.forbidden_target(host, reference) {
+            return Err(bad(why));
+        }
         match scheme {
             "https" => Ok(location.to_string()),
             "http" if self.scheme(host) == "http" => Ok(location.to_string()),
@@ -392,6 +400,59 @@ impl Client {
                 "plain HTTP to a host not allowed plain HTTP: refused (no downgrade)",
             )),
             _ => Err(bad("not an HTTP(S) URL")),
+        }
+    }
+}
+
+impl Client {
+    /// Why a redirect may not go to `host` (`HOST[:PORT]`), if it may not:
+    /// to this machine (loopback, unspecified, `localhost`, one of
+    /// [`Options::own_addresses`]), to a link-local address (where clouds
+    /// serve instance metadata and credentials) or a multicast one; unless
+    /// the registry itself is that host.
+    fn forbidden_target(&self, host: &str, reference: &Reference) -> Option<&'static str> {
+        let name = |h: &str| -> String {
+            let h = match h.strip_prefix('[') {
+                Some(v6) => v6.split(']').next().unwrap_or_default(),
+                None if h.matches(':').count() == 1 => h.split(':').next().unwrap_or_default(),
+                None => h,
+            };
+            h.trim_end_matches('.').to_ascii_lowercase()
+        };
+        let target = name(host);
+        if target == name(reference.registry()) {
+            return None;
+        }
+        if target == "localhost" || target.ends_with(".localhost") {
+            return Some("a redirect to this machine: refused");
+        }
+        let ip: std::net::IpAddr = target.parse().ok()?;
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        let special = match ip {
+            std::net::IpAddr::V4(v4) => {
+                v4.is_loopback()
+                    || v4.is_unspecified()
+                    || v4.is_link_local()
+                    || v4.is_multicast()
+                    || v4.is_broadcast()
+            }
+            std::net::IpAddr::V6(v6) => {
+                v6.is_loopback()
+                    || v6.is_unspecified()
+                    || v6.is_multicast()
+                    || v6.is_unicast_link_local()
+            }
+        };
+        if special || self.options.own_addresses.contains(&ip) {
+            Some(
+                "a redirect to this machine, a link-local or a multicast address: refused (a \
+                 registry may not send its client to talk to itself or to instance metadata)",
+            )
+        } else {
+            None
         }
     }
 }
@@ -557,5 +618,51 @@ mod tests {
             panic!("followed");
         };
         assert!(e.to_string().contains("no downgrade"), "{e}");
+    }
+
+    /// A registry cannot send its client to talk to itself (the node's own
+    /// API), to loopback or to instance metadata.
+    #[test]
+    fn redirects_never_lead_to_this_machine_or_link_local_addresses() {
+        let own: std::net::IpAddr = [10, 0, 2, 15].into();
+        let Ok(client) = Client::new(Options {
+            own_addresses: vec![own],
+            ..Options::default()
+        }) else {
+            panic!("a client");
+        };
+        let Ok(r) = Reference::parse("reg.example:5000/a:1") else {
+            panic!("a reference");
+        };
+        let from = "https://reg.example:5000/v2/a/blobs/sha256:00";
+        for refused in [
+            "https://127.0.0.1:50000/",
+            "https://127.9.9.9/x",
+            "https://localhost:50000/x",
+            "https://LocalHost./x",
+            "https://[::1]:50000/x",
+            "https://[::ffff:127.0.0.1]/x",
+            "https://0.0.0.0/x",
+            "https://169.254.169.254/latest/meta-data/",
+            "https://[fe80::1]/x",
+            "https://10.0.2.15:50000/x",
+            "https://user@10.0.2.15/x",
+            "https://224.0.0.1/x",
+        ] {
+            let Err(e) = client.redirect(from, refused, &r) else {
+                panic!("{refused} followed");
+            };
+            assert!(e.to_string().contains("refused"), "{refused}: {e}");
+        }
+        assert!(client.redirect(from, "https://10.0.2.16/x", &r).is_ok());
+        // A registry on the loopback redirecting to itself is followed.
+        let Ok(local) = Reference::parse("127.0.0.1:5000/a:1") else {
+            panic!("a reference");
+        };
+        assert!(
+            client
+                .redirect(from, "https://127.0.0.1:5000/x", &local)
+                .is_ok()
+        );
     }
 }

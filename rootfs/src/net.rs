@@ -25,6 +25,43 @@ use std::time::{Duration, Instant};
 const INTERFACE_TIMEOUT: Duration = Duration::from_secs(10);
 const INTERFACE_POLL: Duration = Duration::from_millis(50);
 
+/// The addresses of this machine's interfaces (getifaddrs(3)), IPv4 and
+/// IPv6: where a registry's redirect may not lead ([`registry::Options`]'s
+/// `own_addresses`). Empty when they cannot be read.
+pub fn own_addresses() -> Vec<std::net::IpAddr> {
+    let mut out = Vec::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a list it allocates, freed below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return out;
+    }
+    let mut at = list;
+    while !at.is_null() {
+        // SAFETY: `at` is an element of the list getifaddrs returned.
+        let ifa = unsafe { &*at };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points to a sockaddr of the family it says.
+            match i32::from(unsafe { (*ifa.ifa_addr).sa_family }) {
+                libc::AF_INET => {
+                    // SAFETY: an AF_INET address is a sockaddr_in.
+                    let sin = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+                    out.push(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)).into());
+                }
+                libc::AF_INET6 => {
+                    // SAFETY: an AF_INET6 address is a sockaddr_in6.
+                    let sin6 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+                    out.push(std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr).into());
+                }
+                _ => {}
+            }
+        }
+        at = ifa.ifa_next;
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(list) };
+    out
+}
+
 /// Sets up the network as the command line says, saying on the console
 /// what it did. `Err` only for a hardening sysctl (see the module's
 /// documentation).
@@ -320,6 +357,16 @@ mod tests {
             std::fs::write(&p, "9\n").unwrap();
         }
         root
+    }
+
+    /// The loopback address is always one of this machine's.
+    #[test]
+    fn own_addresses_include_the_loopback() {
+        let own = own_addresses();
+        assert!(
+            own.contains(&std::net::IpAddr::from(Ipv4Addr::LOCALHOST)),
+            "{own:?}"
+        );
     }
 
     #[test]
