@@ -470,8 +470,22 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let out = run(&mut provision(&disk, &other, &["--node", "node1"]));
     assert!(refused(&out).contains("another cluster CA"));
 
-    // Provisioning: the key goes into META and is never shown.
-    ok(&mut provision(&disk, &creds, &["--node", "node1"]));
+    // Provisioning: the key goes into META and is never shown, and the
+    // image file that holds it is made readable by its owner only.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let private = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o077 == 0;
+        std::fs::set_permissions(&disk, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let said = ok(&mut provision(&disk, &creds, &["--node", "node1"]));
+        assert!(
+            private(&disk),
+            "the provisioned image is readable by others"
+        );
+        assert!(
+            said.contains("readable by its owner only (it was 0644)"),
+            "{said}"
+        );
+    }
     let key = std::fs::read_to_string(creds.join("node1.node.key")).unwrap();
     let key_body: String = key.lines().filter(|l| !l.starts_with("-----")).collect();
     let shown = ok(imager().arg("inspect").arg(&disk))

@@ -672,14 +672,19 @@ fn status(server: &Server) -> Result<Status> {
     if boot_id.is_empty() {
         bail!("the kernel gave an empty boot id");
     }
+    let staged = server.staged.lock().ok().and_then(|s| {
+        s.as_ref()
+            .map(|s| (s.target, s.staged.payload.version.clone()))
+    });
     let slots = Slot::ALL
         .into_iter()
         .map(|slot| {
             let best = contract::state::best_entry(&st.entries, slot);
+            let (status, version) = slot_said(&st.state, slot, best.is_some(), staged.as_ref());
             SlotStatus {
                 slot: slot.to_string(),
-                status: st.state.status(slot).name().to_string(),
-                version: st.state.version(slot).to_string(),
+                status,
+                version,
                 tries_left: best.and_then(|e| e.tries).map(|t| t.left),
                 tries_done: best.and_then(|e| e.tries).map(|t| t.done),
             }
@@ -695,16 +700,39 @@ fn status(server: &Server) -> Result<Status> {
         next_boot: st.next_boot().map(|e| e.slot.to_string()),
         slots,
         pending_upgrade: st.state.pending.as_ref().map(|p| p.render()),
-        staged: server.staged.lock().ok().and_then(|s| {
-            s.as_ref()
-                .map(|s| format!("{} in slot {}", s.staged.payload.version, s.target))
-        }),
+        staged: staged.map(|(target, version)| format!("{version} in slot {target}")),
         operation: server.current().map(str::to_string),
         last_event: st.state.history.last().cloned(),
         secure_boot: secureboot::state().as_str().to_string(),
         uptime: crate::stage2::uptime().unwrap_or_default(),
         runtime_peak_rss_kib: peak_rss_kib(),
     })
+}
+
+/// What status says of `slot`: (status, version). META's record, unless
+/// the files on BOOT say otherwise: the slot a staged upgrade wrote holds
+/// the staged version (`staged`), and a slot META calls good or pending
+/// whose boot entries are gone (a stage forgotten by a reboot, a cut
+/// upgrade) boots nothing (`unbootable`). docs/node-api.md lists them.
+fn slot_said(
+    state: &contract::state::BootState,
+    slot: Slot,
+    has_entry: bool,
+    staged: Option<&(Slot, String)>,
+) -> (String, String) {
+    use contract::meta::SlotStatus as S;
+    match staged {
+        Some((target, version)) if *target == slot => ("staged".into(), version.clone()),
+        _ => {
+            let status = state.status(slot);
+            let name = if matches!(status, S::Good | S::Pending) && !has_entry {
+                "unbootable"
+            } else {
+                status.name()
+            };
+            (name.to_string(), state.version(slot).to_string())
+        }
+    }
 }
 
 /// This process's peak resident memory (`VmHWM` of /proc/self/status).

@@ -184,6 +184,13 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&p)?);
             } else {
+                if let Some(mode) = &p.made_private_from {
+                    println!(
+                        "made {} readable by its owner only (it was {mode}): it holds the node's \
+                         private key",
+                        p.disk.display()
+                    );
+                }
                 println!(
                     "provisioned {} as node {}{}: it serves the node API from its next boot",
                     p.disk.display(),

@@ -148,10 +148,10 @@ impl Client {
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<Event> {
         let mut tls = self.connect(connect, io)?;
-        proto::write_line(&mut tls, request).map_err(|e| self.explain(e))?;
+        proto::write_line(&mut tls, request).map_err(|e| self.explain(e, io))?;
         let mut r = BufReader::new(tls);
         loop {
-            let line = proto::read_line(&mut r).map_err(|e| self.explain(e))?;
+            let line = proto::read_line(&mut r).map_err(|e| self.explain(e, io))?;
             let Some(line) = line else {
                 bail!(
                     "the node at {} closed the connection before the end of its answer",
@@ -183,18 +183,50 @@ impl Client {
     }
 
     /// A TLS or connection error, said in terms of what to do about it.
-    fn explain(&self, e: anyhow::Error) -> anyhow::Error {
+    fn explain(&self, e: anyhow::Error, io: Duration) -> anyhow::Error {
+        let timed_out = e
+            .chain()
+            .filter_map(|c| c.downcast_ref::<std::io::Error>())
+            .any(|io| {
+                matches!(
+                    io.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            });
+        if timed_out {
+            return anyhow!(
+                "the node at {} sent nothing for {} s: it may be down, cut off, or stuck \
+                 (its console says which); `imager node status` tells whether it answers",
+                self.shown,
+                io.as_secs()
+            );
+        }
+        let cut = e
+            .chain()
+            .filter_map(|c| c.downcast_ref::<std::io::Error>())
+            .any(|io| {
+                matches!(
+                    io.kind(),
+                    std::io::ErrorKind::UnexpectedEof
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::BrokenPipe
+                )
+            });
+        if cut {
+            return anyhow!(
+                "the node at {} closed the connection before answering: it closes the oldest \
+                 of more than {} connections still in their handshake, so it may be flooded \
+                 with connections; try again (its console counts what it closed) ({e:#})",
+                self.shown,
+                proto::MAX_PENDING
+            );
+        }
         let text = format!("{e:#}");
-        let why = if text.contains("UnknownIssuer") || text.contains("BadSignature") {
-            "the node's certificate is not issued by the cluster CA in the credentials \
-             directory (is it the right node, and the right --credentials?)"
-        } else if text.contains("NotValidForName") {
-            "the node's certificate is not for this name or address: pass --server-name with \
-             a name its certificate has (`imager node credentials --node NAME --address IP`)"
-        } else if text.contains("AlertReceived") || text.contains("received fatal alert") {
-            "the node refused this client's certificate: it must be issued by the cluster CA \
-             the node was provisioned with (`imager node provision`)"
-        } else {
+        let rustls_error = e
+            .chain()
+            .filter_map(|c| c.downcast_ref::<std::io::Error>())
+            .find_map(|io| io.get_ref()?.downcast_ref::<rustls::Error>());
+        let Some(why) = rustls_error.and_then(tls_failure) else {
             return e.context(format!("talking to the node at {}", self.shown));
         };
         anyhow!("{why} (talking to {}: {text})", self.shown)
@@ -251,9 +283,83 @@ impl Client {
     }
 }
 
+/// What a TLS failure means: which side refused which certificate, and
+/// why.
+fn tls_failure(e: &rustls::Error) -> Option<&'static str> {
+    use rustls::{AlertDescription as A, CertificateError as C, Error};
+    Some(match e {
+        // The node's alerts about this client's certificate.
+        Error::AlertReceived(A::CertificateExpired) => {
+            "the node refused this client's certificate: it has expired, or is not valid yet, \
+             by the node's clock: make a new one (`imager node credentials DIR --role ROLE \
+             --name NAME --force`)"
+        }
+        Error::AlertReceived(A::CertificateRevoked) => {
+            "the node refused this client's certificate: it is revoked"
+        }
+        Error::AlertReceived(_) => {
+            "the node refused this client's certificate: it must be issued by the cluster CA \
+             the node was provisioned with (`imager node provision`)"
+        }
+        // This client's checks of the node's certificate.
+        Error::InvalidCertificate(
+            C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. },
+        ) => {
+            "the node's certificate has expired, or is not valid yet, by this machine's clock \
+             (check both clocks; a node's credentials are renewed with `imager node \
+             credentials DIR --node NAME --force` and `imager node provision --force`)"
+        }
+        Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => {
+            "the node's certificate is not issued by the cluster CA in the credentials \
+             directory (is it the right node, and the right --credentials?)"
+        }
+        Error::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => {
+            "the node's certificate is not for this name or address: pass --server-name with \
+             a name its certificate has (`imager node credentials --node NAME --address IP`)"
+        }
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls::{AlertDescription as A, CertificateError as C, Error};
+
+    #[test]
+    fn tls_failures_say_which_certificate_and_why() {
+        let cases = [
+            (
+                Error::AlertReceived(A::CertificateExpired),
+                "it has expired",
+            ),
+            (
+                Error::AlertReceived(A::UnknownCA),
+                "issued by the cluster CA",
+            ),
+            (
+                Error::AlertReceived(A::BadCertificate),
+                "issued by the cluster CA",
+            ),
+            (
+                Error::InvalidCertificate(C::Expired),
+                "the node's certificate has expired",
+            ),
+            (
+                Error::InvalidCertificate(C::UnknownIssuer),
+                "not issued by the cluster CA",
+            ),
+            (
+                Error::InvalidCertificate(C::NotValidForName),
+                "not for this name",
+            ),
+        ];
+        for (e, want) in cases {
+            let why = tls_failure(&e).unwrap_or_default();
+            assert!(why.contains(want), "{e}: {why}");
+        }
+        assert!(tls_failure(&Error::DecryptError).is_none());
+    }
 
     #[test]
     fn node_addresses() {

@@ -10,6 +10,12 @@
 //! the CA for the node's name, the key is its key, the key file is not
 //! readable by others); META's own write order keeps one valid copy
 //! through a power cut ([`bootstate::meta::write`]).
+//!
+//! META is not encrypted: whoever can read the disk reads the node's key.
+//! So a disk image file given to provision is made readable by its owner
+//! only (mode 0600, group and others' bits cleared) before the key goes
+//! in, and the result says so; a block device's permissions are the
+//! system's (docs/node-api.md says who can read what).
 
 use super::credentials::{CA_CERT, Holder, read_small};
 use anyhow::{Context, Result, bail};
@@ -24,6 +30,10 @@ pub struct Provisioned {
     pub node: String,
     /// Whether the disk had node credentials before (they were replaced).
     pub replaced: bool,
+    /// The image file's mode before provision made it readable by its
+    /// owner only (octal, e.g. `0644`), when others could read it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub made_private_from: Option<String>,
 }
 
 /// Writes the credentials of node `name` from the credentials directory
@@ -84,6 +94,8 @@ pub fn provision(disk: &Path, dir: &Path, name: &str, force: bool) -> Result<Pro
             disk.display()
         );
     }
+    // Checked: the file is to hold the key (or holds it already).
+    let made_private_from = make_private(disk)?;
     if !same {
         meta.set(Tag::NodeCa, ca);
         meta.set(Tag::NodeCert, cert);
@@ -95,5 +107,28 @@ pub fn provision(disk: &Path, dir: &Path, name: &str, force: bool) -> Result<Pro
         disk: disk.to_path_buf(),
         node: name.to_string(),
         replaced: replaced && !same,
+        made_private_from,
     })
+}
+
+/// Clears the group's and others' permission bits of the disk image file
+/// `disk` (it is to hold a private key); returns its mode before, when it
+/// changed. A block device is left as it is.
+fn make_private(disk: &Path) -> Result<Option<String>> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(disk).with_context(|| format!("reading {}", disk.display()))?;
+    let mode = meta.permissions().mode() & 0o7777;
+    if !meta.is_file() || mode & 0o077 == 0 {
+        return Ok(None);
+    }
+    std::fs::set_permissions(disk, std::fs::Permissions::from_mode(mode & !0o077)).with_context(
+        || {
+            format!(
+                "{} is readable by others (mode {mode:04o}) and is to hold the node's private \
+                 key, but its mode cannot be changed: chmod 600 it; nothing was written",
+                disk.display()
+            )
+        },
+    )?;
+    Ok(Some(format!("{mode:04o}")))
 }
