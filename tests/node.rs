@@ -895,6 +895,12 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     assert_eq!(s["boot_id"], boot3.as_str(), "staging rebooted");
     assert_eq!(s["next_boot"], "A", "staging armed: {s}");
     assert_eq!(s["staged"], "0.2.0 in slot B", "{s}");
+    // The slot's files are the staged version's now, whatever META says.
+    assert_eq!(
+        slots(&s)[1],
+        ("staged".to_string(), "0.2.0".to_string()),
+        "{s}"
+    );
     succeeded(
         &vm,
         "arm --wait",
