@@ -395,8 +395,14 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let v1 = build_variant_of("metal", "node-v1", |t| {
         node_api(t, &format!("{GUEST_REGISTRY}, 10.0.2.101:5000"))
     });
+    // v2 fixes a vulnerability: security version 1. Once it is blessed,
+    // the node refuses what has less (v1, v3) without an admin's
+    // --allow-downgrade.
     let v2 = build_variant_of("installer", "node-v2", |t| {
-        node_api(t.replace("version: 0.1.0", "version: 0.2.0"), "")
+        node_api(
+            t.replace("version: 0.1.0", "version: 0.2.0\nsecurity_version: 1"),
+            "",
+        )
     });
     // v3 never gets ready; "foreign" is v2 signed by a key the node does
     // not trust.
@@ -828,15 +834,37 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         "{storage:?}"
     );
 
-    // Rollback, followed through the reboot: back on A, v1.
+    // Rollback to v1 (security version 0, below the floor v2's blessing
+    // raised to 1): refused, also to an operator who allows the downgrade;
+    // an admin's, followed through the reboot: back on A, v1.
+    let err = refused(&node_cmd(&vm, &creds, "ops", &["rollback"]));
+    assert!(
+        err.contains("slot A (0.1.0): its security version 0 is lower than 1")
+            && err.contains("--allow-downgrade"),
+        "{err}"
+    );
+    let err = refused(&node_cmd(
+        &vm,
+        &creds,
+        "ops",
+        &["rollback", "--allow-downgrade"],
+    ));
+    assert!(err.contains("forbidden"), "{err}");
+    assert_eq!(status(&vm, &creds, "watcher")["boot_id"], boot2.as_str());
     let said = succeeded(
         &vm,
-        "rollback --wait",
+        "rollback --allow-downgrade --wait",
         node_cmd(
             &vm,
             &creds,
-            "ops",
-            &["rollback", "--wait", "--timeout", "600"],
+            "root",
+            &[
+                "rollback",
+                "--allow-downgrade",
+                "--wait",
+                "--timeout",
+                "600",
+            ],
         ),
     );
     assert!(said.contains("back") && said.contains("slot A"), "{said}");
@@ -848,14 +876,23 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let boot3 = s["boot_id"].as_str().unwrap().to_string();
     assert_ne!(boot3, boot2);
 
-    // A version that never gets ready: its tries run out, the node comes
-    // back on A by itself, and --wait says so.
+    // A version that never gets ready, of security version 0: refused
+    // (nothing written), then allowed by the admin; its tries run out, the
+    // node comes back on A by itself (below the floor: a fallback is not
+    // refused), and --wait says so.
+    let v3_image = format!("{GUEST_REGISTRY}/metal/installer:0.3.0");
+    let err = refused(&upgrade(&vm, &creds, "ops", &v3_image, &[]));
+    assert!(
+        err.contains("metal 0.3.0: its security version 0 is lower than 1")
+            && err.contains("nothing was written"),
+        "{err}"
+    );
     let out = upgrade(
         &vm,
         &creds,
-        "ops",
-        &format!("{GUEST_REGISTRY}/metal/installer:0.3.0"),
-        &["--wait", "--timeout", "900"],
+        "root",
+        &v3_image,
+        &["--allow-downgrade", "--wait", "--timeout", "900"],
     );
     let err = refused(&out);
     assert!(

@@ -698,7 +698,7 @@ fn a_rollback_interrupted_at_any_point_leaves_a_bootable_disk() {
             None => Faulty::counting(slots.boot),
         };
         let mut m = b.share(slots.meta);
-        let r = bootstate::ops::rollback(&mut BootFs::new(b, 0), &mut m, false);
+        let r = bootstate::ops::rollback(&mut BootFs::new(b, 0), &mut m, false, false);
         match &r {
             Ok(rb) => assert_eq!(
                 (rb.from.name(), rb.to.name(), rb.version.as_str()),
@@ -1247,6 +1247,69 @@ fn hostile_base(name: &str) -> PathBuf {
     let disk = disk_copy(name);
     upgrade(&disk, &payload(&images().v2));
     disk
+}
+
+/// A disk whose floor is security version 1 (as after blessing a payload
+/// of security version 1; `bootstate`'s tests and tests/node.rs bless
+/// one): `imager upgrade` to a payload of security version 0 and `imager
+/// rollback` to a slot of version 0 are refused with nothing written, and
+/// each is done once with --allow-downgrade; the floor stays.
+#[test]
+fn a_lower_security_version_needs_allow_downgrade_to_upgrade_or_roll_back() {
+    let d = hostile_base("security-floor");
+    let floor = |d: &Path| {
+        let mut slots = imager::install::open_slots(d).unwrap();
+        let (m, _) = bootstate::meta::read(&mut slots.meta).unwrap();
+        m.get(contract::meta::Tag::SecurityFloor)
+            .map(str::to_string)
+    };
+    assert_eq!(floor(&d), None, "a disk of security version 0 has no floor");
+    {
+        let mut slots = imager::install::open_slots(&d).unwrap();
+        let (mut m, _) = bootstate::meta::read(&mut slots.meta).unwrap();
+        m.set(contract::meta::Tag::SecurityFloor, "1");
+        bootstate::meta::write(&mut slots.meta, &m).unwrap();
+    }
+    let v2 = payload(&images().v2);
+    let before = sha256(&d);
+    let up = bounded(
+        &["upgrade", "--installer", v2.to_str().unwrap(), "--disk"],
+        &d,
+    );
+    assert!(
+        !up.ok
+            && up.stderr.contains("its security version 0 is lower than 1")
+            && up.stderr.contains("--allow-downgrade")
+            && up.stderr.contains("nothing was written"),
+        "{}",
+        up.stderr
+    );
+    let rb = bounded(&["rollback", "--disk"], &d);
+    assert!(
+        !rb.ok
+            && rb
+                .stderr
+                .contains("slot A (0.1.0): its security version 0 is lower than 1")
+            && rb.stderr.contains("nothing was written"),
+        "{}",
+        rb.stderr
+    );
+    assert_eq!(sha256(&d), before, "a refused downgrade changed the disk");
+    let up = bounded(
+        &[
+            "upgrade",
+            "--allow-downgrade",
+            "--installer",
+            v2.to_str().unwrap(),
+            "--disk",
+        ],
+        &d,
+    );
+    assert!(up.ok, "{}", up.stderr);
+    let rb = bounded(&["rollback", "--allow-downgrade", "--disk"], &d);
+    assert!(rb.ok, "{}", rb.stderr);
+    assert_eq!(inspect(&d)["slots"]["default"], "A");
+    assert_eq!(floor(&d).as_deref(), Some("1"), "the floor moved");
 }
 
 /// What the three commands must do with a hostile disk.

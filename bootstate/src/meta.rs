@@ -30,11 +30,18 @@ pub fn write<D: Device>(dev: &mut D, meta: &Meta) -> Result<()> {
 }
 
 /// META of a newly built or installed disk: slot A good and default at
-/// `version`, slot B empty, the trusted public keys (PEM, concatenated in
-/// `trusted-keys`), and the first history event, `<event> slot=A
-/// version=<version>`. The builder and the installer both start a disk with
-/// it.
-pub fn initial(image_name: &str, version: &str, trusted_pems: &[String], event: &str) -> Meta {
+/// `version` and `security` (the payload's security version, which is also
+/// the disk's floor: slot A counts as blessed), slot B empty, the trusted
+/// public keys (PEM, concatenated in `trusted-keys`), and the first history
+/// event, `<event> slot=A version=<version>`. The builder and the installer
+/// both start a disk with it.
+pub fn initial(
+    image_name: &str,
+    version: &str,
+    security: u64,
+    trusted_pems: &[String],
+    event: &str,
+) -> Meta {
     let mut m = Meta::default();
     m.set(Tag::ImageName, image_name);
     let mut state = BootState {
@@ -43,11 +50,13 @@ pub fn initial(image_name: &str, version: &str, trusted_pems: &[String], event: 
             Some(SlotRecord {
                 status: SlotStatus::Good,
                 version: version.to_string(),
+                security,
             }),
             None,
         ],
         pending: None,
         history: Vec::new(),
+        security_floor: security,
     };
     state.record(format!("{event} slot=A version={version}"));
     state.write_to(&mut m);

@@ -266,6 +266,9 @@ pub struct PayloadFile {
 #[derive(Debug, Clone)]
 pub struct Payload {
     pub version: String,
+    /// The signed manifest's security version: recorded in the slot's META
+    /// record; the disk's floor rises to it when the slot is blessed.
+    pub security_version: u64,
     /// Shown in the entry's title: `<title> <version> (slot B)`.
     pub title: String,
     pub cmdline: String,
@@ -452,7 +455,12 @@ fn plan_upgrade<B: Device, M: Device>(
     )?;
     let from_version = st.state.version(fallback).to_string();
     let mut new = st.state.clone();
-    new.set(target, SlotStatus::Pending, payload.version.clone());
+    new.put(
+        target,
+        SlotStatus::Pending,
+        payload.version.clone(),
+        payload.security_version,
+    );
     new.default = target;
     new.pending = Some(Pending {
         from: fallback,
@@ -865,11 +873,14 @@ pub struct RolledBack {
 
 /// Makes the other slot the default. A slot known to be bad is refused
 /// unless `force`; it then gets boot counting, so that it falls back again
-/// if it still fails.
+/// if it still fails. A slot whose security version is below the disk's
+/// floor is refused unless `allow_downgrade` (an admin's, for this one
+/// rollback: [`contract::version::check_security`]).
 pub fn rollback<B: Device, M: Device>(
     boot: &mut BootFs<B>,
     meta_dev: &mut M,
     force: bool,
+    allow_downgrade: bool,
 ) -> Result<RolledBack> {
     let st = status(boot, meta_dev)?;
     // The slot that boots now, as the entries say: after a rollback cut
@@ -888,6 +899,17 @@ pub fn rollback<B: Device, M: Device>(
         ),
         _ => {}
     }
+    contract::version::check_security(
+        st.state.security_floor,
+        st.state.security(to),
+        allow_downgrade,
+    )
+    .map_err(|why| {
+        anyhow::anyhow!(
+            "slot {to} ({}): {why}; nothing was written",
+            st.state.version(to)
+        )
+    })?;
     let Some(current) = best_entry(&st.entries, to) else {
         bail!("slot {to} has no boot entry: it cannot be booted");
     };
@@ -1158,6 +1180,7 @@ pub fn bless<B: Device, M: Device>(
         .map(|p| p.from_version.clone());
     let mut new = st.state.clone();
     new.set(booted, SlotStatus::Good, version);
+    new.raise_floor(booted);
     new.default = booted;
     new.pending = None;
     new.record(match &from_version {

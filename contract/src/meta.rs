@@ -48,6 +48,11 @@ pub enum Tag {
     /// with `--preserve=false`): the value says which upgrade asked for it.
     /// Removed once EPHEMERAL is formatted and mounted.
     WipeEphemeral = 0x22,
+    /// The highest security version blessed on this disk (decimal): an
+    /// upgrade or a rollback to a lower one is refused unless an admin
+    /// allows that one downgrade ([`crate::version::check_security`]).
+    /// Raised only when a slot is blessed; absent: 0.
+    SecurityFloor = 0x23,
     /// Public keys (PEM, concatenated) whose signatures the installer
     /// accepts for upgrades of this disk.
     TrustedKeys = 0x30,
@@ -77,7 +82,7 @@ pub enum Tag {
 }
 
 impl Tag {
-    pub const ALL: [Tag; 14] = [
+    pub const ALL: [Tag; 15] = [
         Tag::ImageName,
         Tag::DefaultSlot,
         Tag::SlotA,
@@ -85,6 +90,7 @@ impl Tag {
         Tag::PendingUpgrade,
         Tag::History,
         Tag::WipeEphemeral,
+        Tag::SecurityFloor,
         Tag::TrustedKeys,
         Tag::SecureBoot,
         Tag::SecureBootLeaving,
@@ -103,6 +109,7 @@ impl Tag {
             Tag::PendingUpgrade => "pending-upgrade",
             Tag::History => "history",
             Tag::WipeEphemeral => "wipe-ephemeral",
+            Tag::SecurityFloor => "security-floor",
             Tag::TrustedKeys => "trusted-keys",
             Tag::SecureBoot => "secure-boot",
             Tag::SecureBootLeaving => "secure-boot-leaving",
@@ -329,33 +336,55 @@ impl SlotStatus {
 }
 
 /// The value of a [`Tag::SlotA`] / [`Tag::SlotB`] record:
-/// `status=good version=1.2.0`.
+/// `status=good version=1.2.0`, and ` security=N` when the slot's signed
+/// manifest carries a security version above 0 (so that records of
+/// payloads without one stay as they were; runtimes that predate the word
+/// pass over it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotRecord {
     pub status: SlotStatus,
     pub version: String,
+    /// The security version of the slot's payload (0: none).
+    pub security: u64,
 }
 
 impl SlotRecord {
     pub fn render(&self) -> String {
-        format!("status={} version={}", self.status.name(), self.version)
+        let mut s = format!("status={} version={}", self.status.name(), self.version);
+        if self.security > 0 {
+            s.push_str(&format!(" security={}", self.security));
+        }
+        s
     }
 
     pub fn parse(s: &str) -> Result<SlotRecord, String> {
         let mut status = None;
         let mut version = String::new();
+        let mut security = 0;
         for word in s.split_whitespace() {
             match word.split_once('=') {
                 Some(("status", v)) => {
-                    status = Some(SlotStatus::parse(v).ok_or(format!("unknown slot status {v:?}"))?)
+                    status = Some(
+                        SlotStatus::parse(v)
+                            .ok_or(format!("unknown slot status {}", crate::text::excerpt(v)))?,
+                    )
                 }
                 Some(("version", v)) => version = v.to_string(),
+                Some(("security", v)) => {
+                    security = v.parse().map_err(|_| {
+                        format!(
+                            "security version {} is not a number",
+                            crate::text::excerpt(v)
+                        )
+                    })?
+                }
                 _ => {}
             }
         }
         Ok(SlotRecord {
             status: status.ok_or("slot record has no status")?,
             version,
+            security,
         })
     }
 }
@@ -457,8 +486,16 @@ mod tests {
         let r = SlotRecord {
             status: SlotStatus::Pending,
             version: "2.0".into(),
+            security: 0,
         };
+        // Without a security version, the record is as it always was.
+        assert_eq!(r.render(), "status=pending version=2.0");
+        assert_eq!(SlotRecord::parse(&r.render()).unwrap(), r);
+        let r = SlotRecord { security: 7, ..r };
+        assert_eq!(r.render(), "status=pending version=2.0 security=7");
         assert_eq!(SlotRecord::parse(&r.render()).unwrap(), r);
         assert!(SlotRecord::parse("version=1").is_err());
+        assert!(SlotRecord::parse("status=good version=1 security=-1").is_err());
+        assert!(SlotRecord::parse("status=good version=1 security=x\u{1b}").is_err());
     }
 }

@@ -59,6 +59,9 @@ pub struct BootState {
     pub pending: Option<Pending>,
     /// Events, oldest first: `<seq> <event> key=value…`.
     pub history: Vec<String>,
+    /// The highest security version blessed on this disk
+    /// ([`Tag::SecurityFloor`]; 0 when absent).
+    pub security_floor: u64,
 }
 
 fn index(s: Slot) -> usize {
@@ -97,11 +100,21 @@ impl BootState {
             .filter(|l| !l.is_empty())
             .map(str::to_string)
             .collect();
+        let security_floor = match meta.get(Tag::SecurityFloor) {
+            None => 0,
+            Some(v) => v.trim().parse().map_err(|_| {
+                format!(
+                    "META security-floor {} is not a number",
+                    crate::text::excerpt(v)
+                )
+            })?,
+        };
         Ok(BootState {
             default,
             slots,
             pending,
             history,
+            security_floor,
         })
     }
 
@@ -123,6 +136,10 @@ impl BootState {
         } else {
             meta.set(Tag::History, self.history.join("\n") + "\n");
         }
+        // Never lowered, and absent while 0 (as on disks made before it).
+        if self.security_floor > 0 {
+            meta.set(Tag::SecurityFloor, self.security_floor.to_string());
+        }
     }
 
     pub fn slot(&self, s: Slot) -> Option<&SlotRecord> {
@@ -137,11 +154,31 @@ impl BootState {
         self.slot(s).map_or("", |r| r.version.as_str())
     }
 
+    /// The security version of the payload in slot `s` (0: none, or empty).
+    pub fn security(&self, s: Slot) -> u64 {
+        self.slot(s).map_or(0, |r| r.security)
+    }
+
+    /// Sets slot `s`'s status and version, keeping its security version:
+    /// for a change of status of what the slot holds.
     pub fn set(&mut self, s: Slot, status: SlotStatus, version: impl Into<String>) {
+        let security = self.security(s);
+        self.put(s, status, version, security);
+    }
+
+    /// Sets slot `s`'s whole record: for new contents (an upgrade).
+    pub fn put(&mut self, s: Slot, status: SlotStatus, version: impl Into<String>, security: u64) {
         self.slots[index(s)] = (status != SlotStatus::Empty).then(|| SlotRecord {
             status,
             version: version.into(),
+            security,
         });
+    }
+
+    /// Slot `s` is blessed: the disk's security floor rises to its
+    /// security version (never falls).
+    pub fn raise_floor(&mut self, s: Slot) {
+        self.security_floor = self.security_floor.max(self.security(s));
     }
 
     /// Appends an event (`event` is `name key=value…`), numbering it. The
@@ -310,6 +347,34 @@ mod tests {
         assert_eq!(m.get(Tag::PendingUpgrade), None);
         assert_eq!(m.get(Tag::SlotB), None);
         assert!(BootState::from_meta(&Meta::default()).is_err());
+    }
+
+    /// The floor: absent is 0, raised to a blessed slot's security
+    /// version and never lowered; a status change keeps a slot's security
+    /// version, new contents bring theirs.
+    #[test]
+    fn the_security_floor_only_rises_at_a_blessing() {
+        let mut s = state();
+        assert_eq!(s.security_floor, 0);
+        s.put(Slot::B, SlotStatus::Pending, "2", 3);
+        s.set(Slot::B, SlotStatus::Good, "2");
+        assert_eq!(s.security(Slot::B), 3);
+        assert_eq!(s.security_floor, 0, "a new slot is not blessed yet");
+        s.raise_floor(Slot::B);
+        assert_eq!(s.security_floor, 3);
+        s.raise_floor(Slot::A);
+        assert_eq!(s.security_floor, 3, "lowered by a slot with less");
+        let mut m = Meta::default();
+        s.write_to(&mut m);
+        assert_eq!(m.get(Tag::SecurityFloor), Some("3"));
+        assert_eq!(m.get(Tag::SlotB), Some("status=good version=2 security=3"));
+        assert_eq!(BootState::from_meta(&m).unwrap(), s);
+        m.set(Tag::SecurityFloor, "lots");
+        assert!(BootState::from_meta(&m).is_err());
+        // A disk whose floor is 0 has no record of it.
+        let mut m = Meta::default();
+        state().write_to(&mut m);
+        assert_eq!(m.get(Tag::SecurityFloor), None);
     }
 
     #[test]

@@ -32,6 +32,23 @@ pub fn check(v: &str) -> Result<(), String> {
     }
 }
 
+/// Whether a payload of security version `security` may go onto (or be
+/// rolled back to on) a disk whose highest blessed security version is
+/// `floor`: not lower, unless an admin allows this one downgrade. Security
+/// versions are whole numbers a profile sets (`security_version`), signed
+/// in the manifest, recorded per slot in META and raised on the disk only
+/// when a slot is blessed (docs/signing.md, "Security versions").
+pub fn check_security(floor: u64, security: u64, allow_downgrade: bool) -> Result<(), String> {
+    if security < floor && !allow_downgrade {
+        return Err(format!(
+            "its security version {security} is lower than {floor}, the highest this disk has \
+             blessed: it may carry the flaws a later version fixed; an admin may allow this \
+             one downgrade with --allow-downgrade"
+        ));
+    }
+    Ok(())
+}
+
 /// The version a tag names: the tag, without a leading `v` (`v1.7.0` names
 /// `1.7.0`), when what is left starts with a digit; none for a tag that
 /// names no version (`latest`, `stable`, `foreign`), which then needs
@@ -70,6 +87,19 @@ mod tests {
             let e = check(bad).unwrap_err();
             assert!(!e.chars().any(char::is_control), "{e}");
         }
+    }
+
+    #[test]
+    fn a_lower_security_version_needs_an_admin() {
+        assert_eq!(check_security(0, 0, false), Ok(()));
+        assert_eq!(check_security(2, 2, false), Ok(()));
+        assert_eq!(check_security(2, 3, false), Ok(()));
+        let e = check_security(2, 1, false).unwrap_err();
+        assert!(
+            e.contains("security version 1 is lower than 2") && e.contains("--allow-downgrade"),
+            "{e}"
+        );
+        assert_eq!(check_security(2, 1, true), Ok(()));
     }
 
     #[test]

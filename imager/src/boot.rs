@@ -358,6 +358,7 @@ mod tests {
             SlotRecord {
                 status: SlotStatus::Good,
                 version: "1.2.0".into(),
+                security: 0,
             }
             .render(),
         );

@@ -923,7 +923,7 @@ fn write_disk(
     signer: &dyn sign::Signer,
 ) -> Result<(PathBuf, contract::Guid)> {
     step("disk: raw GPT image");
-    let slot_payload = payload.slot_payload(&p.version)?;
+    let slot_payload = payload.slot_payload(&p.version, p.security_version)?;
     let identity = paths::image_identity(
         &p.name,
         &p.version,
@@ -934,6 +934,7 @@ fn write_disk(
     let mut meta = bootstate::meta::initial(
         &p.name,
         &p.version,
+        p.security_version,
         &[sign::public_key_pem(&signer.public_key())?],
         "build",
     );
@@ -984,6 +985,7 @@ fn sign_manifest(
         format: 1,
         name: p.name.clone(),
         version: p.version.clone(),
+        security_version: p.security_version,
         profile: profile_name(p),
         source_date_epoch: epoch,
         key_id: signer.key_id(),

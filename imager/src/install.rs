@@ -48,6 +48,9 @@ pub struct UpgradeOptions {
     /// a disk without it into Secure Boot
     /// ([`bootstate::ops::upgrade_into_secure_boot`]); refused without.
     pub change_secure_boot: bool,
+    /// Install a payload of a lower security version than the disk's floor
+    /// ([`contract::version::check_security`]); refused without.
+    pub allow_downgrade: bool,
 }
 
 /// What `imager install` is asked to do.
@@ -75,6 +78,9 @@ pub struct RollbackOptions {
     pub disk: PathBuf,
     /// Roll back to a slot known to be bad (it gets boot counting).
     pub force: bool,
+    /// Roll back to a slot of a lower security version than the disk's
+    /// floor; refused without.
+    pub allow_downgrade: bool,
 }
 
 /// The payload of an installer, extracted (if needed) and verified.
@@ -206,6 +212,7 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
     );
     let payload = Payload {
         version: manifest.version.clone(),
+        security_version: manifest.security_version,
         title: boot.title,
         cmdline: boot.cmdline,
         kernel: file(Kind::Kernel)?,
@@ -509,7 +516,7 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Devi
     esp_dev: E,
     installer: &Path,
     tries: u32,
-    change_secure_boot: bool,
+    (change_secure_boot, allow_downgrade): (bool, bool),
 ) -> Result<(ops::Upgraded, VerifiedPayload)> {
     let (meta, _) = bootstate::meta::read(meta_dev).context("reading META")?;
     let keys = sign::parse_trusted_keys(meta.get(Tag::TrustedKeys).unwrap_or_default())?;
@@ -520,7 +527,11 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Devi
         );
     }
     let p = load_payload(installer, &keys)?;
-    payload::verify::check_for_disk(&meta, &p.manifest, None).context("the installer")?;
+    let asked = payload::verify::Asked {
+        version: None,
+        allow_downgrade,
+    };
+    payload::verify::check_for_disk(&meta, &p.manifest, asked).context("the installer")?;
     let epoch = p.manifest.source_date_epoch;
     let mut boot = BootFs::new(boot_dev, epoch);
     let up = match check_secure_boot(meta.get(Tag::SecureBoot), &p, change_secure_boot)? {
@@ -547,7 +558,7 @@ pub fn run_upgrade(a: &UpgradeOptions) -> Result<UpgradeReport> {
         esp,
         &a.installer,
         a.tries,
-        a.change_secure_boot,
+        (a.change_secure_boot, a.allow_downgrade),
     )?;
     Ok(UpgradeReport {
         disk: a.disk.display().to_string(),
@@ -577,7 +588,12 @@ pub struct RollbackReport {
 
 pub fn run_rollback(a: &RollbackOptions) -> Result<RollbackReport> {
     let mut slots = open_slots(&a.disk)?;
-    let r = ops::rollback(&mut BootFs::new(slots.boot, 0), &mut slots.meta, a.force)?;
+    let r = ops::rollback(
+        &mut BootFs::new(slots.boot, 0),
+        &mut slots.meta,
+        a.force,
+        a.allow_downgrade,
+    )?;
     Ok(RollbackReport {
         disk: a.disk.display().to_string(),
         from_slot: r.from.to_string(),
@@ -663,6 +679,7 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     let mut meta = bootstate::meta::initial(
         &p.manifest.name,
         &p.payload.version,
+        p.payload.security_version,
         &[sign::public_key_pem(&key)?],
         "install",
     );

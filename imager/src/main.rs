@@ -100,6 +100,10 @@ struct UpgradeArgs {
     /// under UEFI only; enrol the keys once the new version is blessed).
     #[arg(long)]
     change_secure_boot: bool,
+    /// Install a payload whose security version is lower than the highest
+    /// this disk has blessed (refused without): this one downgrade only.
+    #[arg(long)]
+    allow_downgrade: bool,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -139,6 +143,10 @@ struct RollbackArgs {
     /// Roll back to a slot known to be bad (it gets boot counting).
     #[arg(long)]
     force: bool,
+    /// Roll back to a slot whose security version is lower than the
+    /// highest this disk has blessed (refused without).
+    #[arg(long)]
+    allow_downgrade: bool,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -349,6 +357,7 @@ fn upgrade(a: &UpgradeArgs) -> Result<ExitCode> {
         disk: a.disk.clone(),
         tries: a.tries,
         change_secure_boot: a.change_secure_boot,
+        allow_downgrade: a.allow_downgrade,
     })?;
     let line = format!(
         "upgrade: slot {} now has {} and is tried next ({} tries, entry {}); \
@@ -362,6 +371,7 @@ fn rollback(a: &RollbackArgs) -> Result<ExitCode> {
     let r = imager::install::run_rollback(&imager::install::RollbackOptions {
         disk: a.disk.clone(),
         force: a.force,
+        allow_downgrade: a.allow_downgrade,
     })?;
     let line = format!(
         "rollback: slot {} ({}) is the default now (entry {}); slot {} stays installed",

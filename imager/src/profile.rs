@@ -412,6 +412,12 @@ pub struct Profile {
     #[serde(default = "default_pretty")]
     pub pretty_name: String,
     pub version: String,
+    /// The security version signed into the payload's manifest (0: none):
+    /// raise it with each release that fixes a vulnerability, and disks
+    /// that blessed it refuse older payloads without an admin's
+    /// `--allow-downgrade` (docs/signing.md, "Security versions").
+    #[serde(default)]
+    pub security_version: u64,
     pub kernel: KernelSection,
     pub runtime: RuntimeSection,
     /// Required with the output `installer`.

@@ -57,11 +57,20 @@ pub enum Request {
         /// refused before anything is written.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         version: Option<String>,
+        /// A payload of a lower security version than the node's floor is
+        /// installed this once (admin only).
+        #[serde(default, skip_serializing_if = "is_false")]
+        allow_downgrade: bool,
     },
     /// Arm the slot a staged upgrade wrote, and reboot into it.
     Arm {},
-    /// Make the other slot the default and reboot into it.
-    Rollback {},
+    /// Make the other slot the default and reboot into it; one of a lower
+    /// security version than the node's floor only with `allow_downgrade`
+    /// (admin only).
+    Rollback {
+        #[serde(default, skip_serializing_if = "is_false")]
+        allow_downgrade: bool,
+    },
     Reboot {},
     PowerOff {},
 }
@@ -70,14 +79,27 @@ fn yes() -> bool {
     true
 }
 
+fn is_false(v: &bool) -> bool {
+    !v
+}
+
 impl Request {
     /// What the request does, for the role check.
     pub fn op(&self) -> Op {
         match self {
             Request::Status {} => Op::Status,
-            Request::Upgrade { preserve, .. } => Op::Upgrade { wipe: !preserve },
+            Request::Upgrade {
+                preserve,
+                allow_downgrade,
+                ..
+            } => Op::Upgrade {
+                wipe: !preserve,
+                downgrade: *allow_downgrade,
+            },
             Request::Arm {} => Op::Arm,
-            Request::Rollback {} => Op::Rollback,
+            Request::Rollback { allow_downgrade } => Op::Rollback {
+                downgrade: *allow_downgrade,
+            },
             Request::Reboot {} => Op::Reboot,
             Request::PowerOff {} => Op::PowerOff,
         }
@@ -89,7 +111,7 @@ impl Request {
             Request::Status {} => "status",
             Request::Upgrade { .. } => "upgrade",
             Request::Arm {} => "arm",
-            Request::Rollback {} => "rollback",
+            Request::Rollback { .. } => "rollback",
             Request::Reboot {} => "reboot",
             Request::PowerOff {} => "power-off",
         }
@@ -378,8 +400,29 @@ mod tests {
                 preserve: true,
                 tries: None,
                 version: None,
+                allow_downgrade: false,
             }
         );
+        // What an older client sends is what a newer node reads.
+        assert_eq!(
+            parse_request(br#"{"op":"rollback"}"#).unwrap().op(),
+            Op::Rollback { downgrade: false }
+        );
+        assert_eq!(
+            parse_request(br#"{"op":"rollback","allow_downgrade":true}"#)
+                .unwrap()
+                .op(),
+            Op::Rollback { downgrade: true }
+        );
+        let mut plain = Vec::new();
+        write_line(
+            &mut plain,
+            &Request::Rollback {
+                allow_downgrade: false,
+            },
+        )
+        .unwrap();
+        assert_eq!(plain, b"{\"op\":\"rollback\"}\n");
         assert_eq!(
             parse_request(br#"{"op":"power-off"}"#).unwrap().op(),
             Op::PowerOff
@@ -387,7 +430,10 @@ mod tests {
         let wipe = br#"{"op":"upgrade","image":"r/i:1","preserve":false}"#;
         assert_eq!(
             parse_request(wipe).unwrap().op(),
-            Op::Upgrade { wipe: true }
+            Op::Upgrade {
+                wipe: true,
+                downgrade: false
+            }
         );
         // Round trip.
         let r = Request::Upgrade {
@@ -396,6 +442,7 @@ mod tests {
             preserve: false,
             tries: Some(2),
             version: Some("0.2.0".into()),
+            allow_downgrade: true,
         };
         let mut out = Vec::new();
         write_line(&mut out, &r).unwrap();

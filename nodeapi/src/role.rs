@@ -9,7 +9,7 @@
 //! |---|---|---|---|
 //! | status | yes | yes | yes |
 //! | upgrade, stage, arm, rollback, reboot | no | yes | yes |
-//! | an upgrade that wipes EPHEMERAL (`--preserve=false`), power-off | no | no | yes |
+//! | an upgrade that wipes EPHEMERAL (`--preserve=false`), an upgrade or rollback below the security floor (`--allow-downgrade`), power-off | no | no | yes |
 
 use anyhow::{Result, bail};
 
@@ -75,8 +75,14 @@ impl Role {
     pub fn may(self, op: Op) -> bool {
         let needs = match op {
             Op::Status => Role::Reader,
-            Op::Upgrade { wipe: false } | Op::Arm | Op::Rollback | Op::Reboot => Role::Operator,
-            Op::Upgrade { wipe: true } | Op::PowerOff => Role::Admin,
+            Op::Upgrade {
+                wipe: false,
+                downgrade: false,
+            }
+            | Op::Arm
+            | Op::Rollback { downgrade: false }
+            | Op::Reboot => Role::Operator,
+            Op::Upgrade { .. } | Op::Rollback { .. } | Op::PowerOff => Role::Admin,
         };
         self >= needs
     }
@@ -87,13 +93,17 @@ impl Role {
 pub enum Op {
     Status,
     /// An upgrade (staged or not); `wipe`: EPHEMERAL is wiped at the next
-    /// boot (`--preserve=false`).
+    /// boot (`--preserve=false`); `downgrade`: a lower security version is
+    /// allowed (`--allow-downgrade`).
     Upgrade {
         wipe: bool,
+        downgrade: bool,
     },
     /// Arms a staged upgrade.
     Arm,
-    Rollback,
+    Rollback {
+        downgrade: bool,
+    },
     Reboot,
     PowerOff,
 }
@@ -111,11 +121,31 @@ mod tests {
         }
         let table = [
             (Op::Status, [true, true, true]),
-            (Op::Upgrade { wipe: false }, [false, true, true]),
+            (
+                Op::Upgrade {
+                    wipe: false,
+                    downgrade: false,
+                },
+                [false, true, true],
+            ),
             (Op::Arm, [false, true, true]),
-            (Op::Rollback, [false, true, true]),
+            (Op::Rollback { downgrade: false }, [false, true, true]),
             (Op::Reboot, [false, true, true]),
-            (Op::Upgrade { wipe: true }, [false, false, true]),
+            (
+                Op::Upgrade {
+                    wipe: true,
+                    downgrade: false,
+                },
+                [false, false, true],
+            ),
+            (
+                Op::Upgrade {
+                    wipe: false,
+                    downgrade: true,
+                },
+                [false, false, true],
+            ),
+            (Op::Rollback { downgrade: true }, [false, false, true]),
             (Op::PowerOff, [false, false, true]),
         ];
         for (op, allowed) in table {

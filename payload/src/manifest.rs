@@ -25,6 +25,12 @@ pub struct Manifest {
     pub format: u32,
     pub name: String,
     pub version: String,
+    /// The payload's security version (profile `security_version`): a disk
+    /// that blessed a higher one refuses it without an admin's
+    /// `--allow-downgrade` ([`contract::version::check_security`]). Absent
+    /// when 0, so manifests without one keep their bytes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub security_version: u64,
     pub profile: String,
     pub source_date_epoch: u64,
     /// The [`key_id`](crate::keys::key_id) of the signing key; set by
@@ -83,6 +89,10 @@ impl Boot {
     }
 }
 
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
 impl Manifest {
     /// A format-[`FORMAT`] manifest; `key_id` is filled in when signing.
     pub fn new(
@@ -96,6 +106,7 @@ impl Manifest {
             format: FORMAT,
             name: name.into(),
             version: version.into(),
+            security_version: 0,
             profile: profile.into(),
             source_date_epoch,
             key_id: String::new(),

@@ -6,7 +6,7 @@ use crate::artifact::{Artifact, Kind};
 use crate::keys::{key_id, parse_trusted_keys};
 use crate::manifest::{Boot, Manifest, check_path};
 use crate::verify::{
-    check_for_disk, claimed_key_id, not_trusted, verify_manifest_bytes, verify_trusted,
+    Asked, check_for_disk, claimed_key_id, not_trusted, verify_manifest_bytes, verify_trusted,
 };
 use ed25519_dalek::pkcs8::EncodePublicKey;
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
@@ -213,31 +213,71 @@ fn the_boot_field_is_optional_canonical_and_one_line() {
 }
 
 /// One check, whatever brings the payload: the same system, named in
-/// META (a disk without the name is refused, not trusted), and the version
-/// asked for.
+/// META (a disk without the name is refused, not trusted), the version
+/// asked for, and a security version not below the disk's floor unless an
+/// admin allows it.
 #[test]
 fn a_payload_fits_a_disk_of_the_same_system_at_the_version_asked_for() {
     use contract::meta::{Meta, Tag};
-    let m = Manifest::new("metal", "0.2.0", "installer", 0, Vec::new());
+    let mut m = Manifest::new("metal", "0.2.0", "installer", 0, Vec::new());
+    let none = Asked::default();
+    let want = |v| Asked {
+        version: Some(v),
+        ..none
+    };
     let mut meta = Meta::default();
-    let e = check_for_disk(&meta, &m, None).unwrap_err().to_string();
+    meta.set(Tag::DefaultSlot, "A");
+    meta.set(Tag::SlotA, "status=good version=0.1.0");
+    let e = check_for_disk(&meta, &m, none).unwrap_err().to_string();
     assert!(
         e.contains("META holds no image name") && e.contains("nothing was written"),
         "{e}"
     );
     meta.set(Tag::ImageName, "other");
-    let e = check_for_disk(&meta, &m, None).unwrap_err().to_string();
+    let e = check_for_disk(&meta, &m, none).unwrap_err().to_string();
     assert!(e.contains("this disk runs \"other\""), "{e}");
     meta.set(Tag::ImageName, "metal");
-    check_for_disk(&meta, &m, None).unwrap();
-    check_for_disk(&meta, &m, Some("0.2.0")).unwrap();
-    let e = check_for_disk(&meta, &m, Some("0.5.0"))
+    check_for_disk(&meta, &m, none).unwrap();
+    check_for_disk(&meta, &m, want("0.2.0")).unwrap();
+    let e = check_for_disk(&meta, &m, want("0.5.0"))
         .unwrap_err()
         .to_string();
     assert!(
         e.contains("holds metal 0.2.0 (genuinely signed), not the version 0.5.0 asked for"),
         "{e}"
     );
+    // A disk that blessed security version 2 takes 2 and more; less only
+    // when an admin allows it.
+    meta.set(Tag::SecurityFloor, "2");
+    let e = check_for_disk(&meta, &m, none).unwrap_err().to_string();
+    assert!(
+        e.contains("metal 0.2.0: its security version 0 is lower than 2")
+            && e.contains("nothing was written"),
+        "{e}"
+    );
+    m.security_version = 1;
+    assert!(check_for_disk(&meta, &m, none).is_err());
+    let admin = Asked {
+        allow_downgrade: true,
+        ..none
+    };
+    check_for_disk(&meta, &m, admin).unwrap();
+    for fine in [2, 3] {
+        m.security_version = fine;
+        check_for_disk(&meta, &m, none).unwrap();
+    }
+}
+
+/// A security version of 0 leaves the manifest's bytes as they were.
+#[test]
+fn the_security_version_is_signed_and_absent_when_zero() {
+    let mut m = Manifest::new("os", "1.0", "installer", 0, Vec::new());
+    let plain = String::from_utf8(m.to_bytes().unwrap()).unwrap();
+    assert!(!plain.contains("security"), "{plain}");
+    m.security_version = 4;
+    let text = String::from_utf8(m.to_bytes().unwrap()).unwrap();
+    assert!(text.contains("\"security_version\": 4"), "{text}");
+    assert_eq!(Manifest::parse(text.as_bytes()).unwrap(), m);
 }
 
 #[test]

@@ -144,13 +144,25 @@ pub fn not_trusted(
     )
 }
 
+/// What the operator asked of a payload: the version it must be, and
+/// whether an admin allows a lower security version this once.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Asked<'a> {
+    /// `--version`, or the version the image reference's tag names.
+    pub version: Option<&'a str>,
+    /// `--allow-downgrade`.
+    pub allow_downgrade: bool,
+}
+
 /// Whether the verified payload `m` may be installed on the disk whose
-/// META is `meta`, as the version `expected` (the one the operator asked
-/// for, if any): the same system (META's image name, which every disk
-/// this project makes has: a disk without one is refused, not trusted),
-/// and the version asked for ([`contract::version::is_expected`]). The
-/// messages end in "nothing was written": callers check before writing.
-pub fn check_for_disk(meta: &Meta, m: &Manifest, expected: Option<&str>) -> Result<()> {
+/// META is `meta`, as `asked`: the same system (META's image name, which
+/// every disk this project makes has: a disk without one is refused, not
+/// trusted), the version asked for ([`contract::version::is_expected`]),
+/// and a security version not below the disk's floor unless allowed
+/// ([`contract::version::check_security`]). The messages end in "nothing
+/// was written": callers check before writing.
+pub fn check_for_disk(meta: &Meta, m: &Manifest, asked: Asked<'_>) -> Result<()> {
+    let expected = asked.version;
     let Some(name) = meta.get(Tag::ImageName) else {
         bail!(
             "META holds no image name, so nothing tells whether the payload (of the system {}) \
@@ -175,6 +187,18 @@ pub fn check_for_disk(meta: &Meta, m: &Manifest, expected: Option<&str>) -> Resu
             contract::text::escape(&m.name),
             m.version,
             expected.unwrap_or_default()
+        );
+    }
+    let floor = contract::state::BootState::from_meta(meta)
+        .map_err(anyhow::Error::msg)?
+        .security_floor;
+    if let Err(why) =
+        contract::version::check_security(floor, m.security_version, asked.allow_downgrade)
+    {
+        bail!(
+            "{} {}: {why}; nothing was written",
+            contract::text::escape(&m.name),
+            m.version
         );
     }
     Ok(())

@@ -41,6 +41,7 @@ fn meta(slot: Slot, version: &str) -> Result<Vec<u8>, String> {
     let record = SlotRecord {
         status: SlotStatus::Good,
         version: version.to_string(),
+        security: 0,
     };
     m.set(Tag::for_slot(slot), record.render());
     m.encode().map_err(|e| e.to_string())

@@ -401,12 +401,12 @@ fn operate(
             done("powering off", status(server)?, true),
             Some(power::Action::PowerOff),
         ),
-        Request::Rollback {} => {
+        Request::Rollback { allow_downgrade } => {
             proto::write_line(
                 tls,
                 &Event::progress("rollback", "making the other slot the default"),
             )?;
-            match node.disk.rollback() {
+            match node.disk.rollback(*allow_downgrade) {
                 Ok(r) => {
                     say(format!(
                         "api: rolled back: slot {} ({}) boots next; rebooting",
@@ -433,10 +433,15 @@ fn operate(
             preserve,
             tries,
             version,
+            allow_downgrade,
         } => {
             return upgrade(
                 server,
-                (image, version.as_deref()),
+                image,
+                payload::verify::Asked {
+                    version: version.as_deref(),
+                    allow_downgrade: *allow_downgrade,
+                },
                 tries.unwrap_or(proto::DEFAULT_TRIES),
                 *preserve,
                 *stage,
@@ -477,7 +482,8 @@ fn operate(
 /// staged files on EPHEMERAL stay mounted until the reboot unmounts them).
 fn upgrade(
     server: &Server,
-    (image, version): (&str, Option<&str>),
+    image: &str,
+    asked: payload::verify::Asked<'_>,
     tries: u32,
     preserve: bool,
     stage: bool,
@@ -488,7 +494,7 @@ fn upgrade(
     let mut progress = |step: &str, message: String| tell(tls, "upgrade", step, message);
     let request = pull::Pull {
         image,
-        version,
+        asked,
         plain_http: node.plain_http.clone(),
     };
     let staged = match pull::pull(&request, &meta, &pull::staging_dir(), &mut progress) {

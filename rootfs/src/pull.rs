@@ -37,8 +37,9 @@ pub const STAGING_DIR: &str = "/var/lib/machined/upgrade";
 /// What a pull is asked for.
 pub struct Pull<'a> {
     pub image: &'a str,
-    /// The version the signed payload must be (`contract::version`).
-    pub version: Option<&'a str>,
+    /// The version the signed payload must be (`contract::version`), and
+    /// whether a lower security version is allowed this once.
+    pub asked: payload::verify::Asked<'a>,
     /// Registries reached over plain HTTP (`machined.plain_http=`).
     pub plain_http: Vec<String>,
 }
@@ -119,7 +120,7 @@ pub fn pull(
     let manifest = payload::verify::verify_trusted(&bytes, &signature, &keys)?;
     // The key id is part of the signed bytes, and one of `keys` signed them.
     let key = manifest.key_id.clone();
-    payload::verify::check_for_disk(meta, &manifest, pull.version)
+    payload::verify::check_for_disk(meta, &manifest, pull.asked)
         .with_context(|| reference.to_string())?;
     ensure!(
         !manifest
@@ -213,6 +214,7 @@ pub fn pull(
     Ok(Staged {
         payload: Payload {
             version: manifest.version.clone(),
+            security_version: manifest.security_version,
             title: boot.title,
             cmdline: boot.cmdline,
             kernel,

@@ -160,9 +160,10 @@ impl Disk {
     }
 
     /// Makes the other slot the default ([`ops::rollback`]; a slot known
-    /// to be bad is refused).
-    pub fn rollback(&self) -> Result<ops::RolledBack> {
-        self.with(|boot, meta| ops::rollback(boot, meta, false))
+    /// to be bad is refused, one below the security floor unless
+    /// `allow_downgrade`).
+    pub fn rollback(&self, allow_downgrade: bool) -> Result<ops::RolledBack> {
+        self.with(|boot, meta| ops::rollback(boot, meta, false, allow_downgrade))
     }
 
     /// Writes `payload` into the slot an upgrade would take without arming

@@ -373,7 +373,7 @@ pub fn cut_upgrade(
     };
     let mut m = b.share(slots.meta);
     let e = b.share(slots.esp);
-    let r = imager::install::upgrade_on(b, &mut m, e, installer, 3, change_secure_boot);
+    let r = imager::install::upgrade_on(b, &mut m, e, installer, 3, (change_secure_boot, false));
     if let Err(e) = &r {
         let chain = format!("{e:#}");
         assert!(chain.contains("simulated power cut"), "{chain}");

@@ -169,6 +169,7 @@ fn state(default: Slot, pending: Option<Slot>) -> BootState {
         slots: [None, None],
         pending: None,
         history: Vec::new(),
+        security_floor: 0,
     };
     s.set(Slot::A, SlotStatus::Good, "1");
     s.set(Slot::B, SlotStatus::Good, "2");

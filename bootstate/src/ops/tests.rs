@@ -51,6 +51,7 @@ fn disk(boot_mib: usize) -> (Dev, Dev) {
         SlotRecord {
             status: SlotStatus::Good,
             version: "1".into(),
+            security: 0,
         }
         .render(),
     );
@@ -79,6 +80,7 @@ fn payload(dir: &std::path::Path, version: &str, size: usize) -> Payload {
     };
     Payload {
         version: version.into(),
+        security_version: 0,
         title: "Test".into(),
         cmdline: "console=ttyS0".into(),
         kernel: file("kernel", 7),
@@ -176,6 +178,55 @@ fn entries(boot: &mut BootFs<&mut Dev>) -> Vec<EntryName> {
     valid
 }
 
+/// Security versions: an upgrade records its payload's; the floor rises
+/// when the slot is blessed, not before (a failed upgrade still falls back
+/// to a lower one); a manual rollback below it needs `allow_downgrade`.
+#[test]
+fn the_security_floor_rises_at_the_blessing_and_holds_rollbacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut b, mut m) = disk(40);
+    let mut boot = BootFs::new(&mut b, 0);
+    let v2 = Payload {
+        security_version: 2,
+        ..payload(dir.path(), "2", 100_000)
+    };
+    upgrade(&mut boot, &mut m, &v2, 3).unwrap();
+    let st = status(&mut boot, &mut m).unwrap();
+    assert_eq!(st.state.security(Slot::B), 2);
+    assert_eq!(st.state.security_floor, 0, "raised before the blessing");
+    bless(&mut boot, &mut m, Slot::B, "2").unwrap();
+    assert_eq!(status(&mut boot, &mut m).unwrap().state.security_floor, 2);
+    let before = m.get_ref().clone();
+    let e = format!(
+        "{:#}",
+        rollback(&mut boot, &mut m, false, false).unwrap_err()
+    );
+    assert!(
+        e.contains("slot A (1): its security version 0 is lower than 2")
+            && e.contains("--allow-downgrade"),
+        "{e}"
+    );
+    assert_eq!(m.get_ref(), &before, "a refused rollback wrote META");
+    // An admin's downgrade, this once: the floor stays where it was.
+    let r = rollback(&mut boot, &mut m, false, true).unwrap();
+    assert_eq!(r.to, Slot::A);
+    assert_eq!(status(&mut boot, &mut m).unwrap().state.security_floor, 2);
+    // v3 (security 3) fails its trial: A (security 0, below the floor)
+    // boots again, as any fallback does, and the floor stays.
+    let v3 = Payload {
+        security_version: 3,
+        ..payload(dir.path(), "3", 100_000)
+    };
+    upgrade(&mut boot, &mut m, &v3, 1).unwrap();
+    assert_eq!(firmware_tries(&mut boot), Slot::B);
+    assert_eq!(firmware_tries(&mut boot), Slot::A, "tries ran out");
+    assert!(matches!(
+        assess(&mut boot, &mut m, Slot::A).unwrap(),
+        BootOutcome::FellBack { .. }
+    ));
+    assert_eq!(status(&mut boot, &mut m).unwrap().state.security_floor, 2);
+}
+
 #[test]
 fn upgrade_bless_fail_and_rollback() {
     let dir = tempfile::tempdir().unwrap();
@@ -250,9 +301,12 @@ fn upgrade_bless_fail_and_rollback() {
     );
 
     // Rolling back to a bad slot needs force, and then it is on trial.
-    let e = format!("{:#}", rollback(&mut boot, &mut m, false).unwrap_err());
+    let e = format!(
+        "{:#}",
+        rollback(&mut boot, &mut m, false, false).unwrap_err()
+    );
     assert!(e.contains("marked bad") && e.contains("--force"), "{e}");
-    let r = rollback(&mut boot, &mut m, true).unwrap();
+    let r = rollback(&mut boot, &mut m, true, false).unwrap();
     assert_eq!((r.from, r.to), (Slot::B, Slot::A));
     assert_eq!(r.entry.file_name(), "g00000004-slot-a+3-0.conf");
     assert_eq!(firmware_tries(&mut boot), Slot::A);
@@ -264,7 +318,7 @@ fn upgrade_bless_fail_and_rollback() {
     assert_eq!(firmware_tries(&mut boot), Slot::A);
     bless(&mut boot, &mut m, Slot::A, "4").unwrap();
     // A manual rollback to the good B: no counting.
-    let r = rollback(&mut boot, &mut m, false).unwrap();
+    let r = rollback(&mut boot, &mut m, false, false).unwrap();
     assert_eq!(r.entry, EntryName::good(6, Slot::B));
     assert_eq!(firmware_tries(&mut boot), Slot::B);
     assert_eq!(
@@ -400,7 +454,7 @@ fn bless_and_rollback_cut_at_any_write_recover_under_loss() {
     // From the blessed state, a rollback to A cut at any write.
     bless(&mut BootFs::new(&mut b0, 0), &mut m0, Slot::B, "2").unwrap();
     let roll = |boot: &mut BootFs<&mut Faulty<Dev>>, m: &mut Faulty<Dev>| {
-        rollback(boot, m, false).map(|_| ())
+        rollback(boot, m, false, false).map(|_| ())
     };
     let total = count(&b0, &m0, &roll);
     let mut saw = [false, false];
@@ -424,7 +478,7 @@ fn bless_and_rollback_cut_at_any_write_recover_under_loss() {
         assert_eq!(st.state.default, slot, "cut {n}: META follows what boots");
         // Running the rollback again lands on A whatever the cut.
         if slot == Slot::B {
-            rollback(&mut boot, &mut md, false).unwrap();
+            rollback(&mut boot, &mut md, false, false).unwrap();
             assert_eq!(firmware_tries(&mut boot), Slot::A, "cut {n}");
         }
     }
@@ -558,7 +612,7 @@ fn grub_follows_upgrade_bless_and_rollback() {
     assert_eq!((view.good, view.env), (Some(Slot::B), GrubEnv::none()));
     assert_eq!(grub_choice(&mut boot), firmware_tries(&mut boot));
     // Rollback to A: both loaders.
-    rollback(&mut boot, &mut m, false).unwrap();
+    rollback(&mut boot, &mut m, false, false).unwrap();
     assert_eq!(grub_choice(&mut boot), Slot::A);
     assert_eq!(firmware_tries(&mut boot), Slot::A);
     // A forced rollback to a slot on trial arms GRUB too.
@@ -566,10 +620,10 @@ fn grub_follows_upgrade_bless_and_rollback() {
     upgrade(&mut boot, &mut m, &v3, 2).unwrap();
     let view = crate::grubenv::read(&mut boot).unwrap();
     assert_eq!(view.env, GrubEnv::trial(Slot::B, 2));
-    rollback(&mut boot, &mut m, false).unwrap();
+    rollback(&mut boot, &mut m, false, false).unwrap();
     let view = crate::grubenv::read(&mut boot).unwrap();
     assert_eq!((view.good, view.env), (Some(Slot::A), GrubEnv::none()));
-    rollback(&mut boot, &mut m, true).unwrap();
+    rollback(&mut boot, &mut m, true, false).unwrap();
     let view = crate::grubenv::read(&mut boot).unwrap();
     assert_eq!(
         (view.good, view.env),
@@ -719,10 +773,10 @@ fn after_a_cut_one_boot_under_either_firmware_brings_the_loaders_together_under_
             let _ = bless(b, m, Slot::B, "2");
         }),
         ("rollback", |b, m, _| {
-            let _ = rollback(b, m, false);
+            let _ = rollback(b, m, false, false);
         }),
         ("forced rollback", |b, m, _| {
-            let _ = rollback(b, m, true);
+            let _ = rollback(b, m, true, false);
         }),
     ];
     for (name, op) in ops {
@@ -750,7 +804,7 @@ fn after_a_cut_one_boot_under_either_firmware_brings_the_loaders_together_under_
                 }
                 if name == "forced rollback" {
                     // B failed: rolled back, marked bad; forced again.
-                    rollback(&mut BootFs::new(&mut b0, 0), &mut m0, false).unwrap();
+                    rollback(&mut BootFs::new(&mut b0, 0), &mut m0, false, false).unwrap();
                 }
             }
         }
@@ -816,7 +870,7 @@ fn ukis_upgrade_bless_fall_back_and_roll_back_as_entries_do() {
         v2.ukis.as_ref().unwrap().b.sha256
     );
     // A rollback copies A's UKI under the highest generation.
-    let r = rollback(&mut boot, &mut m, false).unwrap();
+    let r = rollback(&mut boot, &mut m, false, false).unwrap();
     assert_eq!(r.entry, uki(Slot::A, 3));
     assert_eq!(entries(&mut boot), [uki(Slot::B, 2), uki(Slot::A, 3)]);
     assert_eq!(
@@ -876,7 +930,7 @@ fn leaving_secure_boot_takes_effect_at_the_blessing_and_not_after_a_fallback() {
     };
     upgrade(&mut boot, &mut m, &v3, 3).unwrap();
     assert_eq!(tag(&mut m, Tag::SecureBootLeaving), None);
-    rollback(&mut boot, &mut m, true).unwrap();
+    rollback(&mut boot, &mut m, true, false).unwrap();
     // Leaving again, blessed this time: the record goes.
     upgrade(&mut boot, &mut m, &plain, 3).unwrap();
     let slot = firmware_tries(&mut boot);
@@ -955,7 +1009,7 @@ fn uki_upgrade_bless_and_rollback_cut_at_any_write_boot_one_of_the_two_under_los
                 assess(&mut boot, m, Slot::B)?;
                 bless(&mut boot, m, Slot::B, "2").map(|_| ())
             } else {
-                rollback(&mut boot, m, false).map(|_| ())
+                rollback(&mut boot, m, false, false).map(|_| ())
             }
         };
         let mut b = Faulty::counting(b0.clone());
@@ -978,7 +1032,7 @@ fn uki_upgrade_bless_and_rollback_cut_at_any_write_boot_one_of_the_two_under_los
                 let st = status(&mut boot, &mut md).unwrap();
                 assert_eq!(st.state.status(Slot::B), SlotStatus::Good, "cut {n}");
             } else if slot == Slot::B {
-                rollback(&mut boot, &mut md, false).unwrap();
+                rollback(&mut boot, &mut md, false, false).unwrap();
                 assert_eq!(boots_uki(&mut boot, &v1, &v2, n), Slot::A, "cut {n}");
             }
         }
@@ -1197,7 +1251,7 @@ fn entering_secure_boot_cut_at_any_write_finishes_and_takes_effect_at_the_blessi
                 BootOutcome::FellBack { .. }
             ));
         } else {
-            rollback(&mut boot, &mut m, false).unwrap();
+            rollback(&mut boot, &mut m, false, false).unwrap();
             assert_eq!(firmware_tries(&mut boot), Slot::A);
         }
         assert_eq!(tag(&mut m, Tag::SecureBoot), None, "{how}");

@@ -32,7 +32,7 @@ pub struct PayloadInput<'a> {
 
 impl PayloadInput<'_> {
     /// What an install or upgrade puts into a slot, from these files.
-    pub fn slot_payload(&self, version: &str) -> Result<bootstate::ops::Payload> {
+    pub fn slot_payload(&self, version: &str, security: u64) -> Result<bootstate::ops::Payload> {
         let file = |path: &Path| -> Result<bootstate::ops::PayloadFile> {
             let (sha256, len) = crate::io::sha256_file(path)?;
             Ok(bootstate::ops::PayloadFile {
@@ -43,6 +43,7 @@ impl PayloadInput<'_> {
         };
         Ok(bootstate::ops::Payload {
             version: version.to_string(),
+            security_version: security,
             title: self.boot.title.clone(),
             cmdline: self.boot.cmdline.clone(),
             kernel: file(self.kernel)?,
@@ -144,6 +145,7 @@ pub fn write_payload(
     }
     let manifest = sign::Manifest {
         boot: Some(payload.boot.clone()),
+        security_version: p.security_version,
         ..sign::Manifest::new(&p.name, &p.version, profile_name(p), payload.epoch, listed)
     };
     sign::write_signed_manifest(dir, &manifest, signer)

@@ -31,7 +31,7 @@ pub enum NodeCommand {
     /// reboot into it.
     Arm(PowerArgs),
     /// Make the other slot the default and reboot into it.
-    Rollback(PowerArgs),
+    Rollback(RollbackArgs),
     /// Reboot the node.
     Reboot(PowerArgs),
     /// Power the node off (admin).
@@ -120,6 +120,20 @@ pub struct UpgradeArgs {
     /// `v0.3.0`); a reference by digest or a tag like `latest` checks none.
     #[arg(long, value_name = "VERSION")]
     pub version: Option<String>,
+    /// Install a payload whose security version is lower than the highest
+    /// the node has blessed (admin; refused without): this one downgrade.
+    #[arg(long)]
+    pub allow_downgrade: bool,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RollbackArgs {
+    #[command(flatten)]
+    pub power: PowerArgs,
+    /// Roll back to a slot whose security version is lower than the
+    /// highest the node has blessed (admin; refused without).
+    #[arg(long)]
+    pub allow_downgrade: bool,
 }
 
 /// The version an upgrade asks for: `--version`, else the one the image
@@ -221,10 +235,16 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
                 preserve: a.preserve,
                 tries: Some(a.tries),
                 version: expected_version(a)?,
+                allow_downgrade: a.allow_downgrade,
             },
         ),
         NodeCommand::Arm(a) => operate(a, &Request::Arm {}),
-        NodeCommand::Rollback(a) => operate(a, &Request::Rollback {}),
+        NodeCommand::Rollback(a) => operate(
+            &a.power,
+            &Request::Rollback {
+                allow_downgrade: a.allow_downgrade,
+            },
+        ),
         NodeCommand::Reboot(a) => operate(a, &Request::Reboot {}),
         NodeCommand::Poweroff(a) => operate(a, &Request::PowerOff {}),
         NodeCommand::Credentials(a) => {
