@@ -336,7 +336,20 @@ fn operate(a: &PowerArgs, request: &Request) -> Result<ExitCode> {
             status.boot_id
         );
     }
-    let back = client.wait_back(&status, &expected, Duration::from_secs(a.timeout), |_| {})?;
+    // The version that slot holds, as the node's answer says: --wait
+    // succeeds only on that slot running that version.
+    let version = status
+        .slots
+        .iter()
+        .find(|s| s.slot == expected)
+        .map(|s| s.version.clone())
+        .filter(|v| !v.is_empty());
+    let back = client.wait_back(
+        &status,
+        (&expected, version.as_deref()),
+        Duration::from_secs(a.timeout),
+        |_| {},
+    )?;
     if a.json {
         println!("{}", serde_json::to_string(&back)?);
     } else {

@@ -234,12 +234,13 @@ impl Client {
 
     /// Waits for the node to come back from the reboot that followed the
     /// status `before`: its status answers with another boot id. Succeeds
-    /// when it runs `expected_slot`; fails saying where it came back
-    /// otherwise, or when `timeout` passes first.
+    /// when it runs `expected_slot` at `expected_version` (when given);
+    /// fails saying where and what it came back on otherwise, or when
+    /// `timeout` passes first.
     pub fn wait_back(
         &self,
         before: &Status,
-        expected_slot: &str,
+        (expected_slot, expected_version): (&str, Option<&str>),
         timeout: Duration,
         mut on_try: impl FnMut(&str),
     ) -> Result<Status> {
@@ -254,8 +255,24 @@ impl Client {
                     last_error = "the node has not rebooted yet".into();
                 }
                 Ok(s) => {
-                    if s.booted_slot == expected_slot && s.ready {
+                    if s.booted_slot == expected_slot
+                        && s.ready
+                        && expected_version.is_none_or(|v| v == s.version)
+                    {
                         return Ok(s);
+                    }
+                    if s.booted_slot == expected_slot {
+                        bail!(
+                            "the node came back on slot {expected_slot} running {} {}, not the \
+                             version {} it was to boot{}",
+                            s.name,
+                            s.version,
+                            expected_version.unwrap_or_default(),
+                            s.last_event
+                                .as_deref()
+                                .map(|h| format!(": {h}"))
+                                .unwrap_or_default()
+                        );
                     }
                     bail!(
                         "the node came back on slot {} ({} {}), not on slot {expected_slot}{}",
