@@ -24,8 +24,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+/// machined's memory budget (docs/node-api.md, "Memory"): its peak RSS
+/// after pulls, refused ones included.
+const RSS_BUDGET_KIB: u64 = 32 * 1024;
+
 /// Where the guest reaches the test's registry.
 const GUEST_REGISTRY: &str = "10.0.2.100:5000";
+/// Where the guest reaches the same registry through a proxy that drips
+/// its answers, a byte a second.
+const GUEST_DRIP: &str = "10.0.2.102:5000";
 
 fn build_variant_of(base: &str, name: &str, edit: impl Fn(String) -> String) -> Build {
     let profile = write_profile_from(base, name, edit);
@@ -78,7 +85,7 @@ struct Vm {
 }
 
 impl Vm {
-    fn start(disk: &Path, port: u16, registry: &str) -> Vm {
+    fn start(disk: &Path, port: u16, registry: &str, drip: &str) -> Vm {
         let log = disk.with_extension("console.log");
         let _ = std::fs::remove_file(&log);
         let child = imager()
@@ -94,6 +101,8 @@ impl Vm {
             .arg(format!("{port}:{}", nodeapi::proto::PORT))
             .arg("--guest-forward")
             .arg(format!("{GUEST_REGISTRY}={registry}"))
+            .arg("--guest-forward")
+            .arg(format!("{GUEST_DRIP}={drip}"))
             .arg("--console-log")
             .arg(&log)
             .arg(disk)
@@ -393,7 +402,10 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         )
     };
     let v1 = build_variant_of("metal", "node-v1", |t| {
-        node_api(t, &format!("{GUEST_REGISTRY}, 10.0.2.101:5000"))
+        node_api(
+            t,
+            &format!("{GUEST_REGISTRY}, 10.0.2.101:5000, {GUEST_DRIP}"),
+        )
     });
     // v2 fixes a vulnerability: security version 1. Once it is blessed,
     // the node refuses what has less (v1, v3) without an admin's
@@ -525,7 +537,8 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
 
     // The node: v1 on slot A.
     let port = reg::free_port();
-    let mut vm = Vm::start(&disk, port, &registry.addr);
+    let drip = reg::DrippingProxy::start(&registry.addr, Duration::from_secs(1));
+    let mut vm = Vm::start(&disk, port, &registry.addr, &drip.addr);
     let ready = vm.wait_for("ready version=", 1);
     assert!(ready.contains("version=0.1.0 slot=A"), "{ready}");
     let console = vm.console();
@@ -759,6 +772,81 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let s = status(&vm, &creds, "watcher");
     assert_eq!(slots(&s), before, "a refusal changed the slots");
     assert_eq!(s["boot_id"], boot1.as_str());
+
+    // A registry that drips its answers, a byte a second (never stalling
+    // long enough for a read timeout): the pull ends at its deadline, with
+    // nothing written and the node free.
+    let dripped = format!("{GUEST_DRIP}/metal/installer:0.2.0");
+    let t = Instant::now();
+    let err = refused(&upgrade(
+        &vm,
+        &creds,
+        "ops",
+        &dripped,
+        &["--deadline", "15"],
+    ));
+    assert!(
+        err.contains("deadline") && err.contains("nothing was written"),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(60), "{:?}", t.elapsed());
+    let s = status(&vm, &creds, "watcher");
+    assert_eq!(slots(&s), before);
+    assert_eq!(s["operation"], Value::Null, "{s}");
+    assert!(
+        s["last_outcome"].as_str().unwrap().contains("deadline"),
+        "{s}"
+    );
+    // Cancelled by an operator while it drips: its client is told, the
+    // node is free at once (the next upgrade below works).
+    let dripping = imager()
+        .arg("node")
+        .args(["upgrade", "--image", &dripped])
+        .args([
+            "--node",
+            &vm.node(),
+            "--server-name",
+            "node1",
+            "--client",
+            "ops",
+        ])
+        .arg("--credentials")
+        .arg(&creds)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while status(&vm, &creds, "watcher")["operation"].is_null() {
+        assert!(
+            Instant::now() < deadline,
+            "the dripping upgrade never started"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let err = refused(&node_cmd(&vm, &creds, "watcher", &["cancel"]));
+    assert!(err.contains("forbidden"), "{err}");
+    let said = succeeded(&vm, "cancel", node_cmd(&vm, &creds, "ops", &["cancel"]));
+    assert!(said.contains("cancelled the upgrade"), "{said}");
+    let out = dripping.wait_with_output().unwrap();
+    let err = refused(&out);
+    assert!(
+        err.contains("cancelled by an operator") && err.contains("nothing was written"),
+        "{err}"
+    );
+    let s = status(&vm, &creds, "watcher");
+    assert_eq!(slots(&s), before);
+    assert_eq!(s["operation"], Value::Null, "{s}");
+    assert_eq!(s["boot_id"], boot1.as_str());
+    let err = refused(&node_cmd(&vm, &creds, "ops", &["cancel"]));
+    assert!(err.contains("nothing is in progress"), "{err}");
+    // The pulls so far (a whole payload layer streamed and refused, the
+    // drips) held machined within its memory budget (docs/node-api.md).
+    let rss = s["runtime_peak_rss_kib"].as_u64().unwrap();
+    assert!(
+        rss < RSS_BUDGET_KIB,
+        "machined's peak RSS is {rss} KiB, over its budget of {RSS_BUDGET_KIB} KiB"
+    );
 
     // The upgrade; a second one meanwhile is answered busy. Its client is
     // then killed while the node pulls: an accepted upgrade finishes, the

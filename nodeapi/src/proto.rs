@@ -31,6 +31,27 @@ pub const MAX_IMAGE_REF: usize = 1024;
 /// Boots an upgraded slot is tried before the boot loader falls back, when
 /// the request names none (as `imager upgrade`).
 pub const DEFAULT_TRIES: u32 = 3;
+/// A pull's deadline, in seconds, when the request names none: the whole
+/// pull (manifest and layers) ends by then, however its bytes arrive (a
+/// registry that drips one byte every few seconds cannot hold the node's
+/// operation for longer).
+pub const DEFAULT_PULL_DEADLINE: u32 = 1800;
+/// The longest deadline a request may ask for, in seconds.
+pub const MAX_PULL_DEADLINE: u32 = 6 * 3600;
+/// A pull's stall limit, in seconds, when the request names none: a read
+/// that waits this long for a byte ends the pull.
+pub const DEFAULT_PULL_STALL: u32 = 30;
+/// The stall limits a request may ask for, in seconds: at most 100, below
+/// the client's 120 s read timeout, so that a stalled pull ends (or sends
+/// progress) before its client gives up.
+pub const PULL_STALL_RANGE: std::ops::RangeInclusive<u32> = 5..=100;
+/// Pull threads a node runs at most: the current pull's and those a cancel
+/// or a deadline left (each ends at its next read, or at its registry
+/// requests' deadline); a pull beyond is refused.
+pub const MAX_PULLS: usize = 3;
+/// How often, at most, a pull reports its progress (bytes done and total)
+/// to the client and in status.
+pub const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What a client asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,7 +82,18 @@ pub enum Request {
         /// installed this once (admin only).
         #[serde(default, skip_serializing_if = "is_false")]
         allow_downgrade: bool,
+        /// The pull's deadline in seconds ([`DEFAULT_PULL_DEADLINE`], at
+        /// most [`MAX_PULL_DEADLINE`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline: Option<u32>,
+        /// The pull's stall limit in seconds ([`DEFAULT_PULL_STALL`],
+        /// within [`PULL_STALL_RANGE`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stall: Option<u32>,
     },
+    /// Cancel the upgrade in progress while it pulls: the lock is released
+    /// and the slots stay as they were. One that writes already finishes.
+    Cancel {},
     /// Arm the slot a staged upgrade wrote, and reboot into it.
     Arm {},
     /// Make the other slot the default and reboot into it; one of a lower
@@ -97,6 +129,7 @@ impl Request {
                 downgrade: *allow_downgrade,
             },
             Request::Arm {} => Op::Arm,
+            Request::Cancel {} => Op::Cancel,
             Request::Rollback { allow_downgrade } => Op::Rollback {
                 downgrade: *allow_downgrade,
             },
@@ -112,6 +145,7 @@ impl Request {
             Request::Upgrade { .. } => "upgrade",
             Request::Arm {} => "arm",
             Request::Rollback { .. } => "rollback",
+            Request::Cancel {} => "cancel",
             Request::Reboot {} => "reboot",
             Request::PowerOff {} => "power-off",
         }
@@ -123,9 +157,25 @@ impl Request {
             image,
             tries,
             version,
+            deadline,
+            stall,
             ..
         } = self
         {
+            if let Some(d) = deadline
+                && !(1..=MAX_PULL_DEADLINE).contains(d)
+            {
+                bail!("the pull's deadline must be 1 to {MAX_PULL_DEADLINE} seconds");
+            }
+            if let Some(s) = stall
+                && !PULL_STALL_RANGE.contains(s)
+            {
+                bail!(
+                    "the pull's stall limit must be {} to {} seconds",
+                    PULL_STALL_RANGE.start(),
+                    PULL_STALL_RANGE.end()
+                );
+            }
             if let Some(v) = version {
                 contract::version::check(v)
                     .map_err(|why| anyhow::anyhow!("the version asked for, {why}"))?;
@@ -227,9 +277,10 @@ impl ErrorCode {
     }
 }
 
-/// The node's state, as `status` reports it.
+/// The node's state, as `status` reports it. Unknown fields are passed
+/// over (unlike requests'), so that a newer node can say more to an older
+/// client; a field added later has a default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Status {
     /// The kernel's boot id (`/proc/sys/kernel/random/boot_id`): new at
     /// every boot.
@@ -262,6 +313,10 @@ pub struct Status {
     pub uptime: String,
     /// The runtime's peak resident memory (machined's `VmHWM`), in KiB.
     pub runtime_peak_rss_kib: Option<u64>,
+    /// How the last changing operation of this boot ended (`upgrade:
+    /// refused: …`), if one did.
+    #[serde(default)]
+    pub last_outcome: Option<String>,
 }
 
 /// One slot's state.
@@ -382,6 +437,7 @@ mod tests {
             secure_boot: "off".into(),
             uptime: "3.1".into(),
             runtime_peak_rss_kib: Some(4096),
+            last_outcome: None,
         }
     }
 
@@ -401,7 +457,13 @@ mod tests {
                 tries: None,
                 version: None,
                 allow_downgrade: false,
+                deadline: None,
+                stall: None,
             }
+        );
+        assert_eq!(
+            parse_request(br#"{"op":"cancel"}"#).unwrap().op(),
+            Op::Cancel
         );
         // What an older client sends is what a newer node reads.
         assert_eq!(
@@ -443,6 +505,8 @@ mod tests {
             tries: Some(2),
             version: Some("0.2.0".into()),
             allow_downgrade: true,
+            deadline: Some(60),
+            stall: Some(10),
         };
         let mut out = Vec::new();
         write_line(&mut out, &r).unwrap();
@@ -461,6 +525,11 @@ mod tests {
             br#"{"op":"upgrade","image":"a b"}"#,
             br#"{"op":"upgrade","image":"r/i:1","tries":0}"#,
             br#"{"op":"upgrade","image":"r/i:1","tries":100}"#,
+            br#"{"op":"upgrade","image":"r/i:1","deadline":0}"#,
+            br#"{"op":"upgrade","image":"r/i:1","deadline":21601}"#,
+            br#"{"op":"upgrade","image":"r/i:1","stall":4}"#,
+            br#"{"op":"upgrade","image":"r/i:1","stall":101}"#,
+            br#"{"op":"cancel","now":true}"#,
             b"\xff",
             b"[]",
             b"",
@@ -516,6 +585,18 @@ mod tests {
         };
         assert!(parse_event(&serde_json::to_vec(&e).unwrap()).is_err());
         assert!(parse_event(br#"{"event":"failed","code":"oops","message":""}"#).is_err());
+        // A newer node's status may say more: the fields this client knows
+        // are read, the others passed over; and an older node's lacks
+        // `last_outcome`.
+        let done = Event::Done {
+            message: "ok".into(),
+            status: Box::new(status()),
+            reboot: false,
+        };
+        let mut v = serde_json::to_value(&done).unwrap();
+        v["status"]["from_the_future"] = serde_json::json!(1);
+        v["status"].as_object_mut().unwrap().remove("last_outcome");
+        assert_eq!(parse_event(v.to_string().as_bytes()).unwrap(), done);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! | operation | reader | operator | admin |
 //! |---|---|---|---|
 //! | status | yes | yes | yes |
-//! | upgrade, stage, arm, rollback, reboot | no | yes | yes |
+//! | upgrade, stage, arm, cancel, rollback, reboot | no | yes | yes |
 //! | an upgrade that wipes EPHEMERAL (`--preserve=false`), an upgrade or rollback below the security floor (`--allow-downgrade`), power-off | no | no | yes |
 
 use anyhow::{Result, bail};
@@ -80,6 +80,7 @@ impl Role {
                 downgrade: false,
             }
             | Op::Arm
+            | Op::Cancel
             | Op::Rollback { downgrade: false }
             | Op::Reboot => Role::Operator,
             Op::Upgrade { .. } | Op::Rollback { .. } | Op::PowerOff => Role::Admin,
@@ -101,6 +102,8 @@ pub enum Op {
     },
     /// Arms a staged upgrade.
     Arm,
+    /// Cancels the upgrade in progress while it pulls.
+    Cancel,
     Rollback {
         downgrade: bool,
     },
@@ -129,6 +132,7 @@ mod tests {
                 [false, true, true],
             ),
             (Op::Arm, [false, true, true]),
+            (Op::Cancel, [false, true, true]),
             (Op::Rollback { downgrade: false }, [false, true, true]),
             (Op::Reboot, [false, true, true]),
             (

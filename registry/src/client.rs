@@ -32,8 +32,13 @@ pub struct Options {
     /// Connecting (each address of the host) and resolving.
     pub connect_timeout: Duration,
     /// Waiting for the answer to a request, and for each read of a body: a
-    /// registry that stops sending for this long fails the pull.
+    /// registry that stops sending for this long fails the pull (the stall
+    /// limit).
     pub read_timeout: Duration,
+    /// Each request in all, its body included, however its bytes arrive
+    /// (one byte every few seconds never trips `read_timeout`); none: no
+    /// bound but `read_timeout`.
+    pub deadline: Option<Duration>,
     /// PEM certificates trusted as roots for HTTPS registries instead of
     /// the Mozilla roots compiled in (a private registry's CA).
     pub ca_pem: Option<Vec<u8>>,
@@ -56,6 +61,7 @@ impl Default for Options {
             max_blob: 1 << 30,
             connect_timeout: Duration::from_secs(10),
             read_timeout: Duration::from_secs(30),
+            deadline: None,
             ca_pem: None,
             platform: ("linux".into(), "amd64".into()),
             own_addresses: Vec::new(),
@@ -127,6 +133,7 @@ impl Client {
             .timeout_send_request(Some(options.read_timeout))
             .timeout_recv_response(Some(options.read_timeout))
             .timeout_per_read(Some(options.read_timeout))
+            .timeout_global(options.deadline)
             .max_response_header_size(64 << 10)
             .user_agent(concat!("imager-registry/", env!("CARGO_PKG_VERSION")))
             .build();
@@ -553,6 +560,22 @@ fn transport_error(e: ureq::Error, reference: &Reference, url: &str) -> Error {
     match e {
         ureq::Error::HostNotFound => unreachable("no such host".into()),
         ureq::Error::ConnectionFailed => unreachable("connection failed".into()),
+        ureq::Error::Timeout(ureq::Timeout::Global) => Error::new(
+            ErrorKind::Timeout,
+            format!(
+                "registry {registry} took longer than the deadline to answer {}: refused (a \
+                 slow or dripping registry)",
+                excerpt(url)
+            ),
+        ),
+        ureq::Error::Timeout(ureq::Timeout::PerRead | ureq::Timeout::RecvResponse) => Error::new(
+            ErrorKind::Timeout,
+            format!(
+                "registry {registry} sent nothing for longer than the stall limit while \
+                 answering {}",
+                excerpt(url)
+            ),
+        ),
         ureq::Error::Timeout(t) => unreachable(format!("timed out: {t}")),
         ureq::Error::Io(io) => match io.kind() {
             std::io::ErrorKind::ConnectionRefused => unreachable("connection refused".into()),

@@ -25,6 +25,9 @@ pub enum ErrorKind {
     /// A blob that ended before, or ran past, the size its descriptor
     /// declares, or a connection cut in the middle of it.
     Truncated,
+    /// The registry stalled past the stall limit (`Options::read_timeout`)
+    /// or a request took past its deadline (`Options::deadline`).
+    Timeout,
     /// Any other answer of the registry (HTTP 5xx, a redirect loop, …).
     Http,
 }

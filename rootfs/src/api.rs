@@ -25,13 +25,13 @@ use anyhow::{Context, Result, bail};
 use contract::Slot;
 use contract::meta::{Meta, Tag};
 use nodeapi::proto::{
-    self, ErrorCode, Event, HANDSHAKE_TIMEOUT, MAX_PENDING, MAX_SERVING, Request, SlotStatus,
-    Status,
+    self, ErrorCode, Event, HANDSHAKE_TIMEOUT, MAX_PENDING, MAX_PULLS, MAX_SERVING, Request,
+    SlotStatus, Status,
 };
 use std::collections::VecDeque;
 use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,8 +56,20 @@ pub struct Node {
 struct Server {
     node: Node,
     config: Arc<rustls::ServerConfig>,
-    /// The operation in progress, if any.
-    operation: Mutex<Option<&'static str>>,
+    /// The operation in progress, if any, and what it is doing.
+    operation: Mutex<Option<OpState>>,
+    /// Set by `cancel`: the upgrade in progress stops pulling.
+    cancel: Arc<AtomicBool>,
+    /// Pull threads still running: the current pull's, and those a cancel
+    /// or a deadline left (each ends at its next read, or at its registry
+    /// requests' deadline); at most [`MAX_PULLS`].
+    pulling: Arc<AtomicUsize>,
+    /// Pulls started this boot: each stages into a directory of its own.
+    pulls: AtomicU64,
+    /// The operation in progress waits for its pull (what `cancel` stops).
+    in_pull: AtomicBool,
+    /// How the last changing operation of this boot ended.
+    last_outcome: Mutex<Option<String>>,
     /// Pending connections (module doc): an id and a handle that closes it.
     pending: Mutex<VecDeque<(u64, TcpStream)>>,
     next_id: AtomicU64,
@@ -78,8 +90,14 @@ struct StagedUpgrade {
     target: Slot,
 }
 
+/// The operation in progress: its name, and its last step while it runs.
+struct OpState {
+    name: &'static str,
+    step: Option<String>,
+}
+
 /// The operation slot, released when dropped.
-struct Operation<'a>(&'a Mutex<Option<&'static str>>);
+struct Operation<'a>(&'a Mutex<Option<OpState>>);
 
 impl Drop for Operation<'_> {
     fn drop(&mut self) {
@@ -117,6 +135,11 @@ pub fn start(meta: &Meta, node: Node) -> Result<()> {
         node,
         config,
         operation: Mutex::new(None),
+        cancel: Arc::new(AtomicBool::new(false)),
+        pulling: Arc::new(AtomicUsize::new(0)),
+        pulls: AtomicU64::new(0),
+        in_pull: AtomicBool::new(false),
+        last_outcome: Mutex::new(None),
         pending: Mutex::new(VecDeque::new()),
         next_id: AtomicU64::new(0),
         serving: AtomicUsize::new(0),
@@ -296,8 +319,13 @@ fn answer(
         };
         return finish(tls, event);
     }
+    if let Request::Cancel {} = request {
+        return finish(tls, cancel(server));
+    }
     let Some(_op) = server.begin(request.name()) else {
-        let now = server.current().unwrap_or("another operation");
+        let now = server
+            .current()
+            .unwrap_or_else(|| "another operation".into());
         return finish(
             tls,
             failed(
@@ -310,6 +338,7 @@ fn answer(
         Ok(r) => r,
         Err(e) => (failed(ErrorCode::Failed, format!("{e:#}")), None),
     };
+    server.ended(request.name(), &event);
     // An accepted reboot or power-off happens whether or not the client
     // is still there to read the answer (a client gone before the last
     // event left an armed upgrade waiting for the next unrelated reboot).
@@ -375,12 +404,42 @@ impl Server {
         if op.is_some() {
             return None;
         }
-        *op = Some(name);
+        *op = Some(OpState { name, step: None });
+        self.cancel.store(false, Ordering::SeqCst);
         Some(Operation(&self.operation))
     }
 
-    fn current(&self) -> Option<&'static str> {
-        self.operation.lock().ok().and_then(|o| *o)
+    /// The operation in progress and its last step (`upgrade: 12.0 of
+    /// 80.0 MiB of the payload`), for status and `busy` answers.
+    fn current(&self) -> Option<String> {
+        let op = self.operation.lock().ok()?;
+        op.as_ref().map(|o| match &o.step {
+            Some(step) => format!("{}: {step}", o.name),
+            None => o.name.to_string(),
+        })
+    }
+
+    /// Records the step the operation in progress is at.
+    fn step(&self, step: &str) {
+        if let Ok(mut op) = self.operation.lock()
+            && let Some(o) = op.as_mut()
+        {
+            o.step = Some(step.to_string());
+        }
+    }
+
+    /// Records how operation `name` ended, for status.
+    fn ended(&self, name: &str, event: &Event) {
+        let outcome = match event {
+            Event::Done { message, .. } => format!("{name}: done: {message}"),
+            Event::Failed { code, message, .. } => {
+                format!("{name}: {}: {message}", code.name())
+            }
+            Event::Progress { .. } => return,
+        };
+        if let Ok(mut o) = self.last_outcome.lock() {
+            *o = Some(outcome);
+        }
     }
 }
 
@@ -434,14 +493,24 @@ fn operate(
             tries,
             version,
             allow_downgrade,
+            deadline,
+            stall,
         } => {
+            let pull = pull::Pull {
+                image: image.clone(),
+                version: version.clone(),
+                allow_downgrade: *allow_downgrade,
+                plain_http: node.plain_http.clone(),
+                started: Instant::now(),
+                deadline: Duration::from_secs(u64::from(
+                    deadline.unwrap_or(proto::DEFAULT_PULL_DEADLINE),
+                )),
+                stall: Duration::from_secs(u64::from(stall.unwrap_or(proto::DEFAULT_PULL_STALL))),
+                cancel: server.cancel.clone(),
+            };
             return upgrade(
                 server,
-                image,
-                payload::verify::Asked {
-                    version: version.as_deref(),
-                    allow_downgrade: *allow_downgrade,
-                },
+                pull,
                 tries.unwrap_or(proto::DEFAULT_TRIES),
                 *preserve,
                 *stage,
@@ -472,6 +541,9 @@ fn operate(
             return switch(server, s.staged, s.tries, s.preserve, &mut progress);
         }
         Request::Status {} => (done("status", status(server)?, false), None),
+        // Answered before the operation slot is taken (it stops the
+        // operation that holds it).
+        Request::Cancel {} => (cancel(server), None),
     })
 }
 
@@ -482,8 +554,7 @@ fn operate(
 /// staged files on EPHEMERAL stay mounted until the reboot unmounts them).
 fn upgrade(
     server: &Server,
-    image: &str,
-    asked: payload::verify::Asked<'_>,
+    request: pull::Pull,
     tries: u32,
     preserve: bool,
     stage: bool,
@@ -491,13 +562,11 @@ fn upgrade(
 ) -> Result<(Event, Option<power::Action>)> {
     let node = &server.node;
     let meta = node.disk.status()?.meta;
-    let mut progress = |step: &str, message: String| tell(tls, "upgrade", step, message);
-    let request = pull::Pull {
-        image,
-        asked,
-        plain_http: node.plain_http.clone(),
+    let mut progress = |step: &str, message: String| {
+        server.step(&message);
+        tell(tls, "upgrade", step, message)
     };
-    let staged = match pull::pull(&request, &meta, &pull::staging_dir(), &mut progress) {
+    let staged = match pull_watched(server, request, meta, &mut progress) {
         Ok(s) => s,
         Err(e) => {
             return Ok((
@@ -565,6 +634,136 @@ fn upgrade(
         ),
     );
     switch(server, staged, tries, preserve, &mut progress)
+}
+
+/// Runs `request`'s pull in a thread of its own, passing its steps to
+/// `progress`, and waits for it; leaves it, with nothing written, when an
+/// operator cancels it or its deadline passes (its thread then ends at its
+/// next read: [`pull::Pull::cancel`]).
+fn pull_watched(
+    server: &Server,
+    request: pull::Pull,
+    meta: Meta,
+    progress: &mut dyn FnMut(&str, String),
+) -> Result<pull::Staged> {
+    if server.pulling.fetch_add(1, Ordering::SeqCst) >= MAX_PULLS {
+        server.pulling.fetch_sub(1, Ordering::SeqCst);
+        bail!(
+            "{MAX_PULLS} pulls are still running (those cancelled end at their next read or \
+             their deadline): try again later"
+        );
+    }
+    let (started, deadline, stall) = (request.started, request.deadline, request.stall);
+    let cancel = request.cancel.clone();
+    let pulling = server.pulling.clone();
+    let keep = server.staged.lock().ok().and_then(|s| {
+        s.as_ref().and_then(|s| {
+            s.staged
+                .payload
+                .kernel
+                .path
+                .parent()
+                .map(std::path::Path::to_path_buf)
+        })
+    });
+    pull::remove_stale(keep.as_deref());
+    let staging = pull::staging_dir(server.pulls.fetch_add(1, Ordering::SeqCst));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("pull".into())
+        .spawn(move || {
+            let steps = tx.clone();
+            let mut say = |step: &str, m: String| {
+                let _ = steps.send(Said::Step(step.to_string(), m));
+            };
+            let r = pull::pull(&request, &meta, &staging, &mut say);
+            pulling.fetch_sub(1, Ordering::SeqCst);
+            let _ = tx.send(Said::Done(Box::new(r)));
+        });
+    if let Err(e) = spawned {
+        server.pulling.fetch_sub(1, Ordering::SeqCst);
+        return Err(e).context("starting the pull");
+    }
+    server.in_pull.store(true, Ordering::SeqCst);
+    let r = wait_for_pull(&rx, (started, deadline, stall), &cancel, progress);
+    server.in_pull.store(false, Ordering::SeqCst);
+    r
+}
+
+/// Waits for the pull thread's result on `rx`, passing its steps on;
+/// leaves when `cancel` is set or the deadline has passed.
+fn wait_for_pull(
+    rx: &std::sync::mpsc::Receiver<Said>,
+    (started, deadline, stall): (Instant, Duration, Duration),
+    cancel: &AtomicBool,
+    progress: &mut dyn FnMut(&str, String),
+) -> Result<pull::Staged> {
+    loop {
+        match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(Said::Step(step, m)) => progress(&step, m),
+            Ok(Said::Done(r)) => return *r,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                bail!("the pull ended without a result")
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if cancel.load(Ordering::SeqCst) {
+            bail!("cancelled by an operator while pulling");
+        }
+        // The pull's own bounds end it; this one also covers a registry
+        // that never answers the first request (stall + a margin).
+        if started.elapsed() > deadline + stall + Duration::from_secs(5) {
+            cancel.store(true, Ordering::SeqCst);
+            bail!(
+                "the pull took longer than its deadline of {} s",
+                deadline.as_secs()
+            );
+        }
+    }
+}
+
+/// What a pull thread says: a step, then its result.
+enum Said {
+    Step(String, String),
+    Done(Box<Result<pull::Staged>>),
+}
+
+/// `cancel`: stops the upgrade in progress while it pulls (nothing is
+/// written, the lock is free once it has stopped); one that is writing
+/// finishes, and the answer says so.
+fn cancel(server: &Server) -> Event {
+    let what = server.current();
+    let Some(what) = what else {
+        return failed(
+            ErrorCode::Refused,
+            "nothing is in progress: there is nothing to cancel".into(),
+        );
+    };
+    if !server.in_pull.load(Ordering::SeqCst) {
+        return failed(
+            ErrorCode::Refused,
+            format!("{what} is not pulling: only an upgrade's pull can be cancelled; it finishes"),
+        );
+    }
+    server.cancel.store(true, Ordering::SeqCst);
+    say(format!("api: cancel: cancelling {what}"));
+    // The operation sees the flag within a second and ends.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.current().is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    match (server.current(), status(server)) {
+        (None, Ok(s)) => done(
+            "cancelled the upgrade while it pulled: nothing was written; the node is free",
+            s,
+            false,
+        ),
+        (Some(now), _) => failed(
+            ErrorCode::Failed,
+            format!("asked {now} to stop, but it has not within 10 s"),
+        ),
+        (None, Err(e)) => failed(ErrorCode::Failed, format!("{e:#}")),
+    }
 }
 
 /// The upgrade's writes (or the arming of a staged one, whose files are
@@ -707,7 +906,8 @@ fn status(server: &Server) -> Result<Status> {
         slots,
         pending_upgrade: st.state.pending.as_ref().map(|p| p.render()),
         staged: staged.map(|(target, version)| format!("{version} in slot {target}")),
-        operation: server.current().map(str::to_string),
+        operation: server.current(),
+        last_outcome: server.last_outcome.lock().ok().and_then(|o| o.clone()),
         last_event: st.state.history.last().cloned(),
         secure_boot: secureboot::state().as_str().to_string(),
         uptime: crate::stage2::uptime().unwrap_or_default(),

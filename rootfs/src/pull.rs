@@ -29,19 +29,33 @@ use contract::meta::{Meta, Tag};
 use contract::paths;
 use payload::artifact::Kind;
 use payload::layer::{LAYER_TAR, MANIFEST_LAYER, MAX_LAYERS, MAX_SMALL, PAYLOAD_LAYER};
+use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// Where a pulled payload is staged: on EPHEMERAL, never in memory.
 pub const STAGING_DIR: &str = "/var/lib/machined/upgrade";
 
-/// What a pull is asked for.
-pub struct Pull<'a> {
-    pub image: &'a str,
-    /// The version the signed payload must be (`contract::version`), and
-    /// whether a lower security version is allowed this once.
-    pub asked: payload::verify::Asked<'a>,
+/// What a pull is asked for, and its bounds. Owned: a pull runs in a
+/// thread of its own, which the operation waiting for it can leave (a
+/// cancel, the deadline) without waiting for a stalled read.
+pub struct Pull {
+    pub image: String,
+    /// The version the signed payload must be (`contract::version`).
+    pub version: Option<String>,
+    /// A lower security version is allowed this once.
+    pub allow_downgrade: bool,
     /// Registries reached over plain HTTP (`machined.plain_http=`).
     pub plain_http: Vec<String>,
+    /// The whole pull ends by `started + deadline`.
+    pub started: Instant,
+    pub deadline: Duration,
+    /// A read that waits this long for a byte ends the pull.
+    pub stall: Duration,
+    /// Set by a cancel: the pull's next read ends it.
+    pub cancel: Arc<AtomicBool>,
 }
 
 /// A verified payload, staged on EPHEMERAL.
@@ -63,7 +77,7 @@ pub fn pull(
     staging: &Path,
     say: &mut dyn FnMut(&str, String),
 ) -> Result<Staged> {
-    let reference = registry::Reference::parse(pull.image)
+    let reference = registry::Reference::parse(&pull.image)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("the image reference")?;
     let keys = payload::keys::parse_trusted_keys(meta.get(Tag::TrustedKeys).unwrap_or_default())?;
@@ -80,6 +94,8 @@ pub fn pull(
     let client = registry::Client::new(registry::Options {
         plain_http: pull.plain_http.clone(),
         own_addresses: crate::net::own_addresses(),
+        read_timeout: pull.stall,
+        deadline: Some(pull.deadline),
         ..Default::default()
     })
     .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -115,12 +131,18 @@ pub fn pull(
     let blob = client
         .blob(&reference, first)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut quiet = |_| {};
+    let blob = Watched::new(blob, pull, first.size, &mut quiet);
     let (bytes, signature) = payload::layer::signed_manifest(blob)
         .with_context(|| format!("reading the signed manifest of {reference}"))?;
     let manifest = payload::verify::verify_trusted(&bytes, &signature, &keys)?;
     // The key id is part of the signed bytes, and one of `keys` signed them.
     let key = manifest.key_id.clone();
-    payload::verify::check_for_disk(meta, &manifest, pull.asked)
+    let asked = payload::verify::Asked {
+        version: pull.version.as_deref(),
+        allow_downgrade: pull.allow_downgrade,
+    };
+    payload::verify::check_for_disk(meta, &manifest, asked)
         .with_context(|| reference.to_string())?;
     ensure!(
         !manifest
@@ -149,6 +171,18 @@ pub fn pull(
     let blob = client
         .blob(&reference, second)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let total = second.size;
+    let mut progress = |done: u64| {
+        say(
+            "pull",
+            format!(
+                "{:.1} of {:.1} MiB of the payload",
+                done as f64 / 1048576.0,
+                total as f64 / 1048576.0
+            ),
+        )
+    };
+    let blob = Watched::new(blob, pull, total, &mut progress);
     let mut open = |name: &str| -> Result<Box<dyn std::io::Write>> {
         let dest = staging.join(name);
         let f =
@@ -228,6 +262,53 @@ pub fn pull(
     })
 }
 
+/// A layer being read, watched: each read first checks the pull's cancel
+/// flag and deadline (the registry client bounds each request's time and
+/// each read's wait, [`registry::Options`]), and progress (bytes done) is
+/// reported at most every [`nodeapi::proto::PROGRESS_EVERY`].
+struct Watched<'a, R> {
+    inner: R,
+    pull: &'a Pull,
+    done: u64,
+    total: u64,
+    said: Instant,
+    progress: &'a mut dyn FnMut(u64),
+}
+
+impl<'a, R: Read> Watched<'a, R> {
+    fn new(inner: R, pull: &'a Pull, total: u64, progress: &'a mut dyn FnMut(u64)) -> Self {
+        Watched {
+            inner,
+            pull,
+            done: 0,
+            total,
+            said: Instant::now(),
+            progress,
+        }
+    }
+}
+
+impl<R: Read> Read for Watched<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.pull.cancel.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("the pull was cancelled"));
+        }
+        if self.pull.started.elapsed() > self.pull.deadline {
+            return Err(std::io::Error::other(format!(
+                "the pull took longer than its deadline of {} s",
+                self.pull.deadline.as_secs()
+            )));
+        }
+        let n = self.inner.read(buf)?;
+        self.done += n as u64;
+        if self.said.elapsed() >= nodeapi::proto::PROGRESS_EVERY || self.done == self.total {
+            (self.progress)(self.done);
+            self.said = Instant::now();
+        }
+        Ok(n)
+    }
+}
+
 /// Empties (or makes) the staging directory.
 fn reset_dir(dir: &Path) -> Result<()> {
     match std::fs::remove_dir_all(dir) {
@@ -238,7 +319,73 @@ fn reset_dir(dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))
 }
 
-/// The staging directory.
-pub fn staging_dir() -> PathBuf {
-    PathBuf::from(STAGING_DIR)
+/// The staging directory of pull number `n` of this boot: each pull has
+/// its own, so that one a cancel left behind (it ends at its next read)
+/// never writes into the next one's. Those of earlier pulls are removed
+/// when a pull starts ([`remove_stale`]), but for `keep` (the staged
+/// upgrade's, still to be armed).
+pub fn staging_dir(n: u64) -> PathBuf {
+    PathBuf::from(STAGING_DIR).join(format!("pull-{n}"))
+}
+
+/// Removes the staging directories of earlier pulls but `keep`; errors
+/// are ignored (a directory a pull still writes into goes, and that pull
+/// fails at its next write, as it should).
+pub fn remove_stale(keep: Option<&Path>) {
+    let Ok(dir) = std::fs::read_dir(STAGING_DIR) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let path = e.path();
+        if Some(path.as_path()) != keep {
+            let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pull(deadline: Duration) -> Pull {
+        Pull {
+            image: "r/i:1".into(),
+            version: None,
+            allow_downgrade: false,
+            plain_http: Vec::new(),
+            started: Instant::now(),
+            deadline,
+            stall: Duration::from_secs(30),
+            cancel: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A watched layer reports progress, and stops at its next read once
+    /// cancelled or past its deadline.
+    #[test]
+    fn a_watched_layer_stops_when_cancelled_or_late() {
+        let p = pull(Duration::from_secs(60));
+        let data = vec![7u8; 300_000];
+        let mut seen = Vec::new();
+        let mut progress = |done| seen.push(done);
+        let mut w = Watched::new(&data[..], &p, data.len() as u64, &mut progress);
+        let mut buf = [0u8; 100_000];
+        assert_eq!(w.read(&mut buf).unwrap(), 100_000);
+        p.cancel.store(true, Ordering::SeqCst);
+        let e = w.read(&mut buf).unwrap_err();
+        assert!(e.to_string().contains("cancelled"), "{e}");
+        p.cancel.store(false, Ordering::SeqCst);
+        let mut rest = Vec::new();
+        w.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest.len(), 200_000);
+        assert_eq!(seen.last(), Some(&300_000), "the end is reported");
+
+        // Started 2 s ago with a deadline of 1 s.
+        let mut late = pull(Duration::from_secs(1));
+        late.started = Instant::now().checked_sub(Duration::from_secs(2)).unwrap();
+        let mut quiet = |_| {};
+        let mut w = Watched::new(&data[..], &late, 1, &mut quiet);
+        let e = w.read(&mut buf).unwrap_err();
+        assert!(e.to_string().contains("deadline of 1 s"), "{e}");
+    }
 }

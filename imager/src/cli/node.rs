@@ -32,6 +32,9 @@ pub enum NodeCommand {
     Arm(PowerArgs),
     /// Make the other slot the default and reboot into it.
     Rollback(RollbackArgs),
+    /// Cancel the upgrade in progress while it pulls: nothing is written
+    /// and the node is free again (an upgrade that writes finishes).
+    Cancel(PowerArgs),
     /// Reboot the node.
     Reboot(PowerArgs),
     /// Power the node off (admin).
@@ -124,6 +127,18 @@ pub struct UpgradeArgs {
     /// the node has blessed (admin; refused without): this one downgrade.
     #[arg(long)]
     pub allow_downgrade: bool,
+    /// The pull ends after this many seconds, however its bytes arrive
+    /// (default 1800, at most 21600).
+    #[arg(long, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(nodeapi::proto::MAX_PULL_DEADLINE)))]
+    pub deadline: Option<u32>,
+    /// The pull ends when the registry sends nothing for this many
+    /// seconds (default 30, 5 to 100).
+    #[arg(long, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u32).range(
+              i64::from(*nodeapi::proto::PULL_STALL_RANGE.start())
+                  ..=i64::from(*nodeapi::proto::PULL_STALL_RANGE.end())))]
+    pub stall: Option<u32>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -236,9 +251,12 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
                 tries: Some(a.tries),
                 version: expected_version(a)?,
                 allow_downgrade: a.allow_downgrade,
+                deadline: a.deadline,
+                stall: a.stall,
             },
         ),
         NodeCommand::Arm(a) => operate(a, &Request::Arm {}),
+        NodeCommand::Cancel(a) => operate(a, &Request::Cancel {}),
         NodeCommand::Rollback(a) => operate(
             &a.power,
             &Request::Rollback {
@@ -410,6 +428,7 @@ fn status_lines(s: &Status) -> Vec<String> {
         ("pending upgrade", &s.pending_upgrade),
         ("staged", &s.staged),
         ("operation in progress", &s.operation),
+        ("last operation", &s.last_outcome),
         ("last event", &s.last_event),
     ] {
         if let Some(v) = v {

@@ -292,6 +292,53 @@ impl CuttingProxy {
     }
 }
 
+/// A TCP proxy on 127.0.0.1 to `upstream` that passes what upstream
+/// answers one byte every `interval` (what it is sent goes through at
+/// once): a registry that drips, never stalling long enough to trip a
+/// client's read timeout. Counts the connections it accepted.
+pub struct DrippingProxy {
+    pub addr: String,
+    pub connections: Arc<AtomicU64>,
+}
+
+impl DrippingProxy {
+    pub fn start(upstream: &str, interval: Duration) -> DrippingProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let connections = Arc::new(AtomicU64::new(0));
+        let (c, up) = (connections.clone(), upstream.to_string());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                c.fetch_add(1, Ordering::SeqCst);
+                let Ok(server) = TcpStream::connect(&up) else {
+                    return;
+                };
+                let (mut c_read, mut s_write) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut c_read, &mut s_write);
+                });
+                std::thread::spawn(move || {
+                    let (mut server, mut client) = (server, client);
+                    let mut b = [0u8; 1];
+                    // The drip is the point: one byte per interval, until
+                    // either side goes.
+                    while let Ok(1) = server.read(&mut b) {
+                        if client.write_all(&b).is_err() {
+                            break;
+                        }
+                        std::thread::sleep(interval);
+                    }
+                    let _ = client.shutdown(std::net::Shutdown::Both);
+                    let _ = server.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        DrippingProxy { addr, connections }
+    }
+}
+
 /// A hostile HTTP server on 127.0.0.1: answers every request with status
 /// 200, the given headers, no Content-Length, and then bytes without end
 /// (until the client goes away). Counts what it sent.
