@@ -462,10 +462,11 @@ fn a_registry_that_stalls_times_out() {
         "took {:?}",
         started.elapsed()
     );
-    assert_eq!(e.kind(), ErrorKind::Unreachable, "{e}");
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     assert!(
-        e.to_string()
-            .starts_with(&format!("cannot reach registry {addr} (timed out")),
+        e.to_string().starts_with(&format!(
+            "registry {addr} sent nothing for longer than the stall limit"
+        )),
         "{e}"
     );
     // Answers a blob, sends part of it, then nothing.
@@ -489,6 +490,36 @@ fn a_registry_that_stalls_times_out() {
     assert!(
         e.to_string()
             .contains("the stream failed after 30000 of 100000 bytes"),
+        "{e}"
+    );
+}
+
+/// A registry that drips its answer a byte every 50 ms never trips the
+/// stall limit; the deadline ends the request.
+#[test]
+fn a_registry_that_drips_is_cut_at_the_deadline() {
+    let reg = Registry::start();
+    reg.push_image("metal/installer", "0.1.0", &[&noise(4096, 3)]);
+    let drip = common::DrippingProxy::start(&reg.addr, Duration::from_millis(50));
+    let client = Client::new(Options {
+        plain_http: vec![drip.addr.clone()],
+        read_timeout: Duration::from_secs(5),
+        deadline: Some(Duration::from_secs(2)),
+        ..Options::default()
+    })
+    .unwrap();
+    let started = Instant::now();
+    let e = client
+        .manifest(&reference(&format!("{}/metal/installer:0.1.0", drip.addr)))
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+    assert!(
+        e.to_string().contains("took longer than the deadline"),
         "{e}"
     );
 }
