@@ -191,6 +191,21 @@ fn raw_request(vm: &Vm, dir: &Path, client: &str, line: &[u8]) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// A tar header of `kind` claiming `size` bytes, then a few blocks of its
+/// "data" (a reader that trusts the size reads on for ever, or holds it
+/// all in memory).
+fn hostile_header(kind: tar::EntryType, size: u64) -> Vec<u8> {
+    let mut h = tar::Header::new_gnu();
+    h.set_path("././@LongLink").unwrap();
+    h.set_entry_type(kind);
+    h.set_size(size);
+    h.set_mode(0o644);
+    h.set_cksum();
+    let mut out = h.as_bytes().to_vec();
+    out.extend(vec![b'a'; 8 * 512]);
+    out
+}
+
 fn tail(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
@@ -738,6 +753,69 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         "tampered layer: {err}"
     );
     std::fs::write(&blob, &original).unwrap();
+    // Hostile payload layers behind the genuine, signed first layer (signed
+    // images are public: replaying one costs nothing): a GNU long name and
+    // a PAX header claiming hundreds of MiB (read whole into memory by a
+    // tar reader), a GNU sparse file, and the kernel longer than signed.
+    // Each is refused as it arrives, nothing written, the node up and
+    // within its memory budget (checked below, after the drips).
+    let first =
+        std::fs::read(registry.blob_file(
+            &registry::Digest::parse(m["layers"][0]["digest"].as_str().unwrap()).unwrap(),
+        ))
+        .unwrap();
+    let longer = {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut a = tar::Archive::new(&original[..]);
+        for e in a.entries().unwrap() {
+            let mut e = e.unwrap();
+            let mut h = e.header().clone();
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+            if e.path().unwrap().to_str() == Some(kernel.as_str()) {
+                data.extend(vec![0u8; 1 << 20]);
+                h.set_size(data.len() as u64);
+                h.set_cksum();
+            }
+            b.append(&h, &data[..]).unwrap();
+        }
+        b.into_inner().unwrap()
+    };
+    for (tag, layer, want) in [
+        (
+            "hostile-long-name",
+            hostile_header(tar::EntryType::GNULongName, 400 << 20),
+            "a GNU long name of 419430400 bytes, over the 4096 accepted",
+        ),
+        (
+            "hostile-pax",
+            hostile_header(tar::EntryType::XHeader, 100 << 20),
+            "a PAX extended header of 104857600 bytes",
+        ),
+        (
+            "hostile-sparse",
+            hostile_header(tar::EntryType::GNUSparse, 1 << 30),
+            "a GNU sparse file",
+        ),
+        ("hostile-longer", longer, "is longer than the"),
+    ] {
+        registry.push_image("metal/installer", tag, &[&first, &layer]);
+        let err = refused(&upgrade(
+            &vm,
+            &creds,
+            "ops",
+            &format!("{GUEST_REGISTRY}/metal/installer:{tag}"),
+            &[],
+        ));
+        assert!(
+            err.contains(want) && err.contains("nothing was written"),
+            "{tag}: {err}"
+        );
+        let s = status(&vm, &creds, "watcher");
+        assert_eq!(s["boot_id"], boot1.as_str(), "{tag}");
+        assert_eq!(slots(&s), before, "{tag}");
+        assert_eq!(s["operation"], Value::Null, "{tag}: {s}");
+    }
     let err = refused(&upgrade(
         &vm,
         &creds,
