@@ -299,9 +299,15 @@ fn meta_value(report: &Value, key: &str) -> Option<String> {
 }
 
 /// `imager node upgrade --image IMAGE ARGS` as `client`.
+/// `imager node upgrade --image IMAGE ARGS --wait`: followed to its end,
+/// so that a refusal after the node accepted the upgrade (a bad layer, a
+/// deadline) is seen (without --wait the client returns at acceptance).
 fn upgrade(vm: &Vm, dir: &Path, client: &str, image: &str, args: &[&str]) -> std::process::Output {
     let mut all = vec!["upgrade", "--image", image];
     all.extend_from_slice(args);
+    if !args.contains(&"--wait") {
+        all.push("--wait");
+    }
     node_cmd(vm, dir, client, &all)
 }
 
@@ -965,6 +971,19 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     );
     first.kill().unwrap();
     first.wait().unwrap();
+    // Followed afterwards, by another client: to the end, the reboot and
+    // the blessing included.
+    let said = succeeded(
+        &vm,
+        "wait",
+        node_cmd(
+            &vm,
+            &creds,
+            "watcher",
+            &["wait", "--version", "0.2.0", "--timeout", "900"],
+        ),
+    );
+    assert!(said.contains("metal 0.2.0 on slot B"), "{said}");
     let v2_ready = vm.wait_for("ready version=", 2);
     assert!(v2_ready.contains("version=0.2.0 slot=B"), "{v2_ready}");
     let s = status(&vm, &creds, "watcher");
@@ -1053,16 +1072,27 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
             && err.contains("nothing was written"),
         "{err}"
     );
-    let out = upgrade(
+    // Without --wait, the client returns once the node accepted it; `wait`
+    // then follows it and fails, saying it fell back.
+    let said = succeeded(
+        &vm,
+        "upgrade (not waited for)",
+        node_cmd(
+            &vm,
+            &creds,
+            "root",
+            &["upgrade", "--image", &v3_image, "--allow-downgrade"],
+        ),
+    );
+    assert!(said.contains("the node accepted the upgrade"), "{said}");
+    let err = refused(&node_cmd(
         &vm,
         &creds,
-        "root",
-        &v3_image,
-        &["--allow-downgrade", "--wait", "--timeout", "900"],
-    );
-    let err = refused(&out);
+        "watcher",
+        &["wait", "--timeout", "900"],
+    ));
     assert!(
-        err.contains("came back on slot A") && err.contains("not on slot B"),
+        err.contains("its upgrade failed") && err.contains("0.1.0 (slot A)"),
         "{err}\nconsole:\n{}",
         tail(&vm.console())
     );

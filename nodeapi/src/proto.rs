@@ -49,6 +49,11 @@ pub const PULL_STALL_RANGE: std::ops::RangeInclusive<u32> = 5..=100;
 /// or a deadline left (each ends at its next read, or at its registry
 /// requests' deadline); a pull beyond is refused.
 pub const MAX_PULLS: usize = 3;
+/// The step of the `progress` event an upgrade sends once its signed
+/// manifest is verified and fits the disk (the system, the version asked
+/// for, the security floor): `imager node upgrade` without `--wait`
+/// returns there, and the node goes on without it.
+pub const ACCEPTED: &str = "accepted";
 /// How often, at most, a pull reports its progress (bytes done and total)
 /// to the client and in status.
 pub const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);

@@ -431,6 +431,13 @@ impl Server {
     /// Records how operation `name` ended, for status.
     fn ended(&self, name: &str, event: &Event) {
         let outcome = match event {
+            // `imager node wait` reads "done (rebooting)" as a reboot to
+            // wait for (imager::node::client::REBOOTING).
+            Event::Done {
+                message,
+                reboot: true,
+                ..
+            } => format!("{name}: done (rebooting): {message}"),
             Event::Done { message, .. } => format!("{name}: done: {message}"),
             Event::Failed { code, message, .. } => {
                 format!("{name}: {}: {message}", code.name())

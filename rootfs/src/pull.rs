@@ -152,10 +152,12 @@ pub fn pull(
         "{reference} is a Secure Boot build: entering Secure Boot over the API is not built; \
          use `imager upgrade --change-secure-boot`; nothing was written"
     );
+    // The step a client that does not wait returns at
+    // (`nodeapi::proto::ACCEPTED`).
     say(
-        "verify",
+        nodeapi::proto::ACCEPTED,
         format!(
-            "{} {} signed by {key}, a key this node trusts",
+            "{} {} signed by {key}, a key this node trusts: accepted; pulling its payload",
             manifest.name, manifest.version
         ),
     );

@@ -35,6 +35,10 @@ pub enum NodeCommand {
     /// Cancel the upgrade in progress while it pulls: nothing is written
     /// and the node is free again (an upgrade that writes finishes).
     Cancel(PowerArgs),
+    /// Follow the operation in progress (an upgrade left without --wait)
+    /// through its reboot to its end: succeed when the node is back, idle
+    /// and ready (at --version when given), fail when it fell back.
+    Wait(WaitArgs),
     /// Reboot the node.
     Reboot(PowerArgs),
     /// Power the node off (admin).
@@ -139,6 +143,21 @@ pub struct UpgradeArgs {
               i64::from(*nodeapi::proto::PULL_STALL_RANGE.start())
                   ..=i64::from(*nodeapi::proto::PULL_STALL_RANGE.end())))]
     pub stall: Option<u32>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct WaitArgs {
+    #[command(flatten)]
+    pub connect: ConnectArgs,
+    /// Succeed only when the node runs this version at the end.
+    #[arg(long, value_name = "VERSION")]
+    pub version: Option<String>,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    pub timeout: u64,
+    /// Print the final status as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -257,6 +276,37 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
         ),
         NodeCommand::Arm(a) => operate(a, &Request::Arm {}),
         NodeCommand::Cancel(a) => operate(a, &Request::Cancel {}),
+        NodeCommand::Wait(a) => {
+            let client = a.connect.client()?;
+            let s = client.wait_settled(
+                a.version.as_deref(),
+                Duration::from_secs(a.timeout),
+                |what| {
+                    if !a.json {
+                        eprintln!("{}", shown(what));
+                    }
+                },
+            )?;
+            if a.json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                println!(
+                    "{}",
+                    shown(&format!(
+                        "the node is idle and ready: {} {} on slot {}{}",
+                        s.name,
+                        s.version,
+                        s.booted_slot,
+                        s.last_outcome
+                            .as_deref()
+                            .or(s.last_event.as_deref())
+                            .map(|e| format!(" ({e})"))
+                            .unwrap_or_default()
+                    ))
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         NodeCommand::Rollback(a) => operate(
             &a.power,
             &Request::Rollback {
@@ -311,7 +361,13 @@ fn operate(a: &PowerArgs, request: &Request) -> Result<ExitCode> {
             eprintln!("{}", shown(&format!("{step}: {message}")));
         }
     };
-    let (message, status, reboot) = match client.call(request, show)? {
+    // An upgrade not waited for ends here once the node accepted it: the
+    // node goes on without the client (`imager node wait` follows it).
+    let early = !a.wait && matches!(request, Request::Upgrade { .. });
+    let accepted = |e: &Event| {
+        early && matches!(e, Event::Progress { step, .. } if step == nodeapi::proto::ACCEPTED)
+    };
+    let (message, status, reboot) = match client.call_until(request, show, &accepted)? {
         Event::Done {
             message,
             status,
@@ -332,7 +388,19 @@ fn operate(a: &PowerArgs, request: &Request) -> Result<ExitCode> {
                 "; nothing was written"
             }
         ),
-        Event::Progress { .. } => unreachable!("call returns the last event"),
+        Event::Progress { message, .. } => {
+            if !a.json {
+                println!(
+                    "{}",
+                    shown(&format!(
+                        "the node accepted the upgrade ({message}); it goes on without this \
+                         client: `imager node status` shows its progress, `imager node wait` \
+                         follows it to its end"
+                    ))
+                );
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
     };
     if !a.json {
         println!("{}", shown(&message));

@@ -137,7 +137,24 @@ impl Client {
     /// Sends `request` and reads the events to the last, each passed to
     /// `on_event`; returns the last (`Done` or `Failed`).
     pub fn call(&self, request: &Request, mut on_event: impl FnMut(&Event)) -> Result<Event> {
-        self.call_with(request, CONNECT_TIMEOUT, READ_TIMEOUT, &mut on_event)
+        self.call_with(
+            request,
+            CONNECT_TIMEOUT,
+            READ_TIMEOUT,
+            &mut on_event,
+            &|_| false,
+        )
+    }
+
+    /// As [`Client::call`], but returns at the first event for which
+    /// `stop` holds (the connection is closed; the node goes on).
+    pub fn call_until(
+        &self,
+        request: &Request,
+        mut on_event: impl FnMut(&Event),
+        stop: &dyn Fn(&Event) -> bool,
+    ) -> Result<Event> {
+        self.call_with(request, CONNECT_TIMEOUT, READ_TIMEOUT, &mut on_event, stop)
     }
 
     fn call_with(
@@ -146,6 +163,7 @@ impl Client {
         connect: Duration,
         io: Duration,
         on_event: &mut dyn FnMut(&Event),
+        stop: &dyn Fn(&Event) -> bool,
     ) -> Result<Event> {
         let mut tls = self.connect(connect, io)?;
         proto::write_line(&mut tls, request).map_err(|e| self.explain(e, io))?;
@@ -161,7 +179,7 @@ impl Client {
             let event = proto::parse_event(&line)
                 .with_context(|| format!("the node at {} sent a bad answer", self.shown))?;
             on_event(&event);
-            if event.is_last() {
+            if event.is_last() || stop(&event) {
                 return Ok(event);
             }
         }
@@ -173,7 +191,7 @@ impl Client {
     }
 
     fn status_within(&self, connect: Duration, io: Duration) -> Result<Status> {
-        match self.call_with(&Request::Status {}, connect, io, &mut |_| {})? {
+        match self.call_with(&Request::Status {}, connect, io, &mut |_| {}, &|_| false)? {
             Event::Done { status, .. } => Ok(*status),
             Event::Failed { code, message, .. } => {
                 bail!("the node refused status ({}): {message}", code.name())
@@ -299,6 +317,80 @@ impl Client {
         )
     }
 }
+
+impl Client {
+    /// Follows the node until its operation has ended: it answers, nothing
+    /// is in progress, and no reboot it announced is still to come (a
+    /// last outcome of this boot that says `rebooting`); through the
+    /// reboot, connection failures are waited past. Fails when the last
+    /// outcome failed, when META's last event says the upgrade fell back,
+    /// when `version` is given and the node runs another, and at
+    /// `timeout`. `on_try` gets what is being waited for.
+    pub fn wait_settled(
+        &self,
+        version: Option<&str>,
+        timeout: Duration,
+        mut on_try: impl FnMut(&str),
+    ) -> Result<Status> {
+        let start = Instant::now();
+        let mut said = String::new();
+        while start.elapsed() < timeout {
+            let now = match self.status_within(Duration::from_secs(5), Duration::from_secs(10)) {
+                Ok(s) => match (&s.operation, &s.last_outcome) {
+                    (Some(op), _) => format!("in progress: {op}"),
+                    (None, Some(o)) if o.contains(REBOOTING) => {
+                        format!("the node is to reboot ({o})")
+                    }
+                    (None, Some(o)) if !o.contains(": done") => {
+                        bail!("the node's last operation did not succeed: {o}")
+                    }
+                    _ => {
+                        if let Some(e) = s.last_event.as_deref()
+                            && (e.contains("upgrade-failed") || e.contains("fell-back"))
+                        {
+                            bail!(
+                                "the node is back on {} {} (slot {}), its upgrade failed: {e}",
+                                s.name,
+                                s.version,
+                                s.booted_slot
+                            );
+                        }
+                        if let Some(v) = version
+                            && v != s.version
+                        {
+                            bail!(
+                                "the node runs {} {} on slot {}, not {v}{}",
+                                s.name,
+                                s.version,
+                                s.booted_slot,
+                                s.last_event
+                                    .as_deref()
+                                    .map(|e| format!(": {e}"))
+                                    .unwrap_or_default()
+                            );
+                        }
+                        return Ok(s);
+                    }
+                },
+                Err(e) => format!("no answer ({e:#})"),
+            };
+            if now != said {
+                on_try(&now);
+                said = now;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        bail!(
+            "the node at {} did not settle within {} s ({said})",
+            self.shown,
+            timeout.as_secs()
+        )
+    }
+}
+
+/// What a status's `last_outcome` says of an operation that ended with a
+/// reboot still to come (`rootfs`'s api: `NAME: done (rebooting): …`).
+pub const REBOOTING: &str = "done (rebooting)";
 
 /// What a TLS failure means: which side refused which certificate, and
 /// why.
