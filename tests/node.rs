@@ -602,6 +602,10 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         opened > nodeapi::proto::MAX_PENDING && closed > 0,
         "the flood opened {opened} connections, the node closed {closed}"
     );
+    let refused_count = status(&vm, &creds, "watcher")["refused_connections"]
+        .as_u64()
+        .unwrap();
+    assert!(refused_count > 0, "status counts no refused connection");
     // A lone connection that drips its handshake a byte every 2 s is
     // closed by the node at its handshake deadline (a read timeout alone
     // would restart with each byte).

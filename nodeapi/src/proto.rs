@@ -322,6 +322,10 @@ pub struct Status {
     /// refused: …`), if one did.
     #[serde(default)]
     pub last_outcome: Option<String>,
+    /// Connections closed before their request since boot (no valid
+    /// client certificate, too slow, closed for a newer one).
+    #[serde(default)]
+    pub refused_connections: u64,
 }
 
 /// One slot's state.
@@ -443,6 +447,7 @@ mod tests {
             uptime: "3.1".into(),
             runtime_peak_rss_kib: Some(4096),
             last_outcome: None,
+            refused_connections: 0,
         }
     }
 

@@ -77,6 +77,8 @@ struct Server {
     /// Connections closed before their request (evicted, timed out, failed
     /// handshakes) since the console last said so, and when it did.
     refused: Mutex<(u64, Option<Instant>)>,
+    /// All of them since boot, for status.
+    refused_total: AtomicU64,
     /// An upgrade staged (`--stage`) and not armed yet; kept until `arm`
     /// or a reboot (its files stay on EPHEMERAL and in the inactive slot).
     staged: Mutex<Option<StagedUpgrade>>,
@@ -144,6 +146,7 @@ pub fn start(meta: &Meta, node: Node) -> Result<()> {
         next_id: AtomicU64::new(0),
         serving: AtomicUsize::new(0),
         refused: Mutex::new((0, None)),
+        refused_total: AtomicU64::new(0),
         staged: Mutex::new(None),
     });
     std::thread::Builder::new()
@@ -378,6 +381,7 @@ impl Server {
     /// Counts a connection that ended before its request; says the count
     /// on the console at most every [`REFUSALS_SAID_EVERY`].
     fn refusal(&self, why: &anyhow::Error) {
+        self.refused_total.fetch_add(1, Ordering::SeqCst);
         let Ok(mut r) = self.refused.lock() else {
             return;
         };
@@ -915,6 +919,7 @@ fn status(server: &Server) -> Result<Status> {
         staged: staged.map(|(target, version)| format!("{version} in slot {target}")),
         operation: server.current(),
         last_outcome: server.last_outcome.lock().ok().and_then(|o| o.clone()),
+        refused_connections: server.refused_total.load(Ordering::SeqCst),
         last_event: st.state.history.last().cloned(),
         secure_boot: secureboot::state().as_str().to_string(),
         uptime: crate::stage2::uptime().unwrap_or_default(),
