@@ -807,7 +807,11 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
             hostile_header(tar::EntryType::GNUSparse, 1 << 30),
             "a GNU sparse file",
         ),
-        ("hostile-longer", longer, "is longer than the"),
+        (
+            "hostile-longer",
+            longer,
+            "bytes in the image but the signed manifest says",
+        ),
     ] {
         registry.push_image("metal/installer", tag, &[&first, &layer]);
         let err = refused(&upgrade(

@@ -152,6 +152,13 @@ pub fn stage_files(
             !staged.contains_key(name),
             "{path} is in the payload layer twice"
         );
+        // Refused at its header, before any of it is read or written.
+        let claimed = e.header().entry_size().unwrap_or(u64::MAX);
+        ensure!(
+            claimed == a.size,
+            "{path} is {claimed} bytes in the image but the signed manifest says {}",
+            a.size
+        );
         let mut out = open(name)?;
         let mut hash = Sha256::new();
         let mut buf = vec![0u8; 1 << 16];

@@ -66,8 +66,9 @@ struct Server {
     pulling: Arc<AtomicUsize>,
     /// Pulls started this boot: each stages into a directory of its own.
     pulls: AtomicU64,
-    /// The operation in progress waits for its pull (what `cancel` stops).
-    in_pull: AtomicBool,
+    /// The upgrade in progress has pulled and writes: `cancel` no longer
+    /// stops it.
+    writing: AtomicBool,
     /// How the last changing operation of this boot ended.
     last_outcome: Mutex<Option<String>>,
     /// Pending connections (module doc): an id and a handle that closes it.
@@ -140,7 +141,7 @@ pub fn start(meta: &Meta, node: Node) -> Result<()> {
         cancel: Arc::new(AtomicBool::new(false)),
         pulling: Arc::new(AtomicUsize::new(0)),
         pulls: AtomicU64::new(0),
-        in_pull: AtomicBool::new(false),
+        writing: AtomicBool::new(false),
         last_outcome: Mutex::new(None),
         pending: Mutex::new(VecDeque::new()),
         next_id: AtomicU64::new(0),
@@ -410,6 +411,7 @@ impl Server {
         }
         *op = Some(OpState { name, step: None });
         self.cancel.store(false, Ordering::SeqCst);
+        self.writing.store(false, Ordering::SeqCst);
         Some(Operation(&self.operation))
     }
 
@@ -695,9 +697,9 @@ fn pull_watched(
         server.pulling.fetch_sub(1, Ordering::SeqCst);
         return Err(e).context("starting the pull");
     }
-    server.in_pull.store(true, Ordering::SeqCst);
     let r = wait_for_pull(&rx, (started, deadline, stall), &cancel, progress);
-    server.in_pull.store(false, Ordering::SeqCst);
+    // Past its pull, an upgrade writes (or ends): a cancel no longer stops it.
+    server.writing.store(true, Ordering::SeqCst);
     r
 }
 
@@ -710,6 +712,9 @@ fn wait_for_pull(
     progress: &mut dyn FnMut(&str, String),
 ) -> Result<pull::Staged> {
     loop {
+        if cancel.load(Ordering::SeqCst) {
+            bail!("cancelled by an operator while pulling");
+        }
         match rx.recv_timeout(Duration::from_secs(1)) {
             Ok(Said::Step(step, m)) => progress(&step, m),
             Ok(Said::Done(r)) => return *r,
@@ -750,7 +755,7 @@ fn cancel(server: &Server) -> Event {
             "nothing is in progress: there is nothing to cancel".into(),
         );
     };
-    if !server.in_pull.load(Ordering::SeqCst) {
+    if !what.starts_with("upgrade") || server.writing.load(Ordering::SeqCst) {
         return failed(
             ErrorCode::Refused,
             format!("{what} is not pulling: only an upgrade's pull can be cancelled; it finishes"),

@@ -15,6 +15,14 @@
 //! is ever decompressed: their blobs are only hashed, once the signature
 //! verified. Every blob is checked against its digest and size, each layer
 //! unpacked against its `diff_id`.
+//!
+//! One trust path: this module is transport only (the archive, its blobs,
+//! their digests, decompression, bounds on what is unpacked). What a layer
+//! may hold and how its files are checked are `payload::layer`'s rules
+//! ([`payload::layer::signed_manifest`], [`payload::layer::stage_files`]),
+//! the same the node applies to a layer pulled from a registry; whether the
+//! payload fits the disk is `payload::verify::check_for_disk`, and a
+//! version is checked by `contract::version::check`.
 
 use super::{MANIFEST_LAYER, MAX_LAYERS, PAYLOAD_LAYER};
 use super::{MEDIA_TYPE_LAYER, MEDIA_TYPE_LAYER_GZIP, MEDIA_TYPE_LAYER_ZSTD, MEDIA_TYPE_MANIFEST};
@@ -272,56 +280,37 @@ fn read_signed(store: &Store, layer: &Descriptor, diff_id: &str, work: &Work) ->
     if layer.size > MAX_SMALL {
         bail!("{}", over());
     }
-    let mut manifest = None;
-    let mut signature = None;
+    // The rules of the first layer are the payload crate's, the node's
+    // too: the signed manifest and its signature, nothing else.
+    let mut signed = None;
     with_layer(store, layer, diff_id, MAX_SMALL, &over, work, |r| {
-        let mut ar = tar::Archive::new(TarGuard::new(r));
-        let entries = ar.entries().map_err(|e| tar_error(e, "the layer"))?;
-        for (i, e) in entries.enumerate() {
-            let mut e = e.map_err(|e| tar_error(e, "the layer"))?;
-            let Some((path, name)) = payload_entry(&e, i)? else {
-                continue;
-            };
-            let slot = match name.as_str() {
-                PAYLOAD_MANIFEST => &mut manifest,
-                PAYLOAD_SIGNATURE => &mut signature,
-                _ => continue,
-            };
-            check_regular(&e, &path)?;
-            if slot.is_some() {
-                bail!("{first} holds {path} twice: refusing the image");
+        signed = Some(payload::layer::signed_manifest(r).map_err(|e| {
+            let e = layer_error(e, "the layer");
+            if format!("{e:#}").contains("lacks") {
+                e.context(
+                    "an installer image keeps its payload's signed manifest and signature in \
+                     its first layer, alone (not an installer image, or one made by an older \
+                     imager: rebuild it with `imager build --profile installer`)",
+                )
+            } else {
+                e
             }
-            let mut bytes = Vec::new();
-            // Bounded by the layer's cap.
-            e.read_to_end(&mut bytes)
-                .map_err(|e| tar_error(e, "the layer"))?;
-            *slot = Some(bytes);
-        }
+        })?);
         Ok(())
     })
     .with_context(|| format!("reading {first} ({})", layer.digest))?;
-    let missing = |name: &str| {
-        anyhow!(
-            "{first} has no {INSTALLER_PAYLOAD_DIR}/{name}: an installer image keeps its \
-             payload's signed manifest and signature there, alone (not an installer image, or \
-             one made by an older imager: rebuild it with `imager build --profile installer`)"
-        )
+    let Some((manifest, signature)) = signed else {
+        bail!("{first} was not read");
     };
     Ok(Signed {
-        manifest: manifest.ok_or_else(|| missing(PAYLOAD_MANIFEST))?,
-        signature: signature.ok_or_else(|| missing(PAYLOAD_SIGNATURE))?,
+        manifest,
+        signature,
     })
-}
-
-/// A file the signed manifest lists: its size and SHA-256.
-struct Listed {
-    size: u64,
-    sha256: String,
 }
 
 /// The files a trusted payload manifest lists, by name, checked: plain
 /// names, valid digests, each once, the kernel and initramfs among them.
-fn listed_files(m: &Manifest) -> Result<BTreeMap<String, Listed>> {
+fn listed_files(m: &Manifest) -> Result<BTreeMap<String, payload::artifact::Artifact>> {
     let mut listed = BTreeMap::new();
     for a in &m.artifacts {
         let bad = |why: &str| anyhow!("the signed payload manifest lists {:?}: {why}", a.path);
@@ -338,11 +327,7 @@ fn listed_files(m: &Manifest) -> Result<BTreeMap<String, Listed>> {
                 a.size
             )));
         }
-        let file = Listed {
-            size: a.size,
-            sha256: a.sha256.clone(),
-        };
-        if listed.insert(a.path.clone(), file).is_some() {
+        if listed.insert(a.path.clone(), a.clone()).is_some() {
             return Err(bad("listed twice"));
         }
     }
@@ -362,7 +347,7 @@ fn extract_listed(
     store: &Store,
     layer: &Descriptor,
     diff_id: &str,
-    listed: &BTreeMap<String, Listed>,
+    listed: &BTreeMap<String, payload::artifact::Artifact>,
     staging: &Path,
     work: &Work,
 ) -> Result<()> {
@@ -387,48 +372,26 @@ fn extract_listed(
             layer.size
         );
     }
+    // The rules of the payload layer are the payload crate's, the node's
+    // too: each listed file a regular file, once, its signed size and
+    // digest as it is written; anything else skipped, never followed.
+    let wanted: Vec<(String, payload::artifact::Artifact)> =
+        listed.iter().map(|(n, a)| (n.clone(), a.clone())).collect();
     let mut found = std::collections::BTreeSet::new();
     with_layer(store, layer, diff_id, cap, &over, work, |r| {
-        let mut ar = tar::Archive::new(TarGuard::new(r));
-        let entries = ar.entries().map_err(|e| tar_error(e, "the layer"))?;
-        for (i, e) in entries.enumerate() {
-            let mut e = e.map_err(|e| tar_error(e, "the layer"))?;
-            let Some((path, name)) = payload_entry(&e, i)? else {
-                continue;
-            };
-            // Only the files the manifest lists; anything else is skipped.
-            let Some(want) = listed.get(&name) else {
-                continue;
-            };
-            check_regular(&e, &path)?;
-            if !found.insert(name.clone()) {
-                bail!("the payload layer holds {path} twice: refusing the image");
-            }
-            let size = e.size();
-            if size != want.size {
-                bail!(
-                    "{path} is {size} bytes in the image but the signed manifest says {}: \
-                     refusing the image",
-                    want.size
-                );
-            }
-            let to = staging.join(&name);
-            let mut f = File::create(&to).with_context(|| format!("creating {}", to.display()))?;
-            let mut r = HashingReader::new((&mut e).take(want.size));
-            io::copy(&mut r, &mut f)
-                .map_err(|e| tar_error(e, "the layer"))
-                .with_context(|| format!("extracting {path}"))?;
-            let (hex, read) = r.finish();
-            if read != want.size || hex != want.sha256 {
-                bail!(
-                    "{path} does not match the signed manifest ({read} bytes, sha256 {hex}; \
-                     signed: {} bytes, sha256 {}): refusing the image",
-                    want.size,
-                    want.sha256
-                );
-            }
-            f.sync_all()
+        let mut open = |name: &str| -> Result<Box<dyn io::Write>> {
+            let to = staging.join(name);
+            let f = File::create(&to).with_context(|| format!("creating {}", to.display()))?;
+            Ok(Box::new(io::BufWriter::with_capacity(1 << 16, f)))
+        };
+        let staged = payload::layer::stage_files(r, &wanted, &mut open)
+            .map_err(|e| layer_error(e, "the layer").context("refusing the image"))?;
+        for name in staged.keys() {
+            let to = staging.join(name);
+            File::open(&to)
+                .and_then(|f| f.sync_all())
                 .with_context(|| format!("flushing {}", to.display()))?;
+            found.insert(name.clone());
         }
         Ok(())
     })
@@ -446,59 +409,6 @@ fn extract_listed(
         );
     }
     Ok(())
-}
-
-/// The path of a layer entry and, when it is directly in the payload
-/// directory, its name there. Refuses absolute paths, `..` and links on the
-/// way to the payload directory.
-fn payload_entry<R: Read>(e: &tar::Entry<R>, i: usize) -> Result<Option<(String, String)>> {
-    let raw = e.path_bytes();
-    let Ok(raw) = std::str::from_utf8(&raw) else {
-        return Ok(None);
-    };
-    let path = normalize(raw)
-        .map_err(|why| anyhow!("entry {i} of the layer {why}: refusing the image"))?
-        .to_string();
-    let is_link = matches!(
-        e.header().entry_type(),
-        tar::EntryType::Symlink | tar::EntryType::Link
-    );
-    // A link on the way to the payload would move it anywhere.
-    if is_link && format!("{INSTALLER_PAYLOAD_DIR}/").starts_with(&format!("{path}/")) {
-        bail!(
-            "layer entry {path} is a link, so {INSTALLER_PAYLOAD_DIR} would lead elsewhere: \
-             refusing the image"
-        );
-    }
-    let name = match path.strip_prefix(&format!("{INSTALLER_PAYLOAD_DIR}/")) {
-        Some(n) if !n.is_empty() && !n.contains('/') => n.to_string(),
-        _ => return Ok(None),
-    };
-    Ok(Some((path, name)))
-}
-
-/// Refuses a payload entry that is not a regular file.
-fn check_regular<R: Read>(e: &tar::Entry<R>, path: &str) -> Result<()> {
-    match e.header().entry_type() {
-        tar::EntryType::Regular | tar::EntryType::Continuous => Ok(()),
-        tar::EntryType::Symlink | tar::EntryType::Link => {
-            let target = e
-                .link_name_bytes()
-                .map(|t| sanitize(&t))
-                .unwrap_or_default();
-            bail!(
-                "payload entry {} is a link (to {target}): the payload must be regular \
-                 files: refusing the image",
-                sanitize(path.as_bytes())
-            )
-        }
-        other => {
-            bail!(
-                "payload entry {} is a {other:?}, not a regular file: refusing the image",
-                sanitize(path.as_bytes())
-            )
-        }
-    }
 }
 
 /// At most 64 characters of untrusted bytes, quoted and escaped
@@ -936,6 +846,27 @@ fn find_cap(e: &io::Error) -> Option<String> {
         cur = err.source();
     }
     None
+}
+
+/// An error of `payload::layer` reading a layer, told as [`tar_error`]
+/// tells an I/O error of the tar crate (our caps, a truncation, a header
+/// that does not parse, without the crate's words, which quote the header's
+/// bytes); its own messages (a file not as signed, an entry not allowed) and
+/// `payload::targuard`'s refusals stay as they are.
+fn layer_error(e: anyhow::Error, what: &str) -> anyhow::Error {
+    let io = e.chain().find_map(|c| c.downcast_ref::<io::Error>());
+    match io {
+        Some(io) if find_cap(io).is_some() => anyhow!("{}", find_cap(io).unwrap_or_default()),
+        Some(io)
+            if matches!(
+                io.kind(),
+                io::ErrorKind::Other | io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            tar_error(io::Error::new(io.kind(), "tar"), what)
+        }
+        _ => e,
+    }
 }
 
 /// An error reading `what` as a tar archive, told without the tar crate's
