@@ -212,9 +212,9 @@ fn tail(text: &str) -> String {
 }
 
 /// `imager node ARGS --node … --credentials DIR --client NAME`.
-fn node_cmd(vm: &Vm, dir: &Path, client: &str, args: &[&str]) -> std::process::Output {
-    run(imager()
-        .arg("node")
+fn node_command(vm: &Vm, dir: &Path, client: &str, args: &[&str]) -> std::process::Command {
+    let mut c = imager();
+    c.arg("node")
         .args(args)
         .args([
             "--node",
@@ -225,7 +225,22 @@ fn node_cmd(vm: &Vm, dir: &Path, client: &str, args: &[&str]) -> std::process::O
             client,
         ])
         .arg("--credentials")
-        .arg(dir))
+        .arg(dir);
+    c
+}
+
+/// [`node_command`] run to its end.
+fn node_cmd(vm: &Vm, dir: &Path, client: &str, args: &[&str]) -> std::process::Output {
+    run(&mut node_command(vm, dir, client, args))
+}
+
+/// [`node_command`] started, its output piped.
+fn spawn_node_cmd(vm: &Vm, dir: &Path, client: &str, args: &[&str]) -> Child {
+    node_command(vm, dir, client, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 fn status(vm: &Vm, dir: &Path, client: &str) -> Value {
@@ -891,23 +906,7 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     );
     // Cancelled by an operator while it drips: its client is told, the
     // node is free at once (the next upgrade below works).
-    let dripping = imager()
-        .arg("node")
-        .args(["upgrade", "--image", &dripped])
-        .args([
-            "--node",
-            &vm.node(),
-            "--server-name",
-            "node1",
-            "--client",
-            "ops",
-        ])
-        .arg("--credentials")
-        .arg(&creds)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let dripping = spawn_node_cmd(&vm, &creds, "ops", &["upgrade", "--image", &dripped]);
     let deadline = Instant::now() + Duration::from_secs(120);
     while status(&vm, &creds, "watcher")["operation"].is_null() {
         assert!(
@@ -944,23 +943,12 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     // then killed while the node pulls: an accepted upgrade finishes, the
     // reboot included, with no one left to tell (the node used to arm it
     // and wait for the next reboot when its last answer could not be sent).
-    let mut first = imager()
-        .arg("node")
-        .args(["upgrade", "--image", &image, "--wait", "--timeout", "900"])
-        .args([
-            "--node",
-            &vm.node(),
-            "--server-name",
-            "node1",
-            "--client",
-            "ops",
-        ])
-        .arg("--credentials")
-        .arg(&creds)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut first = spawn_node_cmd(
+        &vm,
+        &creds,
+        "ops",
+        &["upgrade", "--image", &image, "--wait", "--timeout", "900"],
+    );
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let s = status(&vm, &creds, "watcher");

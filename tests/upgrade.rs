@@ -1264,37 +1264,21 @@ fn a_lower_security_version_needs_allow_downgrade_to_upgrade_or_roll_back() {
             .map(str::to_string)
     };
     assert_eq!(floor(&d), None, "a disk of security version 0 has no floor");
-    {
-        let mut slots = imager::install::open_slots(&d).unwrap();
-        let (mut m, _) = bootstate::meta::read(&mut slots.meta).unwrap();
-        m.set(contract::meta::Tag::SecurityFloor, "1");
-        bootstate::meta::write(&mut slots.meta, &m).unwrap();
-    }
+    edit_meta(&d, |m| m.set(contract::meta::Tag::SecurityFloor, "1"));
     let v2 = payload(&images().v2);
-    let before = sha256(&d);
-    let up = bounded(
+    refused_unchanged(
         &["upgrade", "--installer", v2.to_str().unwrap(), "--disk"],
         &d,
+        &[
+            "its security version 0 is lower than 1",
+            "--allow-downgrade",
+        ],
     );
-    assert!(
-        !up.ok
-            && up.stderr.contains("its security version 0 is lower than 1")
-            && up.stderr.contains("--allow-downgrade")
-            && up.stderr.contains("nothing was written"),
-        "{}",
-        up.stderr
+    refused_unchanged(
+        &["rollback", "--disk"],
+        &d,
+        &["slot A (0.1.0): its security version 0 is lower than 1"],
     );
-    let rb = bounded(&["rollback", "--disk"], &d);
-    assert!(
-        !rb.ok
-            && rb
-                .stderr
-                .contains("slot A (0.1.0): its security version 0 is lower than 1")
-            && rb.stderr.contains("nothing was written"),
-        "{}",
-        rb.stderr
-    );
-    assert_eq!(sha256(&d), before, "a refused downgrade changed the disk");
     let up = bounded(
         &[
             "upgrade",
@@ -1310,6 +1294,27 @@ fn a_lower_security_version_needs_allow_downgrade_to_upgrade_or_roll_back() {
     assert!(rb.ok, "{}", rb.stderr);
     assert_eq!(inspect(&d)["slots"]["default"], "A");
     assert_eq!(floor(&d).as_deref(), Some("1"), "the floor moved");
+}
+
+/// Rewrites `disk`'s META through `edit` (as a hostile or damaged disk
+/// would have it), with bootstate's own write.
+fn edit_meta(disk: &Path, edit: impl FnOnce(&mut contract::meta::Meta)) {
+    let mut slots = imager::install::open_slots(disk).unwrap();
+    let (mut m, _) = bootstate::meta::read(&mut slots.meta).unwrap();
+    edit(&mut m);
+    bootstate::meta::write(&mut slots.meta, &m).unwrap();
+}
+
+/// `imager ARGS DISK` (bounded) must be refused saying each of `wants` and
+/// that nothing was written, and must leave `disk` as it was.
+fn refused_unchanged(args: &[&str], disk: &Path, wants: &[&str]) {
+    let before = sha256(disk);
+    let out = bounded(args, disk);
+    assert!(!out.ok, "imager {args:?} was accepted");
+    for want in wants.iter().chain(&["nothing was written"]) {
+        assert!(out.stderr.contains(want), "{want:?} not in: {}", out.stderr);
+    }
+    assert_eq!(sha256(disk), before, "a refused {args:?} changed the disk");
 }
 
 /// What the three commands must do with a hostile disk.
@@ -1520,9 +1525,7 @@ fn what_a_cut_leaves_and_a_full_meta_and_a_busy_disk() {
 
     // A META too full for the new records: refused before the first write.
     let d = hostile_base("hostile-full-meta");
-    {
-        let mut slots = imager::install::open_slots(&d).unwrap();
-        let (mut m, _) = bootstate::meta::read(&mut slots.meta).unwrap();
+    edit_meta(&d, |m| {
         let keys = m.get(contract::meta::Tag::TrustedKeys).unwrap().to_string();
         let room = contract::meta::BLOCK_LEN - m.encode_block().map(|_| 0).unwrap_or(0);
         let mut padded = keys.clone();
@@ -1533,49 +1536,27 @@ fn what_a_cut_leaves_and_a_full_meta_and_a_busy_disk() {
             let mut t = m.clone();
             t.set(contract::meta::Tag::TrustedKeys, padded.clone());
             if t.encode_block().is_ok() {
-                m = t;
+                *m = t;
                 break;
             }
         }
-        bootstate::meta::write(&mut slots.meta, &m).unwrap();
-    }
-    let before = sha256(&d);
+    });
     let v2 = payload(&images().v2);
-    let up = bounded(
+    refused_unchanged(
         &["upgrade", "--installer", v2.to_str().unwrap(), "--disk"],
         &d,
+        &["META has no room"],
     );
-    assert!(
-        !up.ok
-            && up.stderr.contains("META has no room")
-            && up.stderr.contains("nothing was written"),
-        "{}",
-        up.stderr
-    );
-    assert_eq!(sha256(&d), before, "a refused upgrade changed the disk");
 
     // A META without the image name: nothing tells whether the payload is
     // for this system, so it is refused (the check used to pass).
     let d = disk_copy("hostile-nameless-meta");
-    {
-        let mut slots = imager::install::open_slots(&d).unwrap();
-        let (mut m, _) = bootstate::meta::read(&mut slots.meta).unwrap();
-        m.remove(contract::meta::Tag::ImageName);
-        bootstate::meta::write(&mut slots.meta, &m).unwrap();
-    }
-    let before = sha256(&d);
-    let up = bounded(
+    edit_meta(&d, |m| m.remove(contract::meta::Tag::ImageName));
+    refused_unchanged(
         &["upgrade", "--installer", v2.to_str().unwrap(), "--disk"],
         &d,
+        &["META holds no image name"],
     );
-    assert!(
-        !up.ok
-            && up.stderr.contains("META holds no image name")
-            && up.stderr.contains("nothing was written"),
-        "{}",
-        up.stderr
-    );
-    assert_eq!(sha256(&d), before, "a refused upgrade changed the disk");
 
     // A disk in use by another change: refused at once, unchanged.
     let d = hostile_base("hostile-busy");

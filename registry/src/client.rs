@@ -557,24 +557,22 @@ fn transport_error(e: ureq::Error, reference: &Reference, url: &str) -> Error {
             format!("TLS with registry {registry} failed ({detail}){hint}"),
         )
     };
+    let timeout = |what: &str, then: &str| {
+        Error::new(
+            ErrorKind::Timeout,
+            format!("registry {registry} {what} {}{then}", excerpt(url)),
+        )
+    };
     match e {
         ureq::Error::HostNotFound => unreachable("no such host".into()),
         ureq::Error::ConnectionFailed => unreachable("connection failed".into()),
-        ureq::Error::Timeout(ureq::Timeout::Global) => Error::new(
-            ErrorKind::Timeout,
-            format!(
-                "registry {registry} took longer than the deadline to answer {}: refused (a \
-                 slow or dripping registry)",
-                excerpt(url)
-            ),
+        ureq::Error::Timeout(ureq::Timeout::Global) => timeout(
+            "took longer than the deadline to answer",
+            ": refused (a slow or dripping registry)",
         ),
-        ureq::Error::Timeout(ureq::Timeout::PerRead | ureq::Timeout::RecvResponse) => Error::new(
-            ErrorKind::Timeout,
-            format!(
-                "registry {registry} sent nothing for longer than the stall limit while \
-                 answering {}",
-                excerpt(url)
-            ),
+        ureq::Error::Timeout(ureq::Timeout::PerRead | ureq::Timeout::RecvResponse) => timeout(
+            "sent nothing for longer than the stall limit while answering",
+            "",
         ),
         ureq::Error::Timeout(t) => unreachable(format!("timed out: {t}")),
         ureq::Error::Io(io) => match io.kind() {
@@ -598,18 +596,24 @@ fn transport_error(e: ureq::Error, reference: &Reference, url: &str) -> Error {
 mod tests {
     use super::*;
 
-    #[test]
-    fn redirects_never_downgrade() {
-        let Ok(client) = Client::new(Options {
-            plain_http: vec!["plain:5000".into()],
-            ..Options::default()
-        }) else {
+    /// A client of `options`, a reference to reg.example:5000 and the URL
+    /// of one of its blobs, where the redirects below come from.
+    fn redirecting(options: Options) -> (Client, Reference, &'static str) {
+        let Ok(client) = Client::new(options) else {
             panic!("a client");
         };
         let Ok(r) = Reference::parse("reg.example:5000/a:1") else {
             panic!("a reference");
         };
-        let from = "https://reg.example:5000/v2/a/blobs/sha256:00";
+        (client, r, "https://reg.example:5000/v2/a/blobs/sha256:00")
+    }
+
+    #[test]
+    fn redirects_never_downgrade() {
+        let (client, r, from) = redirecting(Options {
+            plain_http: vec!["plain:5000".into()],
+            ..Options::default()
+        });
         let go = |location: &str| client.redirect(from, location, &r);
         assert_eq!(
             go("/storage/x?sig=1").ok().as_deref(),
@@ -648,16 +652,10 @@ mod tests {
     #[test]
     fn redirects_never_lead_to_this_machine_or_link_local_addresses() {
         let own: std::net::IpAddr = [10, 0, 2, 15].into();
-        let Ok(client) = Client::new(Options {
+        let (client, r, from) = redirecting(Options {
             own_addresses: vec![own],
             ..Options::default()
-        }) else {
-            panic!("a client");
-        };
-        let Ok(r) = Reference::parse("reg.example:5000/a:1") else {
-            panic!("a reference");
-        };
-        let from = "https://reg.example:5000/v2/a/blobs/sha256:00";
+        });
         for refused in [
             "https://127.0.0.1:50000/",
             "https://127.9.9.9/x",

@@ -233,6 +233,42 @@ pub fn noise(n: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// A TCP proxy on 127.0.0.1 to `upstream`: what the client sends goes
+/// through as it is; what upstream answers goes to `down(server, client)`,
+/// run in a thread per connection, and both ends are closed when it
+/// returns. Counts the connections it accepted. Returns its address.
+fn proxy(
+    upstream: &str,
+    connections: Arc<AtomicU64>,
+    down: impl Fn(TcpStream, &mut TcpStream) + Clone + Send + 'static,
+) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let up = upstream.to_string();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { return };
+            connections.fetch_add(1, Ordering::SeqCst);
+            let Ok(server) = TcpStream::connect(&up) else {
+                return;
+            };
+            let (mut c_read, mut s_write) =
+                (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c_read, &mut s_write);
+            });
+            let down = down.clone();
+            std::thread::spawn(move || {
+                let closer = server.try_clone().unwrap();
+                down(server, &mut client);
+                let _ = client.shutdown(std::net::Shutdown::Both);
+                let _ = closer.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    addr
+}
+
 /// A TCP proxy on 127.0.0.1 to `upstream` that passes at most `budget`
 /// bytes from upstream to the client on each connection, then closes both
 /// ends: a connection cut in the middle of an answer. Counts the bytes it
@@ -245,43 +281,23 @@ pub struct CuttingProxy {
 
 impl CuttingProxy {
     pub fn start(upstream: &str, budget: u64) -> CuttingProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
         let passed = Arc::new(AtomicU64::new(0));
         let connections = Arc::new(AtomicU64::new(0));
-        let (p, c, up) = (passed.clone(), connections.clone(), upstream.to_string());
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { return };
-                c.fetch_add(1, Ordering::SeqCst);
-                let Ok(server) = TcpStream::connect(&up) else {
-                    return;
+        let p = passed.clone();
+        let addr = proxy(upstream, connections.clone(), move |mut server, client| {
+            let mut left = budget;
+            let mut buf = [0u8; 16 << 10];
+            while left > 0 {
+                let want = buf.len().min(left as usize);
+                let n = match server.read(&mut buf[..want]) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
                 };
-                let (mut c_read, mut s_write) =
-                    (client.try_clone().unwrap(), server.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut c_read, &mut s_write);
-                });
-                let p = p.clone();
-                std::thread::spawn(move || {
-                    let (mut server, mut client) = (server, client);
-                    let mut left = budget;
-                    let mut buf = [0u8; 16 << 10];
-                    while left > 0 {
-                        let want = buf.len().min(left as usize);
-                        let n = match server.read(&mut buf[..want]) {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => n,
-                        };
-                        if client.write_all(&buf[..n]).is_err() {
-                            break;
-                        }
-                        p.fetch_add(n as u64, Ordering::SeqCst);
-                        left -= n as u64;
-                    }
-                    let _ = client.shutdown(std::net::Shutdown::Both);
-                    let _ = server.shutdown(std::net::Shutdown::Both);
-                });
+                if client.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+                p.fetch_add(n as u64, Ordering::SeqCst);
+                left -= n as u64;
             }
         });
         CuttingProxy {
@@ -303,36 +319,16 @@ pub struct DrippingProxy {
 
 impl DrippingProxy {
     pub fn start(upstream: &str, interval: Duration) -> DrippingProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
         let connections = Arc::new(AtomicU64::new(0));
-        let (c, up) = (connections.clone(), upstream.to_string());
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { return };
-                c.fetch_add(1, Ordering::SeqCst);
-                let Ok(server) = TcpStream::connect(&up) else {
-                    return;
-                };
-                let (mut c_read, mut s_write) =
-                    (client.try_clone().unwrap(), server.try_clone().unwrap());
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut c_read, &mut s_write);
-                });
-                std::thread::spawn(move || {
-                    let (mut server, mut client) = (server, client);
-                    let mut b = [0u8; 1];
-                    // The drip is the point: one byte per interval, until
-                    // either side goes.
-                    while let Ok(1) = server.read(&mut b) {
-                        if client.write_all(&b).is_err() {
-                            break;
-                        }
-                        std::thread::sleep(interval);
-                    }
-                    let _ = client.shutdown(std::net::Shutdown::Both);
-                    let _ = server.shutdown(std::net::Shutdown::Both);
-                });
+        let addr = proxy(upstream, connections.clone(), move |mut server, client| {
+            let mut b = [0u8; 1];
+            // The drip is the point: one byte per interval, until either
+            // side goes.
+            while let Ok(1) = server.read(&mut b) {
+                if client.write_all(&b).is_err() {
+                    break;
+                }
+                std::thread::sleep(interval);
             }
         });
         DrippingProxy { addr, connections }
