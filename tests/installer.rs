@@ -299,7 +299,7 @@ fn small_image(dir: &Path) -> (PathBuf, imager::sign::VerifyingKey) {
             cmdline: "console=ttyS0".into(),
             secure_boot_enroll: None,
         }),
-        ..Manifest::new("metal", TAG, "p", 1_700_000_000, artifacts)
+        ..Manifest::new("metal", "0.1.0", "p", 1_700_000_000, artifacts)
     };
     sign::write_signed_manifest(&payload, &m, &signer).unwrap();
     std::fs::write(dir.join("imager"), b"not really imager").unwrap();
@@ -445,7 +445,7 @@ fn install_refuses_a_disk_holding_data_unless_wipe() {
             cmdline: "console=ttyS0".into(),
             secure_boot_enroll: None,
         }),
-        ..sign::Manifest::new("metal", TAG, "p", 1_700_000_000, artifacts)
+        ..sign::Manifest::new("metal", "0.1.0", "p", 1_700_000_000, artifacts)
     };
     let signer = TestKey::from_seed(7);
     sign::write_signed_manifest(&payload, &m, &signer).unwrap();
