@@ -33,6 +33,10 @@ const GUEST_REGISTRY: &str = "10.0.2.100:5000";
 /// Where the guest reaches the same registry through a proxy that drips
 /// its answers, a byte a second.
 const GUEST_DRIP: &str = "10.0.2.102:5000";
+/// Where the guest reaches the same registry through a proxy that cuts
+/// each connection after 1 MiB of answers: in the middle of the payload
+/// layer.
+const GUEST_CUT: &str = "10.0.2.103:5000";
 
 fn build_variant_of(base: &str, name: &str, edit: impl Fn(String) -> String) -> Build {
     let profile = write_profile_from(base, name, edit);
@@ -85,7 +89,9 @@ struct Vm {
 }
 
 impl Vm {
-    fn start(disk: &Path, port: u16, registry: &str, drip: &str) -> Vm {
+    /// `registries`: the addresses on the host of [`GUEST_REGISTRY`],
+    /// [`GUEST_DRIP`] and [`GUEST_CUT`].
+    fn start(disk: &Path, port: u16, [registry, drip, cut]: [&str; 3]) -> Vm {
         let log = disk.with_extension("console.log");
         let _ = std::fs::remove_file(&log);
         let child = imager()
@@ -103,6 +109,8 @@ impl Vm {
             .arg(format!("{GUEST_REGISTRY}={registry}"))
             .arg("--guest-forward")
             .arg(format!("{GUEST_DRIP}={drip}"))
+            .arg("--guest-forward")
+            .arg(format!("{GUEST_CUT}={cut}"))
             .arg("--console-log")
             .arg(&log)
             .arg(disk)
@@ -447,7 +455,7 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let v1 = build_variant_of("metal", "node-v1", |t| {
         node_api(
             t,
-            &format!("{GUEST_REGISTRY}, 10.0.2.101:5000, {GUEST_DRIP}"),
+            &format!("{GUEST_REGISTRY}, 10.0.2.101:5000, {GUEST_DRIP}, {GUEST_CUT}"),
         )
     });
     // v2 fixes a vulnerability: security version 1. Once it is blessed,
@@ -581,7 +589,8 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     // The node: v1 on slot A.
     let port = reg::free_port();
     let drip = reg::DrippingProxy::start(&registry.addr, Duration::from_secs(1));
-    let mut vm = Vm::start(&disk, port, &registry.addr, &drip.addr);
+    let cut = reg::CuttingProxy::start(&registry.addr, 1 << 20);
+    let mut vm = Vm::start(&disk, port, [&registry.addr, &drip.addr, &cut.addr]);
     let ready = vm.wait_for("ready version=", 1);
     assert!(ready.contains("version=0.1.0 slot=A"), "{ready}");
     let console = vm.console();
@@ -886,6 +895,28 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let s = status(&vm, &creds, "watcher");
     assert_eq!(slots(&s), before, "a refusal changed the slots");
     assert_eq!(s["boot_id"], boot1.as_str());
+
+    // A connection cut in the middle of the payload layer: refused, nothing
+    // written, the node free.
+    let err = refused(&upgrade(
+        &vm,
+        &creds,
+        "ops",
+        &format!("{GUEST_CUT}/metal/installer:0.2.0"),
+        &[],
+    ));
+    assert!(
+        err.contains("the stream failed after")
+            && err.contains("nothing was written")
+            && cut.passed.load(std::sync::atomic::Ordering::SeqCst) > 0,
+        "{err}"
+    );
+    let s = status(&vm, &creds, "watcher");
+    assert_eq!(
+        (slots(&s), s["boot_id"].clone()),
+        (before.clone(), Value::from(boot1.as_str()))
+    );
+    assert_eq!(s["operation"], Value::Null, "{s}");
 
     // A registry that drips its answers, a byte a second (never stalling
     // long enough for a read timeout): the pull ends at its deadline, with
