@@ -219,6 +219,41 @@ fn tail(text: &str) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
+/// A credentials directory `dir` for client `late`: an operator's
+/// certificate issued by the cluster CA of `creds`, valid only in 2020.
+fn expired_client(creds: &Path, dir: &Path) -> PathBuf {
+    use rcgen::{
+        CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair,
+        KeyUsagePurpose,
+    };
+    use std::os::unix::fs::PermissionsExt;
+    let ca = std::fs::read_to_string(creds.join("ca.crt")).unwrap();
+    let ca_key =
+        KeyPair::from_pem(&std::fs::read_to_string(creds.join("ca.key")).unwrap()).unwrap();
+    let issuer = Issuer::from_ca_cert_pem(&ca, ca_key).unwrap();
+    let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut p = CertificateParams::default();
+    p.distinguished_name = DistinguishedName::new();
+    p.distinguished_name.push(DnType::CommonName, "late");
+    p.distinguished_name.push(
+        DnType::OrganizationName,
+        nodeapi::Role::Operator.organization(),
+    );
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    p.use_authority_key_identifier_extension = true;
+    p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    p.not_after = rcgen::date_time_ymd(2020, 12, 31);
+    let cert = p.signed_by(&key, &issuer).unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("ca.crt"), &ca).unwrap();
+    std::fs::write(dir.join("late.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.join("late.key"), key.serialize_pem()).unwrap();
+    std::fs::set_permissions(dir.join("late.key"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    dir.to_path_buf()
+}
+
 /// `imager node ARGS --node … --credentials DIR --client NAME`.
 fn node_command(vm: &Vm, dir: &Path, client: &str, args: &[&str]) -> std::process::Command {
     let mut c = imager();
@@ -731,6 +766,15 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     assert!(err.contains("refused this client's certificate"), "{err}");
     let err = refused(&node_cmd(&vm, &other, "mallory", &["status"]));
     assert!(err.contains("not issued by the cluster CA"), "{err}");
+    // An operator's certificate of the cluster CA that expired: the node
+    // refuses it, and the client says it expired (it used to say another
+    // CA issued it).
+    let late = expired_client(&creds, &dir.join("late"));
+    let err = refused(&node_cmd(&vm, &late, "late", &["status"]));
+    assert!(
+        err.contains("refused this client's certificate: it has expired"),
+        "{err}"
+    );
     // Slot B was never written: nothing to roll back to.
     let err = refused(&node_cmd(&vm, &creds, "ops", &["rollback"]));
     assert!(
