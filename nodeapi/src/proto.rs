@@ -54,6 +54,46 @@ pub const MAX_PULLS: usize = 3;
 /// for, the security floor): `imager node upgrade` without `--wait`
 /// returns there, and the node goes on without it.
 pub const ACCEPTED: &str = "accepted";
+
+/// How an operation ended, as `status` reports it in `last_outcome`:
+/// `NAME: done: …`, `NAME: done (rebooting): …` when a reboot is still to
+/// come, or `NAME: CODE: …` when it was refused or failed. `None` for a
+/// progress event (not an end). [`Outcome::of`] reads it back.
+pub fn outcome(name: &str, last: &Event) -> Option<String> {
+    Some(match last {
+        Event::Done {
+            message,
+            reboot: true,
+            ..
+        } => format!("{name}: {DONE_REBOOTING}: {message}"),
+        Event::Done { message, .. } => format!("{name}: {DONE}: {message}"),
+        Event::Failed { code, message, .. } => format!("{name}: {}: {message}", code.name()),
+        Event::Progress { .. } => return None,
+    })
+}
+
+const DONE: &str = "done";
+const DONE_REBOOTING: &str = "done (rebooting)";
+
+/// What an [`outcome`] says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// Done, and the node reboots to finish it.
+    Rebooting,
+    /// Refused or failed.
+    NotDone,
+}
+
+impl Outcome {
+    pub fn of(outcome: &str) -> Outcome {
+        match outcome.split(": ").nth(1) {
+            Some(DONE) => Outcome::Done,
+            Some(DONE_REBOOTING) => Outcome::Rebooting,
+            _ => Outcome::NotDone,
+        }
+    }
+}
 /// How often, at most, a pull reports its progress (bytes done and total)
 /// to the client and in status.
 pub const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
@@ -564,6 +604,26 @@ mod tests {
             assert!(e.contains("unknown variant"), "{e}");
             assert!(e.len() < 400 && !e.chars().any(char::is_control), "{e}");
         }
+    }
+
+    #[test]
+    fn outcomes_read_back() {
+        let s = Box::new(status());
+        let done = |reboot| Event::Done {
+            message: "ok: fine".into(),
+            status: s.clone(),
+            reboot,
+        };
+        let failed = Event::Failed {
+            code: ErrorCode::Refused,
+            message: "done: not really".into(),
+            written: false,
+        };
+        let read = |e: &Event| Outcome::of(&outcome("upgrade", e).unwrap());
+        assert_eq!(read(&done(false)), Outcome::Done);
+        assert_eq!(read(&done(true)), Outcome::Rebooting);
+        assert_eq!(read(&failed), Outcome::NotDone);
+        assert_eq!(outcome("upgrade", &Event::progress("pull", "x")), None);
     }
 
     #[test]

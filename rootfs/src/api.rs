@@ -436,21 +436,9 @@ impl Server {
 
     /// Records how operation `name` ended, for status.
     fn ended(&self, name: &str, event: &Event) {
-        let outcome = match event {
-            // `imager node wait` reads "done (rebooting)" as a reboot to
-            // wait for (imager::node::client::REBOOTING).
-            Event::Done {
-                message,
-                reboot: true,
-                ..
-            } => format!("{name}: done (rebooting): {message}"),
-            Event::Done { message, .. } => format!("{name}: done: {message}"),
-            Event::Failed { code, message, .. } => {
-                format!("{name}: {}: {message}", code.name())
-            }
-            Event::Progress { .. } => return,
-        };
-        if let Ok(mut o) = self.last_outcome.lock() {
+        if let Some(outcome) = proto::outcome(name, event)
+            && let Ok(mut o) = self.last_outcome.lock()
+        {
             *o = Some(outcome);
         }
     }
@@ -722,9 +710,6 @@ fn wait_for_pull(
                 bail!("the pull ended without a result")
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-        }
-        if cancel.load(Ordering::SeqCst) {
-            bail!("cancelled by an operator while pulling");
         }
         // The pull's own bounds end it; this one also covers a registry
         // that never answers the first request (stall + a margin).

@@ -4,7 +4,7 @@
 
 use super::credentials::{CA_CERT, read_small};
 use anyhow::{Context, Result, anyhow, bail};
-use nodeapi::proto::{self, Event, Request, Status};
+use nodeapi::proto::{self, Event, Outcome, Request, Status};
 use rustls::pki_types::ServerName;
 use std::io::BufReader;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -202,16 +202,10 @@ impl Client {
 
     /// A TLS or connection error, said in terms of what to do about it.
     fn explain(&self, e: anyhow::Error, io: Duration) -> anyhow::Error {
-        let timed_out = e
-            .chain()
-            .filter_map(|c| c.downcast_ref::<std::io::Error>())
-            .any(|io| {
-                matches!(
-                    io.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                )
-            });
-        if timed_out {
+        use std::io::ErrorKind as K;
+        let io_error = e.chain().find_map(|c| c.downcast_ref::<std::io::Error>());
+        let kind = io_error.map(std::io::Error::kind);
+        if matches!(kind, Some(K::WouldBlock | K::TimedOut)) {
             return anyhow!(
                 "the node at {} sent nothing for {} s: it may be down, cut off, or stuck \
                  (its console says which); `imager node status` tells whether it answers",
@@ -219,18 +213,10 @@ impl Client {
                 io.as_secs()
             );
         }
-        let cut = e
-            .chain()
-            .filter_map(|c| c.downcast_ref::<std::io::Error>())
-            .any(|io| {
-                matches!(
-                    io.kind(),
-                    std::io::ErrorKind::UnexpectedEof
-                        | std::io::ErrorKind::ConnectionReset
-                        | std::io::ErrorKind::BrokenPipe
-                )
-            });
-        if cut {
+        if matches!(
+            kind,
+            Some(K::UnexpectedEof | K::ConnectionReset | K::BrokenPipe)
+        ) {
             return anyhow!(
                 "the node at {} closed the connection before answering: it closes the oldest \
                  of more than {} connections still in their handshake, so it may be flooded \
@@ -240,10 +226,9 @@ impl Client {
             );
         }
         let text = format!("{e:#}");
-        let rustls_error = e
-            .chain()
-            .filter_map(|c| c.downcast_ref::<std::io::Error>())
-            .find_map(|io| io.get_ref()?.downcast_ref::<rustls::Error>());
+        let rustls_error = io_error
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>());
         let Some(why) = rustls_error.and_then(tls_failure) else {
             return e.context(format!("talking to the node at {}", self.shown));
         };
@@ -316,9 +301,7 @@ impl Client {
             timeout.as_secs()
         )
     }
-}
 
-impl Client {
     /// Follows the node until its operation has ended: it answers, nothing
     /// is in progress, and no reboot it announced is still to come (a
     /// last outcome of this boot that says `rebooting`); through the
@@ -338,10 +321,10 @@ impl Client {
             let now = match self.status_within(Duration::from_secs(5), Duration::from_secs(10)) {
                 Ok(s) => match (&s.operation, &s.last_outcome) {
                     (Some(op), _) => format!("in progress: {op}"),
-                    (None, Some(o)) if o.contains(REBOOTING) => {
+                    (None, Some(o)) if Outcome::of(o) == Outcome::Rebooting => {
                         format!("the node is to reboot ({o})")
                     }
-                    (None, Some(o)) if !o.contains(": done") => {
+                    (None, Some(o)) if Outcome::of(o) == Outcome::NotDone => {
                         bail!("the node's last operation did not succeed: {o}")
                     }
                     _ => {
@@ -387,10 +370,6 @@ impl Client {
         )
     }
 }
-
-/// What a status's `last_outcome` says of an operation that ended with a
-/// reboot still to come (`rootfs`'s api: `NAME: done (rebooting): …`).
-pub const REBOOTING: &str = "done (rebooting)";
 
 /// What a TLS failure means: which side refused which certificate, and
 /// why.

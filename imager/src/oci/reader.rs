@@ -854,16 +854,15 @@ fn find_cap(e: &io::Error) -> Option<String> {
 /// bytes); its own messages (a file not as signed, an entry not allowed) and
 /// `payload::targuard`'s refusals stay as they are.
 fn layer_error(e: anyhow::Error, what: &str) -> anyhow::Error {
-    let io = e.chain().find_map(|c| c.downcast_ref::<io::Error>());
-    match io {
-        Some(io) if find_cap(io).is_some() => anyhow!("{}", find_cap(io).unwrap_or_default()),
-        Some(io)
-            if matches!(
-                io.kind(),
-                io::ErrorKind::Other | io::ErrorKind::UnexpectedEof
-            ) =>
-        {
-            tar_error(io::Error::new(io.kind(), "tar"), what)
+    let Some(io) = e.chain().find_map(|c| c.downcast_ref::<io::Error>()) else {
+        return e;
+    };
+    if let Some(cap) = find_cap(io) {
+        return anyhow!("{cap}");
+    }
+    match io.kind() {
+        io::ErrorKind::Other | io::ErrorKind::UnexpectedEof => {
+            tar_error(io::Error::from(io.kind()), what)
         }
         _ => e,
     }
