@@ -380,116 +380,27 @@ pub struct UpgradeReport {
     pub disk_writes: u64,
 }
 
-/// Whether an upgrade enters Secure Boot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SecureBootMove {
-    /// It does not (the disk has it and keeps it, has it and leaves it, or
-    /// has none and gets none): [`ops::upgrade`].
-    None,
-    /// It does: [`ops::upgrade_into_secure_boot`], with the payload's
-    /// signed boot loader.
-    Enter,
-}
-
-/// Before an upgrade writes: a disk that boots with Secure Boot (META's
-/// `secure-boot` record: the db certificate its firmware trusts) takes only
-/// a payload signed for that certificate whose UKIs it verifies (firmware
-/// would refuse the others after the switch), or, when asked for
-/// (`change`), a payload without Secure Boot (the record then goes once
-/// that version is blessed: `bootstate::ops`). A disk without Secure Boot
-/// takes a Secure Boot payload only when asked for, and only one whose
-/// boot loader and UKIs verify with its own db certificate: the upgrade
-/// then replaces the ESP's boot loader too.
+/// The decision `payload::secureboot` makes for this disk and payload
+/// (the node's pulls make the same), before anything is written.
 fn check_secure_boot(
     disk_db: Option<&str>,
     p: &VerifiedPayload,
     change: bool,
-) -> Result<SecureBootMove> {
-    let payload = &p.payload;
-    match (disk_db, &payload.secure_boot) {
-        (None, None) => Ok(SecureBootMove::None),
-        (Some(_), None) if change => Ok(SecureBootMove::None),
-        (Some(_), None) => bail!(
-            "this disk boots with Secure Boot and the payload is not signed for it (no UKIs \
-             signed with a db key): firmware would refuse it after the switch; nothing was \
-             written. Upgrade with a secure-boot build, or pass --change-secure-boot to leave \
-             Secure Boot (turn it off in the firmware first)"
-        ),
-        (None, Some(db)) if change => {
-            let cert = crate::secureboot::keys::parse_cert(db.as_bytes())
-                .context("the payload's db certificate")?;
-            verify_boot_chain(p, &cert, &[Slot::A, Slot::B])?;
-            Ok(SecureBootMove::Enter)
-        }
-        (None, Some(_)) => bail!(
-            "this disk does not boot with Secure Boot and the payload is a Secure Boot build; \
-             nothing was written. Pass --change-secure-boot to move the disk into Secure Boot \
-             (the upgrade replaces the ESP's boot loader with the signed one and the disk \
-             boots under UEFI only from then on; enrol the keys and turn Secure Boot on once \
-             the new version is blessed: docs/secureboot.md), or install it from the \
-             secure-boot installer (`imager install`)"
-        ),
-        (Some(db), Some(payload_db)) => {
-            let cert = crate::secureboot::keys::parse_cert(db.as_bytes())
-                .context("META's secure-boot record is not a certificate: reinstall the disk")?;
-            let theirs = crate::secureboot::keys::parse_cert(payload_db.as_bytes())
-                .context("the payload's db certificate")?;
-            ensure!(
-                theirs == cert,
-                "the payload is signed for another db certificate than the one this disk \
-                 trusts (an upgrade does not change the db key): nothing was written. Build it \
-                 with the key directory this disk was built with (secure_boot.keys), or \
-                 reinstall the disk"
-            );
-            let ukis = payload
-                .ukis
-                .as_ref()
-                .context("the payload has a db certificate but no UKIs: rebuild the installer")?;
-            for (slot, f) in [(Slot::A, &ukis.a), (Slot::B, &ukis.b)] {
-                crate::secureboot::verify_file(&f.path, &cert).with_context(|| {
-                    format!(
-                        "the payload's UKI of slot {slot} is not signed by the db key this disk \
-                         trusts (firmware would refuse it after the switch); nothing was \
-                         written. Build it with the key directory this disk was built with \
-                         (secure_boot.keys)"
-                    )
-                })?;
-            }
-            Ok(SecureBootMove::None)
-        }
-    }
-}
-
-/// The payload's systemd-boot and its UKIs of `slots` verify with `cert`,
-/// the payload's own db certificate (firmware with it enrolled would refuse
-/// them otherwise); before anything is written.
-fn verify_boot_chain(
-    p: &VerifiedPayload,
-    cert: &x509_cert::Certificate,
-    slots: &[Slot],
-) -> Result<()> {
-    let ukis = p
-        .payload
-        .ukis
-        .as_ref()
-        .context("the Secure Boot payload has no UKIs: rebuild the installer")?;
-    let loader = payload_loader(p)?;
-    let mut files = vec![("boot loader".to_string(), loader.path)];
-    for &slot in slots {
-        files.push((
-            format!("UKI of slot {slot}"),
-            ukis.for_slot(slot).path.clone(),
-        ));
-    }
-    for (what, path) in files {
-        crate::secureboot::verify_file(&path, cert).with_context(|| {
-            format!(
-                "the payload's {what} is not signed for its own db certificate: rebuild the \
-                 installer; nothing was written"
-            )
-        })?;
-    }
-    Ok(())
+) -> Result<payload::secureboot::Move> {
+    let loader = match p.payload.secure_boot {
+        Some(_) => Some(payload_loader(p)?.path),
+        None => None,
+    };
+    let signed = payload::secureboot::Signed {
+        db: p.payload.secure_boot.as_deref(),
+        loader: loader.as_deref(),
+        ukis: p
+            .payload
+            .ukis
+            .as_ref()
+            .map(|u| [u.a.path.as_path(), u.b.path.as_path()]),
+    };
+    payload::secureboot::check(disk_db, signed, change)
 }
 
 /// The payload's boot loader (its signed systemd-boot), as its manifest
@@ -534,9 +445,12 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Devi
     payload::verify::check_for_disk(&meta, &p.manifest, asked).context("the installer")?;
     let epoch = p.manifest.source_date_epoch;
     let mut boot = BootFs::new(boot_dev, epoch);
+    use payload::secureboot::Move;
     let up = match check_secure_boot(meta.get(Tag::SecureBoot), &p, change_secure_boot)? {
-        SecureBootMove::None => ops::upgrade(&mut boot, meta_dev, &p.payload, tries)?,
-        SecureBootMove::Enter => {
+        Move::None | Move::Keep | Move::Leave => {
+            ops::upgrade(&mut boot, meta_dev, &p.payload, tries)?
+        }
+        Move::Enter => {
             let mut esp = BootFs::new(esp_dev, epoch);
             let loader = payload_loader(&p)?;
             ops::upgrade_into_secure_boot(&mut esp, &loader, &mut boot, meta_dev, &p.payload, tries)
@@ -807,8 +721,17 @@ fn install_layout_error(
 fn secure_esp(p: &VerifiedPayload, db: &str) -> Result<Vec<disk::FatFile>> {
     let cert = crate::secureboot::keys::parse_cert(db.as_bytes())
         .context("the payload's db certificate")?;
-    verify_boot_chain(p, &cert, &[Slot::A])?;
     let loader = payload_loader(p)?.path;
+    let ukis = p
+        .payload
+        .ukis
+        .as_ref()
+        .context("the Secure Boot payload has no UKIs: rebuild the installer")?;
+    payload::secureboot::verify_all(
+        &cert,
+        vec![("boot loader", &loader), ("UKI of slot A", &ukis.a.path)],
+    )
+    .context("the payload is not signed for its own db certificate: rebuild the installer; nothing was written")?;
     let mut names: Vec<&str> = p.enrolment.iter().map(|(n, _)| n.as_str()).collect();
     names.sort_unstable();
     ensure!(

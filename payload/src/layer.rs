@@ -101,12 +101,26 @@ fn entry_path<R: Read>(e: &tar::Entry<R>) -> Result<String> {
     Ok(t.to_string())
 }
 
+/// The most bytes of the db certificate a Secure Boot payload carries.
+pub const MAX_DB_CERT: u64 = 64 * 1024;
+
 /// The files a slot needs, by name in the payload directory: the kernel,
-/// the initramfs and the slots' UKIs.
+/// the initramfs, the slots' UKIs and the db certificate they are signed
+/// for (at most [`MAX_DB_CERT`] bytes, read whole).
 pub fn slot_files(m: &Manifest) -> Result<Vec<(String, Artifact)>> {
     let mut out = Vec::new();
     for a in &m.artifacts {
-        if matches!(a.kind, Kind::Kernel | Kind::Initramfs | Kind::Uki) {
+        if a.kind == Kind::SecureBootDb {
+            ensure!(
+                a.size <= MAX_DB_CERT,
+                "the payload's db certificate is {} bytes: a certificate is a few KiB",
+                a.size
+            );
+        }
+        if matches!(
+            a.kind,
+            Kind::Kernel | Kind::Initramfs | Kind::Uki | Kind::SecureBootDb
+        ) {
             check_path(&a.path).map_err(|e| anyhow::anyhow!("{}: {e}", a.path))?;
             ensure!(
                 !a.path.contains('/'),

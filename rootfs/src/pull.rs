@@ -85,12 +85,6 @@ pub fn pull(
         !keys.is_empty(),
         "META names no trusted key: this disk cannot be upgraded (reinstall it)"
     );
-    if meta.get(Tag::SecureBoot).is_some() {
-        bail!(
-            "this disk boots with Secure Boot: upgrades over the API do not verify UKIs against \
-             its db certificate yet; upgrade with `imager upgrade`; nothing was written"
-        );
-    }
     let client = registry::Client::new(registry::Options {
         plain_http: pull.plain_http.clone(),
         own_addresses: crate::net::own_addresses(),
@@ -144,14 +138,12 @@ pub fn pull(
     };
     payload::verify::check_for_disk(meta, &manifest, asked)
         .with_context(|| reference.to_string())?;
-    ensure!(
-        !manifest
-            .artifacts
-            .iter()
-            .any(|a| a.kind == Kind::SecureBootDb),
-        "{reference} is a Secure Boot build: entering Secure Boot over the API is not built; \
-         use `imager upgrade --change-secure-boot`; nothing was written"
-    );
+    // A disk with Secure Boot and a payload without, or the reverse: known
+    // before a byte of the payload is pulled (moving in or out is `imager
+    // upgrade --change-secure-boot`'s, never the API's).
+    let disk_db = meta.get(Tag::SecureBoot);
+    payload::secureboot::check_manifest(disk_db, &manifest, false)
+        .with_context(|| reference.to_string())?;
     // The step a client that does not wait returns at
     // (`nodeapi::proto::ACCEPTED`).
     say(
@@ -239,6 +231,16 @@ pub fn pull(
     };
     let kernel = take(Kind::Kernel)?;
     let initramfs = take(Kind::Initramfs)?;
+    // Secure Boot: the UKIs must verify with the db certificate META
+    // records (the one the firmware trusts), as `imager upgrade` checks.
+    let db = if wanted.iter().any(|(_, a)| a.kind == Kind::SecureBootDb) {
+        let f = take(Kind::SecureBootDb)?;
+        let pem =
+            std::fs::read(&f.path).with_context(|| format!("reading {}", f.path.display()))?;
+        Some(String::from_utf8(pem).context("the payload's db certificate is not PEM text")?)
+    } else {
+        None
+    };
     let ukis = match (
         staged.remove(paths::output::uki(Slot::A)),
         staged.remove(paths::output::uki(Slot::B)),
@@ -247,6 +249,21 @@ pub fn pull(
         (None, None) => None,
         _ => bail!("the payload has the UKI of one slot but not the other: rebuild the installer"),
     };
+    let signed = payload::secureboot::Signed {
+        db: db.as_deref(),
+        loader: None,
+        ukis: ukis
+            .as_ref()
+            .map(|u| [u.a.path.as_path(), u.b.path.as_path()]),
+    };
+    let decided = payload::secureboot::check(disk_db, signed, false)
+        .with_context(|| reference.to_string())?;
+    if decided == payload::secureboot::Move::Keep {
+        say(
+            "verify",
+            "both UKIs are signed by the db key this disk's firmware trusts".to_string(),
+        );
+    }
     Ok(Staged {
         payload: Payload {
             version: manifest.version.clone(),
@@ -256,7 +273,7 @@ pub fn pull(
             kernel,
             initramfs,
             ukis,
-            secure_boot: None,
+            secure_boot: db,
         },
         key_id: key,
         digest: image.digest.to_string(),

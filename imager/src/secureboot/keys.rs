@@ -10,12 +10,12 @@
 
 use anyhow::{Context, Result, bail, ensure};
 use der::pem::LineEnding;
-use der::{Decode, DecodePem, Encode, EncodePem};
+use der::{Decode, Encode, EncodePem};
 use rsa::pkcs1::DecodeRsaPrivateKey;
 use rsa::pkcs1v15::{Signature, SigningKey, VerifyingKey};
 use rsa::pkcs8::{DecodePrivateKey, EncodePrivateKey, EncodePublicKey};
 use rsa::signature::{Keypair, RandomizedSigner};
-use rsa::{RsaPrivateKey, RsaPublicKey, traits::PublicKeyParts};
+use rsa::{RsaPrivateKey, traits::PublicKeyParts};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -269,36 +269,7 @@ pub fn load_cert(path: &Path) -> Result<Certificate> {
     parse_cert(&bytes).with_context(|| format!("{}", path.display()))
 }
 
-/// Parses an X.509 certificate from PEM or DER bytes.
-pub fn parse_cert(bytes: &[u8]) -> Result<Certificate> {
-    if crate::secret::looks_like_private_key(bytes) {
-        bail!("this is a private key, not a certificate: give the .crt file");
-    }
-    let cert = if bytes.starts_with(b"-----BEGIN") || bytes.trim_ascii_start().starts_with(b"-") {
-        let text =
-            std::str::from_utf8(bytes).context("not a certificate (PEM that is not text)")?;
-        Certificate::from_pem(text.trim())
-            .map_err(|e| anyhow::anyhow!("not an X.509 certificate in PEM: {e}"))?
-    } else {
-        Certificate::from_der(bytes)
-            .map_err(|e| anyhow::anyhow!("not an X.509 certificate (PEM or DER): {e}"))?
-    };
-    Ok(cert)
-}
-
-/// The RSA public key of a certificate (RSA is all Secure Boot firmware
-/// takes).
-pub fn cert_public_key(cert: &Certificate) -> Result<RsaPublicKey> {
-    use rsa::pkcs8::DecodePublicKey;
-    let spki = cert
-        .tbs_certificate
-        .subject_public_key_info
-        .to_der()
-        .context("encoding a certificate's public key")?;
-    RsaPublicKey::from_public_key_der(&spki).map_err(|e| {
-        anyhow::anyhow!("the certificate's key is not RSA ({e}): Secure Boot needs RSA keys")
-    })
-}
+pub use ::authenticode::{cert_public_key, parse_cert};
 
 fn load_private(path: &Path) -> Result<RsaPrivateKey> {
     let bytes = der::zeroize::Zeroizing::new(read_small(path, "private key")?);

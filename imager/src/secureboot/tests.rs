@@ -153,6 +153,40 @@ fn verify_refuses_a_changed_image_another_key_and_an_unsigned_image() {
     assert!(verify(&bad_sig, &keys().db.cert).is_err());
 }
 
+/// The node checks UKIs of tens of MiB within a memory budget: the file
+/// is streamed (headers, signature, then the sections a buffer at a time)
+/// and the result is the in-memory check's, refusals included.
+#[test]
+fn verify_file_streams_to_the_same_verdicts_as_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let pe = std::fs::read(SD_BOOT).unwrap();
+    let signed = sign_bytes(&pe, &keys().db).unwrap();
+    let path = dir.path().join("signed.efi");
+    std::fs::write(&path, &signed).unwrap();
+    assert_eq!(
+        verify_file(&path, &keys().db.cert).unwrap(),
+        verify(&signed, &keys().db.cert).unwrap()
+    );
+    let e = err(verify_file(&path, &keys().kek.cert));
+    assert!(e.contains("another key") && e.contains("signed.efi"), "{e}");
+    // A byte changed in the last section and one after the sections.
+    let l = layout(&signed).unwrap();
+    let (ptr, size) = *l.sections.last().unwrap();
+    for at in [ptr + size - 1, l.size_of_headers + 1] {
+        let mut changed = signed.clone();
+        changed[at] ^= 1;
+        std::fs::write(&path, &changed).unwrap();
+        let e = err(verify_file(&path, &keys().db.cert));
+        assert!(e.contains("changed after signing"), "byte {at}: {e}");
+    }
+    // Cut short: the certificate table no longer ends the file.
+    std::fs::write(&path, &signed[..signed.len() - 8]).unwrap();
+    assert!(verify_file(&path, &keys().db.cert).is_err());
+    std::fs::write(&path, &pe).unwrap();
+    let e = err(verify_file(&path, &keys().db.cert));
+    assert!(e.contains("not signed"), "{e}");
+}
+
 #[test]
 fn signing_refuses_a_signed_image_and_what_is_not_a_pe() {
     let pe = std::fs::read(SD_BOOT).unwrap();
@@ -264,4 +298,78 @@ fn write_enrolment_writes_the_three_files_and_nothing_else() {
     std::fs::create_dir_all(other.join("PK.auth")).unwrap();
     assert!(write_enrolment(keys(), 1_700_000_000, &other).is_err());
     assert_eq!(std::fs::read_dir(&other).unwrap().count(), 1);
+}
+
+/// `payload::secureboot::check`, the one decision `imager upgrade` and the
+/// node's pulls make before writing: each case of the disk's record and
+/// the payload's signatures, with real signed PE files.
+#[test]
+fn the_secure_boot_decision_for_each_disk_and_payload() {
+    use payload::secureboot::{Move, Signed, check};
+    let dir = tempfile::tempdir().unwrap();
+    let pe = std::fs::read(SD_BOOT).unwrap();
+    let write = |name: &str, key: &SbKey| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, sign_bytes(&pe, key).unwrap()).unwrap();
+        p
+    };
+    let by_db = write("db.efi", &keys().db);
+    let by_kek = write("kek.efi", &keys().kek);
+    let db = std::fs::read_to_string(key_dir().join("db.crt")).unwrap();
+    let kek = std::fs::read_to_string(key_dir().join("KEK.crt")).unwrap();
+    let sb = |cert: &str, loader: &Path, b: &Path| -> Result<Move, String> {
+        check(
+            Some(&db),
+            Signed {
+                db: Some(cert),
+                loader: Some(loader),
+                ukis: Some([&by_db, b]),
+            },
+            false,
+        )
+        .map_err(|e| format!("{e:#}"))
+    };
+    let plain = Signed::default();
+    assert_eq!(check(None, plain, false).unwrap(), Move::None);
+    // A Secure Boot disk: the same db certificate, both UKIs signed by it.
+    assert_eq!(sb(&db, &by_db, &by_db).unwrap(), Move::Keep);
+    // Slot B's UKI signed by another key.
+    let e = sb(&db, &by_db, &by_kek).unwrap_err();
+    assert!(
+        e.contains("UKI of slot B") && e.contains("not signed by the db key this disk trusts"),
+        "{e}"
+    );
+    // A payload made for another db certificate.
+    let e = sb(&kek, &by_db, &by_db).unwrap_err();
+    assert!(e.contains("another db certificate"), "{e}");
+    // A payload without Secure Boot: only when asked for, then it leaves.
+    let e = format!("{:#}", check(Some(&db), plain, false).unwrap_err());
+    assert!(e.contains("not signed for it"), "{e}");
+    assert_eq!(check(Some(&db), plain, true).unwrap(), Move::Leave);
+    // A disk without it: a Secure Boot payload only when asked for, and
+    // only if its boot loader and both UKIs verify with its own db.
+    fn payload<'a>(db: &'a str, loader: &'a Path, uki: &'a Path) -> Signed<'a> {
+        Signed {
+            db: Some(db),
+            loader: Some(loader),
+            ukis: Some([uki, uki]),
+        }
+    }
+    let e = format!(
+        "{:#}",
+        check(None, payload(&db, &by_db, &by_db), false).unwrap_err()
+    );
+    assert!(e.contains("--change-secure-boot"), "{e}");
+    assert_eq!(
+        check(None, payload(&db, &by_db, &by_db), true).unwrap(),
+        Move::Enter
+    );
+    let e = format!(
+        "{:#}",
+        check(None, payload(&db, &by_kek, &by_db), true).unwrap_err()
+    );
+    assert!(
+        e.contains("boot loader") && e.contains("not signed for its own db certificate"),
+        "{e}"
+    );
 }

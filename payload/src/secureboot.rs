@@ -1,0 +1,146 @@
+//! Whether a disk takes a payload, as far as Secure Boot is concerned: one
+//! decision for `imager upgrade` and for the node's pulls, made before
+//! anything is written.
+//!
+//! A disk that boots with Secure Boot has META's `secure-boot` record: the
+//! db certificate its firmware trusts. It takes
+//!
+//! - a payload signed for that certificate whose UKIs verify with it (the
+//!   firmware would refuse the others after the switch): [`Move::Keep`];
+//! - when asked for (`change`), a payload without Secure Boot, which then
+//!   leaves Secure Boot once it is blessed (`bootstate::ops`):
+//!   [`Move::Leave`].
+//!
+//! A disk without it takes a payload without it ([`Move::None`]), and a
+//! Secure Boot payload only when asked for and only one whose boot loader
+//! and UKIs verify with the payload's own db certificate: the upgrade then
+//! replaces the ESP's boot loader ([`Move::Enter`]). Signatures are checked
+//! by the `authenticode` crate, files streamed.
+
+use anyhow::{Context, Result, bail, ensure};
+use std::path::Path;
+
+/// What an upgrade does to Secure Boot; see the module doc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Move {
+    /// Neither the disk nor the payload has it.
+    None,
+    /// The disk has it and keeps it.
+    Keep,
+    /// The disk has it and leaves it once the payload is blessed.
+    Leave,
+    /// The disk enters it: the ESP gets the payload's boot loader.
+    Enter,
+}
+
+/// A payload's Secure Boot parts, staged: its db certificate (PEM), its
+/// signed boot loader and its UKIs by slot (A, B); each `None` when the
+/// payload has none.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Signed<'a> {
+    pub db: Option<&'a str>,
+    pub loader: Option<&'a Path>,
+    pub ukis: Option<[&'a Path; 2]>,
+}
+
+/// The part of [`check`] a payload's signed manifest settles alone (the
+/// disk has Secure Boot and the payload not, or the reverse, without
+/// `change`): the node refuses such a payload before pulling it.
+pub fn check_manifest(
+    disk_db: Option<&str>,
+    m: &crate::manifest::Manifest,
+    change: bool,
+) -> Result<()> {
+    let payload_db = m
+        .artifacts
+        .iter()
+        .any(|a| a.kind == crate::artifact::Kind::SecureBootDb);
+    match (disk_db.is_some(), payload_db, change) {
+        (true, false, false) => bail!(NOT_SIGNED_FOR_DISK),
+        (false, true, false) => bail!(NOT_A_SECURE_BOOT_DISK),
+        _ => Ok(()),
+    }
+}
+
+const NOT_SIGNED_FOR_DISK: &str = "this disk boots with Secure Boot and the payload is not \
+    signed for it (no UKIs signed with a db key): firmware would refuse it after the switch; \
+    nothing was written. Upgrade with a secure-boot build, or leave Secure Boot with `imager \
+    upgrade --change-secure-boot` (turn it off in the firmware first)";
+
+const NOT_A_SECURE_BOOT_DISK: &str = "this disk does not boot with Secure Boot and the payload \
+    is a Secure Boot build; nothing was written. `imager upgrade --change-secure-boot` moves \
+    the disk into Secure Boot (the upgrade replaces the ESP's boot loader with the signed one \
+    and the disk boots under UEFI only from then on; enrol the keys and turn Secure Boot on \
+    once the new version is blessed: docs/secureboot.md), or install it from the secure-boot \
+    installer (`imager install`)";
+
+/// The decision for a disk whose META's `secure-boot` record is `disk_db`;
+/// `change` asks for a move into or out of Secure Boot (`imager upgrade
+/// --change-secure-boot`; the node's API never asks).
+pub fn check(disk_db: Option<&str>, payload: Signed, change: bool) -> Result<Move> {
+    match (disk_db, payload.db) {
+        (None, None) => Ok(Move::None),
+        (Some(_), None) if change => Ok(Move::Leave),
+        (Some(_), None) => bail!(NOT_SIGNED_FOR_DISK),
+        (None, Some(db)) if change => {
+            let cert =
+                authenticode::parse_cert(db.as_bytes()).context("the payload's db certificate")?;
+            let loader = payload
+                .loader
+                .context("the Secure Boot payload carries no boot loader: rebuild the installer")?;
+            verify_all(&cert, boot_chain(loader, payload.ukis)?).map_err(|e| {
+                e.context(
+                    "the payload is not signed for its own db certificate: rebuild the \
+                     installer; nothing was written",
+                )
+            })?;
+            Ok(Move::Enter)
+        }
+        (None, Some(_)) => bail!(NOT_A_SECURE_BOOT_DISK),
+        (Some(db), Some(payload_db)) => {
+            let cert = authenticode::parse_cert(db.as_bytes())
+                .context("META's secure-boot record is not a certificate: reinstall the disk")?;
+            let theirs = authenticode::parse_cert(payload_db.as_bytes())
+                .context("the payload's db certificate")?;
+            ensure!(
+                theirs == cert,
+                "the payload is signed for another db certificate than the one this disk \
+                 trusts (an upgrade does not change the db key): nothing was written. Build it \
+                 with the key directory this disk was built with (secure_boot.keys), or \
+                 reinstall the disk"
+            );
+            let [a, b] = payload
+                .ukis
+                .context("the payload has a db certificate but no UKIs: rebuild the installer")?;
+            verify_all(&cert, vec![("UKI of slot A", a), ("UKI of slot B", b)]).map_err(|e| {
+                e.context(
+                    "the payload is not signed by the db key this disk trusts (firmware would \
+                     refuse it after the switch); nothing was written. Build it with the key \
+                     directory this disk was built with (secure_boot.keys)",
+                )
+            })?;
+            Ok(Move::Keep)
+        }
+    }
+}
+
+/// The boot loader and both UKIs, named.
+fn boot_chain<'a>(
+    loader: &'a Path,
+    ukis: Option<[&'a Path; 2]>,
+) -> Result<Vec<(&'static str, &'a Path)>> {
+    let [a, b] = ukis.context("the Secure Boot payload has no UKIs: rebuild the installer")?;
+    Ok(vec![
+        ("boot loader", loader),
+        ("UKI of slot A", a),
+        ("UKI of slot B", b),
+    ])
+}
+
+/// Each file verifies with `cert`; the first that does not is named.
+pub fn verify_all(cert: &authenticode::Certificate, files: Vec<(&str, &Path)>) -> Result<()> {
+    for (what, path) in files {
+        authenticode::verify_file(path, cert).with_context(|| format!("its {what}"))?;
+    }
+    Ok(())
+}
