@@ -5,7 +5,9 @@
 //! v1 disk is provisioned with a node's credentials and booted once; the
 //! test then talks to it as clients of each role and of another CA, has it
 //! refuse bad images, upgrade itself to v2 from the registry, roll back,
-//! reboot and power off.
+//! reboot and power off. A second test does the same upgrade on a Secure
+//! Boot node under OVMF's Secure Boot firmware, and has it refuse a
+//! payload signed for another db key.
 
 // Test helpers panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
@@ -91,7 +93,12 @@ struct Vm {
 impl Vm {
     /// `registries`: the addresses on the host of [`GUEST_REGISTRY`],
     /// [`GUEST_DRIP`] and [`GUEST_CUT`].
-    fn start(disk: &Path, port: u16, [registry, drip, cut]: [&str; 3]) -> Vm {
+    fn start(disk: &Path, port: u16, registries: [&str; 3]) -> Vm {
+        Vm::start_with(disk, port, registries, &[])
+    }
+
+    /// [`Vm::start`] with more arguments to `imager boot`.
+    fn start_with(disk: &Path, port: u16, [registry, drip, cut]: [&str; 3], extra: &[&str]) -> Vm {
         let log = disk.with_extension("console.log");
         let _ = std::fs::remove_file(&log);
         let child = imager()
@@ -113,6 +120,7 @@ impl Vm {
             .arg(format!("{GUEST_CUT}={cut}"))
             .arg("--console-log")
             .arg(&log)
+            .args(extra)
             .arg(disk)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -155,6 +163,39 @@ impl Vm {
     fn node(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
+
+    /// Powers the node off (an admin's `poweroff`) and waits for its QEMU
+    /// to exit cleanly; imager boot's report.
+    fn power_off(&mut self, creds: &Path) -> String {
+        let out = node_cmd(self, creds, "root", &["poweroff"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let status = loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "the node did not power off");
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let mut report = String::new();
+        if let Some(out) = self.child.stdout.take() {
+            for l in BufReader::new(out).lines() {
+                report.push_str(&l.unwrap());
+            }
+        }
+        assert!(status.success(), "imager boot: {status}; {report}");
+        report
+    }
+}
+
+/// SHA-256 of the partitions the installer and the runtime write (BOOT,
+/// META) of `disk`.
+fn written_partitions(disk: &Path) -> [(&'static str, String); 2] {
+    ["BOOT", "META"].map(|p| (p, partition_sha256(disk, p)))
 }
 
 impl Drop for Vm {
@@ -755,6 +796,11 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         "imager boot --stay ended"
     );
 
+    // From here to the power-off below, nothing may write BOOT or META:
+    // every request is refused or cancelled. Their bytes now, for the
+    // comparison once the node is off.
+    let untouched = written_partitions(&disk);
+
     // Refusals: each leaves the slots as they were and the node up.
     let err = refused(&node_cmd(&vm, &creds, "watcher", &["reboot"]));
     assert!(err.contains("forbidden"), "{err}");
@@ -1020,27 +1066,49 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         rss < RSS_BUDGET_KIB,
         "machined's peak RSS is {rss} KiB, over its budget of {RSS_BUDGET_KIB} KiB"
     );
+    // Powered off: BOOT and META are the bytes they were before the
+    // refusals, the hostile layers, the cut and the drips; then the node
+    // again, still v1 on slot A.
+    vm.power_off(&creds);
+    assert_eq!(
+        written_partitions(&disk),
+        untouched,
+        "a refused or cancelled request wrote BOOT or META"
+    );
+    vm = Vm::start(&disk, port, [&registry.addr, &drip.addr, &cut.addr]);
+    let ready = vm.wait_for("ready version=", 1);
+    assert!(ready.contains("version=0.1.0 slot=A"), "{ready}");
 
     // The upgrade; a second one meanwhile is answered busy. Its client is
     // then killed while the node pulls: an accepted upgrade finishes, the
     // reboot included, with no one left to tell (the node used to arm it
     // and wait for the next reboot when its last answer could not be sent).
+    // It is asked for during a flood of connections that never finish
+    // their handshake: accepted within seconds all the same.
+    let flood = Flood::start(vm.port);
+    flood.wait_opened(nodeapi::proto::MAX_PENDING + 8);
+    let t = Instant::now();
     let mut first = spawn_node_cmd(
         &vm,
         &creds,
         "ops",
         &["upgrade", "--image", &image, "--wait", "--timeout", "900"],
     );
-    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let s = status(&vm, &creds, "watcher");
         // `upgrade: <its step>`
         if upgrading(&s) {
             break;
         }
-        assert!(Instant::now() < deadline, "no upgrade in progress: {s}");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no upgrade in progress {:?} after it was asked for during the flood: {s}",
+            t.elapsed()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
+    let (opened, _) = flood.stop();
+    assert!(opened > nodeapi::proto::MAX_PENDING, "{opened}");
     let err = refused(&upgrade(&vm, &creds, "ops", &image, &[]));
     assert!(err.contains("busy"), "{err}");
     assert!(
@@ -1253,27 +1321,7 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     assert_ne!(boot4, boot3);
 
     // Power-off, by the admin: QEMU exits after a clean shutdown.
-    let out = node_cmd(&vm, &creds, "root", &["poweroff"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let deadline = Instant::now() + Duration::from_secs(300);
-    let status = loop {
-        if let Some(s) = vm.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "the node did not power off");
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let mut report = String::new();
-    if let Some(out) = vm.child.stdout.take() {
-        for l in BufReader::new(out).lines() {
-            report.push_str(&l.unwrap());
-        }
-    }
-    assert!(status.success(), "imager boot: {status}; {report}");
+    vm.power_off(&creds);
     let console = vm.console();
     assert!(
         console.contains("machined: powering off"),
@@ -1285,4 +1333,110 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let r = inspect(&disk);
     assert_eq!(r["slots"]["default"], "B", "{}", r["slots"]);
     assert!(meta_value(&r, "wipe-ephemeral").is_none());
+}
+
+/// A Secure Boot node (the secureboot profile, its keys enrolled and Secure
+/// Boot on in OVMF's Secure Boot firmware) upgrades over the API like any
+/// other: the node checks the UKIs it pulled against the db certificate in
+/// META before it writes, so a payload signed for another db key is
+/// refused with the slots as they were, and one signed for its own comes
+/// up on slot B, blessed, with Secure Boot still on.
+#[test]
+fn a_secure_boot_node_upgrades_over_the_api_and_refuses_a_payload_for_another_db_key() {
+    let (creds, _) = credentials(&scratch().join("node-sb-credentials"));
+    let sb_keys = |name: &str| {
+        let d = scratch().join(name);
+        ok(imager()
+            .args(["keygen", "--force", "--secure-boot"])
+            .arg(&d));
+        d
+    };
+    let keys = sb_keys("node-sb-keys");
+    let other = sb_keys("node-sb-keys-other");
+    let variant = |name: &str, keys: &Path, v: &str| {
+        let keys = keys.display().to_string();
+        build_variant_of("secureboot", name, |t| {
+            format!(
+                "{}\nnode_api:\n  ca: {}\n  plain_http_registries: [{GUEST_REGISTRY}]\n",
+                t.replace("version: 0.1.0", &format!("version: {v}"))
+                    .replace(
+                        "  enroll: force\n",
+                        &format!("  enroll: force\n  keys: {keys}\n"),
+                    ),
+                creds.join("ca.crt").display()
+            )
+        })
+    };
+    let v1 = variant("node-sb-v1", &keys, "0.1.0");
+    let v2 = variant("node-sb-v2", &keys, "0.2.0");
+    let foreign = variant("node-sb-foreign", &other, "0.2.0");
+    let registry = reg::Registry::start();
+    for (b, tag) in [(&v2, "0.2.0"), (&foreign, "foreign")] {
+        reg::skopeo_copy(
+            &format!("oci-archive:{}", b.dir.join("installer.tar").display()),
+            &registry.addr,
+            &format!("metal/installer:{tag}"),
+        );
+    }
+    let disk = sparse_copy(&v1.artifact("raw"), "node-sb");
+    ok(&mut provision(&disk, &creds, &["--node", "node1"]));
+    let vars = enrolled_vars(&keys, &scratch().join("node-sb.vars.fd"), true);
+    let vars = vars.display().to_string();
+    let port = reg::free_port();
+    let r = registry.addr.as_str();
+    let mut vm = Vm::start_with(&disk, port, [r, r, r], &["--secure-boot", &vars]);
+    let ready = vm.wait_for("ready version=", 1);
+    assert!(ready.contains("version=0.1.0 slot=A"), "{ready}");
+    let s = status(&vm, &creds, "watcher");
+    assert_eq!(s["secure_boot"], "on", "{s}");
+    let before = slots(&s);
+    let boot1 = s["boot_id"].as_str().unwrap().to_string();
+
+    // Signed by the trusted manifest key, its UKIs by another db key:
+    // refused once they are staged, before BOOT or META is written.
+    let err = refused(&upgrade(
+        &vm,
+        &creds,
+        "ops",
+        &format!("{GUEST_REGISTRY}/metal/installer:foreign"),
+        &["--version", "0.2.0"],
+    ));
+    assert!(
+        err.contains("another db certificate than the one this disk trusts")
+            && err.contains("nothing was written"),
+        "{err}"
+    );
+    let s = status(&vm, &creds, "watcher");
+    assert_eq!(slots(&s), before, "{s}");
+    assert_eq!(s["boot_id"], boot1.as_str());
+    assert_eq!(s["operation"], Value::Null, "{s}");
+
+    // Its own: followed through the reboot under Secure Boot and the
+    // blessing.
+    let out = upgrade(
+        &vm,
+        &creds,
+        "ops",
+        &format!("{GUEST_REGISTRY}/metal/installer:0.2.0"),
+        &["--timeout", "900"],
+    );
+    let steps = String::from_utf8_lossy(&out.stderr).into_owned();
+    let said = succeeded(&vm, "upgrade --wait", out);
+    assert!(said.contains("metal 0.2.0 on slot B"), "{said}");
+    assert!(
+        steps.contains("verify: both UKIs are signed by the db key this disk's firmware trusts"),
+        "{steps}"
+    );
+    let ready = vm.wait_for("ready version=", 2);
+    assert!(ready.contains("version=0.2.0 slot=B"), "{ready}");
+    let s = status(&vm, &creds, "watcher");
+    assert_eq!(s["secure_boot"], "on", "{s}");
+    assert_eq!(
+        slots(&s),
+        [
+            ("good".to_string(), "0.1.0".to_string()),
+            ("good".to_string(), "0.2.0".to_string())
+        ],
+        "{s}"
+    );
 }

@@ -173,16 +173,7 @@ fn boot_at(disk: &Path) -> String {
 
 /// The byte offset of partition `label` in `disk` (sfdisk), for mtools.
 fn part_at(disk: &Path, label: &str) -> String {
-    let json: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(disk))).unwrap();
-    let t = &json["partitiontable"];
-    let ss = t["sectorsize"].as_u64().unwrap_or(512);
-    let p = t["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == label)
-        .unwrap();
-    format!("{}@@{}", disk.display(), p["start"].as_u64().unwrap() * ss)
+    format!("{}@@{}", disk.display(), partition_range(disk, label).0)
 }
 
 #[test]

@@ -163,8 +163,9 @@ pub fn partition_names(disk: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Copies the byte range of partition `label` out of the image.
-pub fn extract_partition(img: &Path, label: &str, dest: &Path) {
+/// The byte offset and length of partition `label` of the image, as
+/// sfdisk reads its table.
+pub fn partition_range(img: &Path, label: &str) -> (u64, u64) {
     let json: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(img))).unwrap();
     let pt = &json["partitiontable"];
     let sector = pt["sectorsize"].as_u64().unwrap_or(512);
@@ -175,11 +176,30 @@ pub fn extract_partition(img: &Path, label: &str, dest: &Path) {
         .find(|p| p["name"] == label)
         .unwrap_or_else(|| panic!("no {label} partition"));
     let (start, size) = (p["start"].as_u64().unwrap(), p["size"].as_u64().unwrap());
+    (start * sector, size * sector)
+}
+
+/// The bytes of partition `label` of the image, as a reader.
+fn partition_reader(img: &Path, label: &str) -> impl std::io::Read {
     use std::io::{Read, Seek, SeekFrom};
+    let (at, len) = partition_range(img, label);
     let mut f = std::fs::File::open(img).unwrap();
-    f.seek(SeekFrom::Start(start * sector)).unwrap();
+    f.seek(SeekFrom::Start(at)).unwrap();
+    f.take(len)
+}
+
+/// SHA-256 (hex) of the bytes of partition `label` of the image, streamed.
+pub fn partition_sha256(img: &Path, label: &str) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    std::io::copy(&mut partition_reader(img, label), &mut h).unwrap();
+    hex::encode(h.finalize())
+}
+
+/// Copies the byte range of partition `label` out of the image.
+pub fn extract_partition(img: &Path, label: &str, dest: &Path) {
     let mut out = std::fs::File::create(dest).unwrap();
-    std::io::copy(&mut f.take(size * sector), &mut out).unwrap();
+    std::io::copy(&mut partition_reader(img, label), &mut out).unwrap();
 }
 
 /// A profile beside the real ones, so its relative paths resolve the same.
