@@ -372,8 +372,18 @@ impl Client {
         ))
     }
 
-    /// The URL a redirect from `from` to `location` leads to, if allowed.
-    fn redirect(&self, from: &str, location: &str, reference: &Reference) -> Result<String, Error> {
+    /// The URL a redirect from `from` (a URL this client asked for) to
+    /// `location` (the registry's `Location` header: untrusted) leads to,
+    /// if allowed: HTTPS, or plain HTTP to a host allowed it; never to this
+    /// machine, a link-local or a multicast address unless the registry is
+    /// that host ([`Client::forbidden_target`]). Public for the fuzz target
+    /// `registry_redirect`.
+    pub fn redirect(
+        &self,
+        from: &str,
+        location: &str,
+        reference: &Reference,
+    ) -> Result<String, Error> {
         let bad = |why: &str| {
             Error::new(
                 ErrorKind::Http,
