@@ -19,6 +19,9 @@ pub const PORT: u16 = 50000;
 /// handshake and the request line: anyone can open one); a newcomer
 /// closes the oldest of them.
 pub const MAX_PENDING: usize = 16;
+/// Of those, the most one address may hold: its newcomer closes its own
+/// oldest, so a flooding address never closes another's.
+pub const MAX_PENDING_PER_PEER: usize = 8;
 /// Requests a node answers at once; more are answered `busy`.
 pub const MAX_SERVING: usize = 8;
 /// How long a connection may take, in all, to finish the TLS handshake and

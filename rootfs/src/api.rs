@@ -6,9 +6,9 @@
 //! Each connection has a thread of its own, so that a slow client holds no
 //! one else up. A connection that has not sent its request yet (the TLS
 //! handshake and the request line: anyone can open one) is *pending*: it
-//! has [`HANDSHAKE_TIMEOUT`](nodeapi::proto::HANDSHAKE_TIMEOUT) in all, however slowly its bytes drip, and at
-//! most [`MAX_PENDING`](nodeapi::proto::MAX_PENDING) are kept: a newcomer closes the oldest, so that idle
-//! or dripping connections cannot lock clients out. A client whose
+//! has [`HANDSHAKE_TIMEOUT`](nodeapi::proto::HANDSHAKE_TIMEOUT) in all, however slowly its bytes drip, and
+//! their number is bounded, in all and per address ([`crate::pending`]),
+//! so that idle or dripping connections cannot lock clients out. A client whose
 //! certificate passed and whose request arrived is *served*, at most
 //! [`MAX_SERVING`](nodeapi::proto::MAX_SERVING) at once (more are answered `busy`). Connections closed
 //! for either bound are counted and said on the console at most every
@@ -20,6 +20,7 @@
 //! syncs as for the power button.
 
 use crate::console::say;
+use crate::pending::Pending;
 use crate::{power, pull, secureboot, slots};
 use anyhow::{Context, Result, bail};
 use contract::Slot;
@@ -28,7 +29,6 @@ use nodeapi::proto::{
     self, ErrorCode, Event, HANDSHAKE_TIMEOUT, MAX_PENDING, MAX_PULLS, MAX_SERVING, Request,
     SlotStatus, Status,
 };
-use std::collections::VecDeque;
 use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -71,8 +71,8 @@ struct Server {
     writing: AtomicBool,
     /// How the last changing operation of this boot ended.
     last_outcome: Mutex<Option<String>>,
-    /// Pending connections (module doc): an id and a handle that closes it.
-    pending: Mutex<VecDeque<(u64, TcpStream)>>,
+    /// Pending connections (module doc).
+    pending: Mutex<Pending>,
     next_id: AtomicU64,
     serving: AtomicUsize,
     /// Connections closed before their request (evicted, timed out, failed
@@ -143,7 +143,7 @@ pub fn start(meta: &Meta, node: Node) -> Result<()> {
         pulls: AtomicU64::new(0),
         writing: AtomicBool::new(false),
         last_outcome: Mutex::new(None),
-        pending: Mutex::new(VecDeque::new()),
+        pending: Mutex::new(Pending::default()),
         next_id: AtomicU64::new(0),
         serving: AtomicUsize::new(0),
         refused: Mutex::new((0, None)),
@@ -164,14 +164,14 @@ fn accept(listener: TcpListener, server: Arc<Server>) {
             continue; // dropped: closed
         };
         let id = server.next_id.fetch_add(1, Ordering::SeqCst);
-        if let Ok(mut pending) = server.pending.lock() {
-            if pending.len() >= MAX_PENDING
-                && let Some((_, oldest)) = pending.pop_front()
-            {
-                // Its thread's next read fails, and it ends.
-                let _ = oldest.shutdown(Shutdown::Both);
-            }
-            pending.push_back((id, handle));
+        let Ok(peer) = stream.peer_addr() else {
+            continue; // dropped: closed
+        };
+        if let Ok(mut pending) = server.pending.lock()
+            && let Some(closed) = pending.admit(id, peer.ip(), handle)
+        {
+            // Its thread's next read fails, and it ends.
+            let _ = closed.shutdown(Shutdown::Both);
         }
         let s = server.clone();
         let spawned = std::thread::Builder::new()
@@ -375,7 +375,7 @@ impl Server {
     /// Forgets pending connection `id` (served, or ended).
     fn unpend(&self, id: u64) {
         if let Ok(mut pending) = self.pending.lock() {
-            pending.retain(|(i, _)| *i != id);
+            pending.remove(id);
         }
     }
 

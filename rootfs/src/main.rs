@@ -12,6 +12,7 @@ mod mount;
 mod net;
 mod osrelease;
 mod partitions;
+mod pending;
 mod power;
 mod pull;
 mod secureboot;
