@@ -419,6 +419,16 @@ fn payload_loader(p: &VerifiedPayload) -> Result<PayloadFile> {
     })
 }
 
+/// What an upgrade is allowed beyond the usual, each for this operation
+/// only (an admin's flags).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Allowed {
+    /// `--change-secure-boot`: move the disk into or out of Secure Boot.
+    pub change_secure_boot: bool,
+    /// `--allow-downgrade`: a payload below the disk's security floor.
+    pub downgrade: bool,
+}
+
 /// Upgrades the disk whose BOOT, META and ESP are `boot_dev`, `meta_dev`
 /// and `esp_dev` (the ESP is written only by an upgrade into Secure Boot).
 pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Device>(
@@ -427,7 +437,7 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Devi
     esp_dev: E,
     installer: &Path,
     tries: u32,
-    (change_secure_boot, allow_downgrade): (bool, bool),
+    allowed: Allowed,
 ) -> Result<(ops::Upgraded, VerifiedPayload)> {
     let (meta, _) = bootstate::meta::read(meta_dev).context("reading META")?;
     let keys = sign::parse_trusted_keys(meta.get(Tag::TrustedKeys).unwrap_or_default())?;
@@ -440,13 +450,14 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Devi
     let p = load_payload(installer, &keys)?;
     let asked = payload::verify::Asked {
         version: None,
-        allow_downgrade,
+        allow_downgrade: allowed.downgrade,
     };
     payload::verify::check_for_disk(&meta, &p.manifest, asked).context("the installer")?;
     let epoch = p.manifest.source_date_epoch;
     let mut boot = BootFs::new(boot_dev, epoch);
     use payload::secureboot::Move;
-    let up = match check_secure_boot(meta.get(Tag::SecureBoot), &p, change_secure_boot)? {
+    let disk_db = meta.get(Tag::SecureBoot);
+    let up = match check_secure_boot(disk_db, &p, allowed.change_secure_boot)? {
         Move::None | Move::Keep | Move::Leave => {
             ops::upgrade(&mut boot, meta_dev, &p.payload, tries)?
         }
@@ -472,7 +483,10 @@ pub fn run_upgrade(a: &UpgradeOptions) -> Result<UpgradeReport> {
         esp,
         &a.installer,
         a.tries,
-        (a.change_secure_boot, a.allow_downgrade),
+        Allowed {
+            change_secure_boot: a.change_secure_boot,
+            downgrade: a.allow_downgrade,
+        },
     )?;
     Ok(UpgradeReport {
         disk: a.disk.display().to_string(),

@@ -393,7 +393,11 @@ pub fn cut_upgrade(
     };
     let mut m = b.share(slots.meta);
     let e = b.share(slots.esp);
-    let r = imager::install::upgrade_on(b, &mut m, e, installer, 3, (change_secure_boot, false));
+    let allowed = imager::install::Allowed {
+        change_secure_boot,
+        downgrade: false,
+    };
+    let r = imager::install::upgrade_on(b, &mut m, e, installer, 3, allowed);
     if let Err(e) = &r {
         let chain = format!("{e:#}");
         assert!(chain.contains("simulated power cut"), "{chain}");
