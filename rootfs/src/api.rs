@@ -715,10 +715,7 @@ fn wait_for_pull(
         // that never answers the first request (stall + a margin).
         if started.elapsed() > deadline + stall + Duration::from_secs(5) {
             cancel.store(true, Ordering::SeqCst);
-            bail!(
-                "the pull took longer than its deadline of {} s",
-                deadline.as_secs()
-            );
+            bail!("{}", pull::past_deadline(deadline));
         }
     }
 }

@@ -313,10 +313,7 @@ impl<R: Read> Read for Watched<'_, R> {
             return Err(std::io::Error::other("the pull was cancelled"));
         }
         if self.pull.started.elapsed() > self.pull.deadline {
-            return Err(std::io::Error::other(format!(
-                "the pull took longer than its deadline of {} s",
-                self.pull.deadline.as_secs()
-            )));
+            return Err(std::io::Error::other(past_deadline(self.pull.deadline)));
         }
         let n = self.inner.read(buf)?;
         self.done += n as u64;
@@ -326,6 +323,15 @@ impl<R: Read> Read for Watched<'_, R> {
         }
         Ok(n)
     }
+}
+
+/// What a pull past its deadline says (the reader's and the operation's
+/// watch alike).
+pub fn past_deadline(deadline: Duration) -> String {
+    format!(
+        "the pull took longer than its deadline of {} s",
+        deadline.as_secs()
+    )
 }
 
 /// Empties (or makes) the staging directory.
