@@ -13,12 +13,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(d) = digest(data) else { return };
     let head = &data[..data.len().min(MAX_HEADERS)];
     if let Ok(l) = layout_of(head, data.len()) {
-        let streamed = digest_file(
-            &mut std::io::Cursor::new(data),
-            head,
-            data.len() as u64,
-            &l,
-        );
+        let streamed = digest_file(&mut std::io::Cursor::new(data), head, data.len() as u64, &l);
         assert_eq!(streamed.ok(), Some(d));
     }
     let Ok(e) = parse_embedded(data) else { return };
