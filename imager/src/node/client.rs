@@ -235,6 +235,43 @@ impl Client {
         anyhow!("{why} (talking to {}: {text})", self.shown)
     }
 
+    /// Asks the node's status once a second until `decide` settles it
+    /// (returns [`Poll::Done`], or fails) or `timeout` passes, failing then
+    /// with `what` it waited for and the last thing waited on. Short
+    /// timeouts: a connection opened while the node went down is never
+    /// closed by the node (user-mode networking keeps the host's end open),
+    /// so it must not hold the wait up; a node that is rebooting refuses
+    /// connections at once, hence the pace. `on_try` gets each new thing
+    /// waited on.
+    fn poll(
+        &self,
+        what: &str,
+        timeout: Duration,
+        on_try: &mut dyn FnMut(&str),
+        decide: &mut dyn FnMut(Result<Status>) -> Result<Poll>,
+    ) -> Result<Status> {
+        let start = Instant::now();
+        let mut said = String::from("no answer yet");
+        while start.elapsed() < timeout {
+            let answer = self.status_within(Duration::from_secs(5), Duration::from_secs(10));
+            match decide(answer)? {
+                Poll::Done(s) => return Ok(*s),
+                Poll::Waiting(now) => {
+                    if now != said {
+                        on_try(&now);
+                        said = now;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        bail!(
+            "the node at {} did not {what} within {} s ({said})",
+            self.shown,
+            timeout.as_secs()
+        )
+    }
+
     /// Waits for the node to come back from the reboot that followed the
     /// status `before`: its status answers with another boot id. Succeeds
     /// when it runs `expected_slot` at `expected_version` (when given);
@@ -247,59 +284,44 @@ impl Client {
         timeout: Duration,
         mut on_try: impl FnMut(&str),
     ) -> Result<Status> {
-        let start = Instant::now();
-        let mut last_error = String::from("no answer yet");
-        while start.elapsed() < timeout {
-            // Short timeouts: a connection opened while the node went down
-            // is never closed by the node (user-mode networking keeps the
-            // host's end open), so it must not hold the wait up.
-            match self.status_within(Duration::from_secs(5), Duration::from_secs(10)) {
+        let history = |s: &Status| {
+            s.last_event
+                .as_deref()
+                .map(|h| format!(": {h}"))
+                .unwrap_or_default()
+        };
+        self.poll("come back", timeout, &mut on_try, &mut |answer| {
+            let s = match answer {
+                Err(e) => return Ok(Poll::Waiting(format!("{e:#}"))),
                 Ok(s) if s.boot_id == before.boot_id => {
-                    last_error = "the node has not rebooted yet".into();
+                    return Ok(Poll::Waiting("the node has not rebooted yet".into()));
                 }
-                Ok(s) => {
-                    if s.booted_slot == expected_slot
-                        && s.ready
-                        && expected_version.is_none_or(|v| v == s.version)
-                    {
-                        return Ok(s);
-                    }
-                    if s.booted_slot == expected_slot {
-                        bail!(
-                            "the node came back on slot {expected_slot} running {} {}, not the \
-                             version {} it was to boot{}",
-                            s.name,
-                            s.version,
-                            expected_version.unwrap_or_default(),
-                            s.last_event
-                                .as_deref()
-                                .map(|h| format!(": {h}"))
-                                .unwrap_or_default()
-                        );
-                    }
-                    bail!(
-                        "the node came back on slot {} ({} {}), not on slot {expected_slot}{}",
-                        s.booted_slot,
-                        s.name,
-                        s.version,
-                        s.last_event
-                            .as_deref()
-                            .map(|h| format!(": {h}"))
-                            .unwrap_or_default()
-                    );
-                }
-                Err(e) => last_error = format!("{e:#}"),
+                Ok(s) => s,
+            };
+            if s.booted_slot == expected_slot
+                && s.ready
+                && expected_version.is_none_or(|v| v == s.version)
+            {
+                return Ok(Poll::Done(Box::new(s)));
             }
-            on_try(&last_error);
-            // Polling a node that is rebooting: a connection refused comes
-            // back at once, so pace the tries.
-            std::thread::sleep(Duration::from_secs(1));
-        }
-        bail!(
-            "the node at {} did not come back within {} s ({last_error})",
-            self.shown,
-            timeout.as_secs()
-        )
+            if s.booted_slot == expected_slot {
+                bail!(
+                    "the node came back on slot {expected_slot} running {} {}, not the version \
+                     {} it was to boot{}",
+                    s.name,
+                    s.version,
+                    expected_version.unwrap_or_default(),
+                    history(&s)
+                );
+            }
+            bail!(
+                "the node came back on slot {} ({} {}), not on slot {expected_slot}{}",
+                s.booted_slot,
+                s.name,
+                s.version,
+                history(&s)
+            )
+        })
     }
 
     /// Follows the node until its operation has ended: it answers, nothing
@@ -315,60 +337,56 @@ impl Client {
         timeout: Duration,
         mut on_try: impl FnMut(&str),
     ) -> Result<Status> {
-        let start = Instant::now();
-        let mut said = String::new();
-        while start.elapsed() < timeout {
-            let now = match self.status_within(Duration::from_secs(5), Duration::from_secs(10)) {
-                Ok(s) => match (&s.operation, &s.last_outcome) {
-                    (Some(op), _) => format!("in progress: {op}"),
-                    (None, Some(o)) if Outcome::of(o) == Outcome::Rebooting => {
-                        format!("the node is to reboot ({o})")
-                    }
-                    (None, Some(o)) if Outcome::of(o) == Outcome::NotDone => {
-                        bail!("the node's last operation did not succeed: {o}")
-                    }
-                    _ => {
-                        if let Some(e) = s.last_event.as_deref()
-                            && (e.contains("upgrade-failed") || e.contains("fell-back"))
-                        {
-                            bail!(
-                                "the node is back on {} {} (slot {}), its upgrade failed: {e}",
-                                s.name,
-                                s.version,
-                                s.booted_slot
-                            );
-                        }
-                        if let Some(v) = version
-                            && v != s.version
-                        {
-                            bail!(
-                                "the node runs {} {} on slot {}, not {v}{}",
-                                s.name,
-                                s.version,
-                                s.booted_slot,
-                                s.last_event
-                                    .as_deref()
-                                    .map(|e| format!(": {e}"))
-                                    .unwrap_or_default()
-                            );
-                        }
-                        return Ok(s);
-                    }
-                },
-                Err(e) => format!("no answer ({e:#})"),
+        self.poll("settle", timeout, &mut on_try, &mut |answer| {
+            let s = match answer {
+                Err(e) => return Ok(Poll::Waiting(format!("no answer ({e:#})"))),
+                Ok(s) => s,
             };
-            if now != said {
-                on_try(&now);
-                said = now;
+            match (&s.operation, &s.last_outcome) {
+                (Some(op), _) => return Ok(Poll::Waiting(format!("in progress: {op}"))),
+                (None, Some(o)) if Outcome::of(o) == Outcome::Rebooting => {
+                    return Ok(Poll::Waiting(format!("the node is to reboot ({o})")));
+                }
+                (None, Some(o)) if Outcome::of(o) == Outcome::NotDone => {
+                    bail!("the node's last operation did not succeed: {o}")
+                }
+                _ => {}
             }
-            std::thread::sleep(Duration::from_secs(1));
-        }
-        bail!(
-            "the node at {} did not settle within {} s ({said})",
-            self.shown,
-            timeout.as_secs()
-        )
+            if let Some(e) = s.last_event.as_deref()
+                && (e.contains("upgrade-failed") || e.contains("fell-back"))
+            {
+                bail!(
+                    "the node is back on {} {} (slot {}), its upgrade failed: {e}",
+                    s.name,
+                    s.version,
+                    s.booted_slot
+                );
+            }
+            if let Some(v) = version
+                && v != s.version
+            {
+                bail!(
+                    "the node runs {} {} on slot {}, not {v}{}",
+                    s.name,
+                    s.version,
+                    s.booted_slot,
+                    s.last_event
+                        .as_deref()
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default()
+                );
+            }
+            Ok(Poll::Done(Box::new(s)))
+        })
     }
+}
+
+/// What [`Client::poll`]'s decision says of one answer.
+enum Poll {
+    /// Settled: this status.
+    Done(Box<Status>),
+    /// Not yet: what is being waited for.
+    Waiting(String),
 }
 
 /// What a TLS failure means: which side refused which certificate, and
