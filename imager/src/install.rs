@@ -743,7 +743,7 @@ fn secure_esp(p: &VerifiedPayload, db: &str) -> Result<Vec<disk::FatFile>> {
         .context("the Secure Boot payload has no UKIs: rebuild the installer")?;
     payload::secureboot::verify_all(
         &cert,
-        vec![("boot loader", &loader), ("UKI of slot A", &ukis.a.path)],
+        &[("boot loader", &loader), ("UKI of slot A", &ukis.a.path)],
     )
     .context("the payload is not signed for its own db certificate: rebuild the installer; nothing was written")?;
     let mut names: Vec<&str> = p.enrolment.iter().map(|(n, _)| n.as_str()).collect();

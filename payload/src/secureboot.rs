@@ -88,7 +88,7 @@ pub fn check(disk_db: Option<&str>, payload: Signed, change: bool) -> Result<Mov
             let loader = payload
                 .loader
                 .context("the Secure Boot payload carries no boot loader: rebuild the installer")?;
-            verify_all(&cert, boot_chain(loader, payload.ukis)?).map_err(|e| {
+            verify_all(&cert, &boot_chain(loader, payload.ukis)?).map_err(|e| {
                 e.context(
                     "the payload is not signed for its own db certificate: rebuild the \
                      installer; nothing was written",
@@ -112,7 +112,7 @@ pub fn check(disk_db: Option<&str>, payload: Signed, change: bool) -> Result<Mov
             let [a, b] = payload
                 .ukis
                 .context("the payload has a db certificate but no UKIs: rebuild the installer")?;
-            verify_all(&cert, vec![("UKI of slot A", a), ("UKI of slot B", b)]).map_err(|e| {
+            verify_all(&cert, &[("UKI of slot A", a), ("UKI of slot B", b)]).map_err(|e| {
                 e.context(
                     "the payload is not signed by the db key this disk trusts (firmware would \
                      refuse it after the switch); nothing was written. Build it with the key \
@@ -128,9 +128,9 @@ pub fn check(disk_db: Option<&str>, payload: Signed, change: bool) -> Result<Mov
 fn boot_chain<'a>(
     loader: &'a Path,
     ukis: Option<[&'a Path; 2]>,
-) -> Result<Vec<(&'static str, &'a Path)>> {
+) -> Result<[(&'static str, &'a Path); 3]> {
     let [a, b] = ukis.context("the Secure Boot payload has no UKIs: rebuild the installer")?;
-    Ok(vec![
+    Ok([
         ("boot loader", loader),
         ("UKI of slot A", a),
         ("UKI of slot B", b),
@@ -138,8 +138,8 @@ fn boot_chain<'a>(
 }
 
 /// Each file verifies with `cert`; the first that does not is named.
-pub fn verify_all(cert: &authenticode::Certificate, files: Vec<(&str, &Path)>) -> Result<()> {
-    for (what, path) in files {
+pub fn verify_all(cert: &authenticode::Certificate, files: &[(&str, &Path)]) -> Result<()> {
+    for &(what, path) in files {
         authenticode::verify_file(path, cert).with_context(|| format!("its {what}"))?;
     }
     Ok(())

@@ -177,9 +177,7 @@ fn accept(listener: TcpListener, server: Arc<Server>) {
         let spawned = std::thread::Builder::new()
             .name("api-conn".into())
             .spawn(move || {
-                let peer = stream
-                    .peer_addr()
-                    .map_or("?".to_string(), |a| a.to_string());
+                let peer = peer.to_string();
                 match serve(&s, stream, id, &peer) {
                     Ok(()) => {}
                     Err(Refusal::Unauthenticated(e)) => s.refusal(&e),

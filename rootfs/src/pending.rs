@@ -11,11 +11,11 @@
 //! address: the newest still wins there, as with the global bound alone.)
 
 use nodeapi::proto::{MAX_PENDING, MAX_PENDING_PER_PEER};
+use std::collections::VecDeque;
+use std::net::{IpAddr, TcpStream};
 
 // One address alone never fills the node.
 const _: () = assert!(MAX_PENDING_PER_PEER < MAX_PENDING);
-use std::collections::VecDeque;
-use std::net::{IpAddr, TcpStream};
 
 /// The pending connections, oldest first: an id, the peer's address and a
 /// handle that closes the connection.
