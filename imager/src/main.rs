@@ -225,6 +225,13 @@ struct BootArgs {
     /// a CD-ROM.
     #[arg(long)]
     usb: bool,
+    /// The controller the disk is attached to, as on a real machine:
+    /// virtio, nvme, sata (AHCI), virtio-scsi, mptsas (LSI SAS1068),
+    /// megasas (MegaRAID SAS), lsi (53c895a), pvscsi (VMware), usb
+    /// (mass storage on xHCI) or uas. What each firmware boots from:
+    /// docs/design.md, "Disk controllers".
+    #[arg(long, default_value = "virtio")]
+    bus: qemu::Bus,
     /// Serial number of the image's drive, as the guest sees it.
     #[arg(long)]
     serial: Option<String>,
@@ -589,6 +596,14 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
         ),
         (false, false) => qemu::Media::Disk,
     };
+    if o.media == qemu::Media::Cdrom && a.bus != qemu::Bus::Virtio {
+        bail!(
+            "--bus {}: an ISO boots from the CD-ROM drive; add --usb to attach it as a disk on \
+             that bus",
+            a.bus.name()
+        );
+    }
+    o.bus = a.bus;
     let blanks = tempfile::tempdir().context("creating a directory for blank disks")?;
     for (i, spec) in a.disks.iter().enumerate() {
         o.disks.push(extra_disk(

@@ -12,7 +12,10 @@
 //! [`boot_until`] waits for a refusal line instead of ready. The guest has
 //! one virtio-net NIC on QEMU's restricted user-mode network ([`net`]).
 
+pub mod drive;
 pub mod net;
+
+pub use drive::Bus;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
@@ -99,8 +102,10 @@ pub struct BootOptions {
     /// failure or kernel panic then does not end the boot (systemd-boot's
     /// boot counting may fall back to the other slot).
     pub reboots: bool,
-    /// How the image is attached: a disk (virtio) or a CD-ROM (AHCI).
+    /// How the image is attached: a disk or a CD-ROM (AHCI).
     pub media: Media,
+    /// The controller a disk is attached to ([`drive`]).
+    pub bus: Bus,
     /// Serial number of the image's drive, as the guest sees it.
     pub serial: Option<String>,
     /// More disks, attached after the image (virtio, written to).
@@ -197,6 +202,7 @@ impl BootOptions {
             console_log: None,
             reboots: false,
             media: Media::Disk,
+            bus: Bus::Virtio,
             serial: None,
             disks: Vec::new(),
             secure_boot_vars: None,
@@ -485,12 +491,12 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
                     quoted(&image_abs),
                     if opts.write { "off" } else { "on" }
                 ))
-                .arg("-device")
-                .arg(format!(
-                    "virtio-blk-pci,drive=disk0,bootindex=0,logical_block_size={0},\
-                     physical_block_size={0}{serial}",
-                    opts.sector_size
-                ));
+                .args(drive::device_args(
+                    opts.bus,
+                    "disk0",
+                    opts.sector_size,
+                    opts.serial.as_deref(),
+                )?);
         }
         Media::Cdrom => {
             cmd.arg("-drive")
