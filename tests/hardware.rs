@@ -2,9 +2,9 @@
 //! and clouds (kernel-config/hardware.config; docs/design.md, "Disk
 //! controllers"): the same `disk.raw`, attached by `imager boot --bus` the
 //! way each machine attaches its disk, reaches ready under OVMF from NVMe,
-//! SATA (AHCI), virtio-scsi, an LSI SAS1068 (MPT SAS), VMware's PVSCSI and
-//! a USB stick, and under SeaBIOS from NVMe, SATA and a MegaRAID SAS
-//! controller. The kernel's own partition scan names the disk it found, so
+//! SATA (AHCI), virtio-scsi and a USB stick, and under SeaBIOS from NVMe,
+//! SATA, MegaRAID SAS, VMware's PVSCSI and an LSI 53c895a (Debian's OVMF
+//! has no driver for the last three). The kernel's own partition scan names the disk it found, so
 //! each boot shows that the disk was the controller's, not a virtio disk.
 
 // Test helpers panic on unexpected failures: that is how a test fails.
@@ -64,14 +64,14 @@ fn boot_on(bus: &str, firmware: &str) {
 
 #[test]
 fn the_default_image_reaches_ready_on_each_controller_under_ovmf() {
-    for bus in ["nvme", "sata", "virtio-scsi", "mptsas", "pvscsi", "usb"] {
+    for bus in ["nvme", "sata", "virtio-scsi", "usb"] {
         boot_on(bus, "uefi");
     }
 }
 
 #[test]
-fn the_default_image_reaches_ready_on_nvme_sata_and_megaraid_under_seabios() {
-    for bus in ["nvme", "sata", "megasas"] {
+fn the_default_image_reaches_ready_on_nvme_sata_megaraid_pvscsi_and_lsi_under_seabios() {
+    for bus in ["nvme", "sata", "megasas", "pvscsi", "lsi"] {
         boot_on(bus, "bios");
     }
 }

@@ -4,12 +4,11 @@
 //! image must boot on each (docs/design.md, "Disk controllers"), and
 //! `imager boot --bus` attaches it the way a machine would.
 //!
-//! What each firmware can boot from (QEMU 7.2, Debian's OVMF and SeaBIOS):
-//! OVMF has drivers for virtio, NVMe, AHCI, virtio-scsi, PVSCSI, the LSI
-//! SAS1068 (MPT SAS) and USB (xHCI, mass storage); SeaBIOS also for
-//! MegaRAID SAS and the LSI 53c895a, not for PVSCSI. A bus the firmware
-//! cannot read boots nothing: the firmware says so, and `imager boot`
-//! reports it.
+//! What each firmware boots from (tried with QEMU 7.2, Debian 12's OVMF
+//! and SeaBIOS): OVMF from virtio, NVMe, AHCI, virtio-scsi and USB mass
+//! storage; SeaBIOS also from MegaRAID SAS, PVSCSI and the LSI 53c895a. A
+//! bus the firmware cannot read boots nothing: the firmware says so, and
+//! `imager boot` reports it (docs/design.md, "Disk controllers").
 //!
 //! References: QEMU's `docs/system/devices/nvme.rst`, `usb.rst`, the
 //! `-device help` list of `qemu-system-x86_64`.
