@@ -9,10 +9,11 @@ each test binary reported, and ends the run with one honest closing line.
                                         a line; fails (after printing them)
                                         naming any tests/*.rs beside them
                                         that is not declared
-    testrun.py step LOG LABEL START END STATUS
+    testrun.py step LOG LABEL START END STATUS [CPU]
                                         a step that is not a cargo test (the
                                         kernel, fuzzing) recorded for the
-                                        table of times
+                                        table of times; CPU is /proc/stat's
+                                        first line read at its start
     testrun.py summary LOG               the table of times and the closing
                                         line; exits 1 on any failure
 
@@ -49,6 +50,32 @@ TIMED = re.compile(r"^test (\S+) \.\.\. (?:ok|FAILED) <([\d.]+)s>$")
 
 # How many of the slowest tests a run's summary names.
 SLOWEST = 12
+
+
+def cpu_now(line=None):
+    """(busy, total) clock ticks of all cores from /proc/stat's first line
+    (`cpu user nice system idle iowait ...`); None where there is none."""
+    try:
+        if line is None:
+            with open("/proc/stat") as f:
+                line = f.readline()
+        ticks = [int(v) for v in line.split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(ticks) < 5:
+        return None
+    total = sum(ticks[:8])
+    return (total - ticks[3] - ticks[4], total)
+
+
+def busy(start, end):
+    """The share of the machine's cores that worked between two cpu_now()
+    readings, in percent (100: every core all the time): what tells a part
+    that waits (one test binding a file, a build on one core) from one that
+    keeps the machine full."""
+    if not start or not end or end[1] <= start[1]:
+        return None
+    return round(100 * (end[0] - start[0]) / (end[1] - start[1]))
 
 
 def parse(lines):
@@ -132,6 +159,7 @@ def problems(bins, status):
 
 def run(log, label, cmd):
     start = time.monotonic()
+    cpu = cpu_now()
     lines = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, errors="replace") as p:
@@ -145,6 +173,7 @@ def run(log, label, cmd):
     record = {
         "label": label,
         "seconds": round(seconds, 1),
+        "busy": busy(cpu, cpu_now()),
         "status": status,
         "passed": sum(b["passed"] for b in bins),
         "failed": sum(b["failed"] for b in bins),
@@ -162,8 +191,9 @@ def run(log, label, cmd):
     return 1 if bad else 0
 
 
-def step(log, label, start, end, status):
+def step(log, label, start, end, status, cpu=None):
     record = {"label": label, "seconds": round(float(end) - float(start), 1),
+              "busy": busy(cpu_now(cpu) if cpu else None, cpu_now()),
               "status": int(status), "passed": 0, "failed": 0, "ignored": 0,
               "problems": [] if int(status) == 0 else
               [f"exited with {status} (its output is above)"]}
@@ -205,11 +235,12 @@ def declared(manifest):
 
 def summary(log):
     records = [json.loads(l) for l in Path(log).read_text().splitlines() if l.strip()]
-    print("test: seconds by part")
+    print("test: seconds by part, and how busy the machine's cores were")
     for r in records:
         mark = "" if (r["status"] == 0 and not r["failed"] and not r["problems"]) else "  FAILED"
         counts = f"{r['passed']} passed, {r['failed']} failed" if r["passed"] or r["failed"] else ""
-        print(f"  {r['seconds']:8.1f}  {r['label']:<28} {counts}{mark}")
+        load = f"{r['busy']:3d}%" if r.get("busy") is not None else "    "
+        print(f"  {r['seconds']:8.1f} {load}  {r['label']:<28} {counts}{mark}")
     print(f"  {sum(r['seconds'] for r in records):8.1f}  total")
     slow = sorted(((s, r["label"], t) for r in records for t, s in r.get("slowest", [])),
                   reverse=True)[:SLOWEST]
@@ -239,7 +270,7 @@ def main(argv):
     if len(argv) >= 4 and argv[0] == "run" and "--" in argv:
         i = argv.index("--")
         return run(argv[1], argv[2], argv[i + 1:])
-    if len(argv) == 6 and argv[0] == "step":
+    if len(argv) in (6, 7) and argv[0] == "step":
         return step(*argv[1:])
     if len(argv) == 2 and argv[0] == "declared":
         return declared(argv[1])
