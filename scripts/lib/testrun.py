@@ -2,9 +2,13 @@
 """The bookkeeping of scripts/test: runs cargo test commands, reads what
 each test binary reported, and ends the run with one honest closing line.
 
-    testrun.py run LOG LABEL -- CMD...   run CMD (a cargo test command), its
+    testrun.py run LOG LABEL [--beside] -- CMD...
+                                        run CMD (a cargo test command), its
                                         output streamed; one record a test
-                                        binary appended to LOG (JSON lines)
+                                        binary appended to LOG (JSON lines);
+                                        --beside: it runs beside the other
+                                        parts (its time is not added to the
+                                        run's total)
     testrun.py declared MANIFEST         the [[test]] names of MANIFEST, one
                                         a line; fails (after printing them)
                                         naming any tests/*.rs beside them
@@ -157,7 +161,7 @@ def problems(bins, status):
     return out
 
 
-def run(log, label, cmd):
+def run(log, label, cmd, beside=False):
     start = time.monotonic()
     cpu = cpu_now()
     lines = []
@@ -174,6 +178,7 @@ def run(log, label, cmd):
         "label": label,
         "seconds": round(seconds, 1),
         "busy": busy(cpu, cpu_now()),
+        "beside": beside,
         "status": status,
         "passed": sum(b["passed"] for b in bins),
         "failed": sum(b["failed"] for b in bins),
@@ -240,8 +245,11 @@ def summary(log):
         mark = "" if (r["status"] == 0 and not r["failed"] and not r["problems"]) else "  FAILED"
         counts = f"{r['passed']} passed, {r['failed']} failed" if r["passed"] or r["failed"] else ""
         load = f"{r['busy']:3d}%" if r.get("busy") is not None else "    "
-        print(f"  {r['seconds']:8.1f} {load}  {r['label']:<28} {counts}{mark}")
-    print(f"  {sum(r['seconds'] for r in records):8.1f}  total")
+        label = f"{r['label']} (beside)" if r.get("beside") else r["label"]
+        print(f"  {r['seconds']:8.1f} {load}  {label:<28} {counts}{mark}")
+    # A part run beside the others took no time of its own.
+    total = sum(r["seconds"] for r in records if not r.get("beside"))
+    print(f"  {total:8.1f}       total")
     slow = sorted(((s, r["label"], t) for r in records for t, s in r.get("slowest", [])),
                   reverse=True)[:SLOWEST]
     if slow:
@@ -269,7 +277,11 @@ def summary(log):
 def main(argv):
     if len(argv) >= 4 and argv[0] == "run" and "--" in argv:
         i = argv.index("--")
-        return run(argv[1], argv[2], argv[i + 1:])
+        flags = argv[3:i]
+        if any(f != "--beside" for f in flags):
+            print(__doc__, file=sys.stderr)
+            return 2
+        return run(argv[1], argv[2], argv[i + 1:], beside=bool(flags))
     if len(argv) in (6, 7) and argv[0] == "step":
         return step(*argv[1:])
     if len(argv) == 2 and argv[0] == "declared":
