@@ -4,14 +4,20 @@
 //! way each machine attaches its disk, reaches ready under OVMF from NVMe,
 //! SATA (AHCI), virtio-scsi and a USB stick, and under SeaBIOS from NVMe,
 //! SATA, MegaRAID SAS, VMware's PVSCSI and an LSI 53c895a (Debian's OVMF
-//! has no driver for the last three). The kernel's own partition scan names the disk it found, so
-//! each boot shows that the disk was the controller's, not a virtio disk.
+//! has no driver for the last three). The kernel's own partition scan
+//! names the disk it found, so each boot shows that the disk was the
+//! controller's, not a virtio disk. With an e1000, an e1000e or a VMXNET3
+//! as its only NIC, the node serves its API through it.
 
 // Test helpers panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
+#[path = "../registry/tests/common/mod.rs"]
+mod reg;
+
+use common::vm::*;
 use common::*;
 use std::path::Path;
 
@@ -73,5 +79,76 @@ fn the_default_image_reaches_ready_on_each_controller_under_ovmf() {
 fn the_default_image_reaches_ready_on_nvme_sata_megaraid_pvscsi_and_lsi_under_seabios() {
     for bus in ["nvme", "sata", "megasas", "pvscsi", "lsi"] {
         boot_on(bus, "bios");
+    }
+}
+
+/// The node's credentials (`watcher`, a reader; `root`, an admin; node
+/// `node1` at the guest's address and the host's loopback), made once.
+fn credentials() -> &'static std::path::PathBuf {
+    static C: Fixture<std::path::PathBuf> = Fixture::new("hardware-credentials");
+    C.get(|| {
+        let dir = scratch().join("hardware-credentials");
+        let _ = std::fs::remove_dir_all(&dir);
+        for args in [
+            &["--role", "reader", "--name", "watcher"][..],
+            &["--role", "admin", "--name", "root"],
+            &[
+                "--node",
+                "node1",
+                "--address",
+                "10.0.2.15",
+                "--address",
+                "127.0.0.1",
+            ],
+        ] {
+            ok(imager().args(["node", "credentials"]).arg(&dir).args(args));
+        }
+        dir
+    })
+}
+
+/// Boots a provisioned copy of the default disk with `nic` as its only NIC
+/// and asks the node for its status through it: the kernel's driver named
+/// the interface (`e1000e 0000:00:02.0 eth0: …`), the runtime brought it
+/// up, and the API answered over it; then an admin powers it off.
+fn serves_the_api_through(nic: &str, driver: &str) {
+    let creds = credentials();
+    let disk = sparse_copy(&image().artifact("raw"), &format!("hardware-nic-{nic}"));
+    ok(imager()
+        .args(["node", "provision"])
+        .arg(&disk)
+        .arg("--credentials")
+        .arg(creds)
+        .args(["--node", "node1"]));
+    let mut vm = Vm::boot(&disk, reg::free_port(), &["--nic", nic]);
+    vm.wait_for("ready", 1);
+    let s = status(&vm, creds, "watcher");
+    assert_eq!(s["booted_slot"], "A", "{nic}: {s}");
+    let console = vm.console();
+    assert!(
+        console
+            .lines()
+            .any(|l| l.contains(&format!("] {driver} 0000:")) && l.contains("eth0")),
+        "{nic}: no line of the {driver} driver naming eth0; console:\n{}",
+        tail(&console)
+    );
+    assert!(
+        console
+            .lines()
+            .any(|l| said(l, "net: eth0 ") && l.ends_with("(up)")),
+        "{nic}: the runtime did not bring eth0 up; console:\n{}",
+        tail(&console)
+    );
+    vm.power_off(creds);
+}
+
+#[test]
+fn the_node_serves_its_api_through_an_e1000_an_e1000e_and_a_vmxnet3() {
+    for (nic, driver) in [
+        ("e1000", "e1000"),
+        ("e1000e", "e1000e"),
+        ("vmxnet3", "vmxnet3"),
+    ] {
+        serves_the_api_through(nic, driver);
     }
 }

@@ -16,10 +16,9 @@ mod common;
 #[path = "../registry/tests/common/mod.rs"]
 mod reg;
 
+use common::vm::*;
 use common::*;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::sync::Arc;
@@ -83,135 +82,31 @@ fn credentials(dir: &Path) -> (PathBuf, PathBuf) {
     (creds, other)
 }
 
-/// A running `imager boot` of the node, its console followed in a file.
-struct Vm {
-    child: Child,
-    log: PathBuf,
-    port: u16,
+/// A node booted with the registries: `registries` are the addresses on
+/// the host of [`GUEST_REGISTRY`], [`GUEST_DRIP`] and [`GUEST_CUT`].
+fn start(disk: &Path, port: u16, registries: [&str; 3]) -> Vm {
+    start_with(disk, port, registries, &[])
 }
 
-impl Vm {
-    /// `registries`: the addresses on the host of [`GUEST_REGISTRY`],
-    /// [`GUEST_DRIP`] and [`GUEST_CUT`].
-    fn start(disk: &Path, port: u16, registries: [&str; 3]) -> Vm {
-        Vm::start_with(disk, port, registries, &[])
+/// [`start`] with more arguments to `imager boot`.
+fn start_with(disk: &Path, port: u16, [registry, drip, cut]: [&str; 3], extra: &[&str]) -> Vm {
+    let forwards = [
+        format!("{GUEST_REGISTRY}={registry}"),
+        format!("{GUEST_DRIP}={drip}"),
+        format!("{GUEST_CUT}={cut}"),
+    ];
+    let mut args: Vec<&str> = Vec::new();
+    for f in &forwards {
+        args.extend(["--guest-forward", f]);
     }
-
-    /// [`Vm::start`] with more arguments to `imager boot`.
-    fn start_with(disk: &Path, port: u16, [registry, drip, cut]: [&str; 3], extra: &[&str]) -> Vm {
-        let log = disk.with_extension("console.log");
-        let _ = std::fs::remove_file(&log);
-        let child = imager()
-            .args([
-                "boot",
-                "--write",
-                "--reboots",
-                "--stay",
-                "--quiet",
-                "--json",
-            ])
-            .args(["--timeout", "1200", "--forward"])
-            .arg(format!("{port}:{}", nodeapi::proto::PORT))
-            .arg("--guest-forward")
-            .arg(format!("{GUEST_REGISTRY}={registry}"))
-            .arg("--guest-forward")
-            .arg(format!("{GUEST_DRIP}={drip}"))
-            .arg("--guest-forward")
-            .arg(format!("{GUEST_CUT}={cut}"))
-            .arg("--console-log")
-            .arg(&log)
-            .args(extra)
-            .arg(disk)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // Its own process group: dropped, it goes with its QEMU.
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        Vm { child, log, port }
-    }
-
-    fn console(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits for the `n`th console line in which the runtime says
-    /// something starting with `what` (counting from the start of the log;
-    /// what the runtime quotes further on in a line does not count).
-    fn wait_for(&mut self, what: &str, n: usize) -> String {
-        let deadline = Instant::now() + Duration::from_secs(900);
-        loop {
-            let text = self.console();
-            if let Some(line) = text.lines().filter(|l| said(l, what)).nth(n - 1) {
-                return line.to_string();
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!(
-                    "imager boot ended ({status}) before {what:?} #{n}; console:\n{}",
-                    tail(&text)
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {what:?} #{n} within 900 s; console:\n{}",
-                tail(&text)
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    fn node(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    /// Powers the node off (an admin's `poweroff`) and waits for its QEMU
-    /// to exit cleanly; imager boot's report.
-    fn power_off(&mut self, creds: &Path) -> String {
-        let out = node_cmd(self, creds, "root", &["poweroff"]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let deadline = Instant::now() + Duration::from_secs(300);
-        let status = loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(Instant::now() < deadline, "the node did not power off");
-            std::thread::sleep(Duration::from_millis(200));
-        };
-        let mut report = String::new();
-        if let Some(out) = self.child.stdout.take() {
-            for l in BufReader::new(out).lines() {
-                report.push_str(&l.unwrap());
-            }
-        }
-        assert!(status.success(), "imager boot: {status}; {report}");
-        report
-    }
+    args.extend(extra);
+    Vm::boot(disk, port, &args)
 }
 
 /// SHA-256 of the partitions the installer and the runtime write (BOOT,
 /// META) of `disk`.
 fn written_partitions(disk: &Path) -> [(&'static str, String); 2] {
     ["BOOT", "META"].map(|p| (p, partition_sha256(disk, p)))
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        // imager boot and the QEMU it started, whose group it leads.
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.child.id())])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-/// Whether the runtime says something starting with `what` on `line`.
-fn said(line: &str, what: &str) -> bool {
-    line.find("machined: ")
-        .is_some_and(|at| line[at + "machined: ".len()..].starts_with(what))
 }
 
 /// Sends `line` as is over the node API as `client` and returns the node's
@@ -255,11 +150,6 @@ fn hostile_header(kind: tar::EntryType, size: u64) -> Vec<u8> {
     out
 }
 
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
 /// A credentials directory `dir` for client `late`: an operator's
 /// certificate issued by the cluster CA of `creds`, valid only in 2020.
 fn expired_client(creds: &Path, dir: &Path) -> PathBuf {
@@ -296,28 +186,6 @@ fn expired_client(creds: &Path, dir: &Path) -> PathBuf {
 }
 
 /// `imager node ARGS --node … --credentials DIR --client NAME`.
-fn node_command(vm: &Vm, dir: &Path, client: &str, args: &[&str]) -> std::process::Command {
-    let mut c = imager();
-    c.arg("node")
-        .args(args)
-        .args([
-            "--node",
-            &vm.node(),
-            "--server-name",
-            "node1",
-            "--client",
-            client,
-        ])
-        .arg("--credentials")
-        .arg(dir);
-    c
-}
-
-/// [`node_command`] run to its end.
-fn node_cmd(vm: &Vm, dir: &Path, client: &str, args: &[&str]) -> std::process::Output {
-    run(&mut node_command(vm, dir, client, args))
-}
-
 /// [`node_command`] started, its output piped.
 fn spawn_node_cmd(vm: &Vm, dir: &Path, client: &str, args: &[&str]) -> Child {
     node_command(vm, dir, client, args)
@@ -325,16 +193,6 @@ fn spawn_node_cmd(vm: &Vm, dir: &Path, client: &str, args: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-fn status(vm: &Vm, dir: &Path, client: &str) -> Value {
-    let out = node_cmd(vm, dir, client, &["status", "--json"]);
-    assert!(
-        out.status.success(),
-        "status as {client}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// The output of a call that must succeed; else the test fails with its
@@ -666,7 +524,7 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let port = reg::free_port();
     let drip = reg::DrippingProxy::start(&registry.addr, Duration::from_secs(1));
     let cut = reg::CuttingProxy::start(&registry.addr, 1 << 20);
-    let mut vm = Vm::start(&disk, port, [&registry.addr, &drip.addr, &cut.addr]);
+    let mut vm = start(&disk, port, [&registry.addr, &drip.addr, &cut.addr]);
     let ready = vm.wait_for("ready version=", 1);
     assert!(ready.contains("version=0.1.0 slot=A"), "{ready}");
     let console = vm.console();
@@ -1075,7 +933,7 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         untouched,
         "a refused or cancelled request wrote BOOT or META"
     );
-    vm = Vm::start(&disk, port, [&registry.addr, &drip.addr, &cut.addr]);
+    vm = start(&disk, port, [&registry.addr, &drip.addr, &cut.addr]);
     let ready = vm.wait_for("ready version=", 1);
     assert!(ready.contains("version=0.1.0 slot=A"), "{ready}");
 
@@ -1384,7 +1242,7 @@ fn a_secure_boot_node_upgrades_over_the_api_and_refuses_a_payload_for_another_db
     let vars = vars.display().to_string();
     let port = reg::free_port();
     let r = registry.addr.as_str();
-    let mut vm = Vm::start_with(&disk, port, [r, r, r], &["--secure-boot", &vars]);
+    let mut vm = start_with(&disk, port, [r, r, r], &["--secure-boot", &vars]);
     let ready = vm.wait_for("ready version=", 1);
     assert!(ready.contains("version=0.1.0 slot=A"), "{ready}");
     let s = status(&vm, &creds, "watcher");

@@ -232,13 +232,18 @@ struct BootArgs {
     /// docs/design.md, "Disk controllers".
     #[arg(long, default_value = "virtio")]
     bus: qemu::Bus,
+    /// The guest's NIC, as on a real machine or hypervisor: virtio,
+    /// e1000, e1000e or vmxnet3.
+    #[arg(long, default_value = "virtio")]
+    nic: qemu::net::Nic,
     /// Serial number of the image's drive, as the guest sees it.
     #[arg(long)]
     serial: Option<String>,
     /// Attach another disk: SIZE (a blank disk for this boot, e.g. 4GiB) or
     /// an image FILE the guest writes to; `,serial=S` gives it a serial
-    /// number. Repeatable.
-    #[arg(long = "disk", value_name = "SIZE|FILE[,serial=S]")]
+    /// number, `,bus=B` attaches it on B (virtio, the default; nvme;
+    /// sata). Repeatable.
+    #[arg(long = "disk", value_name = "SIZE|FILE[,serial=S][,bus=B]")]
     disks: Vec<String>,
     /// Firmware: `uefi` (OVMF, systemd-boot) or `bios` (SeaBIOS, GRUB).
     #[arg(long, value_enum, default_value_t = FirmwareArg::Uefi)]
@@ -573,6 +578,7 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
     o.reboots = a.reboots;
     o.serial = a.serial;
     o.secure_boot_vars = a.secure_boot;
+    o.net.model = a.nic;
     o.net.forwards = a
         .forwards
         .iter()
@@ -660,10 +666,22 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
 /// created at `blank`, gone after the boot) or an existing image `FILE`,
 /// either followed by `,serial=S`.
 fn extra_disk(spec: &str, blank: &Path) -> Result<qemu::ExtraDisk> {
-    let (what, serial) = match spec.rsplit_once(",serial=") {
-        Some((w, s)) => (w, Some(s.to_string())),
-        None => (spec, None),
-    };
+    // Options after the disk, in any order: `,serial=S`, `,bus=B`.
+    let (mut what, mut serial, mut bus) = (spec, None, qemu::Bus::Virtio);
+    while let Some((rest, opt)) = what.rsplit_once(',') {
+        if let Some(s) = opt.strip_prefix("serial=") {
+            serial = Some(s.to_string());
+        } else if let Some(b) = opt.strip_prefix("bus=") {
+            bus = b
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--disk {spec}: {e}"))?;
+        } else {
+            break;
+        }
+        what = rest;
+    }
+    qemu::drive::extra_device_args(bus, "extra", 0, None)
+        .with_context(|| format!("--disk {spec}"))?;
     if let Some(s) = &serial {
         qemu::check_serial(s).with_context(|| format!("--disk {spec}"))?;
     }
@@ -680,6 +698,7 @@ fn extra_disk(spec: &str, blank: &Path) -> Result<qemu::ExtraDisk> {
         return Ok(qemu::ExtraDisk {
             path: path.to_path_buf(),
             serial,
+            bus,
         });
     }
     let size = size.map_err(|e| {
@@ -696,6 +715,7 @@ fn extra_disk(spec: &str, blank: &Path) -> Result<qemu::ExtraDisk> {
     Ok(qemu::ExtraDisk {
         path: blank.to_path_buf(),
         serial,
+        bus,
     })
 }
 

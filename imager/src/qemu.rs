@@ -137,6 +137,8 @@ pub struct ExtraDisk {
     pub path: PathBuf,
     /// Serial number the guest sees (`/sys/block/vdX/serial`).
     pub serial: Option<String>,
+    /// Its controller: virtio, nvme or sata ([`drive::extra_device_args`]).
+    pub bus: Bus,
 }
 
 /// The longest drive serial number QEMU gives virtio-blk (20, as ATA).
@@ -380,6 +382,13 @@ pub fn clean_line(raw: &str) -> String {
     out
 }
 
+/// The guest's CPU: QEMU's default model with RDRAND, which every x86-64
+/// machine since about 2012 has. Without it, a guest under TCG waits seconds
+/// at each boot for its random pool (the node API's TLS keys, mkfs.xfs's
+/// UUIDs): the kernel trusts the CPU's generator as KSPP wants
+/// (`random.trust_cpu`), and OVMF seeds the kernel from it too.
+pub const CPU: &str = "qemu64,+rdrand";
+
 fn find_qemu() -> Result<PathBuf> {
     for dir in std::env::var("PATH").unwrap_or_default().split(':') {
         let p = Path::new(dir).join("qemu-system-x86_64");
@@ -451,6 +460,7 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
         "-m",
     ])
     .arg(opts.memory_mib.to_string())
+    .args(["-cpu", CPU])
     .args(["-smp", "1", "-nodefaults", "-display", "none"])
     .args(if opts.reboots {
         &[][..]
@@ -517,14 +527,12 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
                 disk_format(&path)?,
                 quoted(&path)
             ))
-            .arg("-device")
-            .arg(format!(
-                "virtio-blk-pci,drive=extra{i}{}",
-                d.serial
-                    .as_ref()
-                    .map(|s| format!(",serial={s}"))
-                    .unwrap_or_default()
-            ));
+            .args(drive::extra_device_args(
+                d.bus,
+                &format!("extra{i}"),
+                i,
+                d.serial.as_deref(),
+            )?);
     }
     cmd.args(net::args(&opts.net)?);
     cmd.args(["-monitor", "none"]);

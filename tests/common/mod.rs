@@ -13,6 +13,7 @@ use std::process::{Command, Output};
 mod fixture;
 #[allow(clippy::duplicate_mod)]
 mod tool;
+pub mod vm;
 #[allow(unused_imports)]
 pub use fixture::{Fixture, panic_text};
 #[allow(unused_imports)]
@@ -416,6 +417,7 @@ pub fn cut_upgrade(
 pub fn direct_qemu(kernel: &Path, initramfs: &Path, append: &str) -> Command {
     let mut c = Command::new("qemu-system-x86_64");
     c.args(["-machine", "q35", "-m", "768", "-nodefaults"])
+        .args(["-cpu", imager::qemu::CPU])
         .args(["-display", "none", "-no-reboot", "-serial", "stdio"])
         .arg("-kernel")
         .arg(kernel)

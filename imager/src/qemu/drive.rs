@@ -100,6 +100,31 @@ impl std::str::FromStr for Bus {
     }
 }
 
+/// The `-device` arguments that attach the `index`th extra disk, drive
+/// `drive`, on `bus`, without a boot index: after the boot disk, on a
+/// controller of its own (NVMe), a port of its own of q35's AHCI (SATA:
+/// ports 1 to 5; the boot disk's is 0) or virtio-blk. Other buses are
+/// refused: their controllers are the boot disk's.
+pub fn extra_device_args(
+    bus: Bus,
+    drive: &str,
+    index: usize,
+    serial: Option<&str>,
+) -> Result<Vec<String>> {
+    let serial_opt = serial.map(|s| format!(",serial={s}")).unwrap_or_default();
+    let device = match bus {
+        Bus::Virtio => format!("virtio-blk-pci,drive={drive}{serial_opt}"),
+        Bus::Nvme => format!("nvme,drive={drive},serial={}", serial.unwrap_or(drive)),
+        Bus::Sata if index < 5 => format!("ide-hd,bus=ide.{},drive={drive}{serial_opt}", index + 1),
+        Bus::Sata => bail!("--disk …,bus=sata: q35's AHCI controller has room for 5 more disks"),
+        other => bail!(
+            "--disk …,bus={}: an extra disk goes on virtio, nvme or sata",
+            other.name()
+        ),
+    };
+    Ok(vec!["-device".into(), device])
+}
+
 /// The `-device` arguments that attach drive `drive` (an `-drive if=none`
 /// id) on `bus` as the first boot device, with `sector_size`-byte logical
 /// and physical blocks and the serial number `serial` (NVMe needs one:
@@ -164,6 +189,45 @@ pub fn device_args(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn attaches_extra_disks_after_the_boot_disk_on_their_own_controllers() {
+        let args = |bus, i, serial| extra_device_args(bus, "extra1", i, serial).unwrap();
+        assert_eq!(
+            args(Bus::Virtio, 1, Some("s1")),
+            ["-device", "virtio-blk-pci,drive=extra1,serial=s1"]
+        );
+        assert_eq!(
+            args(Bus::Nvme, 1, None),
+            ["-device", "nvme,drive=extra1,serial=extra1"]
+        );
+        // SATA: port 0 is the boot disk's.
+        assert_eq!(
+            args(Bus::Sata, 0, None),
+            ["-device", "ide-hd,bus=ide.1,drive=extra1"]
+        );
+        assert!(
+            extra_device_args(Bus::Sata, "x", 5, None)
+                .unwrap_err()
+                .to_string()
+                .contains("room for 5 more")
+        );
+        // No boot index: the firmware boots the image.
+        assert!(!args(Bus::Nvme, 0, None).concat().contains("bootindex"));
+        for bus in [
+            Bus::Usb,
+            Bus::Uas,
+            Bus::VirtioScsi,
+            Bus::Megasas,
+            Bus::Lsi,
+            Bus::Pvscsi,
+        ] {
+            let e = extra_device_args(bus, "x", 0, None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("on virtio, nvme or sata"), "{e}");
+        }
+    }
 
     #[test]
     fn each_bus_attaches_the_drive_as_the_first_boot_device() {

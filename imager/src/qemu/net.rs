@@ -1,5 +1,6 @@
-//! The guest's network: one virtio-net NIC on QEMU's user-mode network
-//! (slirp), `restrict=on` so that the guest reaches nothing outside QEMU
+//! The guest's network: one NIC ([`Nic`]: virtio-net, or the Intel or
+//! VMware NIC of a real machine or hypervisor) on QEMU's
+//! user-mode network (slirp), `restrict=on` so that the guest reaches nothing outside QEMU
 //! but what is forwarded explicitly, and only to the host's loopback:
 //!
 //! - [`Forward`]: a host port on 127.0.0.1 forwarded to a guest port
@@ -46,11 +47,67 @@ pub struct GuestForward {
     pub host_port: u16,
 }
 
+/// The NIC QEMU gives the guest: `imager boot --nic`. Each is one whose
+/// driver the default kernel carries (kernel-config/hardware.config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Nic {
+    /// virtio-net (the default: QEMU's fastest).
+    #[default]
+    Virtio,
+    /// Intel 82540EM (e1000): QEMU's and many hypervisors' default.
+    E1000,
+    /// Intel 82574L (e1000e): the NIC of Intel boards, Hyper-V's and
+    /// VMware's "e1000e".
+    E1000e,
+    /// VMware's paravirtual VMXNET3.
+    Vmxnet3,
+}
+
+impl Nic {
+    pub const ALL: [Nic; 4] = [Nic::Virtio, Nic::E1000, Nic::E1000e, Nic::Vmxnet3];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Nic::Virtio => "virtio",
+            Nic::E1000 => "e1000",
+            Nic::E1000e => "e1000e",
+            Nic::Vmxnet3 => "vmxnet3",
+        }
+    }
+
+    /// QEMU's device.
+    fn device(self) -> &'static str {
+        match self {
+            Nic::Virtio => "virtio-net-pci",
+            Nic::E1000 => "e1000",
+            Nic::E1000e => "e1000e",
+            Nic::Vmxnet3 => "vmxnet3",
+        }
+    }
+}
+
+impl std::str::FromStr for Nic {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Nic, String> {
+        Nic::ALL.into_iter().find(|n| n.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Nic::ALL.iter().map(|n| n.name()).collect();
+            format!(
+                "{} is not a NIC: one of {}",
+                contract::text::excerpt(s),
+                names.join(", ")
+            )
+        })
+    }
+}
+
 /// The guest's network.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetOptions {
     /// Give the guest its NIC at all.
     pub nic: bool,
+    /// Which NIC.
+    pub model: Nic,
     /// The program QEMU runs for each connection of a [`GuestForward`]
     /// (`PROGRAM relay HOST:PORT`); this program when `None`.
     pub relay: Option<std::path::PathBuf>,
@@ -62,6 +119,7 @@ impl Default for NetOptions {
     fn default() -> Self {
         NetOptions {
             nic: true,
+            model: Nic::Virtio,
             relay: None,
             forwards: Vec::new(),
             guest_forwards: Vec::new(),
@@ -216,8 +274,8 @@ pub fn relay(to: &str) -> Result<()> {
 }
 
 /// QEMU's arguments for the guest's network: none without a NIC; else the
-/// user-mode netdev (restricted, with the forwards) and a virtio-net NIC
-/// without option ROM. Refuses a host port forwarded twice, or a guest
+/// user-mode netdev (restricted, with the forwards) and the NIC, without
+/// option ROM. Refuses a host port forwarded twice, or a guest
 /// address and port forwarded twice.
 pub fn args(net: &NetOptions) -> Result<Vec<String>> {
     if !net.nic {
@@ -262,7 +320,7 @@ pub fn args(net: &NetOptions) -> Result<Vec<String>> {
         "-netdev".into(),
         netdev,
         "-device".into(),
-        "virtio-net-pci,netdev=net0,romfile=".into(),
+        format!("{},netdev=net0,romfile=", net.model.device()),
     ])
 }
 
@@ -283,6 +341,7 @@ mod tests {
         );
         let net = NetOptions {
             nic: true,
+            model: Nic::Vmxnet3,
             forwards: vec![
                 Forward::parse("8443:50000").unwrap(),
                 Forward::parse("2222:22").unwrap(),
@@ -301,6 +360,23 @@ mod tests {
             ..NetOptions::default()
         };
         assert!(args(&none).unwrap().is_empty());
+    }
+
+    #[test]
+    fn names_each_nic_and_refuses_others() {
+        for n in Nic::ALL {
+            assert_eq!(n.name().parse::<Nic>(), Ok(n));
+        }
+        let e1000e = NetOptions {
+            model: Nic::E1000e,
+            ..NetOptions::default()
+        };
+        assert_eq!(args(&e1000e).unwrap()[3], "e1000e,netdev=net0,romfile=");
+        let err = "rtl8139".parse::<Nic>().unwrap_err();
+        assert!(
+            err.contains("not a NIC: one of virtio, e1000, e1000e, vmxnet3"),
+            "{err}"
+        );
     }
 
     #[test]
