@@ -9,6 +9,13 @@ pub const SLOT: &str = "machined.slot";
 /// already counted down), `machined.trial=0` otherwise. systemd-boot's
 /// entries never carry it, so it also says that GRUB booted.
 pub const TRIAL: &str = "machined.trial";
+/// Set by GRUB (the BIOS path, `contract::grubcfg`) after the entry's
+/// options: `machined.boot_part=GUID`, the unique GUID of the BOOT
+/// partition GRUB read the slot's files from (`probe --part-uuid`), so
+/// that the runtime knows the disk it booted from (under UEFI, systemd-boot
+/// says so in `LoaderDevicePartUUID`). Empty when GRUB's core image cannot
+/// probe (one written before it could).
+pub const BOOT_PART: &str = "machined.boot_part";
 /// What to do when the runtime fails: `machined.on_failure=reboot|halt|poweroff`.
 pub const ON_FAILURE: &str = "machined.on_failure";
 /// Stop before reaching ready (for tests of a deliberately broken version):

@@ -36,7 +36,8 @@
 //!
 //! The kernel's command line is the entry's options (which end with
 //! `machined.slot=X`) followed by `machined.trial=1` (a trial boot, counted)
-//! or `machined.trial=0`; systemd-boot's entries never carry
+//! or `machined.trial=0`, and `machined.boot_part=` BOOT's unique GUID
+//! (`probe --part-uuid`: the disk GRUB booted from, for the runtime); systemd-boot's entries never carry
 //! `machined.trial`, so its presence also says GRUB booted
 //! ([`crate::cmdline::TRIAL`]).
 //!
@@ -206,7 +207,11 @@ pub fn slot_config(slot: Slot, entry: &Entry) -> Result<String, String> {
         linux.push(' ');
         linux.push_str(&word(arg));
     }
-    linux.push_str(&format!(" {}=${{boot_trial}}", crate::cmdline::TRIAL));
+    linux.push_str(&format!(
+        " {}=${{boot_trial}} {}=${{boot_part}}",
+        crate::cmdline::TRIAL,
+        crate::cmdline::BOOT_PART
+    ));
     // The version only when it cannot end the comment it is in.
     let version = if entry
         .version
@@ -220,6 +225,10 @@ pub fn slot_config(slot: Slot, entry: &Entry) -> Result<String, String> {
     let mut s = format!(
         "# Written by imager: slot {slot} ({version}) for GRUB, sourced by /{CONFIG_PATH}.\n"
     );
+    // The unique GUID of BOOT, read from its disk's GPT: the runtime's
+    // word on which disk booted (docs/design.md, "The boot disk"). A core
+    // image without `probe` (written before it had it) leaves it empty.
+    s.push_str("set boot_part=\nprobe --set=boot_part --part-uuid \"${root}\"\n");
     s.push_str(&format!("if {linux}; then\n"));
     if entry.initrd.is_empty() {
         s.push_str(&format!("  set loaded={slot}\n"));
@@ -240,12 +249,17 @@ fn path_ok(p: &str) -> bool {
 }
 
 /// The length of the command line GRUB gives the kernel for `entry`:
-/// `BOOT_IMAGE=/<linux>`, the options and `machined.trial=N`, separated by
-/// single spaces (GRUB 2.06's i386 `linux` command). Compare with
-/// [`crate::cmdline::MAX_LEN`].
+/// `BOOT_IMAGE=/<linux>`, the options, `machined.trial=N` and
+/// `machined.boot_part=GUID`, separated by single spaces (GRUB 2.06's i386
+/// `linux` command). Compare with [`crate::cmdline::MAX_LEN`].
 pub fn loaded_len(entry: &Entry) -> usize {
     let words: usize = entry.options.split_whitespace().map(|w| w.len() + 1).sum();
-    "BOOT_IMAGE=/".len() + entry.linux.len() + words + " machined.trial=1".len()
+    "BOOT_IMAGE=/".len()
+        + entry.linux.len()
+        + words
+        + " machined.trial=1".len()
+        + format!(" {}=", crate::cmdline::BOOT_PART).len()
+        + 36
 }
 
 /// GRUB's rendering of a state: the good slot (`grub.cfg`'s first sector)

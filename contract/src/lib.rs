@@ -10,6 +10,7 @@
 //! runtime can link it without pulling in the builder's dependencies.
 
 pub mod boot;
+pub mod bootdisk;
 pub mod cmdline;
 pub mod date;
 pub mod grub;

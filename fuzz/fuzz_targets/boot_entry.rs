@@ -1,6 +1,8 @@
 //! Boot Loader Specification entries, entry names, kernel command lines
 //! (with the runtime's keys: the live install, the network, plain-HTTP
-//! registries) and the rootfs manifest: parsers the runtime and inspect feed with disk data.
+//! registries, the boot disk's partition) and the rootfs manifest: parsers
+//! the runtime and inspect feed with disk data; and the UEFI loader's
+//! `LoaderDevicePartUUID` variable.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
@@ -26,4 +28,11 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = contract::cmdline::plain_http(&text);
     let _ = contract::skeleton::parse(&text);
+    // The words naming the boot disk: GRUB's key and the UEFI loader's
+    // variable (the same bytes as efivarfs would give them).
+    let _ = contract::bootdisk::boot_part(&text);
+    if let Some(g) = contract::bootdisk::decode_loader_variable(data) {
+        assert!(data.len() >= 4 + 2 * 36);
+        let _ = g;
+    }
 });

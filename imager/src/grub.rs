@@ -26,8 +26,9 @@ pub const DEFAULT_DIR: &str = "/usr/lib/grub/i386-pc";
 /// loads the initrd too); the environment block (`loadenv`: `load_env`,
 /// `save_env`) and conditions (`test`: `[ … ]`) for the A-B rendering;
 /// `echo`; the serial console (`serial`) and `terminal_input`/`_output`
-/// (`terminal`). No `search`: the prefix names BOOT's partition.
-pub const MODULES: [&str; 11] = [
+/// (`terminal`); `probe` (BOOT's unique GUID). No `search`: the prefix
+/// names BOOT's partition.
+pub const MODULES: [&str; 12] = [
     "biosdisk",
     "part_gpt",
     "fat",
@@ -40,6 +41,9 @@ pub const MODULES: [&str; 11] = [
     "terminal",
     // `source`, with which grub.cfg loads a slot's lines (contract::grubcfg).
     "configfile",
+    // `probe --part-uuid`: BOOT's unique GUID for the kernel's command
+    // line, the runtime's word on which disk booted.
+    "probe",
 ];
 
 const MKIMAGE: &str = "grub-mkimage";

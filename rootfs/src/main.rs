@@ -3,7 +3,9 @@
 //! and stage 2 (`/usr/bin/machined` in the root filesystem).
 
 mod api;
+mod bootdisk;
 mod console;
+mod efi;
 mod failure;
 mod input;
 mod live;

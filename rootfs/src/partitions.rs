@@ -2,9 +2,8 @@
 //! `/sys/class/block/*` (the kernel exports the GPT partition name as
 //! `PARTNAME=`), and waiting for them to appear in /dev.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 /// What a uevent file says about a block device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -97,59 +96,28 @@ fn disk_of(class_entry: &Path) -> Option<String> {
         .map(|n| n.to_string_lossy().into_owned())
 }
 
-/// The partition labelled `label`. When several disks carry it, the first by
-/// kernel name is used and the others are returned to be reported.
-pub fn find<'a>(
-    parts: &'a [Partition],
-    label: &str,
-) -> Option<(&'a Partition, Vec<&'a Partition>)> {
-    let mut matching = parts.iter().filter(|p| p.label == label);
-    let first = matching.next()?;
-    Some((first, matching.collect()))
-}
-
 /// Partitions on the same disk as `anchor`, for reporting the layout (all
 /// those of unknown disk when sysfs does not say).
 pub fn on_disk_of<'a>(parts: &'a [Partition], anchor: &Partition) -> Vec<&'a Partition> {
     parts.iter().filter(|p| p.disk == anchor.disk).collect()
 }
 
-/// Polls sysfs until a partition labelled `label` exists and its device node
-/// is in `dev_root`, or `timeout` passes. Returns the partition and the
-/// other partitions seen at that moment.
-pub fn wait_for(
-    sys_root: &Path,
-    dev_root: &Path,
-    label: &str,
-    timeout: Duration,
-    interval: Duration,
-) -> Result<(Partition, Vec<Partition>)> {
-    let start = Instant::now();
-    loop {
-        let parts = scan(sys_root)?;
-        if let Some((p, _)) = find(&parts, label)
-            && p.dev_path(dev_root).exists()
-        {
-            let p = p.clone();
-            return Ok((p, parts));
-        }
-        if start.elapsed() >= timeout {
-            let seen: Vec<String> = parts
-                .iter()
-                .map(|p| format!("{}={}", p.name, p.label))
-                .collect();
-            bail!(
-                "no partition labelled {label} appeared in {:.1}s (labelled partitions seen: {})",
-                timeout.as_secs_f64(),
-                if seen.is_empty() {
-                    "none".into()
-                } else {
-                    seen.join(", ")
-                }
-            );
-        }
-        std::thread::sleep(interval);
+/// `vda4=META, vda5=STATE`: the labelled partitions seen, for messages.
+pub fn describe(parts: &[Partition]) -> String {
+    if parts.is_empty() {
+        return "none".into();
     }
+    parts
+        .iter()
+        .map(|p| {
+            format!(
+                "{}={}",
+                contract::text::escape(&p.name),
+                contract::text::escape(&p.label)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
@@ -176,7 +144,7 @@ pub(crate) mod tests {
     }
 
     /// A fake sysfs with real-looking symlinks: class/block/X -> devices/.../X.
-    fn fake_sys(root: &Path) {
+    pub(crate) fn fake_sys(root: &Path) {
         let dev = root.join("devices/virtio0/block");
         let disk = dev.join("vda");
         std::fs::create_dir_all(root.join("class/block")).unwrap();
@@ -226,30 +194,15 @@ pub(crate) mod tests {
         fake_sys(&root);
         let parts = scan(&root).unwrap();
         assert_eq!(parts.len(), contract::LAYOUT.len());
-        let (meta, others) = find(&parts, PartitionRole::Meta.label()).unwrap();
+        let meta = parts
+            .iter()
+            .find(|p| p.label == PartitionRole::Meta.label())
+            .unwrap();
         assert_eq!(meta.name, "vda4");
         assert_eq!(meta.disk.as_deref(), Some("vda"));
-        assert!(others.is_empty());
         assert_eq!(on_disk_of(&parts, meta).len(), contract::LAYOUT.len());
-        assert!(find(&parts, "NOPE").is_none());
-        std::fs::remove_dir_all(&root).unwrap();
-    }
-
-    #[test]
-    fn waits_for_device_node_then_times_out_with_context() {
-        let root = tempdir("wait");
-        fake_sys(&root.join("sys"));
-        let dev = root.join("dev");
-        std::fs::create_dir_all(&dev).unwrap();
-        let short = Duration::from_millis(30);
-        let tick = Duration::from_millis(5);
-        // The label is in sysfs but /dev/vda4 does not exist yet.
-        let err = wait_for(&root.join("sys"), &dev, "META", short, tick).unwrap_err();
-        assert!(format!("{err:#}").contains("vda4=META"), "{err:#}");
-        std::fs::write(dev.join("vda4"), "").unwrap();
-        let (p, all) = wait_for(&root.join("sys"), &dev, "META", short, tick).unwrap();
-        assert_eq!(p.dev_path(&dev), dev.join("vda4"));
-        assert_eq!(all.len(), 6);
+        assert!(describe(&parts).contains("vda4=META"));
+        assert_eq!(describe(&[]), "none");
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

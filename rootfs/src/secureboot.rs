@@ -1,7 +1,6 @@
 //! Whether the firmware booted with Secure Boot on, for the ready line:
 //! the UEFI global variable `SecureBoot` (4 bytes of attributes, then one
-//! byte, 1 = on) read through efivarfs, mounted read-only at
-//! [`EFIVARS`] when it is not there yet.
+//! byte, 1 = on) read through efivarfs ([`crate::efi`]).
 //!
 //! Without `/sys/firmware/efi` the machine booted through BIOS: off. A UEFI
 //! boot whose efivarfs cannot be mounted (a kernel without
@@ -9,16 +8,11 @@
 //! Firmware without Secure Boot support has no such variable: off.
 
 use crate::console::say;
-use crate::mount;
+use crate::efi;
 use contract::ready::SecureBoot;
-use std::path::Path;
 
-const EFI: &str = "/sys/firmware/efi";
-const EFIVARS: &str = "/sys/firmware/efi/efivars";
-/// EFI_GLOBAL_VARIABLE's GUID.
+/// EFI_GLOBAL_VARIABLE's `SecureBoot`.
 const VARIABLE: &str = "SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c";
-/// statfs(2)'s f_type of efivarfs (<linux/magic.h>).
-const EFIVARFS_MAGIC: i64 = 0xde5e_81e4;
 
 /// The variable's contents to a state: attributes (4 bytes) and a byte.
 pub fn decode(bytes: &[u8]) -> SecureBoot {
@@ -29,37 +23,17 @@ pub fn decode(bytes: &[u8]) -> SecureBoot {
     }
 }
 
-fn mounted() -> bool {
-    let Ok(c) = crate::sys::cstr(EFIVARS) else {
-        return false;
-    };
-    // SAFETY: statfs fills the zeroed struct; the path is a C string.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
-    r == 0 && st.f_type as i64 == EFIVARFS_MAGIC
-}
-
 /// The Secure Boot state of this boot.
 pub fn state() -> SecureBoot {
-    if !Path::new(EFI).is_dir() {
+    if !efi::booted_uefi() {
         return SecureBoot::Off;
     }
-    if !mounted() {
-        let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-        if let Err(e) = mount::fs("efivarfs", EFIVARS, flags, None) {
-            say(format!(
-                "stage2: warning: cannot read the Secure Boot state: {e:#} (is \
-                 CONFIG_EFIVAR_FS on?)"
-            ));
-            return SecureBoot::Unknown;
-        }
-    }
-    match std::fs::read(Path::new(EFIVARS).join(VARIABLE)) {
-        Ok(bytes) => decode(&bytes),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => SecureBoot::Off,
+    match efi::read(VARIABLE) {
+        Ok(Some(bytes)) => decode(&bytes),
+        Ok(None) => SecureBoot::Off,
         Err(e) => {
             say(format!(
-                "stage2: warning: reading {EFIVARS}/{VARIABLE}: {e}"
+                "stage2: warning: cannot read the Secure Boot state: {e:#}"
             ));
             SecureBoot::Unknown
         }

@@ -7,11 +7,12 @@
 
 use crate::console::{self, say};
 use crate::partitions::{self, Partition};
-use crate::{api, failure, live, net, osrelease, power, secureboot, slots, storage, verity};
+use crate::{
+    api, bootdisk, failure, live, net, osrelease, power, secureboot, slots, storage, verity,
+};
 use anyhow::{Context, Result};
 use contract::cmdline;
 use contract::meta::{Meta, SlotRecord, Tag};
-use contract::partition::PartitionRole;
 use contract::paths::ROOTFS_OS_RELEASE;
 use std::convert::Infallible;
 use std::path::Path;
@@ -43,15 +44,15 @@ pub fn run() -> Result<Infallible> {
     }
     let slot = cmdline::slot(&cmdline)
         .with_context(|| format!("no valid {}=A|B on the kernel command line", cmdline::SLOT))?;
-    let label = PartitionRole::Meta.label();
-    let (meta_part, all) = partitions::wait_for(
+    let said = bootdisk::who_said(&cmdline).context("finding the disk this machine booted from")?;
+    let (meta_part, all, why) = bootdisk::wait_for_meta(
         Path::new("/sys"),
         Path::new("/dev"),
-        label,
+        said,
         DEVICE_TIMEOUT,
         DEVICE_POLL,
     )?;
-    report_layout(&meta_part, &all);
+    report_layout(&meta_part, &all, &why);
     let dev = meta_part.dev_path(Path::new("/dev"));
     let (meta, copy) = read_meta(&dev)?;
     say(format!(
@@ -269,9 +270,10 @@ fn install(
     Ok((version, node))
 }
 
-/// One line naming the partitions found on META's disk, and any other disk
-/// that also has a META partition.
-fn report_layout(meta: &Partition, all: &[Partition]) {
+/// One line naming the boot disk, why it is the one, and the partitions
+/// found on it; one for each other disk that also carries META (never
+/// read for slots, never written).
+fn report_layout(meta: &Partition, all: &[Partition], why: &str) {
     let on_disk = partitions::on_disk_of(all, meta);
     let found: Vec<String> = contract::LAYOUT
         .iter()
@@ -282,18 +284,20 @@ fn report_layout(meta: &Partition, all: &[Partition]) {
             },
         )
         .collect();
-    say(format!(
-        "stage2: disk {}: {}",
-        meta.disk.as_deref().unwrap_or("?"),
-        found.join(" ")
-    ));
-    if let Some((_, others)) = partitions::find(all, meta.label.as_str()) {
-        for o in others {
-            say(format!(
-                "stage2: warning: {} is also labelled {}; using {}",
-                o.name, meta.label, meta.name
-            ));
-        }
+    let disk = meta.disk.as_deref().unwrap_or("?");
+    say(format!("stage2: boot disk {disk}: {why}"));
+    say(format!("stage2: disk {disk}: {}", found.join(" ")));
+    for o in all
+        .iter()
+        .filter(|p| p.label == meta.label && p.disk != meta.disk)
+    {
+        say(format!(
+            "stage2: disk {} also carries {} ({}): it is not the disk this machine booted \
+             from, and is never written",
+            o.disk.as_deref().unwrap_or("?"),
+            meta.label,
+            o.name
+        ));
     }
 }
 

@@ -1,7 +1,7 @@
 //! Runs the rendered `grub.cfg` and `X/grub.cfg` through a small
 //! interpreter of the part of GRUB's script language they use (words with
 //! quotes and `${var}`, `;`, `if`/`elif`/`else`/`fi`, `[ a = b ]`, `set`,
-//! `load_env`, `save_env`, `source`, `linux`, `initrd`, `boot`), so that
+//! `load_env`, `save_env`, `source`, `probe`, `linux`, `initrd`, `boot`), so that
 //! the text itself, not only the model [`next_boot`], is checked: for every
 //! good slot, every block (none, unreadable, no trial, each slot with 0 to
 //! 99 tries) and a `save_env` that works or fails. A command it does not
@@ -322,6 +322,12 @@ impl Machine {
                 }
             }
             ["initrd", path] => self.files.contains_key(*path),
+            // GRUB sets `root` from its prefix, `(,gpt3)/grub`: BOOT.
+            ["probe", "--set=boot_part", "--part-uuid", dev] => {
+                assert_eq!(*dev, "hd0,gpt3", "probe of another device than BOOT");
+                self.vars.insert("boot_part".into(), BOOT_PART_UUID.into());
+                true
+            }
             ["boot"] => match self.cmdline.clone() {
                 Some(c) => return Flow::Booted(c),
                 None => false,
@@ -331,6 +337,9 @@ impl Machine {
         Flow::Status(ok)
     }
 }
+
+/// What the interpreter's `probe --part-uuid` finds: BOOT's unique GUID.
+const BOOT_PART_UUID: &str = "0f1e2d3c-4b5a-4968-8776-655443322110";
 
 /// Runs grub.cfg for `good` against `block` with the slots in `present`
 /// loadable: (slot booted, machined.trial, block after, saves).
@@ -358,7 +367,7 @@ fn run_cfg(
         files.insert(format!("/{}", e.initrd), String::new());
     }
     let mut m = Machine {
-        vars: HashMap::new(),
+        vars: HashMap::from([("root".to_string(), "hd0,gpt3".to_string())]),
         block,
         save_works,
         files,
@@ -384,6 +393,11 @@ fn run_cfg(
             let trial = crate::cmdline::trial(&cmdline).expect("machined.trial");
             assert!(
                 cmdline.starts_with("console=ttyS0 x=$y;z machined.slot="),
+                "{cmdline}"
+            );
+            assert_eq!(
+                crate::cmdline::get(&cmdline, crate::cmdline::BOOT_PART).as_deref(),
+                Some(BOOT_PART_UUID),
                 "{cmdline}"
             );
             Some((slot, trial, m.block, m.saves))

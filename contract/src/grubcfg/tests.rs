@@ -85,8 +85,10 @@ fn slot_config_loads_the_entry_and_says_so() {
     assert_eq!(
         slot_config(Slot::B, &e).unwrap(),
         "# Written by imager: slot B (1.0) for GRUB, sourced by /grub/grub.cfg.\n\
+         set boot_part=\n\
+         probe --set=boot_part --part-uuid \"${root}\"\n\
          if linux /B/vmlinuz-0123456789abcdef console=ttyS0,115200 panic=10 'x=$y;z' \
-         machined.slot=B machined.trial=${boot_trial}; then\n  \
+         machined.slot=B machined.trial=${boot_trial} machined.boot_part=${boot_part}; then\n  \
          if initrd /B/initramfs-fedcba9876543210.zst; then\n    \
          set loaded=B\n  \
          fi\n\
@@ -129,9 +131,15 @@ fn slot_config_loads_the_entry_and_says_so() {
         text.starts_with("# Written by imager: slot B (?) for GRUB"),
         "{text}"
     );
-    assert_eq!(text.lines().count(), 6);
-    // BOOT_IMAGE=/B/vmlinuz-… + options + machined.trial=1
-    let want = format!("BOOT_IMAGE=/{} {} machined.trial=1", e.linux, e.options);
+    assert_eq!(text.lines().count(), 8);
+    // BOOT_IMAGE=/B/vmlinuz-… + options + machined.trial=1 +
+    // machined.boot_part=GUID
+    let want = format!(
+        "BOOT_IMAGE=/{} {} machined.trial=1 machined.boot_part={}",
+        e.linux,
+        e.options,
+        crate::guid::Guid::nil()
+    );
     assert_eq!(loaded_len(&e), want.len());
 }
 
