@@ -16,13 +16,11 @@ mod common;
 #[path = "../registry/tests/common/mod.rs"]
 mod reg;
 
+use common::vm::*;
 use common::*;
 use serde_json::Value;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
 /// `grep ARGS FILE`: the matching lines (grep exits 1 when none match, 2
 /// on an error, which fails the test).
@@ -116,102 +114,22 @@ const GUEST_REGISTRY: &str = "10.0.2.100:5000";
 /// `restrict=on` is the host's loopback.
 const HOST_ALIAS: &str = "10.0.2.2";
 
-/// A running `imager boot --stay` of the node, its console in a file;
-/// dropped, it is killed with its QEMU.
-struct Vm {
-    child: Child,
-    log: PathBuf,
-    port: u16,
+/// The node's API as the operator `ops` of `creds`: `imager node ARGS`.
+fn as_ops(vm: &Vm, creds: &Path, args: &[&str]) -> std::process::Output {
+    node_cmd(vm, creds, "ops", args)
 }
 
-impl Vm {
-    fn start(disk: &Path, port: u16, guest_forward: &str) -> Vm {
-        let log = disk.with_extension("console.log");
-        let _ = std::fs::remove_file(&log);
-        let child = imager()
-            .args(["boot", "--write", "--stay", "--quiet", "--json"])
-            .args(["--timeout", "900", "--forward"])
-            .arg(format!("{port}:{}", nodeapi::proto::PORT))
-            .arg("--guest-forward")
-            .arg(guest_forward)
-            .arg("--console-log")
-            .arg(&log)
-            .arg(disk)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            // Its own process group: dropped, it goes with its QEMU.
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        Vm { child, log, port }
-    }
-
-    fn console(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits (at most 900 s) for a console line containing `what`.
-    fn wait_for(&mut self, what: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(900);
-        loop {
-            let text = self.console();
-            if let Some(line) = text.lines().find(|l| l.contains(what)) {
-                return line.to_string();
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("imager boot ended ({status}) before {what:?}; console:\n{text}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {what:?} within 900 s; console:\n{text}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    /// `imager node ARGS` as the operator `ops` of `creds`.
-    fn node(&self, creds: &Path, args: &[&str]) -> std::process::Output {
-        run(imager()
-            .arg("node")
-            .args(args)
-            .args(["--node", &format!("127.0.0.1:{}", self.port)])
-            .args(["--server-name", "node1", "--client", "ops"])
-            .arg("--credentials")
-            .arg(creds))
-    }
-
-    /// The node's status (`imager node status --json`).
-    fn status(&self, creds: &Path) -> Value {
-        let out = self.node(creds, &["status", "--json"]);
-        assert!(
-            out.status.success(),
-            "status: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
-
-    /// The stderr of an `imager node upgrade --image IMAGE` that must be
-    /// refused.
-    fn refused_upgrade(&self, creds: &Path, image: &str) -> String {
-        let out = self.node(creds, &["upgrade", "--image", image]);
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(
-            !out.status.success(),
-            "{image}: expected a refusal, got: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        err
-    }
-}
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.child.id())])
-            .status();
-        let _ = self.child.wait();
-    }
+/// The stderr of an `imager node upgrade --image IMAGE` (as `ops`) that
+/// must be refused.
+fn refused_upgrade(vm: &Vm, creds: &Path, image: &str) -> String {
+    let out = as_ops(vm, creds, &["upgrade", "--image", image]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "{image}: expected a refusal, got: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    err
 }
 
 /// `skopeo copy` of `archive` to `docker://REGISTRY/NAME` over plain HTTP
@@ -306,10 +224,17 @@ fn the_guest_reaches_the_host_only_through_guest_forward_and_a_node_takes_only_p
         .arg(&creds)
         .args(["--node", "node1"]));
     let port = reg::free_port();
-    let mut vm = Vm::start(&disk, port, &format!("{GUEST_REGISTRY}={}", proxy.addr));
-    let ready = vm.wait_for("machined: ready version=");
+    let mut vm = Vm::boot(
+        &disk,
+        port,
+        &[
+            "--guest-forward",
+            &format!("{GUEST_REGISTRY}={}", proxy.addr),
+        ],
+    );
+    let ready = vm.wait_for("ready version=", 1);
     assert!(ready.contains("version=0.1.0 slot=A"), "{ready}");
-    vm.wait_for("api: listening on port");
+    vm.wait_for("api: listening on port", 1);
 
     // The booted kernel: IPv4 registered, no IPv6 or packet sockets.
     let console = vm.console();
@@ -326,7 +251,7 @@ fn the_guest_reaches_the_host_only_through_guest_forward_and_a_node_takes_only_p
     assert_eq!(proxy.connections.load(Ordering::SeqCst), 0);
     let proxy_port = proxy.addr.rsplit(':').next().unwrap();
     let direct = format!("{HOST_ALIAS}:{proxy_port}");
-    let err = vm.refused_upgrade(&creds, &format!("{direct}/metal/installer:kept"));
+    let err = refused_upgrade(&vm, &creds, &format!("{direct}/metal/installer:kept"));
     assert!(
         err.contains(&format!("cannot reach registry {direct}")),
         "{err}"
@@ -340,7 +265,7 @@ fn the_guest_reaches_the_host_only_through_guest_forward_and_a_node_takes_only_p
     // Through the forward: the gzipped image is read and refused, saying
     // how to push it; nothing changes.
     let image = format!("{GUEST_REGISTRY}/metal/installer:gzipped");
-    let err = vm.refused_upgrade(&creds, &image);
+    let err = refused_upgrade(&vm, &creds, &image);
     assert!(
         err.contains(&format!(
             "layer 0 of {image} is {tar}+gzip, not an uncompressed tar: push the installer \
@@ -349,13 +274,14 @@ fn the_guest_reaches_the_host_only_through_guest_forward_and_a_node_takes_only_p
         "{err}"
     );
     assert!(proxy.connections.load(Ordering::SeqCst) > 0);
-    let s = vm.status(&creds);
+    let s = status(&vm, &creds, "ops");
     assert_eq!(s["slots"][1]["status"], "empty", "{s}");
     assert!(s["staged"].is_null(), "{s}");
 
     // The same archive pushed with --preserve-digests: pulled, verified
     // and staged into slot B.
-    let out = vm.node(
+    let out = as_ops(
+        &vm,
         &creds,
         &[
             "upgrade",
@@ -371,7 +297,7 @@ fn the_guest_reaches_the_host_only_through_guest_forward_and_a_node_takes_only_p
         String::from_utf8_lossy(&out.stderr),
         vm.console()
     );
-    let s = vm.status(&creds);
+    let s = status(&vm, &creds, "ops");
     assert_eq!(s["staged"], "0.1.0 in slot B", "{s}");
     drop(vm);
     std::fs::remove_file(&disk).unwrap();
