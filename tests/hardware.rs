@@ -23,7 +23,13 @@ use std::path::Path;
 
 fn image() -> &'static Build {
     static I: Fixture<Build> = Fixture::new("hardware-image");
-    I.get(|| build_into("hardware"))
+    I.get(|| {
+        build_profile(
+            "hardware",
+            &repo().join("profiles/metal-hardware.yaml"),
+            &[],
+        )
+    })
 }
 
 /// The kernel's name of the first disk a controller of `bus` gives.

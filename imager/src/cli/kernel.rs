@@ -23,8 +23,8 @@ pub struct BuildArgs {
     #[arg(long, default_value = DEFAULT_SOURCE)]
     pub source: PathBuf,
     /// Config fragment, merged in order onto tinyconfig (repeatable).
-    /// Default: kernel-config/base.config, network.config, hardware.config,
-    /// kspp.config and hardening-distro.config.
+    /// Default: kernel-config/base.config, network.config, kspp.config and
+    /// hardening-distro.config (the default profile's).
     #[arg(long = "fragment")]
     pub fragments: Vec<PathBuf>,
     #[command(flatten)]
@@ -150,9 +150,8 @@ mod tests {
         assert_eq!(req.jobs, 3);
         assert!(req.fragments[0].ends_with("kernel-config/base.config"));
         assert!(req.fragments[1].ends_with("kernel-config/network.config"));
-        assert!(req.fragments[2].ends_with("kernel-config/hardware.config"));
-        assert!(req.fragments[3].ends_with("kernel-config/kspp.config"));
-        assert!(req.fragments[4].ends_with("kernel-config/hardening-distro.config"));
+        assert!(req.fragments[2].ends_with("kernel-config/kspp.config"));
+        assert!(req.fragments[3].ends_with("kernel-config/hardening-distro.config"));
         assert!(req.rules.ends_with("kernel-config/kspp-rules.yaml"));
         assert!(req.waivers.iter().any(|w| w.option == "CONFIG_CFI_CLANG"));
         assert_eq!(req.cmdline, KSPP_CMDLINE);

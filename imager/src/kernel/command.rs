@@ -12,10 +12,9 @@ use std::process::ExitCode;
 pub const DEFAULT_SOURCE: &str = "/usr/src/linux-source-6.12.tar.xz";
 
 /// The default fragments, in kernel-config/, merged in this order.
-pub const DEFAULT_FRAGMENTS: [&str; 5] = [
+pub const DEFAULT_FRAGMENTS: [&str; 4] = [
     "base.config",
     "network.config",
-    "hardware.config",
     "kspp.config",
     "hardening-distro.config",
 ];

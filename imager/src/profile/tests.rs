@@ -356,7 +356,6 @@ fn metal_6_1_profile_is_metal_with_linux_6_1() {
         [
             "base.config",
             "network.config",
-            "hardware.config",
             "kspp-6.1.config",
             "hardening-distro-6.1.config"
         ]
