@@ -57,6 +57,20 @@ fn inspect(disk: &Path) -> Value {
     serde_json::from_str(&ok(imager().args(["inspect", "--json"]).arg(disk))).unwrap()
 }
 
+/// The unique GUID of partition `name` of `disk`, as sfdisk reads it (in
+/// lower case).
+fn unique_guid(disk: &Path, name: &str) -> String {
+    let json: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(disk))).unwrap();
+    json["partitiontable"]["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["uuid"].as_str())
+        .unwrap_or_else(|| panic!("sfdisk: no partition {name} on {}", disk.display()))
+        .to_lowercase()
+}
+
 /// The last sector of EPHEMERAL, as sfdisk reads it.
 fn ephemeral_end(disk: &Path) -> u64 {
     let (start, len) = partition_range(disk, "EPHEMERAL");
@@ -121,13 +135,7 @@ fn the_runtime_writes_only_the_disk_uefi_booted_whichever_is_first_by_name() {
     // The boot disk is vda, second by name beside nvme0n1.
     let (r, console) = boot_beside(&boot, "virtio", "uefi", &other, "nvme");
     assert_eq!(r["slot"], "A", "{r}");
-    let esp = inspect(&boot)["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == "EFI")
-        .map(|p| p["unique_guid"].as_str().unwrap().to_string())
-        .unwrap();
+    let esp = unique_guid(&boot, "EFI");
     let said = line(&console, "stage2: boot disk vda:");
     assert!(
         said.contains("LoaderDevicePartUUID") && said.to_lowercase().contains(&esp),
@@ -172,13 +180,7 @@ fn the_runtime_writes_only_the_disk_grub_booted() {
     let boot = larger_disk(&i.v1, "bootdisk-bios-v1");
     let other = larger_disk(&i.older, "bootdisk-bios-older");
     let image_end = ephemeral_end(&boot);
-    let boot_guid = inspect(&boot)["partitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == "BOOT")
-        .map(|p| p["unique_guid"].as_str().unwrap().to_string())
-        .unwrap();
+    let boot_guid = unique_guid(&boot, "BOOT");
     // sda (SATA), second by name beside nvme0n1.
     let (r, console) = boot_beside(&boot, "sata", "bios", &other, "nvme");
     assert_eq!(r["slot"], "A", "{r}");

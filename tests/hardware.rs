@@ -1,7 +1,8 @@
-//! The default image on the disk controllers of real machines, hypervisors
-//! and clouds (kernel-config/hardware.config; docs/design.md, "Disk
-//! controllers"): the same `disk.raw`, attached by `imager boot --bus` the
-//! way each machine attaches its disk, reaches ready under OVMF from NVMe,
+//! The image of `profiles/metal-hardware.yaml` (metal with the drivers of
+//! kernel-config/hardware.config; docs/design.md, "Disk controllers") on
+//! the disk controllers of real machines, hypervisors and clouds: the same
+//! `disk.raw`, attached by `imager boot --bus` the way each machine
+//! attaches its disk, reaches ready under OVMF from NVMe,
 //! SATA (AHCI), virtio-scsi and a USB stick, and under SeaBIOS from NVMe,
 //! SATA, MegaRAID SAS, VMware's PVSCSI and an LSI 53c895a (Debian's OVMF
 //! has no driver for the last three). The kernel's own partition scan
@@ -41,7 +42,7 @@ fn kernel_disk(bus: &str) -> &'static str {
     }
 }
 
-/// Boots the default disk on `bus` under `firmware`; the ready report,
+/// Boots the hardware disk on `bus` under `firmware`; the ready report,
 /// after checking that the kernel scanned the partitions of the disk the
 /// controller gives (`nvme0n1: p1 p2 …`, `sda: sda1 sda2 …`).
 fn boot_on(bus: &str, firmware: &str) {
@@ -75,14 +76,14 @@ fn boot_on(bus: &str, firmware: &str) {
 }
 
 #[test]
-fn the_default_image_reaches_ready_on_each_controller_under_ovmf() {
+fn the_hardware_image_reaches_ready_on_each_controller_under_ovmf() {
     for bus in ["nvme", "sata", "virtio-scsi", "usb"] {
         boot_on(bus, "uefi");
     }
 }
 
 #[test]
-fn the_default_image_reaches_ready_on_nvme_sata_megaraid_pvscsi_and_lsi_under_seabios() {
+fn the_hardware_image_reaches_ready_on_nvme_sata_megaraid_pvscsi_and_lsi_under_seabios() {
     for bus in ["nvme", "sata", "megasas", "pvscsi", "lsi"] {
         boot_on(bus, "bios");
     }
@@ -113,7 +114,7 @@ fn credentials() -> &'static std::path::PathBuf {
     })
 }
 
-/// Boots a provisioned copy of the default disk with `nic` as its only NIC
+/// Boots a provisioned copy of the hardware disk with `nic` as its only NIC
 /// and asks the node for its status through it: the kernel's driver named
 /// the interface (`e1000e 0000:00:02.0 eth0: …`), the runtime brought it
 /// up, and the API answered over it; then an admin powers it off.
