@@ -160,6 +160,19 @@ pub fn wait_for_meta(
     interval: Duration,
 ) -> Result<(Partition, Vec<Partition>, String)> {
     let start = Instant::now();
+    // A disk whose GPT was read and does not hold the partition is not
+    // read again at each poll: its table does not change while we wait.
+    let read_without = std::cell::RefCell::new(std::collections::BTreeSet::new());
+    let holds_once = |disk: &str, g: Guid| {
+        if read_without.borrow().contains(disk) {
+            return Ok(false);
+        }
+        let held = holds(dev_root, disk, g)?;
+        if !held {
+            read_without.borrow_mut().insert(disk.to_string());
+        }
+        Ok(held)
+    };
     loop {
         let parts = partitions::scan(sys_root)?;
         let ready: Vec<Partition> = parts
@@ -167,7 +180,7 @@ pub fn wait_for_meta(
             .filter(|p| p.dev_path(dev_root).exists())
             .cloned()
             .collect();
-        let why_not = match choose(&ready, said, |disk, g| holds(dev_root, disk, g))? {
+        let why_not = match choose(&ready, said, holds_once)? {
             Choice::Found(meta, why) => return Ok((meta.clone(), parts, why)),
             Choice::NotYet(why) => why,
         };
