@@ -274,18 +274,24 @@ fn has(console: &[String], text: &str) -> bool {
 const STAYS_UP: &str = "the live system stays up";
 
 /// The runtime's line for the default profiles' network section.
-const UP: &str = "machined: net: eth0 10.0.2.15/24 gateway 10.0.2.2 (up)";
+const UP: &str = common::DHCP_UP;
 
 /// A blank disk named by serial: the live system reaches ready (the live
-/// ready line, which `imager boot` parses), installs, powers off; the disk
-/// then boots the installed version from slot A under UEFI and BIOS.
+/// ready line, which `imager boot` parses), installs with the node's own
+/// settings given on its command line, powers off; the disk then boots the
+/// installed version from slot A under UEFI and BIOS, with those settings
+/// (hostname, static address, DNS server) and not the image's DHCP.
 #[test]
 fn live_install_onto_a_blank_disk_then_the_disk_boots() {
     let disk = blank("install-ok", 2 << 30);
     let (console, exited) = boot(
         &disk,
         false,
-        &format!("machined.live={ID} machined.install=serial:target1"),
+        &format!(
+            "machined.live={ID} machined.install=serial:target1 \
+             machined.install.hostname=installed-7 \
+             machined.install.net=eth0:10.0.2.30/24:10.0.2.2 machined.install.dns=10.0.2.3"
+        ),
         "machined: fatal",
     );
     let all = console.join("\n");
@@ -309,9 +315,26 @@ fn live_install_onto_a_blank_disk_then_the_disk_boots() {
         "{all}"
     );
     for fw in ["uefi", "bios"] {
-        let r = boot_report(&disk, &["--firmware", fw]).unwrap();
+        let log = live().dir.join(format!("installed-{fw}.console"));
+        let r = boot_report(
+            &disk,
+            &["--firmware", fw, "--console-log", log.to_str().unwrap()],
+        )
+        .unwrap();
         assert_eq!((&r["version"], &r["slot"]), (&"0.1.0".into(), &"A".into()));
         assert_eq!(r["live"], false);
+        let installed = std::fs::read_to_string(&log).unwrap();
+        for want in [
+            "machined: host: hostname installed-7 (the node's settings in META)",
+            "machined: net: eth0 10.0.2.30/24 gateway 10.0.2.2 (up; the node's settings in META)",
+            "machined: net: DNS servers 10.0.2.3 (the node's settings in META)",
+        ] {
+            assert!(
+                installed.lines().any(|l| l == want),
+                "{fw}: no line {want:?}:\n{installed}"
+            );
+        }
+        assert!(!installed.contains("by DHCP"), "{fw}:\n{installed}");
     }
 }
 

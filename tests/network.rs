@@ -7,7 +7,10 @@
 //! image from a registry on the host's loopback both ways; and what the
 //! node takes from a registry (an image pushed without `skopeo copy
 //! --preserve-digests`, its layers gzipped, is refused saying how to push
-//! it; the same image pushed with it is taken).
+//! it; the same image pushed with it is taken); and per-node settings: two
+//! nodes from one image, each provisioned with its own address and
+//! hostname, answer each on its own address, and bad settings are refused
+//! before anything is written.
 
 // Test helpers panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
@@ -300,5 +303,179 @@ fn the_guest_reaches_the_host_only_through_guest_forward_and_a_node_takes_only_p
     let s = status(&vm, &creds, "ops");
     assert_eq!(s["staged"], "0.1.0 in slot B", "{s}");
     drop(vm);
+    std::fs::remove_file(&disk).unwrap();
+}
+
+/// Two nodes from one default image (whose network is eth0 by DHCP), each
+/// provisioned with its own static address, hostname and DNS server: each
+/// says on its console what it configured and from where, and answers its
+/// API on its own address, to which the host's port is forwarded; a
+/// forward to the address QEMU's DHCP would have given finds nobody. The
+/// settings were written into META, which `imager inspect` shows.
+#[test]
+fn two_nodes_from_one_image_answer_each_on_its_own_provisioned_address() {
+    let creds = scratch().join("nodes-credentials");
+    let _ = std::fs::remove_dir_all(&creds);
+    ok(imager()
+        .args(["node", "credentials"])
+        .arg(&creds)
+        .args(["--role", "reader", "--name", "watcher"]));
+    let b = build_into("network-nodes");
+    let nodes = [("node1", "10.0.2.21"), ("node2", "10.0.2.22")];
+    let mut vms = Vec::new();
+    for (name, ip) in nodes {
+        ok(imager().args(["node", "credentials"]).arg(&creds).args([
+            "--node",
+            name,
+            "--address",
+            "127.0.0.1",
+        ]));
+        let disk = sparse_copy(&b.artifact("raw"), &format!("network-{name}"));
+        ok(imager()
+            .args(["node", "provision"])
+            .arg(&disk)
+            .arg("--credentials")
+            .arg(&creds)
+            .args(["--node", name, "--hostname", name])
+            .args([
+                "--net",
+                &format!("eth0:{ip}/24:10.0.2.2"),
+                "--dns",
+                "10.0.2.3",
+            ]));
+        let inspect = ok(imager().args(["inspect", "--json"]).arg(&disk));
+        assert!(
+            inspect.contains(&format!("net=eth0:{ip}/24:10.0.2.2")),
+            "{name}: inspect does not show the settings:\n{inspect}"
+        );
+        // Its API on a host port, and another port to the DHCP address.
+        let dhcp_port = reg::free_port();
+        let vm = Vm::boot_at(
+            &disk,
+            reg::free_port(),
+            Some(ip),
+            &[
+                "--forward",
+                &format!("{dhcp_port}:10.0.2.15:{}", nodeapi::proto::PORT),
+            ],
+        );
+        vms.push((name, ip, vm, dhcp_port, disk));
+    }
+    for (name, ip, vm, dhcp_port, _) in &mut vms {
+        vm.wait_for("ready version=", 1);
+        let console = vm.console();
+        for want in [
+            format!("host: hostname {name} (the node's settings in META)"),
+            format!("net: eth0 {ip}/24 gateway 10.0.2.2 (up; the node's settings in META)"),
+            "net: DNS servers 10.0.2.3 (the node's settings in META)".to_string(),
+        ] {
+            assert!(
+                console.lines().any(|l| said(l, &want)),
+                "{name}: no line {want:?}; console:\n{}",
+                tail(&console)
+            );
+        }
+        assert!(!console.contains("by DHCP"), "{name}:\n{}", tail(&console));
+        vm.wait_for("api: listening on port", 1);
+        let out = run(imager()
+            .args(["node", "status", "--json", "--node", &vm.node()])
+            .args([
+                "--server-name",
+                name,
+                "--client",
+                "watcher",
+                "--credentials",
+            ])
+            .arg(&creds));
+        assert!(
+            out.status.success(),
+            "{name} at {ip}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(s["booted_slot"], "A", "{name}: {s}");
+        // Nobody at the DHCP address: the connection QEMU forwards there
+        // is reset or times out.
+        let out = run(imager()
+            .args([
+                "node",
+                "status",
+                "--json",
+                "--node",
+                &format!("127.0.0.1:{dhcp_port}"),
+            ])
+            .args([
+                "--server-name",
+                name,
+                "--client",
+                "watcher",
+                "--credentials",
+            ])
+            .arg(&creds));
+        assert!(
+            !out.status.success(),
+            "{name} answered at 10.0.2.15 too: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    for (_, _, vm, _, disk) in vms {
+        drop(vm);
+        std::fs::remove_file(&disk).unwrap();
+    }
+}
+
+/// Bad node settings are refused, saying why, before anything is written:
+/// a gateway outside the address's prefix, a DNS server that is the node's
+/// own address, a bad hostname, a bad interface; by `imager node provision`
+/// (the disk's bytes are unchanged) and by `imager install` (no disk file
+/// is made).
+#[test]
+fn bad_node_settings_are_refused_before_anything_is_written() {
+    let b = build_into("network-refusals");
+    let disk = sparse_copy(&b.artifact("raw"), "network-refusals");
+    let before = sha256(&disk);
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--net", "eth0:10.0.2.21/24:10.0.3.1"],
+            "not in the subnet",
+        ),
+        (
+            &["--net", "eth0:10.0.2.21/24", "--dns", "10.0.2.3,10.0.2.21"],
+            "the node's own address",
+        ),
+        (&["--hostname", "node_1"], "a character other than"),
+        (&["--net", "eth/0:dhcp"], "interface name"),
+        (&["--dns", "1.1.1.1,1.0.0.1,8.8.8.8,8.8.4.4"], "at most 3"),
+    ];
+    for (args, why) in cases {
+        let out = run(imager().args(["node", "provision"]).arg(&disk).args(args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(why) && err.contains("nothing was written"),
+            "provision {args:?}: {err}"
+        );
+        assert_eq!(sha256(&disk), before, "provision {args:?} changed the disk");
+        let new = scratch().join("network-refused-install.raw");
+        let _ = std::fs::remove_file(&new);
+        let out = run(imager()
+            .args(["install", "--installer"])
+            .arg(&b.dir)
+            .arg("--disk")
+            .arg(&new)
+            .args(args));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(why),
+            "install {args:?}: {err}"
+        );
+        assert!(!new.exists(), "install {args:?} made {}", new.display());
+    }
+    // Nothing to provision at all.
+    let out = run(imager().args(["node", "provision"]).arg(&disk));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nothing to provision"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     std::fs::remove_file(&disk).unwrap();
 }

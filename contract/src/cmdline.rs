@@ -44,6 +44,13 @@ pub const INSTALL: &str = "machined.install";
 /// Let the install overwrite a disk that holds data:
 /// `machined.install.wipe=1` (`0` or absent: refuse such a disk).
 pub const INSTALL_WIPE: &str = "machined.install.wipe";
+/// The installed node's own settings ([`crate::settings`]), which the live
+/// installer writes into the installed disk's META:
+/// `machined.install.hostname=NAME`, `machined.install.net=IFACE:dhcp` or
+/// `IFACE:ADDRESS/PREFIX[:GATEWAY]`, `machined.install.dns=IP[,IP...]`.
+pub const INSTALL_HOSTNAME: &str = "machined.install.hostname";
+pub const INSTALL_NET: &str = "machined.install.net";
+pub const INSTALL_DNS: &str = "machined.install.dns";
 /// The longest install target value accepted (kernel names are at most 31
 /// bytes, serials 20, WWNs and by-id names longer; 255 is a file name).
 pub const MAX_TARGET_LEN: usize = 255;
@@ -374,6 +381,29 @@ pub fn install(cmdline: &str) -> Result<Option<(InstallTarget, bool)>, String> {
     Ok(Some((target, wipe)))
 }
 
+/// The installed node's settings asked for ([`INSTALL_HOSTNAME`],
+/// [`INSTALL_NET`], [`INSTALL_DNS`]), checked: `Ok(None)` without any.
+pub fn install_settings(cmdline: &str) -> Result<Option<crate::settings::Settings>, String> {
+    let (h, n, d) = (
+        get(cmdline, INSTALL_HOSTNAME),
+        get(cmdline, INSTALL_NET),
+        get(cmdline, INSTALL_DNS),
+    );
+    if h.is_none() && n.is_none() && d.is_none() {
+        return Ok(None);
+    }
+    let net = n
+        .as_deref()
+        .map(|v| crate::net::parse_as(INSTALL_NET, v))
+        .transpose()?;
+    let dns = d
+        .as_deref()
+        .map(crate::settings::parse_dns)
+        .transpose()?
+        .unwrap_or_default();
+    crate::settings::Settings::new(h, net, dns).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
 
@@ -497,6 +527,23 @@ mod tests {
         assert!(install("machined.install=vdb machined.install.wipe=yes").is_err());
         assert!(install("machined.install=").unwrap_err().contains("empty"));
         assert!(install("machined.install").unwrap_err().contains("empty"));
+        assert_eq!(install_settings("machined.install=vdb"), Ok(None));
+        let s = install_settings(
+            "machined.install=vdb machined.install.hostname=n2 \
+             machined.install.net=eth0:10.0.2.21/24:10.0.2.2 machined.install.dns=10.0.2.3",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            s.render(),
+            "hostname=n2\nnet=eth0:10.0.2.21/24:10.0.2.2\ndns=10.0.2.3\n"
+        );
+        let e = install_settings("machined.install.net=eth0:10.0.2.21/24:10.0.9.1").unwrap_err();
+        assert!(
+            e.contains("machined.install.net=") && e.contains("subnet"),
+            "{e}"
+        );
+        assert!(install_settings("machined.install.hostname=-x").is_err());
     }
 
     #[test]

@@ -79,10 +79,15 @@ pub enum Tag {
     NodeCert = 0x41,
     /// The node's private key (PEM). Never shown ([`Tag::is_secret`]).
     NodeKey = 0x42,
+    /// The node's own hostname, network and DNS servers
+    /// ([`crate::settings`]): written by `imager install`, `imager node
+    /// provision` and the live installer; read by the runtime before the
+    /// image's default.
+    NodeSettings = 0x43,
 }
 
 impl Tag {
-    pub const ALL: [Tag; 15] = [
+    pub const ALL: [Tag; 16] = [
         Tag::ImageName,
         Tag::DefaultSlot,
         Tag::SlotA,
@@ -98,6 +103,7 @@ impl Tag {
         Tag::NodeCa,
         Tag::NodeCert,
         Tag::NodeKey,
+        Tag::NodeSettings,
     ];
 
     pub fn name(self) -> &'static str {
@@ -117,6 +123,7 @@ impl Tag {
             Tag::NodeCa => "node-ca",
             Tag::NodeCert => "node-cert",
             Tag::NodeKey => "node-key",
+            Tag::NodeSettings => "node-settings",
         }
     }
 

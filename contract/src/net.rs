@@ -1,7 +1,10 @@
-//! The runtime's static IPv4 configuration, `machined.net=IFACE:ADDRESS/PREFIX[:GATEWAY]`
-//! ([`crate::cmdline::NET`]): one parser for the runtime and one renderer
-//! for the build (the profile's `network` section), so that what the build
-//! writes is exactly what the runtime reads.
+//! The runtime's IPv4 configuration of its one interface,
+//! `IFACE:dhcp` or `IFACE:ADDRESS/PREFIX[:GATEWAY]`: the value of
+//! `machined.net=` ([`crate::cmdline::NET`], the image's default) and of a
+//! node's own settings ([`crate::settings`], in META). One parser for the
+//! runtime, the build (the profile's `network` section) and `imager`'s
+//! per-node flags, and one renderer, so that what is written is exactly
+//! what the runtime reads.
 //!
 //! The checks (`docs/design.md`, "Network"):
 //! - IFACE is a Linux interface name: 1 to [`MAX_IFNAME`] bytes (`IFNAMSIZ`
@@ -21,6 +24,7 @@
 //! The whole value is at most [`MAX_VALUE_LEN`] bytes, refused before it is
 //! split.
 
+use crate::text::excerpt;
 use std::fmt;
 use std::net::Ipv4Addr;
 
@@ -93,10 +97,26 @@ pub fn sysctl_name(path: &str) -> String {
         .join(".")
 }
 
-/// A static IPv4 configuration of one interface.
+/// The IPv4 configuration of one interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetConfig {
     pub interface: String,
+    pub ipv4: Ipv4,
+}
+
+/// How the interface gets its address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ipv4 {
+    /// From a DHCP server (`IFACE:dhcp`): the address, prefix, router, DNS
+    /// servers, hostname and MTU its lease gives ([`crate::dhcp`]).
+    Dhcp,
+    /// A static address.
+    Static(StaticIpv4),
+}
+
+/// A static IPv4 address of an interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StaticIpv4 {
     pub address: Ipv4Addr,
     /// 1 to 32.
     pub prefix: u8,
@@ -104,10 +124,22 @@ pub struct NetConfig {
     pub gateway: Option<Ipv4Addr>,
 }
 
+/// The word of `IFACE:dhcp`.
+pub const DHCP: &str = "dhcp";
+
 impl NetConfig {
-    /// Checks the combination (see the module's documentation); the parts
-    /// are checked by [`parse_interface`], [`parse_address`] and
-    /// [`parse_gateway`].
+    /// `interface` by DHCP.
+    pub fn dhcp(interface: &str) -> Result<Self, String> {
+        parse_interface(interface)?;
+        Ok(NetConfig {
+            interface: interface.to_string(),
+            ipv4: Ipv4::Dhcp,
+        })
+    }
+
+    /// A static address: checks the combination (see the module's
+    /// documentation); the parts are checked by [`parse_interface`],
+    /// [`parse_address`] and [`parse_gateway`].
     pub fn new(
         interface: &str,
         address: Ipv4Addr,
@@ -115,6 +147,38 @@ impl NetConfig {
         gateway: Option<Ipv4Addr>,
     ) -> Result<Self, String> {
         parse_interface(interface)?;
+        Ok(NetConfig {
+            interface: interface.to_string(),
+            ipv4: Ipv4::Static(StaticIpv4::new(address, prefix, gateway)?),
+        })
+    }
+
+    /// The static address, if it is one.
+    pub fn fixed(&self) -> Option<&StaticIpv4> {
+        match &self.ipv4 {
+            Ipv4::Static(s) => Some(s),
+            Ipv4::Dhcp => None,
+        }
+    }
+
+    /// The value of `machined.net=`: `eth0:10.0.2.15/24:10.0.2.2` or
+    /// `eth0:dhcp`.
+    pub fn value(&self) -> String {
+        match &self.ipv4 {
+            Ipv4::Dhcp => format!("{}:{DHCP}", self.interface),
+            Ipv4::Static(s) => format!("{}:{}", self.interface, s.value()),
+        }
+    }
+
+    /// The kernel argument: `machined.net=eth0:10.0.2.15/24:10.0.2.2`.
+    pub fn arg(&self) -> String {
+        format!("{}={}", crate::cmdline::NET, self.value())
+    }
+}
+
+impl StaticIpv4 {
+    /// Checks the combination (see the module's documentation).
+    pub fn new(address: Ipv4Addr, prefix: u8, gateway: Option<Ipv4Addr>) -> Result<Self, String> {
         check_host(address, prefix, "address")?;
         if let Some(g) = gateway {
             if g == address {
@@ -129,8 +193,7 @@ impl NetConfig {
             }
             check_host(g, prefix, "gateway")?;
         }
-        Ok(NetConfig {
-            interface: interface.to_string(),
+        Ok(StaticIpv4 {
             address,
             prefix,
             gateway,
@@ -142,29 +205,39 @@ impl NetConfig {
         netmask(self.prefix)
     }
 
-    /// The value of `machined.net=`: `eth0:10.0.2.15/24:10.0.2.2`.
-    pub fn value(&self) -> String {
-        let mut v = format!("{}:{}/{}", self.interface, self.address, self.prefix);
+    /// Whether `a` is on this address's link (its subnet).
+    pub fn on_link(&self, a: Ipv4Addr) -> bool {
+        in_subnet(a, self.address, self.prefix)
+    }
+
+    /// `10.0.2.15/24:10.0.2.2`, or `10.0.2.15/24` without a gateway.
+    fn value(&self) -> String {
+        let mut v = format!("{}/{}", self.address, self.prefix);
         if let Some(g) = self.gateway {
             v.push_str(&format!(":{g}"));
         }
         v
     }
-
-    /// The kernel argument: `machined.net=eth0:10.0.2.15/24:10.0.2.2`.
-    pub fn arg(&self) -> String {
-        format!("{}={}", crate::cmdline::NET, self.value())
-    }
 }
 
-/// `eth0 10.0.2.15/24 gateway 10.0.2.2` (or `… no gateway`): how the
-/// runtime names the configuration on the console.
-impl fmt::Display for NetConfig {
+/// `10.0.2.15/24 gateway 10.0.2.2` (or `… no gateway`).
+impl fmt::Display for StaticIpv4 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}/{}", self.interface, self.address, self.prefix)?;
+        write!(f, "{}/{}", self.address, self.prefix)?;
         match self.gateway {
             Some(g) => write!(f, " gateway {g}"),
             None => write!(f, " no gateway"),
+        }
+    }
+}
+
+/// `eth0 10.0.2.15/24 gateway 10.0.2.2` (or `… no gateway`, or `eth0 by
+/// DHCP`): how the runtime names the configuration on the console.
+impl fmt::Display for NetConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.ipv4 {
+            Ipv4::Dhcp => write!(f, "{} by DHCP", self.interface),
+            Ipv4::Static(s) => write!(f, "{} {s}", self.interface),
         }
     }
 }
@@ -188,7 +261,7 @@ fn in_subnet(x: Ipv4Addr, a: Ipv4Addr, prefix: u8) -> bool {
 }
 
 /// A unicast host address of the subnet: see the module's documentation.
-fn check_host(a: Ipv4Addr, prefix: u8, what: &str) -> Result<(), String> {
+pub fn check_host(a: Ipv4Addr, prefix: u8, what: &str) -> Result<(), String> {
     let o = a.octets();
     let why = if a.is_unspecified() {
         Some("unspecified")
@@ -291,10 +364,15 @@ fn parse_ipv4(v: &str, what: &str) -> Result<Ipv4Addr, String> {
 
 /// Parses the value of `machined.net=`.
 pub fn parse(v: &str) -> Result<NetConfig, String> {
-    let key = crate::cmdline::NET;
+    parse_as(crate::cmdline::NET, v)
+}
+
+/// Parses `IFACE:dhcp` or `IFACE:ADDRESS/PREFIX[:GATEWAY]`, given as `key`
+/// (named in messages: `machined.net`, `--net`, `net`).
+pub fn parse_as(key: &str, v: &str) -> Result<NetConfig, String> {
     if v.is_empty() {
         return Err(format!(
-            "{key}= is empty: write {key}=IFACE:ADDRESS/PREFIX[:GATEWAY] \
+            "{key}= is empty: write {key}=IFACE:dhcp or {key}=IFACE:ADDRESS/PREFIX[:GATEWAY] \
              ({key}=eth0:10.0.2.15/24:10.0.2.2)"
         ));
     }
@@ -309,9 +387,17 @@ pub fn parse(v: &str) -> Result<NetConfig, String> {
     let mut parts = v.split(':');
     let (Some(iface), Some(addr)) = (parts.next(), parts.next()) else {
         return Err(bad(
-            "not IFACE:ADDRESS/PREFIX[:GATEWAY] (eth0:10.0.2.15/24:10.0.2.2)".into(),
+            "not IFACE:dhcp or IFACE:ADDRESS/PREFIX[:GATEWAY] (eth0:10.0.2.15/24:10.0.2.2)".into(),
         ));
     };
+    if addr == DHCP {
+        if parts.next().is_some() {
+            return Err(bad(
+                "IFACE:dhcp takes no gateway (the lease gives it)".into()
+            ));
+        }
+        return NetConfig::dhcp(iface).map_err(bad);
+    }
     let gateway = parts.next();
     if parts.next().is_some() {
         return Err(bad(
@@ -322,13 +408,6 @@ pub fn parse(v: &str) -> Result<NetConfig, String> {
     let (address, prefix) = parse_address(addr).map_err(bad)?;
     let gateway = gateway.map(parse_gateway).transpose().map_err(bad)?;
     NetConfig::new(iface, address, prefix, gateway).map_err(bad)
-}
-
-/// A short, printable excerpt of a value for messages.
-fn excerpt(v: &str) -> String {
-    let short: String = v.chars().take(40).collect();
-    let more = if v.chars().count() > 40 { "…" } else { "" };
-    format!("{:?}", format!("{short}{more}"))
 }
 
 #[cfg(test)]
@@ -346,17 +425,19 @@ mod tests {
             c,
             NetConfig {
                 interface: "eth0".into(),
-                address: ip("10.0.2.15"),
-                prefix: 24,
-                gateway: Some(ip("10.0.2.2")),
+                ipv4: Ipv4::Static(StaticIpv4 {
+                    address: ip("10.0.2.15"),
+                    prefix: 24,
+                    gateway: Some(ip("10.0.2.2")),
+                }),
             }
         );
-        assert_eq!(c.netmask(), ip("255.255.255.0"));
+        assert_eq!(c.fixed().unwrap().netmask(), ip("255.255.255.0"));
         assert_eq!(c.value(), "eth0:10.0.2.15/24:10.0.2.2");
         assert_eq!(c.arg(), "machined.net=eth0:10.0.2.15/24:10.0.2.2");
         assert_eq!(c.to_string(), "eth0 10.0.2.15/24 gateway 10.0.2.2");
         let n = parse("enp0s3:192.168.1.10/16").unwrap();
-        assert_eq!(n.gateway, None);
+        assert_eq!(n.fixed().unwrap().gateway, None);
         assert_eq!(n.to_string(), "enp0s3 192.168.1.10/16 no gateway");
         assert_eq!(parse(&n.value()), Ok(n));
         // The edges: /32 without gateway, /31 (RFC 3021) with the other
@@ -368,6 +449,13 @@ mod tests {
         let longest = "abcdefghijklmno:172.255.255.254/16:172.255.255.253";
         assert!(longest.len() <= MAX_VALUE_LEN);
         assert!(parse(longest).is_ok(), "{:?}", parse(longest));
+        // DHCP.
+        let d = parse("ens3:dhcp").unwrap();
+        assert_eq!(d, NetConfig::dhcp("ens3").unwrap());
+        assert_eq!(d.fixed(), None);
+        assert_eq!(d.arg(), "machined.net=ens3:dhcp");
+        assert_eq!(d.to_string(), "ens3 by DHCP");
+        assert_eq!(parse(&d.value()), Ok(d));
     }
 
     #[test]
@@ -402,7 +490,10 @@ mod tests {
     fn refusals() {
         for (bad, why) in [
             ("", "empty"),
-            ("eth0", "not IFACE:ADDRESS"),
+            ("eth0", "not IFACE:dhcp or IFACE:ADDRESS"),
+            ("eth0:dhcp:10.0.2.2", "takes no gateway"),
+            ("eth0:DHCP", "not ADDRESS/PREFIX"),
+            ("e/th0:dhcp", "character"),
             (":10.0.2.15/24", "empty"),
             ("eth0:10.0.2.15/24:10.0.2.2:x", "too many"),
             ("eth0:10.0.2.15", "not ADDRESS/PREFIX"),

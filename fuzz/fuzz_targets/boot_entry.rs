@@ -1,6 +1,7 @@
 //! Boot Loader Specification entries, entry names, kernel command lines
 //! (with the runtime's keys: the live install, the network, plain-HTTP
-//! registries, the boot disk's partition) and the rootfs manifest: parsers
+//! registries, the boot disk's partition, the installed node's settings), a
+//! node's settings as META keeps them, and the rootfs manifest: parsers
 //! the runtime and inspect feed with disk data; and the UEFI loader's
 //! `LoaderDevicePartUUID` variable.
 #![no_main]
@@ -27,6 +28,15 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(contract::net::parse(&n.value()).ok(), Some(n.clone()));
     }
     let _ = contract::cmdline::plain_http(&text);
+    // A node's own settings (META's node-settings, the live installer's
+    // keys): what parses renders and parses back to itself.
+    if let Ok(s) = contract::settings::Settings::parse(&text) {
+        assert_eq!(
+            contract::settings::Settings::parse(&s.render()).ok(),
+            Some(s.clone())
+        );
+    }
+    let _ = contract::cmdline::install_settings(&text);
     let _ = contract::skeleton::parse(&text);
     // The words naming the boot disk: GRUB's key and the UEFI loader's
     // variable (the same bytes as efivarfs would give them).

@@ -69,6 +69,8 @@ pub struct InstallOptions {
     /// Overwrite a disk that holds data ([`bootstate::blank`]); without it
     /// such a disk (block device or image file) is refused.
     pub wipe: bool,
+    /// The node's own settings, written into META with the install.
+    pub settings: Option<contract::settings::Settings>,
 }
 
 /// What `imager rollback` is asked to do.
@@ -617,6 +619,9 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     if let Some(ca) = &p.node_ca {
         meta.set(Tag::NodeCa, ca.as_bytes());
     }
+    if let Some(s) = &a.settings {
+        meta.set(Tag::NodeSettings, s.render());
+    }
     let guid = contract::guid::disk_guid(&identity);
     let epoch = p.manifest.source_date_epoch;
     let target = if is_block {
@@ -795,7 +800,11 @@ mod tests {
             std::fs::write(&path, &bytes).unwrap();
             let e = open_slots(&path).err().map(|e| format!("{e:#}")).unwrap();
             assert!(e.contains(how) && e.contains("Nothing was written"), "{e}");
-            let e = crate::node::provision::provision(&path, dir.path(), "n1", false)
+            let req = crate::node::provision::Request {
+                credentials: Some((dir.path().to_path_buf(), "n1".into())),
+                ..Default::default()
+            };
+            let e = crate::node::provision::provision(&path, &req)
                 .err()
                 .map(|e| format!("{e:#}"))
                 .unwrap();

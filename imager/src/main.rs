@@ -130,6 +130,8 @@ struct InstallArgs {
     /// disk, block device or image file, is refused.
     #[arg(long)]
     wipe: bool,
+    #[command(flatten)]
+    settings: cli::NodeSettingsArgs,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     json: bool,
@@ -295,7 +297,7 @@ struct BootArgs {
     secure_boot: Option<PathBuf>,
     /// Forward 127.0.0.1:HOSTPORT on the host to the guest's GUESTPORT
     /// (TCP, QEMU's hostfwd). Repeatable.
-    #[arg(long = "forward", value_name = "HOSTPORT:GUESTPORT")]
+    #[arg(long = "forward", value_name = "HOSTPORT:[GUESTIP:]GUESTPORT")]
     forwards: Vec<String>,
     /// Forward the guest's connections to GUESTIP:GUESTPORT (a free address
     /// of QEMU's user-mode network 10.0.2.0/24, e.g. 10.0.2.100) to
@@ -355,6 +357,7 @@ fn install(a: &InstallArgs) -> Result<ExitCode> {
         size: a.size.clone(),
         key: a.key.clone(),
         wipe: a.wipe,
+        settings: a.settings.settings()?,
     })?;
     let line = format!(
         "install: {} installed into slot {} of {} (signed by {})",

@@ -362,19 +362,36 @@ pub struct LiveSection {
     /// (`machined.install.wipe=1`).
     #[serde(default)]
     pub wipe: bool,
+    /// The installed node's own settings ([`contract::settings`]), written
+    /// into its META: hostname (`machined.install.hostname=`), network
+    /// (`machined.install.net=`: `IFACE:dhcp` or
+    /// `IFACE:ADDRESS/PREFIX[:GATEWAY]`), DNS servers
+    /// (`machined.install.dns=`, comma-separated).
+    #[serde(default)]
+    pub hostname: Option<String>,
+    #[serde(default)]
+    pub net: Option<String>,
+    #[serde(default)]
+    pub dns: Option<String>,
 }
 
-/// The node's static IPv4 configuration, rendered onto the kernel command
-/// line as `machined.net=` ([`contract::net::NetConfig::arg`]).
+/// The image's default IPv4 configuration, rendered onto the kernel
+/// command line as `machined.net=` ([`contract::net::NetConfig::arg`]): by
+/// DHCP (`dhcp: true`) or a static `address`. A node's own settings in
+/// META come first (`imager node provision --net`, [`contract::settings`]).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkSection {
     /// The interface, as the kernel names it (`eth0`).
     pub interface: String,
-    /// `ADDRESS/PREFIX` (`10.0.2.15/24`).
-    pub address: String,
+    /// The address by DHCP.
+    #[serde(default)]
+    pub dhcp: bool,
+    /// `ADDRESS/PREFIX` (`10.0.2.15/24`), when not by DHCP.
+    #[serde(default)]
+    pub address: Option<String>,
     /// The default route's gateway, inside the subnet; none: no default
-    /// route.
+    /// route. Only with `address`.
     #[serde(default)]
     pub gateway: Option<String>,
 }
@@ -451,6 +468,9 @@ pub struct Profile {
     /// The `network` section, checked (not a YAML key).
     #[serde(skip)]
     pub net: Option<contract::net::NetConfig>,
+    /// The `live` section's node settings, checked (not a YAML key).
+    #[serde(skip)]
+    pub live_settings: Option<contract::settings::Settings>,
 }
 
 fn default_pretty() -> String {
@@ -736,6 +756,7 @@ impl Profile {
             }
         }
         self.net = self.check_network()?;
+        self.live_settings = self.check_live_settings()?;
         if let Some(n) = &self.node_api {
             for (i, r) in n.plain_http_registries.iter().enumerate() {
                 contract::cmdline::check_registry(r)
@@ -778,6 +799,18 @@ impl Profile {
         if l.wipe && l.install.is_none() {
             return invalid("live.wipe", "wipe without live.install: name the disk");
         }
+        for (key, v) in [
+            ("live.hostname", &l.hostname),
+            ("live.net", &l.net),
+            ("live.dns", &l.dns),
+        ] {
+            if v.is_some() && l.install.is_none() {
+                return invalid(
+                    key,
+                    "the installed node's settings without live.install: name the disk",
+                );
+            }
+        }
         if let Some(t) = &l.install {
             // The runtime's own parser; and one plain kernel argument.
             let plain = t
@@ -801,6 +834,33 @@ impl Profile {
         Ok(())
     }
 
+    /// `live.hostname`, `live.net` and `live.dns` with the runtime's own
+    /// parser (the same the live installer runs).
+    fn check_live_settings(&self) -> Result<Option<contract::settings::Settings>, Invalid> {
+        let l = &self.live;
+        let mut args = Vec::new();
+        for (key, k, v) in [
+            (
+                "live.hostname",
+                contract::cmdline::INSTALL_HOSTNAME,
+                &l.hostname,
+            ),
+            ("live.net", contract::cmdline::INSTALL_NET, &l.net),
+            ("live.dns", contract::cmdline::INSTALL_DNS, &l.dns),
+        ] {
+            if let Some(v) = v {
+                if !v.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(Invalid::new(
+                        key,
+                        format!("{}: no spaces or control characters", excerpt(v)),
+                    ));
+                }
+                args.push(format!("{k}={v}"));
+            }
+        }
+        contract::cmdline::install_settings(&args.join(" ")).map_err(|e| Invalid::new("live", e))
+    }
+
     /// `network`: each key with the runtime's own parser
     /// ([`contract::net`]), then the combination (the gateway in the
     /// subnet), named at the gateway.
@@ -810,7 +870,34 @@ impl Profile {
             return Ok(None);
         };
         net::parse_interface(&n.interface).map_err(|e| Invalid::new("network.interface", e))?;
-        let (address, prefix) = net::parse_address(&n.address).map_err(|e| {
+        let address = match (&n.address, n.dhcp) {
+            (None, true) if n.gateway.is_none() => {
+                return net::NetConfig::dhcp(&n.interface)
+                    .map(Some)
+                    .map_err(|e| Invalid::new("network.interface", e));
+            }
+            (None, true) => {
+                return Err(Invalid::new(
+                    "network.gateway",
+                    "a gateway with dhcp: true: the lease gives the router; remove gateway",
+                ));
+            }
+            (Some(_), true) => {
+                return Err(Invalid::new(
+                    "network.dhcp",
+                    "dhcp: true and an address: give one of them",
+                ));
+            }
+            (None, false) => {
+                return Err(Invalid::new(
+                    "network",
+                    "neither dhcp: true nor an address: write dhcp: true, or address: \
+                     ADDRESS/PREFIX (10.0.2.15/24)",
+                ));
+            }
+            (Some(a), false) => a,
+        };
+        let (address, prefix) = net::parse_address(address).map_err(|e| {
             Invalid::new(
                 "network.address",
                 format!("{e}; write ADDRESS/PREFIX, e.g. 10.0.2.15/24"),
@@ -977,7 +1064,7 @@ impl Profile {
 /// Kernel command-line keys the profile's `kernel.cmdline` may not carry:
 /// the boot entries, the build (the root hash), the live ISO and the
 /// `network` section set them.
-const RESERVED_CMDLINE: [&str; 8] = [
+const RESERVED_CMDLINE: [&str; 11] = [
     contract::cmdline::SLOT,
     contract::cmdline::PLAIN_HTTP,
     contract::cmdline::NET,
@@ -985,6 +1072,9 @@ const RESERVED_CMDLINE: [&str; 8] = [
     contract::cmdline::LIVE,
     contract::cmdline::INSTALL,
     contract::cmdline::INSTALL_WIPE,
+    contract::cmdline::INSTALL_HOSTNAME,
+    contract::cmdline::INSTALL_NET,
+    contract::cmdline::INSTALL_DNS,
     contract::cmdline::VERITY,
 ];
 

@@ -399,7 +399,11 @@ pub fn check_target(path: &Path, shown: &str, live_id: &str, wipe: bool) -> Resu
 }
 
 /// The installer's arguments for an install of `disk`.
-pub fn installer_args(disk: &Path, wipe: bool) -> Vec<String> {
+pub fn installer_args(
+    disk: &Path,
+    wipe: bool,
+    settings: Option<&contract::settings::Settings>,
+) -> Vec<String> {
     let mut v = vec![
         "install".to_string(),
         "--installer".into(),
@@ -412,6 +416,18 @@ pub fn installer_args(disk: &Path, wipe: bool) -> Vec<String> {
     ];
     if wipe {
         v.push("--wipe".into());
+    }
+    if let Some(s) = settings {
+        if let Some(h) = &s.hostname {
+            v.extend(["--hostname".into(), h.clone()]);
+        }
+        if let Some(n) = &s.net {
+            v.extend(["--net".into(), n.value()]);
+        }
+        if !s.dns.is_empty() {
+            let list: Vec<String> = s.dns.iter().map(ToString::to_string).collect();
+            v.extend(["--dns".into(), list.join(",")]);
+        }
     }
     v
 }
@@ -702,7 +718,7 @@ mod tests {
 
     #[test]
     fn installer_command_and_report() {
-        let a = installer_args(Path::new("/dev/vdb"), true);
+        let a = installer_args(Path::new("/dev/vdb"), true, None);
         assert_eq!(
             a.join(" "),
             "install --installer /run/live/payload --disk /dev/vdb --key \

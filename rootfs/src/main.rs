@@ -5,6 +5,7 @@
 mod api;
 mod bootdisk;
 mod console;
+mod dhcp;
 mod efi;
 mod failure;
 mod input;

@@ -73,7 +73,7 @@ pub fn run() -> Result<Infallible> {
         disk.set_wipe_ephemeral(None)
             .context("removing META's wipe-ephemeral after the wipe")?;
     }
-    net::setup(&cmdline)?;
+    net::setup(&cmdline, meta.get(Tag::NodeSettings))?;
     failure::breakpoint(&cmdline, "ready")?;
     if trial {
         disk.bless(slot, &version)?;
@@ -144,7 +144,7 @@ fn run_live(cmdline: &str) -> Result<Infallible> {
             .unwrap_or_default()
     ));
     let version = version()?;
-    net::setup(cmdline)?;
+    net::setup(cmdline, None)?;
     failure::breakpoint(cmdline, "ready")?;
     failure::ready();
     let supervisor = power::prepare()?;
@@ -156,7 +156,10 @@ fn run_live(cmdline: &str) -> Result<Infallible> {
     ));
     match cmdline::install(cmdline) {
         Ok(None) => {}
-        Ok(Some((target, wipe))) => match install(id.as_deref(), &target, wipe) {
+        Ok(Some((target, wipe))) => match cmdline::install_settings(cmdline)
+            .map_err(anyhow::Error::msg)
+            .and_then(|s| install(id.as_deref(), &target, wipe, s.as_ref()))
+        {
             Ok((installed, dev)) => {
                 say(format!(
                     "{}{installed} on {} (slot A); powering off",
@@ -183,6 +186,7 @@ fn install(
     id: Option<&str>,
     target: &cmdline::InstallTarget,
     wipe: bool,
+    settings: Option<&contract::settings::Settings>,
 ) -> Result<(String, std::path::PathBuf)> {
     use contract::paths::{LIVE_INSTALLER, LIVE_PAYLOAD_DIR, LIVE_TRUSTED_KEY, live_run_path};
     let Some(id) = id else {
@@ -216,7 +220,7 @@ fn install(
     live::check_target(&node, &shown, id, wipe)?;
     say(format!("install: installing onto {shown} with {installer}"));
     let mut child = std::process::Command::new(&installer)
-        .args(live::installer_args(&node, wipe))
+        .args(live::installer_args(&node, wipe, settings))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

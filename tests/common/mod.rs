@@ -21,6 +21,13 @@ pub use tool::{tool, tool_path};
 
 pub const EPOCH: &str = "1700000000";
 
+/// The runtime's line for the default profiles' network, eth0 by DHCP, on
+/// QEMU's user-mode network as `imager boot` gives it: QEMU's DHCP server
+/// leases 10.0.2.15 for a day and, with `restrict=on`, names no router and
+/// no DNS server.
+pub const DHCP_UP: &str = "machined: net: eth0 10.0.2.15/24 no gateway by DHCP from 10.0.2.2 \
+                           (lease 86400 s, renewal in 43200 s)";
+
 pub fn repo() -> PathBuf {
     let r = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     r.canonicalize().unwrap_or(r)

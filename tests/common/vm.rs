@@ -22,6 +22,13 @@ impl Vm {
     /// on the host's `127.0.0.1:port`; `extra`: more arguments to `imager
     /// boot` (forwards, the NIC, the firmware).
     pub fn boot(disk: &Path, port: u16, extra: &[&str]) -> Vm {
+        Vm::boot_at(disk, port, None, extra)
+    }
+
+    /// [`Vm::boot`] with the API forwarded to the guest's address `guest`
+    /// (not the address QEMU's DHCP gives): a node with another static
+    /// address answers there, and only there.
+    pub fn boot_at(disk: &Path, port: u16, guest: Option<&str>, extra: &[&str]) -> Vm {
         let log = disk.with_extension("console.log");
         let _ = std::fs::remove_file(&log);
         let child = imager()
@@ -34,7 +41,10 @@ impl Vm {
                 "--json",
             ])
             .args(["--timeout", "1200", "--forward"])
-            .arg(format!("{port}:{}", nodeapi::proto::PORT))
+            .arg(match guest {
+                Some(g) => format!("{port}:{g}:{}", nodeapi::proto::PORT),
+                None => format!("{port}:{}", nodeapi::proto::PORT),
+            })
             .arg("--console-log")
             .arg(&log)
             .args(extra)

@@ -82,11 +82,13 @@ pub struct ProvisionArgs {
     pub disk: PathBuf,
     /// The credentials directory holding `ca.crt` and the node's
     /// `NAME.node.crt` and `NAME.node.key`.
-    #[arg(long, value_name = "DIR")]
-    pub credentials: PathBuf,
+    #[arg(long, value_name = "DIR", requires = "node")]
+    pub credentials: Option<PathBuf>,
     /// The node's name (its certificate must be valid for it).
-    #[arg(long, value_name = "NAME")]
-    pub node: String,
+    #[arg(long, value_name = "NAME", requires = "credentials")]
+    pub node: Option<String>,
+    #[command(flatten)]
+    pub settings: super::NodeSettingsArgs,
     /// Replace credentials the disk has already.
     #[arg(long)]
     pub force: bool,
@@ -228,7 +230,14 @@ pub struct CredentialsArgs {
 pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         NodeCommand::Provision(a) => {
-            let p = imager::node::provision::provision(&a.disk, &a.credentials, &a.node, a.force)?;
+            let p = imager::node::provision::provision(
+                &a.disk,
+                &imager::node::provision::Request {
+                    credentials: a.credentials.clone().zip(a.node.clone()),
+                    settings: a.settings.settings()?,
+                    force: a.force,
+                },
+            )?;
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&p)?);
             } else {
@@ -239,16 +248,26 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
                         p.disk.display()
                     );
                 }
-                println!(
-                    "provisioned {} as node {}{}: it serves the node API from its next boot",
-                    p.disk.display(),
-                    p.node,
-                    if p.replaced {
-                        " (replacing its credentials)"
-                    } else {
-                        ""
-                    }
-                );
+                if let Some(node) = &p.node {
+                    println!(
+                        "provisioned {} as node {node}{}: it serves the node API from its next \
+                         boot",
+                        p.disk.display(),
+                        if p.replaced {
+                            " (replacing its credentials)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                if let Some(text) = &p.settings {
+                    println!(
+                        "gave {} the node's settings (from its next boot, kept across upgrades \
+                         and rollbacks): {}",
+                        p.disk.display(),
+                        text.trim_end().replace('\n', " ")
+                    );
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

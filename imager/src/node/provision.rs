@@ -1,4 +1,6 @@
-//! `imager node provision`: gives a disk its node API credentials.
+//! `imager node provision`: gives a disk its node API credentials, its
+//! own settings (hostname, network, DNS: [`contract::settings`]), or both,
+//! in one write of META.
 //!
 //! The node's certificate and key, and the cluster CA's certificate its
 //! clients must chain to, go into META (`node-ca`, `node-cert`,
@@ -21,13 +23,30 @@ use super::credentials::{CA_CERT, Holder, read_small};
 use anyhow::{Context, Result, bail};
 use bootstate::disk::{Access, Disk};
 use contract::meta::Tag;
+use contract::settings::Settings;
 use std::path::{Path, PathBuf};
+
+/// What to provision.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    /// The credentials directory and the node's name in it.
+    pub credentials: Option<(PathBuf, String)>,
+    /// The node's own settings; they replace any it had.
+    pub settings: Option<Settings>,
+    /// Replace credentials the disk has already (or of another CA).
+    pub force: bool,
+}
 
 /// What was provisioned (no key material).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Provisioned {
     pub disk: PathBuf,
-    pub node: String,
+    /// The node whose credentials were written, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// The node's settings written, as META holds them, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settings: Option<String>,
     /// Whether the disk had node credentials before (they were replaced).
     pub replaced: bool,
     /// The image file's mode before provision made it readable by its
@@ -36,11 +55,67 @@ pub struct Provisioned {
     pub made_private_from: Option<String>,
 }
 
-/// Writes the credentials of node `name` from the credentials directory
-/// `dir` into the META of `disk`. A disk that has credentials already
-/// keeps them unless `force`.
-pub fn provision(disk: &Path, dir: &Path, name: &str, force: bool) -> Result<Provisioned> {
+/// Writes what `req` asks into the META of `disk`, in one write: the
+/// credentials of a node from a credentials directory (a disk that has
+/// credentials already keeps them unless `force`), its settings, or both.
+/// Everything is checked before anything is written.
+pub fn provision(disk: &Path, req: &Request) -> Result<Provisioned> {
     crate::install::require_raw(disk)?;
+    if req.credentials.is_none() && req.settings.is_none() {
+        bail!(
+            "nothing to provision: give --credentials DIR --node NAME, or a node's settings \
+             (--hostname, --net, --dns), or both"
+        );
+    }
+    let creds = req
+        .credentials
+        .as_ref()
+        .map(|(dir, name)| read_credentials(dir, name))
+        .transpose()?;
+    let disk_handle = Disk::open(disk, Access::Write)?;
+    let mut meta_dev = disk_handle.meta()?;
+    let (mut meta, _) = bootstate::meta::read(&mut meta_dev).with_context(|| {
+        format!(
+            "reading META of {}: is it a disk made by imager?",
+            disk.display()
+        )
+    })?;
+    let mut changed = false;
+    let (mut replaced, mut made_private_from) = (false, None);
+    if let Some(c) = &creds {
+        let (r, m) = set_credentials(disk, &mut meta, c, req.force)?;
+        (replaced, made_private_from) = (r, m.0);
+        changed |= m.1;
+    }
+    let settings = req.settings.as_ref().map(Settings::render);
+    if let Some(text) = &settings
+        && meta.get(Tag::NodeSettings) != Some(text.as_str())
+    {
+        meta.set(Tag::NodeSettings, text.as_bytes());
+        changed = true;
+    }
+    if changed {
+        bootstate::meta::write(&mut meta_dev, &meta)
+            .with_context(|| format!("writing META of {}", disk.display()))?;
+    }
+    Ok(Provisioned {
+        disk: disk.to_path_buf(),
+        node: req.credentials.as_ref().map(|(_, n)| n.clone()),
+        settings,
+        replaced,
+        made_private_from,
+    })
+}
+
+/// A node's credentials, read and checked.
+struct Credentials {
+    dir: PathBuf,
+    ca: String,
+    cert: String,
+    key: String,
+}
+
+fn read_credentials(dir: &Path, name: &str) -> Result<Credentials> {
     let (cert_file, key_file) = Holder::Node {
         name: name.to_string(),
         addresses: Vec::new(),
@@ -60,19 +135,28 @@ pub fn provision(disk: &Path, dir: &Path, name: &str, force: bool) -> Result<Pro
     let cert = read_small(&cert_path, "node certificate")?;
     let key = read_small(&key_path, "node key")?;
     nodeapi::tls::check_node(ca.as_bytes(), cert.as_bytes(), key.as_bytes(), name)?;
+    Ok(Credentials {
+        dir: dir.to_path_buf(),
+        ca,
+        cert,
+        key,
+    })
+}
 
-    let disk_handle = Disk::open(disk, Access::Write)?;
-    let mut meta_dev = disk_handle.meta()?;
-    let (mut meta, _) = bootstate::meta::read(&mut meta_dev).with_context(|| {
-        format!(
-            "reading META of {}: is it a disk made by imager?",
-            disk.display()
-        )
-    })?;
+/// Sets the credentials in `meta`: whether the disk had others (replaced),
+/// the image file's mode before it was made private, and whether `meta`
+/// changed.
+fn set_credentials(
+    disk: &Path,
+    meta: &mut contract::meta::Meta,
+    c: &Credentials,
+    force: bool,
+) -> Result<(bool, (Option<String>, bool))> {
+    let (ca, cert, key, dir) = (&c.ca, &c.cert, &c.key, &c.dir);
     // The image's CA (profile `node_api.ca`), when it carries one, is the
     // cluster's: credentials of another CA would lock its clients out.
     if let Some(theirs) = meta.get(Tag::NodeCa)
-        && theirs != ca
+        && theirs != ca.as_str()
         && !force
     {
         bail!(
@@ -97,18 +181,11 @@ pub fn provision(disk: &Path, dir: &Path, name: &str, force: bool) -> Result<Pro
     // Checked: the file is to hold the key (or holds it already).
     let made_private_from = make_private(disk)?;
     if !same {
-        meta.set(Tag::NodeCa, ca);
-        meta.set(Tag::NodeCert, cert);
-        meta.set(Tag::NodeKey, key);
-        bootstate::meta::write(&mut meta_dev, &meta)
-            .with_context(|| format!("writing META of {}", disk.display()))?;
+        meta.set(Tag::NodeCa, ca.as_bytes());
+        meta.set(Tag::NodeCert, cert.as_bytes());
+        meta.set(Tag::NodeKey, key.as_bytes());
     }
-    Ok(Provisioned {
-        disk: disk.to_path_buf(),
-        node: name.to_string(),
-        replaced: replaced && !same,
-        made_private_from,
-    })
+    Ok((replaced && !same, (made_private_from, !same)))
 }
 
 /// Clears the group's and others' permission bits of the disk image file

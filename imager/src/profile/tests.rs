@@ -832,6 +832,9 @@ fn the_network_section_goes_onto_the_command_line() {
     ))
     .unwrap();
     assert!(p.cmdline().ends_with(" machined.net=enp1s0:192.168.7.2/30"));
+    let p = parse(&format!("{GOOD}network: {{interface: eth0, dhcp: true}}\n")).unwrap();
+    assert!(p.cmdline().ends_with(" machined.net=eth0:dhcp"));
+    assert_eq!(contract::cmdline::net(&p.cmdline()).unwrap(), p.net.clone());
     assert_eq!(parse(GOOD).unwrap().net, None);
 }
 
@@ -871,7 +874,16 @@ fn network_errors_name_the_line_and_the_key() {
     let e = refused(&format!(
         "{GOOD}network: {{interface: eth0, address: 10.0.2.15/24, dhcp: true}}\n"
     ));
-    assert!(e.contains("dhcp"), "{e}");
+    assert!(
+        e.contains("network.dhcp:") && e.contains("one of them"),
+        "{e}"
+    );
+    let e = refused(&format!(
+        "{GOOD}network: {{interface: eth0, dhcp: true, gateway: 10.0.2.2}}\n"
+    ));
+    assert!(e.contains("network.gateway:") && e.contains("lease"), "{e}");
+    let e = refused(&format!("{GOOD}network: {{interface: eth0}}\n"));
+    assert!(e.contains("dhcp: true"), "{e}");
     // The key itself is the section's, not kernel.cmdline's.
     let e = refused(&with_line(
         "  cmdline:",

@@ -10,7 +10,7 @@
 //!   reaches a service a test runs on the host.
 //!
 //! The user-mode network is QEMU's default: `10.0.2.0/24`, the guest's
-//! DHCP address `10.0.2.15` (the default profiles configure it statically),
+//! DHCP address `10.0.2.15` (the default profiles take it by DHCP),
 //! the gateway (the host) `10.0.2.2`, DNS `10.0.2.3`. The NIC has no option
 //! ROM (`romfile=`): the firmware never tries to boot from the network.
 
@@ -23,15 +23,18 @@ pub const PREFIX: u8 = 24;
 /// The gateway: the host as the guest sees it.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 pub const DNS: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 3);
-/// The guest's own address (QEMU's first DHCP address; the default
-/// profiles' static address).
+/// The guest's own address: QEMU's first DHCP address, which the default
+/// profiles' DHCP takes.
 pub const GUEST: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
 
-/// `--forward HOSTPORT:GUESTPORT`: `127.0.0.1:HOSTPORT` on the host to the
-/// guest's GUESTPORT (TCP).
+/// `--forward HOSTPORT:[GUESTIP:]GUESTPORT`: `127.0.0.1:HOSTPORT` on the
+/// host to the guest's GUESTPORT (TCP), at GUESTIP when given (else the
+/// address QEMU's DHCP gives, [`GUEST`]): a guest with another static
+/// address is reached at that address, and only there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Forward {
     pub host_port: u16,
+    pub guest: Option<Ipv4Addr>,
     pub guest_port: u16,
 }
 
@@ -145,17 +148,25 @@ fn ipv4(v: &str, what: &str) -> Result<Ipv4Addr> {
 }
 
 impl Forward {
-    /// Parses `HOSTPORT:GUESTPORT` (`8443:50000`).
+    /// Parses `HOSTPORT:GUESTPORT` (`8443:50000`) or
+    /// `HOSTPORT:GUESTIP:GUESTPORT` (`8443:10.0.2.20:50000`).
     pub fn parse(v: &str) -> Result<Forward> {
         let Some((h, g)) = v.split_once(':') else {
             bail!(
-                "--forward {}: write HOSTPORT:GUESTPORT (8443:50000); the host side is \
-                 127.0.0.1:HOSTPORT",
+                "--forward {}: write HOSTPORT:[GUESTIP:]GUESTPORT (8443:50000); the host side \
+                 is 127.0.0.1:HOSTPORT",
                 crate::secret::excerpt(v)
             );
         };
+        let (guest, g) = match g.rsplit_once(':') {
+            Some((ip, p)) if ip.contains('.') => {
+                (Some(ipv4(ip, "--forward: the guest address")?), p)
+            }
+            _ => (None, g),
+        };
         Ok(Forward {
             host_port: port(h, "--forward: the host port")?,
+            guest,
             guest_port: port(g, "--forward: the guest port")?,
         })
     }
@@ -163,8 +174,10 @@ impl Forward {
     /// QEMU's `hostfwd=` value.
     pub fn render(&self) -> String {
         format!(
-            "hostfwd=tcp:127.0.0.1:{}-:{}",
-            self.host_port, self.guest_port
+            "hostfwd=tcp:127.0.0.1:{}-{}:{}",
+            self.host_port,
+            self.guest.map(|g| g.to_string()).unwrap_or_default(),
+            self.guest_port
         )
     }
 }
@@ -346,6 +359,7 @@ mod tests {
             forwards: vec![
                 Forward::parse("8443:50000").unwrap(),
                 Forward::parse("2222:22").unwrap(),
+                Forward::parse("2223:10.0.2.20:22").unwrap(),
             ],
             guest_forwards: vec![GuestForward::parse("10.0.2.100:5000=127.0.0.1:5001").unwrap()],
             relay: Some("/usr/bin/imager".into()),
@@ -354,6 +368,7 @@ mod tests {
             args(&net).unwrap()[1],
             "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:8443-:50000,\
              hostfwd=tcp:127.0.0.1:2222-:22,\
+             hostfwd=tcp:127.0.0.1:2223-10.0.2.20:22,\
              guestfwd=tcp:10.0.2.100:5000-cmd:/usr/bin/imager relay 127.0.0.1:5001"
         );
         let none = NetOptions {
@@ -383,7 +398,7 @@ mod tests {
     #[test]
     fn refuses_bad_forwards() {
         for (bad, why) in [
-            ("8443", "HOSTPORT:GUESTPORT"),
+            ("8443", "HOSTPORT:[GUESTIP:]GUESTPORT"),
             ("0:22", "not a port"),
             ("65536:22", "not a port"),
             ("+80:22", "not a port"),
@@ -391,6 +406,8 @@ mod tests {
             (":22", "not a port"),
             ("80:22:1", "not a port"),
             ("127.0.0.1:80:22", "not a port"),
+            ("80:10.0.2:22", "not an IPv4 address"),
+            ("80:10.0.2.20:", "not a port"),
         ] {
             let e = Forward::parse(bad).unwrap_err().to_string();
             assert!(e.contains(why), "{bad}: {e}");

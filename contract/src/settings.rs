@@ -1,0 +1,276 @@
+//! A node's own settings: its hostname, its network and its DNS servers,
+//! kept in META ([`crate::meta::Tag::NodeSettings`]) so that they are the
+//! node's, not the image's, and survive upgrades and rollbacks (META is
+//! never replaced by either). `imager install`, `imager node provision`
+//! and the live installer write them; the runtime reads them at every
+//! boot, before the image's default (`machined.net=` on its command line).
+//!
+//! The record is text, one `key=value` per line, each key at most once,
+//! in this order when written:
+//!
+//! ```text
+//! hostname=node-1
+//! net=eth0:10.0.2.20/24:10.0.2.2
+//! dns=10.0.2.3,1.1.1.1
+//! ```
+//!
+//! - `hostname`: RFC 1123 labels (letters, digits and `-`, 1 to 63 each,
+//!   not starting or ending with `-`) joined by `.`, at most
+//!   [`MAX_HOSTNAME`] bytes (Linux's `HOST_NAME_MAX`). Absent: DHCP's
+//!   hostname, if the lease gives one.
+//! - `net`: [`crate::net`]'s `IFACE:dhcp` or `IFACE:ADDRESS/PREFIX[:GATEWAY]`.
+//!   Absent: the image's default.
+//! - `dns`: 1 to [`MAX_DNS`] IPv4 host addresses, comma-separated, none of
+//!   them the node's own static address. They replace DHCP's servers.
+//!
+//! The whole record is at most [`MAX_LEN`] bytes, refused before it is
+//! split. Everything is checked by [`Settings::parse`], which `imager`
+//! runs before it writes anything and the runtime runs on what it reads:
+//! a record that fails is named on the console and ignored (the image's
+//! default applies).
+
+use crate::net::{self, NetConfig};
+use std::net::Ipv4Addr;
+
+/// The longest hostname (Linux's `HOST_NAME_MAX`).
+pub const MAX_HOSTNAME: usize = 64;
+/// The most DNS servers (the resolver reads three).
+pub const MAX_DNS: usize = 3;
+/// The longest record.
+pub const MAX_LEN: usize = 512;
+
+/// A node's settings; every part optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settings {
+    pub hostname: Option<String>,
+    pub net: Option<NetConfig>,
+    pub dns: Vec<Ipv4Addr>,
+}
+
+/// Checks a hostname (see the module's documentation). The message quotes
+/// it escaped.
+pub fn check_hostname(h: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("the hostname {} {why}", crate::text::excerpt(h)));
+    if h.is_empty() {
+        return bad("is empty");
+    }
+    if h.len() > MAX_HOSTNAME {
+        return bad(&format!(
+            "is {} bytes long, more than {MAX_HOSTNAME}",
+            h.len()
+        ));
+    }
+    for label in h.split('.') {
+        if label.is_empty() || label.len() > 63 {
+            return bad("has an empty label or one longer than 63 characters");
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        {
+            return bad("has a character other than letters, digits, '-' and '.'");
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return bad("has a label that starts or ends with '-'");
+        }
+    }
+    Ok(())
+}
+
+/// Parses a comma-separated list of DNS servers.
+pub fn parse_dns(v: &str) -> Result<Vec<Ipv4Addr>, String> {
+    let mut out = Vec::new();
+    for part in v.split(',') {
+        let a: Ipv4Addr = part.parse().map_err(|_| {
+            format!(
+                "the DNS server {} is not an IPv4 address (four numbers 0-255: 10.0.2.3)",
+                crate::text::excerpt(part)
+            )
+        })?;
+        net::check_host(a, 32, "DNS server")?;
+        if out.contains(&a) {
+            return Err(format!("the DNS server {a} is given twice"));
+        }
+        out.push(a);
+    }
+    if out.len() > MAX_DNS {
+        return Err(format!(
+            "{} DNS servers are given; the resolver reads at most {MAX_DNS}",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
+impl Settings {
+    /// Checks the combination: no DNS server is the node's own static
+    /// address.
+    pub fn new(
+        hostname: Option<String>,
+        net: Option<NetConfig>,
+        dns: Vec<Ipv4Addr>,
+    ) -> Result<Settings, String> {
+        if let Some(h) = &hostname {
+            check_hostname(h)?;
+        }
+        if dns.len() > MAX_DNS {
+            return Err(format!(
+                "{} DNS servers are given; the resolver reads at most {MAX_DNS}",
+                dns.len()
+            ));
+        }
+        if let Some(s) = net.as_ref().and_then(NetConfig::fixed)
+            && dns.contains(&s.address)
+        {
+            return Err(format!(
+                "the DNS server {} is the node's own address",
+                s.address
+            ));
+        }
+        Ok(Settings { hostname, net, dns })
+    }
+
+    /// Whether nothing is set.
+    pub fn is_empty(&self) -> bool {
+        self.hostname.is_none() && self.net.is_none() && self.dns.is_empty()
+    }
+
+    /// The record (see the module's documentation).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        if let Some(h) = &self.hostname {
+            out.push_str(&format!("hostname={h}\n"));
+        }
+        if let Some(n) = &self.net {
+            out.push_str(&format!("net={}\n", n.value()));
+        }
+        if !self.dns.is_empty() {
+            let list: Vec<String> = self.dns.iter().map(Ipv4Addr::to_string).collect();
+            out.push_str(&format!("dns={}\n", list.join(",")));
+        }
+        out
+    }
+
+    /// Parses a record.
+    pub fn parse(text: &str) -> Result<Settings, String> {
+        if text.len() > MAX_LEN {
+            return Err(format!(
+                "the node's settings are {} bytes long, more than {MAX_LEN}",
+                text.len()
+            ));
+        }
+        let (mut hostname, mut net, mut dns) = (None, None, None);
+        for line in text.lines() {
+            if line.is_empty() {
+                continue;
+            }
+            let Some((k, v)) = line.split_once('=') else {
+                return Err(format!(
+                    "the line {} of the node's settings is not key=value",
+                    crate::text::excerpt(line)
+                ));
+            };
+            let twice = || format!("the node's settings give {k}= twice");
+            match k {
+                "hostname" => {
+                    check_hostname(v)?;
+                    if hostname.replace(v.to_string()).is_some() {
+                        return Err(twice());
+                    }
+                }
+                "net" => {
+                    if net.replace(net::parse_as("net", v)?).is_some() {
+                        return Err(twice());
+                    }
+                }
+                "dns" => {
+                    if dns.replace(parse_dns(v)?).is_some() {
+                        return Err(twice());
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "the node's settings have an unknown key {} (hostname, net and dns are \
+                         known)",
+                        crate::text::excerpt(k)
+                    ));
+                }
+            }
+        }
+        Settings::new(hostname, net, dns.unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_round_trips() {
+        let text = "hostname=node-1\nnet=eth0:10.0.2.20/24:10.0.2.2\ndns=10.0.2.3,1.1.1.1\n";
+        let s = Settings::parse(text).unwrap();
+        assert_eq!(s.hostname.as_deref(), Some("node-1"));
+        assert_eq!(
+            s.net.as_ref().unwrap().value(),
+            "eth0:10.0.2.20/24:10.0.2.2"
+        );
+        assert_eq!(
+            s.dns,
+            [Ipv4Addr::new(10, 0, 2, 3), Ipv4Addr::new(1, 1, 1, 1)]
+        );
+        assert_eq!(s.render(), text);
+        assert!(Settings::parse("").unwrap().is_empty());
+        assert_eq!(
+            Settings::parse("net=ens3:dhcp\n").unwrap().render(),
+            "net=ens3:dhcp\n"
+        );
+    }
+
+    #[test]
+    fn hostnames_follow_rfc_1123() {
+        for good in ["a", "node-1", "n1.example.com", "0abc", &"a".repeat(63)] {
+            assert_eq!(check_hostname(good), Ok(()), "{good}");
+        }
+        for (bad, why) in [
+            ("", "empty"),
+            ("-a", "starts or ends"),
+            ("a-", "starts or ends"),
+            ("a..b", "empty label"),
+            ("a_b", "character"),
+            ("a b", "character"),
+            ("ünï", "character"),
+            ("a\u{1b}[2J", "character"),
+            (&"a".repeat(64), "longer than 63"),
+            (
+                &format!("{}.{}", "a".repeat(40), "b".repeat(40)),
+                "bytes long",
+            ),
+        ] {
+            let e = check_hostname(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+            assert!(!e.contains('\u{1b}'), "{e}");
+        }
+    }
+
+    #[test]
+    fn bad_records_are_refused_with_the_reason() {
+        for (bad, why) in [
+            ("hostname=a\nhostname=b\n", "twice"),
+            ("mtu=1500\n", "unknown key"),
+            ("hostname\n", "not key=value"),
+            ("net=eth0:10.0.2.15/24:10.0.3.1\n", "not in the subnet"),
+            ("net=eth0:10.0.2.15/24\ndns=10.0.2.15\n", "own address"),
+            ("dns=10.0.2.3,10.0.2.3\n", "twice"),
+            ("dns=1.1.1.1,1.0.0.1,8.8.8.8,8.8.4.4\n", "at most 3"),
+            ("dns=127.0.0.1\n", "loopback"),
+            ("dns=10.0.2\n", "not an IPv4 address"),
+            ("dns=\n", "not an IPv4 address"),
+            ("hostname=x_y\n", "character"),
+        ] {
+            let e = Settings::parse(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+        let long = format!("hostname={}\n", "a".repeat(MAX_LEN));
+        assert!(Settings::parse(&long).unwrap_err().contains("bytes long"));
+    }
+}
