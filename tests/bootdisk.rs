@@ -9,6 +9,10 @@
 //! `nvme0n1`). The other disk keeps every byte. Without a word from a
 //! loader, the runtime refuses to choose between two disks (a kernel
 //! started directly by QEMU).
+//!
+//! Each disk is the built image written as it is (`dd`): it carries the
+//! image's own GUIDs, and its first boot gives it GUIDs of its own; a power
+//! cut during that change leaves a disk that boots and finishes it.
 
 // Test helpers panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
@@ -133,14 +137,21 @@ fn the_runtime_writes_only_the_disk_uefi_booted_whichever_is_first_by_name() {
     let image_end = ephemeral_end(&boot);
 
     // The boot disk is vda, second by name beside nvme0n1.
+    let esp = unique_guid(&boot, "EFI");
+    assert_eq!(inspect(&boot)["own_guids"], false);
     let (r, console) = boot_beside(&boot, "virtio", "uefi", &other, "nvme");
     assert_eq!(r["slot"], "A", "{r}");
-    let esp = unique_guid(&boot, "EFI");
     let said = line(&console, "stage2: boot disk vda:");
     assert!(
         said.contains("LoaderDevicePartUUID") && said.to_lowercase().contains(&esp),
         "{said}"
     );
+    // Its first boot gave it GUIDs of its own (the other disk kept every
+    // byte, its own included).
+    line(&console, "storage: /dev/vda carried the image's own GUIDs");
+    assert_ne!(unique_guid(&boot, "EFI"), esp);
+    assert_eq!(inspect(&boot)["own_guids"], true);
+    assert_eq!(inspect(&other)["own_guids"], false);
     let also = line(&console, "stage2: disk nvme0n1 also carries META");
     assert!(also.contains("never written"), "{also}");
     assert!(
@@ -191,6 +202,78 @@ fn the_runtime_writes_only_the_disk_grub_booted() {
     );
     line(&console, "stage2: disk nvme0n1 also carries META");
     assert!(ephemeral_end(&boot) > image_end);
+    line(&console, "storage: /dev/sda carried the image's own GUIDs");
+    assert_ne!(unique_guid(&boot, "BOOT"), boot_guid);
+    // The next boot finds it by its new GUID.
+    let (_, console) = boot_beside(&boot, "sata", "bios", &other, "nvme");
+    let said = line(&console, "stage2: boot disk sda:");
+    let now = unique_guid(&boot, "BOOT");
+    assert!(
+        said.contains(&format!("machined.boot_part={now}")),
+        "{said}"
+    );
+    assert!(
+        !console.contains("carried the image's own GUIDs"),
+        "{console}"
+    );
+}
+
+/// A power cut during the first boot's change of GUIDs
+/// (`bootstate::gpt::reidentify`, cut offline before its write N as the
+/// runtime would have made it): before write 4 the old primary table is
+/// whole; before the last (4, the primary header) the new backup is the
+/// table, the primary's entries failing their CRC. Each disk boots to
+/// ready under OVMF, the last also under SeaBIOS, and leaves the boot with
+/// GUIDs of its own in both copies (sgdisk -v finds nothing).
+#[test]
+fn a_power_cut_during_the_first_boot_guid_change_leaves_a_disk_that_boots() {
+    let i = images();
+    for (n, firmware) in [(2, "uefi"), (4, "uefi"), (4, "bios")] {
+        let what = format!("cut before write {n} of 4, {firmware}");
+        let disk = sparse_copy(
+            &i.v1.artifact("raw"),
+            &format!("bootdisk-cut-{n}-{firmware}"),
+        );
+        let before = unique_guid(&disk, "EFI");
+        {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&disk)
+                .unwrap();
+            let size = f.metadata().unwrap().len();
+            let mut f = bootstate::Faulty::failing_at(f, n);
+            let e = bootstate::gpt::reidentify(
+                &mut f,
+                size,
+                512,
+                contract::guid::installed([n as u8; 16]),
+            )
+            .unwrap_err();
+            assert!(
+                format!("{e:#}").contains("simulated power cut"),
+                "{what}: {e:#}"
+            );
+        }
+        let log = disk.with_extension("console.log");
+        let r = boot_report(
+            &disk,
+            &[
+                "--write",
+                "--firmware",
+                firmware,
+                "--console-log",
+                log.to_str().unwrap(),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let console = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(r["ready"], true, "{what}: {r}\n{console}");
+        assert_eq!(inspect(&disk)["own_guids"], true, "{what}");
+        assert_ne!(unique_guid(&disk, "EFI"), before, "{what}");
+        check_gpt(&disk);
+        std::fs::remove_file(&disk).unwrap();
+    }
 }
 
 #[test]

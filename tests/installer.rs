@@ -608,3 +608,79 @@ fn podman_loads_the_archive_under_its_full_name() {
     );
     let _ = std::fs::remove_dir_all(&store);
 }
+
+/// The disk GUID and the partitions' unique GUIDs of `disk`, as sfdisk
+/// reads them.
+fn guids(disk: &Path) -> (String, Vec<String>) {
+    let v: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(disk))).unwrap();
+    let t = &v["partitiontable"];
+    (
+        t["id"].as_str().unwrap().to_lowercase(),
+        t["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["uuid"].as_str().unwrap().to_lowercase())
+            .collect(),
+    )
+}
+
+/// Two installs from one installer image get each their own disk GUID and
+/// partition GUIDs (sfdisk), random ones (version 4), never the built
+/// image's; `imager inspect` tells an installed disk (its own GUIDs) from
+/// the built one (the image's own). The second install also carries the
+/// node's settings given to it, which inspect shows.
+#[test]
+fn two_installs_from_one_installer_image_have_guids_of_their_own() {
+    let dir = scratch().join("installer-guids");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut seen = Vec::new();
+    for (name, extra) in [
+        ("one.raw", &[][..]),
+        ("two.raw", &["--hostname", "two", "--net", "eth0:dhcp"][..]),
+    ] {
+        let disk = dir.join(name);
+        ok(imager()
+            .args(["install", "--installer"])
+            .arg(archive())
+            .arg("--disk")
+            .arg(&disk)
+            .arg("--key")
+            .arg(dev_pub())
+            .args(extra));
+        let (id, parts) = guids(&disk);
+        assert_eq!(
+            &id[14..15],
+            "4",
+            "{name}: disk GUID {id} is not random (version 4)"
+        );
+        let inspect: Value =
+            serde_json::from_str(&ok(imager().args(["inspect", "--json"]).arg(&disk))).unwrap();
+        assert_eq!(inspect["own_guids"], true, "{name}: {inspect}");
+        assert_eq!(inspect["disk_guid"], id.as_str(), "{name}");
+        if !extra.is_empty() {
+            let keys = inspect["meta"]["keys"].to_string();
+            assert!(
+                keys.contains("hostname=two") && keys.contains("net=eth0:dhcp"),
+                "{name}: {keys}"
+            );
+        }
+        seen.push((id, parts));
+    }
+    let built = image().artifact("raw");
+    let (built_id, built_parts) = guids(&built);
+    let inspect: Value =
+        serde_json::from_str(&ok(imager().args(["inspect", "--json"]).arg(&built))).unwrap();
+    assert_eq!(inspect["own_guids"], false, "{inspect}");
+    seen.push((built_id, built_parts));
+    let mut all: Vec<&String> = seen
+        .iter()
+        .flat_map(|(d, p)| std::iter::once(d).chain(p))
+        .collect();
+    let n = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), n, "a GUID is shared: {seen:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,7 +1,8 @@
 //! The GUID Partition Table: the one reader and writer of partition tables
 //! in the workspace. The builder writes new tables with [`write_new`],
 //! `imager inspect` and the installer read them with [`read`], and the
-//! runtime grows the last partition with [`grow_last`].
+//! runtime grows the last partition with [`grow_last`] and gives a disk
+//! written from an image as it is its own GUIDs with [`reidentify`].
 //!
 //! Hand-written rather than the `gpt` crate's: that crate writes the primary
 //! table before the backup (we need the backup first, see below), asserts on
@@ -569,6 +570,56 @@ fn commit<D: Device>(
     }
     dev.sync().context("syncing the primary GPT")?;
     Ok(())
+}
+
+/// Gives the table the disk GUID `disk` and each used entry the unique
+/// GUID [`contract::guid::partition_guid`] derives from it and the entry's
+/// name, in the order every write here goes (the module's documentation):
+/// a cut before the primary header is written leaves the old GUIDs in the
+/// primary table (the change is made again, with other GUIDs, at the next
+/// try), or a primary whose entries fail their CRC with the new backup
+/// whole (read instead; [`grow_last`] then rewrites the primary). Returns
+/// the disk GUID before.
+pub fn reidentify<D: Device>(dev: &mut D, disk_size: u64, sector: u64, disk: Guid) -> Result<Guid> {
+    let t = read_at(dev, disk_size, sector)?;
+    let total = disk_size / sector;
+    let mut entries = t.entries.clone();
+    for p in &t.partitions {
+        put(
+            &mut entries,
+            p.index * t.header.entry_size as usize + E_UNIQUE,
+            &contract::guid::partition_guid(disk, &p.label).to_bytes_le(),
+        );
+    }
+    let entries_crc = crc32(&entries);
+    // Each copy stays where it is: the primary's entries where its header
+    // says (LBA 2 when only the backup could be read), the backup's just
+    // before its header.
+    let (primary_entries, backup_lba, backup_entries) = match t.source {
+        TableCopy::Primary => (
+            t.header.entries_lba,
+            t.header.alternate_lba,
+            t.header.alternate_lba.saturating_sub(t.array_sectors()),
+        ),
+        TableCopy::Backup => (2, t.header.my_lba, t.header.entries_lba),
+    };
+    if primary_entries + t.array_sectors() > t.header.first_usable_lba
+        || backup_entries <= t.header.last_usable_lba
+        || backup_lba >= total
+    {
+        bail!("the GPT's copies are not where a rewrite in place can put them");
+    }
+    let primary = Header {
+        my_lba: 1,
+        alternate_lba: backup_lba,
+        entries_lba: primary_entries,
+        entries_crc,
+        disk_guid: disk,
+        ..t.header
+    };
+    let backup = primary.moved(backup_lba, 1, backup_entries);
+    commit(dev, sector, &primary, &backup, &entries, Mbr::Resize)?;
+    Ok(t.disk_guid)
 }
 
 /// What [`grow_last`] did.

@@ -5,6 +5,13 @@
 //! derived from the image's identity (name, version and the digests of its
 //! payload), each partition GUID from the disk GUID and the partition label.
 //! The same inputs therefore give the same disk, byte for byte.
+//!
+//! An installation gets its own: `imager install` and the live installer
+//! give the disk a random GUID ([`installed`], version 4), and a built disk
+//! written as it is (`dd`) gets one at its first boot
+//! (`bootstate::gpt::reidentify`); its partitions' GUIDs are derived from
+//! it as at build time. A disk GUID of version 8 ([`is_derived`]) is
+//! therefore the image's own: only the build makes those.
 
 use sha2::{Digest, Sha256};
 pub use uuid::Uuid as Guid;
@@ -47,6 +54,19 @@ pub fn derive(purpose: &str, inputs: &[&[u8]]) -> Guid {
 /// [`crate::paths::image_identity`]).
 pub fn disk_guid(image_identity: &str) -> Guid {
     derive("disk", &[image_identity.as_bytes()])
+}
+
+/// A disk GUID of an installation, from 16 random bytes the caller takes
+/// from the system's random source: RFC 9562 version 4.
+pub fn installed(random: [u8; 16]) -> Guid {
+    uuid::Builder::from_random_bytes(random).into_uuid()
+}
+
+/// Whether `disk` is a disk GUID derived from an image's content (version
+/// 8, [`derive`]): the image's own, which every disk written from the
+/// image as it is carries.
+pub fn is_derived(disk: Guid) -> bool {
+    disk.get_version_num() == 8
 }
 
 /// The unique GUID of the partition `label` on the disk `disk`.
@@ -92,5 +112,11 @@ mod tests {
         assert_eq!(d.get_variant(), uuid::Variant::RFC4122);
         // Length prefixes: moving a byte between inputs changes the result.
         assert_ne!(derive("x", &[b"ab", b"c"]), derive("x", &[b"a", b"bc"]));
+        // An installation's GUID is version 4 and never taken for the
+        // image's own; the image's is.
+        let i = installed([0xa5; 16]);
+        assert_eq!(i.get_version_num(), 4);
+        assert_eq!(i.get_variant(), uuid::Variant::RFC4122);
+        assert!(is_derived(d) && !is_derived(i));
     }
 }

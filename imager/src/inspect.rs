@@ -128,6 +128,11 @@ pub struct Report {
     pub size: u64,
     pub sector_size: u64,
     pub disk_guid: String,
+    /// Whether the disk has GUIDs of its own (an install, or a disk that
+    /// has booted), not the image's own, which every disk written from the
+    /// built image as it is carries until its first boot
+    /// ([`contract::guid::is_derived`]).
+    pub own_guids: bool,
     pub partition_table: TableInfo,
     /// Why BOOT could not be read, when it could not (its entries are then
     /// unknown).
@@ -223,6 +228,7 @@ pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
         size: table.disk_size,
         sector_size: table.sector_size,
         disk_guid: table.disk_guid.hyphenated().to_string(),
+        own_guids: !contract::guid::is_derived(table.disk_guid),
         partition_table: TableInfo {
             copy: match table.source {
                 TableCopy::Primary => "primary",
@@ -486,8 +492,16 @@ pub fn run(image: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
 /// The disk and its partitions, for people.
 fn print_table(r: &Report) {
     println!(
-        "image {} ({} bytes, {}-byte sectors, disk GUID {})",
-        r.image, r.size, r.sector_size, r.disk_guid
+        "image {} ({} bytes, {}-byte sectors, disk GUID {}: {})",
+        r.image,
+        r.size,
+        r.sector_size,
+        r.disk_guid,
+        if r.own_guids {
+            "its own"
+        } else {
+            "the image's own; its first boot gives it its own"
+        }
     );
     println!("\npartitions:");
     println!(

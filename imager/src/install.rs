@@ -601,11 +601,6 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     };
     // The entry as an upgrade writes it (title from the manifest's boot.title).
     let boot_files = boot::initial_boot_files(&p.payload)?;
-    let identity = paths::image_identity(
-        &p.manifest.name,
-        &p.manifest.version,
-        &[&p.payload.kernel.sha256, &p.payload.initramfs.sha256],
-    );
     let mut meta = bootstate::meta::initial(
         &p.manifest.name,
         &p.payload.version,
@@ -622,7 +617,13 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     if let Some(s) = &a.settings {
         meta.set(Tag::NodeSettings, s.render());
     }
-    let guid = contract::guid::disk_guid(&identity);
+    // Every installation its own disk GUID (its partitions' are derived
+    // from it): two installs from one installer image never share one.
+    let guid = contract::guid::installed({
+        let mut b = [0u8; 16];
+        rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut b);
+        b
+    });
     let epoch = p.manifest.source_date_epoch;
     let target = if is_block {
         boot::DiskTarget::InPlace

@@ -337,17 +337,14 @@ impl Conn {
 
 /// A transaction identifier from the kernel's random pool.
 fn xid() -> u32 {
-    let mut b = [0u8; 4];
-    // SAFETY: the buffer is 4 writable bytes.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != 4 {
-        // Without entropy the identifier is still unique enough on a link
-        // for one client: the clock's nanoseconds.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        return t;
-    }
-    u32::from_ne_bytes(b)
+    // Without the pool the identifier is still unique enough on a link
+    // for one client: the clock's nanoseconds.
+    crate::sys::random::<4>()
+        .map(u32::from_ne_bytes)
+        .unwrap_or_else(|_| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0)
+        })
 }

@@ -100,7 +100,8 @@ pub fn report_line(
 /// `wipe-ephemeral`, an upgrade's `--preserve=false`).
 pub fn setup(meta: &Partition, slot: Slot, version: &str, wipe_ephemeral: bool) -> Result<()> {
     let (disk, state, ephemeral) = wait_for_partitions(meta)?;
-    grow_ephemeral(&disk, &ephemeral).with_context(|| format!("grow EPHEMERAL on /dev/{disk}"))?;
+    settle_table(&disk, &ephemeral)
+        .with_context(|| format!("the partition table of /dev/{disk}"))?;
     let state_dev = format!("/dev/{}", state.name);
     let eph_dev = format!("/dev/{}", ephemeral.name);
     let state_made = format_if_blank(&state_dev, PartitionRole::State.label())?;
@@ -195,7 +196,12 @@ fn partition_bytes(name: &str) -> Result<u64> {
     Ok(read_sys(&format!("/sys/class/block/{name}/size"))? * 512)
 }
 
-fn grow_ephemeral(disk: &str, ephemeral: &Partition) -> Result<()> {
+/// The partition table at every boot, under the installer's lock: a disk
+/// that still carries the image's own GUIDs (written from a built image as
+/// it is, `dd`) gets its own ([`contract::guid`]; a cut during the change
+/// leaves the old GUIDs or the new ones, and this boot or the next finishes
+/// it, `bootstate::gpt::reidentify`); then EPHEMERAL grows to the disk's end.
+fn settle_table(disk: &str, ephemeral: &Partition) -> Result<()> {
     let sector = read_sys(&format!("/sys/class/block/{disk}/queue/logical_block_size"))?;
     let disk_bytes = read_sys(&format!("/sys/class/block/{disk}/size"))? * 512;
     let pno = read_sys(&format!("/sys/class/block/{}/partition", ephemeral.name))?;
@@ -207,6 +213,17 @@ fn grow_ephemeral(disk: &str, ephemeral: &Partition) -> Result<()> {
         .with_context(|| format!("open {path}"))?;
     // The installer's lock (bootstate::disk): no upgrade writes meanwhile.
     sys::lock(&f, Path::new(&path))?;
+    let table = bootstate::gpt::read_at(&mut f, disk_bytes, sector)?;
+    if contract::guid::is_derived(table.disk_guid) {
+        let own = contract::guid::installed(sys::random()?);
+        bootstate::gpt::reidentify(&mut f, disk_bytes, sector, own)
+            .context("give it GUIDs of its own")?;
+        say(format!(
+            "storage: {path} carried the image's own GUIDs (disk {}); it has its own now: disk \
+             {own}, its partitions' derived from it",
+            table.disk_guid
+        ));
+    }
     let grown =
         bootstate::gpt::grow_last(&mut f, disk_bytes, sector, PartitionRole::Ephemeral.label())?;
     let Some(g) = grown else {

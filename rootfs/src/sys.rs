@@ -25,6 +25,26 @@ pub fn cstr(s: impl AsRef<std::ffi::OsStr>) -> Result<CString> {
     CString::new(s.as_bytes()).with_context(|| format!("{s:?} contains a NUL byte"))
 }
 
+/// `N` bytes from the kernel's random pool (getrandom(2), waiting until
+/// the pool is initialised: with the CPU's RDRAND at once).
+pub fn random<const N: usize>() -> Result<[u8; N]> {
+    let mut b = [0u8; N];
+    let mut at = 0;
+    while at < N {
+        // SAFETY: the pointer and length describe the unfilled tail of `b`.
+        let n = unsafe { libc::getrandom(b[at..].as_mut_ptr().cast(), N - at, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e).context("getrandom");
+        }
+        at += n as usize;
+    }
+    Ok(b)
+}
+
 pub fn pid() -> libc::pid_t {
     // SAFETY: getpid cannot fail.
     unsafe { libc::getpid() }

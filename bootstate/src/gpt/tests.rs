@@ -522,3 +522,167 @@ fn a_new_table_cut_at_every_write_is_absent_or_whole_under_loss(loss: crate::dev
         }
     }
 }
+
+/// The disk GUID and each partition's unique GUID as sfdisk reads them
+/// (512-byte sectors only: sfdisk reads plain files at 512).
+fn sfdisk_guids(path: &Path) -> (String, Vec<(String, String)>) {
+    let text = output(
+        Command::new(tool("sfdisk")).arg("--dump").arg(path),
+        "sfdisk refused the table",
+    );
+    let id = text
+        .lines()
+        .find_map(|l| l.strip_prefix("label-id: "))
+        .unwrap_or_default()
+        .to_lowercase();
+    let parts = text
+        .lines()
+        .filter(|l| l.contains(" : start="))
+        .map(|l| {
+            let field = |k: &str| {
+                l.split(',')
+                    .find_map(|f| {
+                        f.trim()
+                            .split_once('=')
+                            .filter(|(n, _)| n.trim().ends_with(k))
+                    })
+                    .map(|(_, v)| v.trim().trim_matches('"').to_string())
+                    .unwrap_or_default()
+            };
+            (field("name"), field("uuid").to_lowercase())
+        })
+        .collect();
+    (id, parts)
+}
+
+/// What stage 2 does at each boot of a disk: a disk still carrying a
+/// derived (the image's own) GUID gets `fresh`; then the grow, which
+/// rewrites a primary table that only its backup could replace.
+/// Returns how many writes it made.
+fn boot_once(p: &Path, bytes: u64, sector: u64, fresh: Guid) -> u64 {
+    let mut f = Faulty::counting(open_rw(p));
+    if contract::guid::is_derived(table(p, sector).disk_guid) {
+        reidentify(&mut f, bytes, sector, fresh).unwrap();
+    }
+    grow_last(&mut f, bytes, sector, "EPHEMERAL").unwrap();
+    f.writes()
+}
+
+fn reidentify_cut_at_every_write(sector: u64, loss: crate::device::Loss) {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = 1024 * MIB;
+    let image_guid = contract::guid::disk_guid("metal 0.1.0 test");
+    let fresh = |name: &str| {
+        let p = disk(dir.path(), name, sector, bytes);
+        // disk() writes a random-looking GUID: give it the image's own.
+        let mut f = open_rw(&p);
+        reidentify(&mut f, bytes, sector, image_guid).unwrap();
+        p
+    };
+    let before = table(&fresh("before"), sector);
+    assert!(contract::guid::is_derived(before.disk_guid));
+    let new = contract::guid::installed([7; 16]);
+    // The whole change, counted.
+    let p = fresh("whole");
+    let mut f = Faulty::counting(open_rw(&p));
+    assert_eq!(reidentify(&mut f, bytes, sector, new).unwrap(), image_guid);
+    assert_eq!(
+        f.writes(),
+        4,
+        "backup entries and header, primary entries and header"
+    );
+    drop(f);
+    let t = table(&p, sector);
+    assert_eq!((t.source, t.disk_guid), (TableCopy::Primary, new));
+    for (a, b) in t.partitions.iter().zip(&before.partitions) {
+        assert_eq!(a.unique_guid, contract::guid::partition_guid(new, &a.label));
+        assert_ne!(a.unique_guid, b.unique_guid, "{}", a.label);
+        assert_eq!(
+            (a.first_lba, a.last_lba, &a.label, a.type_guid),
+            (b.first_lba, b.last_lba, &b.label, b.type_guid)
+        );
+    }
+    let total = bytes / sector;
+    let b = read_copy(&mut File::open(&p).unwrap(), sector, bytes, total - 1).unwrap();
+    assert_eq!(
+        (b.disk_guid, &b.partitions),
+        (new, &t.partitions),
+        "the backup"
+    );
+    assert_eq!(libfdisk(&p, sector), ours(&t));
+    if sector == 512 {
+        // sfdisk, independently: the new disk GUID and partition GUIDs.
+        let (id, parts) = sfdisk_guids(&p);
+        assert_eq!(id, new.hyphenated().to_string());
+        for (name, uuid) in parts {
+            assert_eq!(
+                uuid,
+                contract::guid::partition_guid(new, &name)
+                    .hyphenated()
+                    .to_string(),
+                "{name}"
+            );
+        }
+    }
+    for n in 1..=4 {
+        let p = fresh(&format!("cut-{n}"));
+        let mut f = Faulty::failing_at(open_rw(&p), n);
+        assert!(reidentify(&mut f, bytes, sector, new).is_err(), "cut {n}");
+        drop(f);
+        let t = table(&p, sector);
+        // Until the primary header is written the old primary is whole;
+        // with its new array but not its header the new backup is the table.
+        let expect = match n {
+            1..=3 => (TableCopy::Primary, image_guid),
+            _ => (TableCopy::Backup, new),
+        };
+        let lossy_ok = loss != crate::device::Loss::None
+            && [(TableCopy::Primary, image_guid), (TableCopy::Backup, new)]
+                .contains(&(t.source, t.disk_guid));
+        assert!(
+            (t.source, t.disk_guid) == expect || lossy_ok,
+            "cut {n}: {:?}",
+            (t.source, t.disk_guid)
+        );
+        assert_eq!(ours(&t), ours(&before), "cut {n}: the layout");
+        assert_eq!(libfdisk(&p, sector), ours(&t), "cut {n}");
+        // The next boot finishes: its own GUIDs in both copies, the
+        // primary read; the boot after changes nothing.
+        let other = contract::guid::installed([9; 16]);
+        boot_once(&p, bytes, sector, other);
+        let t = table(&p, sector);
+        assert_eq!(t.source, TableCopy::Primary, "cut {n}");
+        assert!(
+            t.disk_guid == new || t.disk_guid == other,
+            "cut {n}: {}",
+            t.disk_guid
+        );
+        for q in &t.partitions {
+            assert_eq!(
+                q.unique_guid,
+                contract::guid::partition_guid(t.disk_guid, &q.label)
+            );
+        }
+        let b = read_copy(&mut File::open(&p).unwrap(), sector, bytes, total - 1).unwrap();
+        assert_eq!(
+            (b.disk_guid, &b.partitions),
+            (t.disk_guid, &t.partitions),
+            "cut {n}"
+        );
+        assert_eq!(
+            boot_once(&p, bytes, sector, contract::guid::installed([11; 16])),
+            0,
+            "cut {n}: a later boot wrote"
+        );
+    }
+}
+
+#[test]
+fn the_guid_change_cut_at_every_write_512() {
+    crate::device::each_loss(|loss| reidentify_cut_at_every_write(512, loss));
+}
+
+#[test]
+fn the_guid_change_cut_at_every_write_4096() {
+    crate::device::each_loss(|loss| reidentify_cut_at_every_write(4096, loss));
+}
