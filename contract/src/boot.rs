@@ -372,16 +372,18 @@ pub fn slot_entry(
 }
 
 /// The length of the command line the kernel receives from a slot's boot
-/// entry with the image command line `cmdline` (see
-/// [`crate::cmdline::loaded_len`]): the longest over both slots, for any
-/// kernel and initramfs (their names have fixed lengths).
+/// entry with the image command line `cmdline`: the longest over both
+/// slots and both loaders, for any kernel and initramfs (their names have
+/// fixed lengths). systemd-boot adds `initrd=` ([`crate::cmdline::loaded_len`]),
+/// GRUB `BOOT_IMAGE=`, `machined.trial=` and `machined.boot_part=`
+/// ([`crate::grubcfg::loaded_len`]), which is the longer.
 pub fn loaded_cmdline_len(cmdline: &str) -> usize {
     let any_sha = "0".repeat(64);
     Slot::ALL
         .iter()
         .map(|&slot| {
             let e = slot_entry(slot, &any_sha, &any_sha, "- -", "-", cmdline);
-            crate::cmdline::loaded_len(&e.options, &[&e.initrd])
+            crate::cmdline::loaded_len(&e.options, &[&e.initrd]).max(crate::grubcfg::loaded_len(&e))
         })
         .max()
         .unwrap_or(0)
@@ -414,10 +416,16 @@ mod tests {
     fn loaded_cmdline_len_counts_the_slot_and_initrd_arguments() {
         let sha = "0".repeat(64);
         let e = slot_entry(Slot::B, &sha, &sha, "Imager 1.0", "1.0", "console=ttyS0");
-        assert_eq!(
-            loaded_cmdline_len("console=ttyS0"),
-            crate::cmdline::loaded_len(&e.options, &[&e.initrd])
+        let systemd_boot = crate::cmdline::loaded_len(&e.options, &[&e.initrd]);
+        // What GRUB 2.06's `linux` gives the kernel, written out.
+        let grub = format!(
+            "BOOT_IMAGE=/B/vmlinuz-{} console=ttyS0 machined.slot=B machined.trial=1 \
+             machined.boot_part=00000000-0000-0000-0000-000000000000",
+            &sha[..16]
         );
+        assert_eq!(e.linux, format!("B/vmlinuz-{}", &sha[..16]));
+        assert!(grub.len() > systemd_boot, "{grub}");
+        assert_eq!(loaded_cmdline_len("console=ttyS0"), grub.len());
         // " machined.slot=A", then " initrd=\" and the initramfs path.
         let fixed = loaded_cmdline_len("");
         assert_eq!(loaded_cmdline_len("x"), fixed + 1 + 1);

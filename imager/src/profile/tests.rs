@@ -699,14 +699,18 @@ fn compression_levels_are_checked() {
 #[test]
 fn a_command_line_longer_than_the_boot_path_carries_is_refused() {
     // What the build and the boot path add: " machined.verity=<64 hex>",
-    // " machined.slot=A" and " initrd=\A\initramfs-<16>.zst".
+    // " machined.slot=A", and the longer of systemd-boot's
+    // " initrd=\A\initramfs-<16>.zst" and GRUB's "BOOT_IMAGE=/A/vmlinuz-<16> "
+    // " machined.trial=1 machined.boot_part=<GUID>".
     let added = crate::boot::loaded_cmdline_len("x") - 1 + contract::cmdline::VERITY_ARG_LEN;
     assert_eq!(
         added,
         " machined.verity=".len()
             + 64
             + " machined.slot=A".len()
-            + " initrd=\\A\\initramfs-0123456789abcdef.zst".len()
+            + "BOOT_IMAGE=/A/vmlinuz-0123456789abcdef ".len()
+            + " machined.trial=1 machined.boot_part=".len()
+            + 36
     );
     let allowed = contract::cmdline::MAX_LEN - added;
     // Items of 99 bytes joined by spaces, the last one shorter: `len` bytes.
