@@ -34,9 +34,8 @@ fn images() -> &'static Images {
     I.get(|| {
         let key = dev_key().display().to_string();
         let variant = |name: &str, version: &str| {
-            let profile = write_profile_from("metal-hardware", name, |t| {
-                t.replace("version: 0.1.0", version)
-            });
+            let profile =
+                write_profile_from("metal", name, |t| t.replace("version: 0.1.0", version));
             build_profile(name, &profile, &["--key", &key])
         };
         Images {

@@ -1,14 +1,15 @@
-//! The image of `profiles/metal-hardware.yaml` (metal with the drivers of
-//! kernel-config/hardware.config; docs/design.md, "Disk controllers") on
-//! the disk controllers of real machines, hypervisors and clouds: the same
-//! `disk.raw`, attached by `imager boot --bus` the way each machine
-//! attaches its disk, reaches ready under OVMF from NVMe,
+//! The default image (`profiles/metal.yaml`, whose kernel carries the
+//! drivers of kernel-config/hardware.config; docs/design.md, "Disk
+//! controllers") on the disk controllers of real machines, hypervisors and
+//! clouds: the same `disk.raw`, attached by `imager boot --bus` the way
+//! each machine attaches its disk, reaches ready under OVMF from NVMe,
 //! SATA (AHCI), virtio-scsi and a USB stick, and under SeaBIOS from NVMe,
 //! SATA, MegaRAID SAS, VMware's PVSCSI and an LSI 53c895a (Debian's OVMF
 //! has no driver for the last three). The kernel's own partition scan
 //! names the disk it found, so each boot shows that the disk was the
 //! controller's, not a virtio disk. With an e1000, an e1000e or a VMXNET3
-//! as its only NIC, the node serves its API through it.
+//! as its only NIC, the node gets its address by DHCP through it and
+//! serves its API.
 
 // Test helpers panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
@@ -24,13 +25,7 @@ use std::path::Path;
 
 fn image() -> &'static Build {
     static I: Fixture<Build> = Fixture::new("hardware-image");
-    I.get(|| {
-        build_profile(
-            "hardware",
-            &repo().join("profiles/metal-hardware.yaml"),
-            &[],
-        )
-    })
+    I.get(|| build_into("hardware"))
 }
 
 /// The kernel's name of the first disk a controller of `bus` gives.

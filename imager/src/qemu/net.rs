@@ -51,8 +51,8 @@ pub struct GuestForward {
 }
 
 /// The NIC QEMU gives the guest: `imager boot --nic`. Each is one whose
-/// driver the kernel of `profiles/metal-hardware.yaml` carries
-/// (kernel-config/hardware.config; virtio-net: every profile's).
+/// driver the default kernel carries (`kernel-config/hardware.config`;
+/// virtio-net: every profile's, metal-virtio's too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Nic {
     /// virtio-net (the default: QEMU's fastest).
