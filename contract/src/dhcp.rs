@@ -242,19 +242,22 @@ fn host(a: Ipv4Addr) -> bool {
 /// Parses a datagram as a reply to `client`.
 pub fn parse_reply(bytes: &[u8], client: &Client) -> Result<Reply, Refusal> {
     let bad = |why: &str| Refusal::Malformed(why.to_string());
-    if bytes.len() > MAX_MESSAGE {
-        return Err(bad("longer than an Ethernet frame's payload"));
-    }
-    if bytes.len() < FIXED + COOKIE.len() {
-        return Err(bad("shorter than a DHCP message's fixed part"));
-    }
-    if bytes[0] != 2
+    // Whose it is first: anyone on the link may send datagrams to port 68,
+    // and only a reply to this transaction is worth a word on the console.
+    if bytes.len() < 34
+        || bytes[0] != 2
         || bytes[4..8] != client.xid.to_be_bytes()
         || bytes[1] != 1
         || bytes[2] != 6
         || bytes[28..34] != client.mac
     {
         return Err(Refusal::Other);
+    }
+    if bytes.len() > MAX_MESSAGE {
+        return Err(bad("longer than an Ethernet frame's payload"));
+    }
+    if bytes.len() < FIXED + COOKIE.len() {
+        return Err(bad("shorter than a DHCP message's fixed part"));
     }
     if bytes[FIXED..FIXED + 4] != COOKIE {
         return Err(bad("no DHCP magic cookie (a BOOTP reply?)"));
@@ -643,7 +646,12 @@ mod tests {
         let mut req = good.clone();
         req[0] = 1;
         assert_eq!(parse_reply(&req, &C), Err(Refusal::Other));
+        // Too short to say whose: not this client's.
+        assert_eq!(parse_reply(&good[..33], &C), Err(Refusal::Other));
+        let mut long = good.clone();
+        long.resize(MAX_MESSAGE + 1, 0);
         for (bytes, why) in [
+            (long, "longer"),
             (good[..200].to_vec(), "fixed part"),
             (
                 {
@@ -670,7 +678,6 @@ mod tests {
                 },
                 "past the end",
             ),
-            (vec![0u8; MAX_MESSAGE + 1], "longer"),
         ] {
             match parse_reply(&bytes, &C) {
                 Err(Refusal::Malformed(e)) => assert!(e.contains(why), "{why}: {e}"),

@@ -36,6 +36,8 @@ const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MAX: Duration = Duration::from_secs(32);
 /// The shortest wait between two renewal requests.
 const RENEW_MIN: Duration = Duration::from_secs(10);
+/// The most malformed datagrams named on the console in one wait.
+const MAX_WARNINGS: u32 = 3;
 
 /// Starts the client on `interface`: the first lease within
 /// [`FIRST_LEASE`], then a thread that keeps it. Says on the console what
@@ -55,7 +57,7 @@ pub fn start(interface: &str, settings: &Settings) {
         dns: settings.dns.clone(),
     };
     let lease = match c.acquire(Some(FIRST_LEASE)) {
-        Some(l) => Some(c.apply(&l, &own, true)),
+        Some(l) => c.apply(&l, &own, true),
         None => {
             say(format!(
                 "net: warning: no DHCP lease on {interface} in {} s; still asking (the node \
@@ -129,9 +131,13 @@ impl Conn {
                 return None;
             }
             let round = left.map_or(wait, |l| l.min(wait));
+            let began = Instant::now();
             if let Some(l) = self.round(round) {
                 return Some(l);
             }
+            // A round that failed at once (a send refused, a NAK) still
+            // takes its time: no loop of requests and console lines.
+            std::thread::sleep(round.saturating_sub(began.elapsed()));
             wait = (wait * 2).min(RETRY_MAX);
         }
     }
@@ -145,14 +151,18 @@ impl Conn {
         let broadcast = SocketAddrV4::new(Ipv4Addr::BROADCAST, dhcp::SERVER_PORT);
         let deadline = Instant::now() + limit;
         self.send(&dhcp::discover(&client), broadcast)?;
-        let offer = self.receive(&client, deadline, Kind::Offer)?;
+        let Got::Reply(offer) = self.receive(&client, deadline, Kind::Offer, None) else {
+            return None;
+        };
         let (Some(offered), Some(server)) = (offer.address, offer.server) else {
             say("net: warning: DHCP: an offer without an address or a server identifier; ignored");
             return None;
         };
         let req = dhcp::request(&client, Requesting::Selecting { offered, server });
         self.send(&req, broadcast)?;
-        let ack = self.receive(&client, deadline, Kind::Ack)?;
+        let Got::Reply(ack) = self.receive(&client, deadline, Kind::Ack, Some(server)) else {
+            return None;
+        };
         match Lease::from_ack(&ack, server) {
             Ok(l) => Some(l),
             Err(e) => {
@@ -174,16 +184,25 @@ impl Conn {
         }
     }
 
-    /// The first reply of `kind` (or a NAK, which ends the wait) to
-    /// `client` before `deadline`.
-    fn receive(&self, client: &Client, deadline: Instant, kind: Kind) -> Option<Reply> {
-        let mut buf = vec![0u8; dhcp::MAX_MESSAGE];
+    /// The first reply of `kind` to `client` before `deadline`, or a NAK
+    /// (from `server`, when given: the one asked). Malformed datagrams are
+    /// named on the console, at most [`MAX_WARNINGS`] per wait.
+    fn receive(
+        &self,
+        client: &Client,
+        deadline: Instant,
+        kind: Kind,
+        server: Option<Ipv4Addr>,
+    ) -> Got {
+        // One byte more than a reply may have: a longer datagram is seen
+        // as such (and refused), not cut to size.
+        let mut buf = vec![0u8; dhcp::MAX_MESSAGE + 1];
+        let mut warnings = 0;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
+            if left.is_zero() || self.sock.set_read_timeout(Some(left)).is_err() {
+                return Got::Nothing;
             }
-            self.sock.set_read_timeout(Some(left)).ok()?;
             let n = match self.sock.recv(&mut buf) {
                 Ok(n) => n,
                 Err(e)
@@ -198,7 +217,7 @@ impl Conn {
                 }
                 Err(e) => {
                     say(format!("net: warning: DHCP: cannot receive: {e}"));
-                    return None;
+                    return Got::Nothing;
                 }
             };
             match dhcp::parse_reply(&buf[..n], client) {
@@ -206,27 +225,35 @@ impl Conn {
                     for i in &r.ignored {
                         say(format!("net: warning: DHCP: ignored {i}"));
                     }
-                    return Some(r);
+                    return Got::Reply(r);
                 }
-                Ok(r) if r.kind == Some(Kind::Nak) => {
-                    say("net: DHCP: the server refused the request (NAK)");
-                    return None;
+                Ok(r) if r.kind == Some(Kind::Nak) && (server.is_none() || r.server == server) => {
+                    say(format!(
+                        "net: DHCP: {} refused the request (NAK)",
+                        r.server.map_or("the server".to_string(), |s| s.to_string())
+                    ));
+                    return Got::Nak;
                 }
                 Ok(_) | Err(Refusal::Other) => {}
-                Err(e) => say(format!("net: warning: DHCP: {e}")),
+                Err(e) => {
+                    warnings += 1;
+                    if warnings <= MAX_WARNINGS {
+                        say(format!("net: warning: DHCP: {e}"));
+                    }
+                }
             }
         }
     }
 
-    /// Configures the interface from `lease` and says so. `first`: the
-    /// address is new (not a renewal of the same one).
-    fn apply(&self, lease: &Lease, own: &Own, first: bool) -> Held {
+    /// Configures the interface from `lease` and says so: the held lease,
+    /// or `None` when its address could not be set (asked again after a
+    /// wait). `first`: the address or its prefix or router is new (not a
+    /// renewal of the same). An MTU the NIC refuses is a warning.
+    fn apply(&self, lease: &Lease, own: &Own, first: bool) -> Option<Held> {
         let name = self.iface.name().to_string();
-        let applied = (|| -> Result<()> {
-            if let Some(mtu) = lease.mtu {
-                self.iface.set_mtu(mtu)?;
-            }
-            if first {
+        let cfg = lease.config();
+        if first {
+            let set = (|| -> Result<()> {
                 self.iface.set_address(lease.address, lease.prefix)?;
                 self.iface.up()?;
                 // The route onto the link goes; the gateway's comes.
@@ -234,28 +261,35 @@ impl Conn {
                 if let Some(g) = lease.router {
                     self.iface.route(Some(g), true)?;
                 }
+                Ok(())
+            })();
+            if let Err(e) = set {
+                say(format!(
+                    "net: warning: {name}: the DHCP lease {cfg}: {e:#}; asking again"
+                ));
+                let _ = self.iface.clear_address();
+                let _ = self.iface.route(None, true);
+                return None;
             }
-            Ok(())
-        })();
-        let cfg = lease.config();
-        match applied {
-            Ok(()) => say(format!(
-                "net: {name} {cfg} by DHCP from {} (lease {} s, renewal in {} s{})",
-                lease.server,
-                lease.lease.as_secs(),
-                lease.renewal.as_secs(),
-                lease.mtu.map(|m| format!(", MTU {m}")).unwrap_or_default()
-            )),
-            Err(e) => say(format!(
-                "net: warning: {name}: the DHCP lease {cfg}: {e:#} (the interface may be partly \
-                 configured)"
-            )),
         }
+        if let Some(mtu) = lease.mtu
+            && let Err(e) = self.iface.set_mtu(mtu)
+        {
+            say(format!(
+                "net: warning: {name}: the lease's MTU: {e:#}; the NIC's is kept"
+            ));
+        }
+        say(format!(
+            "net: {name} {cfg} by DHCP from {} (lease {} s, renewal in {} s{})",
+            lease.server,
+            lease.lease.as_secs(),
+            lease.renewal.as_secs(),
+            lease.mtu.map(|m| format!(", MTU {m}")).unwrap_or_default()
+        ));
         if first {
+            // The node's own DNS servers were written before DHCP began.
             if own.dns.is_empty() {
                 crate::net::write_dns(&lease.dns, "DHCP");
-            } else {
-                crate::net::write_dns(&own.dns, "the node's settings in META, not DHCP's");
             }
             if let (Some(h), false) = (&lease.hostname, own.hostname) {
                 match crate::net::set_hostname(h) {
@@ -264,46 +298,53 @@ impl Conn {
                 }
             }
         }
-        (lease.clone(), Instant::now())
+        Some((lease.clone(), Instant::now()))
     }
 
     /// Keeps the lease (see the module's documentation); never returns.
+    /// Two requests are at least [`RENEW_MIN`] apart, whatever the server's
+    /// timers say.
     fn keep(mut self, mut held: Option<Held>, own: &Own) {
+        let mut last_request: Option<Instant> = None;
         loop {
             let Some((lease, at)) = held.take() else {
                 // Without a limit, acquire returns only with a lease.
                 if let Some(l) = self.acquire(None) {
-                    held = Some(self.apply(&l, own, true));
+                    held = self.apply(&l, own, true);
+                    if held.is_none() {
+                        std::thread::sleep(RETRY_MAX);
+                    }
                 }
                 continue;
             };
             let elapsed = at.elapsed();
-            let next = match lease.phase(elapsed) {
+            let to = match lease.phase(elapsed) {
                 Phase::Bound => {
-                    std::thread::sleep(lease.renewal - elapsed);
+                    std::thread::sleep(lease.renewal.saturating_sub(elapsed));
                     held = Some((lease, at));
                     continue;
                 }
-                Phase::Renewing => Some(SocketAddrV4::new(lease.server, dhcp::SERVER_PORT)),
-                Phase::Rebinding => Some(SocketAddrV4::new(Ipv4Addr::BROADCAST, dhcp::SERVER_PORT)),
-                Phase::Expired => None,
+                Phase::Renewing => SocketAddrV4::new(lease.server, dhcp::SERVER_PORT),
+                Phase::Rebinding => SocketAddrV4::new(Ipv4Addr::BROADCAST, dhcp::SERVER_PORT),
+                Phase::Expired => {
+                    say(format!(
+                        "net: warning: the DHCP lease of {} on {} ended; asking again",
+                        lease.address,
+                        self.iface.name()
+                    ));
+                    self.drop_address();
+                    continue;
+                }
             };
-            let Some(to) = next else {
-                say(format!(
-                    "net: warning: the DHCP lease of {} on {} ended; asking again",
-                    lease.address,
-                    self.iface.name()
-                ));
-                let _ = self.iface.clear_address();
-                let _ = self.iface.route(None, true);
-                continue;
-            };
+            if let Some(t) = last_request {
+                std::thread::sleep(RENEW_MIN.saturating_sub(t.elapsed()));
+            }
             // Half the time to the next phase, at least RENEW_MIN.
             let until = match lease.phase(elapsed) {
                 Phase::Renewing => lease.rebinding,
                 _ => lease.lease,
             };
-            let wait = ((until - elapsed) / 2).max(RENEW_MIN);
+            let wait = (until.saturating_sub(elapsed) / 2).max(RENEW_MIN);
             let client = Client {
                 xid: xid(),
                 mac: self.mac,
@@ -314,25 +355,56 @@ impl Conn {
                     address: lease.address,
                 },
             );
-            let ack = self
-                .send(&req, to)
-                .and_then(|()| self.receive(&client, Instant::now() + wait, Kind::Ack));
-            held = match ack.map(|a| Lease::from_ack(&a, lease.server)) {
-                Some(Ok(new)) if new.address == lease.address => Some(self.apply(&new, own, false)),
-                Some(Ok(new)) => {
-                    say(format!(
-                        "net: DHCP moved {} from {} to {}",
-                        self.iface.name(),
-                        lease.address,
-                        new.address
-                    ));
-                    let _ = self.iface.clear_address();
-                    Some(self.apply(&new, own, true))
+            last_request = Some(Instant::now());
+            let server = (to.ip() != &Ipv4Addr::BROADCAST).then_some(lease.server);
+            let got = match self.send(&req, to) {
+                Some(()) => self.receive(&client, Instant::now() + wait, Kind::Ack, server),
+                None => Got::Nothing,
+            };
+            held = match got {
+                Got::Reply(a) => match Lease::from_ack(&a, lease.server) {
+                    Ok(new) if new.address == lease.address && new.config() == lease.config() => {
+                        self.apply(&new, own, false)
+                    }
+                    Ok(new) => {
+                        say(format!(
+                            "net: DHCP moved {} from {} to {}",
+                            self.iface.name(),
+                            lease.config(),
+                            new.config()
+                        ));
+                        let _ = self.iface.clear_address();
+                        self.apply(&new, own, true)
+                    }
+                    Err(e) => {
+                        say(format!("net: warning: DHCP: the ACK is refused: {e}"));
+                        Some((lease, at))
+                    }
+                },
+                // RFC 2131 §4.4.5: a NAK ends the lease at once.
+                Got::Nak => {
+                    self.drop_address();
+                    std::thread::sleep(RETRY_FIRST);
+                    None
                 }
-                _ => Some((lease, at)),
+                Got::Nothing => Some((lease, at)),
             };
         }
     }
+
+    /// The address goes (and the routes through it); the route onto the
+    /// link comes back for the next DISCOVER.
+    fn drop_address(&self) {
+        let _ = self.iface.clear_address();
+        let _ = self.iface.route(None, true);
+    }
+}
+
+/// What [`Conn::receive`] got.
+enum Got {
+    Reply(Reply),
+    Nak,
+    Nothing,
 }
 
 /// A transaction identifier from the kernel's random pool.

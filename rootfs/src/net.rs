@@ -165,6 +165,8 @@ pub fn setup(cmdline: &str, settings: Option<&str>) -> Result<()> {
             },
             Ipv4::Dhcp => {
                 say(format!("net: {c} ({from})"));
+                // The node's own DNS servers at once (they replace DHCP's).
+                write_dns(&settings.dns, FROM_SETTINGS);
                 crate::dhcp::start(&c.interface, &settings);
             }
         },

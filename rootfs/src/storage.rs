@@ -196,11 +196,12 @@ fn partition_bytes(name: &str) -> Result<u64> {
     Ok(read_sys(&format!("/sys/class/block/{name}/size"))? * 512)
 }
 
-/// The partition table at every boot, under the installer's lock: a disk
+/// The partition table at every boot, under the installer's lock:
+/// EPHEMERAL grows to the disk's end (with the backup table); then a disk
 /// that still carries the image's own GUIDs (written from a built image as
 /// it is, `dd`) gets its own ([`contract::guid`]; a cut during the change
 /// leaves the old GUIDs or the new ones, and this boot or the next finishes
-/// it, `bootstate::gpt::reidentify`); then EPHEMERAL grows to the disk's end.
+/// it, `bootstate::gpt::reidentify`).
 fn settle_table(disk: &str, ephemeral: &Partition) -> Result<()> {
     let sector = read_sys(&format!("/sys/class/block/{disk}/queue/logical_block_size"))?;
     let disk_bytes = read_sys(&format!("/sys/class/block/{disk}/size"))? * 512;
@@ -213,6 +214,12 @@ fn settle_table(disk: &str, ephemeral: &Partition) -> Result<()> {
         .with_context(|| format!("open {path}"))?;
     // The installer's lock (bootstate::disk): no upgrade writes meanwhile.
     sys::lock(&f, Path::new(&path))?;
+    // The grow first: it puts the backup table at the disk's end, where
+    // firmware and Linux look for it when a cut during the GUID change
+    // leaves the primary's entries failing their CRC (the image's backup
+    // is at the image's end, not the disk's).
+    let grown =
+        bootstate::gpt::grow_last(&mut f, disk_bytes, sector, PartitionRole::Ephemeral.label())?;
     let table = bootstate::gpt::read_at(&mut f, disk_bytes, sector)?;
     if contract::guid::is_derived(table.disk_guid) {
         let own = contract::guid::installed(sys::random()?);
@@ -224,8 +231,6 @@ fn settle_table(disk: &str, ephemeral: &Partition) -> Result<()> {
             table.disk_guid
         ));
     }
-    let grown =
-        bootstate::gpt::grow_last(&mut f, disk_bytes, sector, PartitionRole::Ephemeral.label())?;
     let Some(g) = grown else {
         return Ok(());
     };

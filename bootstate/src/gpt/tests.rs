@@ -555,16 +555,16 @@ fn sfdisk_guids(path: &Path) -> (String, Vec<(String, String)>) {
     (id, parts)
 }
 
-/// What stage 2 does at each boot of a disk: a disk still carrying a
-/// derived (the image's own) GUID gets `fresh`; then the grow, which
-/// rewrites a primary table that only its backup could replace.
-/// Returns how many writes it made.
+/// What stage 2 does at each boot of a disk: the grow, which moves the
+/// backup to the disk's end and rewrites a primary table that only its
+/// backup could replace; then a disk still carrying a derived (the
+/// image's own) GUID gets `fresh`. Returns how many writes it made.
 fn boot_once(p: &Path, bytes: u64, sector: u64, fresh: Guid) -> u64 {
     let mut f = Faulty::counting(open_rw(p));
+    grow_last(&mut f, bytes, sector, "EPHEMERAL").unwrap();
     if contract::guid::is_derived(table(p, sector).disk_guid) {
         reidentify(&mut f, bytes, sector, fresh).unwrap();
     }
-    grow_last(&mut f, bytes, sector, "EPHEMERAL").unwrap();
     f.writes()
 }
 
@@ -685,4 +685,61 @@ fn the_guid_change_cut_at_every_write_512() {
 #[test]
 fn the_guid_change_cut_at_every_write_4096() {
     crate::device::each_loss(|loss| reidentify_cut_at_every_write(4096, loss));
+}
+
+/// On a disk larger than its image, the first boot grows before it changes
+/// the GUIDs: a cut anywhere in the change leaves the primary table whole
+/// or, when it cut between the primary's entries and header, a whole table
+/// at the disk's last sector, where firmware and Linux look for the backup
+/// when the primary fails (they do not follow a damaged primary's pointer).
+#[test]
+fn the_guid_change_comes_after_the_grow_so_its_backup_is_at_the_disks_end() {
+    for sector in [512, 4096] {
+        let dir = tempfile::tempdir().unwrap();
+        let small = 1024 * MIB;
+        let big = 2048 * MIB;
+        let total = big / sector;
+        let image_guid = contract::guid::disk_guid("metal 0.1.0 test");
+        let fresh = |name: &str| {
+            let p = disk(dir.path(), name, sector, small);
+            reidentify(&mut open_rw(&p), small, sector, image_guid).unwrap();
+            enlarged(p, big)
+        };
+        // The whole first boot, counted: the grow's writes, then the change's.
+        let whole = fresh("whole");
+        assert_eq!(
+            boot_once(&whole, big, sector, contract::guid::installed([1; 16])),
+            9
+        );
+        for n in 6..=9 {
+            let p = fresh(&format!("cut-{n}"));
+            let mut f = Faulty::failing_at(open_rw(&p), n);
+            grow_last(&mut f, big, sector, "EPHEMERAL").unwrap();
+            assert!(
+                reidentify(&mut f, big, sector, contract::guid::installed([2; 16])).is_err(),
+                "{sector}: cut {n}"
+            );
+            drop(f);
+            // The primary whole, or else a whole backup at the last sector.
+            let t = table(&p, sector);
+            if t.source == TableCopy::Backup {
+                let b = read_copy(&mut File::open(&p).unwrap(), sector, big, total - 1)
+                    .unwrap_or_else(|e| {
+                        panic!("{sector}: cut {n}: no table at the last sector: {e:#}")
+                    });
+                assert_eq!(ours(&b), ours(&t), "{sector}: cut {n}");
+            }
+            assert!(
+                n == 9 || t.source == TableCopy::Primary,
+                "{sector}: cut {n}"
+            );
+            boot_once(&p, big, sector, contract::guid::installed([3; 16]));
+            let t = table(&p, sector);
+            assert_eq!(t.source, TableCopy::Primary, "{sector}: cut {n}");
+            assert!(
+                !contract::guid::is_derived(t.disk_guid),
+                "{sector}: cut {n}"
+            );
+        }
+    }
 }

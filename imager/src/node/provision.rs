@@ -1,6 +1,7 @@
 //! `imager node provision`: gives a disk its node API credentials, its
 //! own settings (hostname, network, DNS: [`contract::settings`]), or both,
-//! in one write of META.
+//! in one write of META. The settings given replace the disk's keys of the
+//! same name and keep the others.
 //!
 //! The node's certificate and key, and the cluster CA's certificate its
 //! clients must chain to, go into META (`node-ca`, `node-cert`,
@@ -87,7 +88,11 @@ pub fn provision(disk: &Path, req: &Request) -> Result<Provisioned> {
         (replaced, made_private_from) = (r, m.0);
         changed |= m.1;
     }
-    let settings = req.settings.as_ref().map(Settings::render);
+    // Given keys replace the disk's; the others are kept.
+    let settings = match &req.settings {
+        Some(given) => Some(merge(meta.get(Tag::NodeSettings), given)?.render()),
+        None => None,
+    };
     if let Some(text) = &settings
         && meta.get(Tag::NodeSettings) != Some(text.as_str())
     {
@@ -104,6 +109,29 @@ pub fn provision(disk: &Path, req: &Request) -> Result<Provisioned> {
         settings,
         replaced,
         made_private_from,
+    })
+}
+
+/// The disk's settings record (`None`: none, or one that does not parse,
+/// which is replaced) with the keys `given` sets replacing its own, checked
+/// again as a whole.
+fn merge(on_disk: Option<&str>, given: &Settings) -> Result<Settings> {
+    let old = on_disk
+        .and_then(|t| Settings::parse(t).ok())
+        .unwrap_or_default();
+    Settings::new(
+        given.hostname.clone().or(old.hostname),
+        given.net.clone().or(old.net),
+        if given.dns.is_empty() {
+            old.dns
+        } else {
+            given.dns.clone()
+        },
+    )
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "with the disk's own settings kept, {e}; nothing was written (give that key too)"
+        )
     })
 }
 
@@ -208,4 +236,36 @@ fn make_private(disk: &Path) -> Result<Option<String>> {
         },
     )?;
     Ok(Some(format!("{mode:04o}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn given_settings_replace_their_keys_and_keep_the_others() {
+        let disk = "hostname=n1\nnet=eth0:10.0.2.20/24:10.0.2.2\ndns=10.0.2.3\n";
+        let dns_only = Settings::parse("dns=1.1.1.1\n").unwrap();
+        assert_eq!(
+            merge(Some(disk), &dns_only).unwrap().render(),
+            "hostname=n1\nnet=eth0:10.0.2.20/24:10.0.2.2\ndns=1.1.1.1\n"
+        );
+        let net = Settings::parse("net=eth0:dhcp\n").unwrap();
+        assert_eq!(
+            merge(Some(disk), &net).unwrap().render(),
+            "hostname=n1\nnet=eth0:dhcp\ndns=10.0.2.3\n"
+        );
+        // A record that does not parse is replaced.
+        assert_eq!(
+            merge(Some("junk"), &net).unwrap().render(),
+            "net=eth0:dhcp\n"
+        );
+        // The whole is checked: the disk's DNS server is the new address.
+        let clash = Settings::parse("net=eth0:10.0.2.3/24\n").unwrap();
+        let e = format!("{:#}", merge(Some(disk), &clash).unwrap_err());
+        assert!(
+            e.contains("own address") && e.contains("nothing was written"),
+            "{e}"
+        );
+    }
 }
