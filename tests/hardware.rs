@@ -71,14 +71,14 @@ fn boot_on(bus: &str, firmware: &str) {
 }
 
 #[test]
-fn the_hardware_image_reaches_ready_on_each_controller_under_ovmf() {
+fn the_default_image_reaches_ready_on_each_controller_under_ovmf() {
     for bus in ["nvme", "sata", "virtio-scsi", "usb"] {
         boot_on(bus, "uefi");
     }
 }
 
 #[test]
-fn the_hardware_image_reaches_ready_on_nvme_sata_megaraid_pvscsi_and_lsi_under_seabios() {
+fn the_default_image_reaches_ready_on_nvme_sata_megaraid_pvscsi_and_lsi_under_seabios() {
     for bus in ["nvme", "sata", "megasas", "pvscsi", "lsi"] {
         boot_on(bus, "bios");
     }
