@@ -384,24 +384,12 @@ pub fn install(cmdline: &str) -> Result<Option<(InstallTarget, bool)>, String> {
 /// The installed node's settings asked for ([`INSTALL_HOSTNAME`],
 /// [`INSTALL_NET`], [`INSTALL_DNS`]), checked: `Ok(None)` without any.
 pub fn install_settings(cmdline: &str) -> Result<Option<crate::settings::Settings>, String> {
-    let (h, n, d) = (
-        get(cmdline, INSTALL_HOSTNAME),
-        get(cmdline, INSTALL_NET),
-        get(cmdline, INSTALL_DNS),
-    );
-    if h.is_none() && n.is_none() && d.is_none() {
-        return Ok(None);
-    }
-    let net = n
-        .as_deref()
-        .map(|v| crate::net::parse_as(INSTALL_NET, v))
-        .transpose()?;
-    let dns = d
-        .as_deref()
-        .map(crate::settings::parse_dns)
-        .transpose()?
-        .unwrap_or_default();
-    crate::settings::Settings::new(h, net, dns).map(Some)
+    crate::settings::Settings::from_values(
+        get(cmdline, INSTALL_HOSTNAME).as_deref(),
+        INSTALL_NET,
+        get(cmdline, INSTALL_NET).as_deref(),
+        get(cmdline, INSTALL_DNS).as_deref(),
+    )
 }
 
 #[cfg(test)]

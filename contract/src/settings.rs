@@ -93,12 +93,6 @@ pub fn parse_dns(v: &str) -> Result<Vec<Ipv4Addr>, String> {
         }
         out.push(a);
     }
-    if out.len() > MAX_DNS {
-        return Err(format!(
-            "{} DNS servers are given; the resolver reads at most {MAX_DNS}",
-            out.len()
-        ));
-    }
     Ok(out)
 }
 
@@ -128,6 +122,25 @@ impl Settings {
             ));
         }
         Ok(Settings { hostname, net, dns })
+    }
+
+    /// The settings from the values of their three keys, each parsed as
+    /// the record's are (`net` named `net_key` in messages: `--net`,
+    /// `machined.install.net`), then checked as a whole; `Ok(None)` when no
+    /// value is given. One constructor for the command line's flags, the
+    /// live installer's kernel arguments and the ISO profile's keys.
+    pub fn from_values(
+        hostname: Option<&str>,
+        net_key: &str,
+        net: Option<&str>,
+        dns: Option<&str>,
+    ) -> Result<Option<Settings>, String> {
+        if hostname.is_none() && net.is_none() && dns.is_none() {
+            return Ok(None);
+        }
+        let net = net.map(|v| net::parse_as(net_key, v)).transpose()?;
+        let dns = dns.map(parse_dns).transpose()?.unwrap_or_default();
+        Settings::new(hostname.map(str::to_string), net, dns).map(Some)
     }
 
     /// Whether nothing is set.

@@ -375,6 +375,22 @@ pub struct LiveSection {
     pub dns: Option<String>,
 }
 
+impl LiveSection {
+    /// The installed node's settings given: the profile's key, the live
+    /// installer's kernel argument, the value.
+    pub fn settings_args(&self) -> Vec<(&'static str, &'static str, &str)> {
+        use contract::cmdline::{INSTALL_DNS, INSTALL_HOSTNAME, INSTALL_NET};
+        [
+            ("live.hostname", INSTALL_HOSTNAME, &self.hostname),
+            ("live.net", INSTALL_NET, &self.net),
+            ("live.dns", INSTALL_DNS, &self.dns),
+        ]
+        .into_iter()
+        .filter_map(|(key, arg, v)| v.as_deref().map(|v| (key, arg, v)))
+        .collect()
+    }
+}
+
 /// The image's default IPv4 configuration, rendered onto the kernel
 /// command line as `machined.net=` ([`contract::net::NetConfig::arg`]): by
 /// DHCP (`dhcp: true`) or a static `address`. A node's own settings in
@@ -838,27 +854,22 @@ impl Profile {
     /// parser (the same the live installer runs).
     fn check_live_settings(&self) -> Result<Option<contract::settings::Settings>, Invalid> {
         let l = &self.live;
-        let mut args = Vec::new();
-        for (key, k, v) in [
-            (
-                "live.hostname",
-                contract::cmdline::INSTALL_HOSTNAME,
-                &l.hostname,
-            ),
-            ("live.net", contract::cmdline::INSTALL_NET, &l.net),
-            ("live.dns", contract::cmdline::INSTALL_DNS, &l.dns),
-        ] {
-            if let Some(v) = v {
-                if !v.bytes().all(|b| b.is_ascii_graphic()) {
-                    return Err(Invalid::new(
-                        key,
-                        format!("{}: no spaces or control characters", excerpt(v)),
-                    ));
-                }
-                args.push(format!("{k}={v}"));
+        // Each is one kernel argument's value.
+        for (key, _, v) in l.settings_args() {
+            if !v.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(Invalid::new(
+                    key,
+                    format!("{}: no spaces or control characters", excerpt(v)),
+                ));
             }
         }
-        contract::cmdline::install_settings(&args.join(" ")).map_err(|e| Invalid::new("live", e))
+        contract::settings::Settings::from_values(
+            l.hostname.as_deref(),
+            contract::cmdline::INSTALL_NET,
+            l.net.as_deref(),
+            l.dns.as_deref(),
+        )
+        .map_err(|e| Invalid::new("live", e))
     }
 
     /// `network`: each key with the runtime's own parser

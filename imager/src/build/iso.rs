@@ -48,14 +48,8 @@ pub fn live_options(p: &Profile, image_cmdline: &str, id: &str) -> String {
         if p.live.wipe {
             o.push_str(&format!(" {}=1", cmdline::INSTALL_WIPE));
         }
-        for (k, v) in [
-            (cmdline::INSTALL_HOSTNAME, &p.live.hostname),
-            (cmdline::INSTALL_NET, &p.live.net),
-            (cmdline::INSTALL_DNS, &p.live.dns),
-        ] {
-            if let Some(v) = v {
-                o.push_str(&format!(" {k}={v}"));
-            }
+        for (_, k, v) in p.live.settings_args() {
+            o.push_str(&format!(" {k}={v}"));
         }
     }
     o.trim().to_string()

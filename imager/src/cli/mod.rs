@@ -27,25 +27,12 @@ pub struct NodeSettingsArgs {
 impl NodeSettingsArgs {
     /// The settings, checked; `None` when no flag is given.
     pub fn settings(&self) -> anyhow::Result<Option<contract::settings::Settings>> {
-        if self.hostname.is_none() && self.net.is_none() && self.dns.is_none() {
-            return Ok(None);
-        }
-        let refuse = |e: String| anyhow::anyhow!("{e}; nothing was written");
-        let net = self
-            .net
-            .as_deref()
-            .map(|v| contract::net::parse_as("--net", v))
-            .transpose()
-            .map_err(refuse)?;
-        let dns = self
-            .dns
-            .as_deref()
-            .map(contract::settings::parse_dns)
-            .transpose()
-            .map_err(refuse)?
-            .unwrap_or_default();
-        contract::settings::Settings::new(self.hostname.clone(), net, dns)
-            .map(Some)
-            .map_err(refuse)
+        contract::settings::Settings::from_values(
+            self.hostname.as_deref(),
+            "--net",
+            self.net.as_deref(),
+            self.dns.as_deref(),
+        )
+        .map_err(|e| anyhow::anyhow!("{e}; nothing was written"))
     }
 }
