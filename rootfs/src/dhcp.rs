@@ -267,8 +267,7 @@ impl Conn {
                 say(format!(
                     "net: warning: {name}: the DHCP lease {cfg}: {e:#}; asking again"
                 ));
-                let _ = self.iface.clear_address();
-                let _ = self.iface.route(None, true);
+                self.drop_address();
                 return None;
             }
         }
