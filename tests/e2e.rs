@@ -963,46 +963,59 @@ fn missing_grub_directory_or_module_is_refused_before_anything_is_written() {
     );
 }
 
-/// 4096-byte-sector images are laid out right (checked by fdisk), but do not
-/// boot yet: systemd-boot does not read XBOOTLDR on such disks
-/// (systemd/systemd#32535). The boot fails fast, naming the reason.
+/// A 4096-byte-sector image (`disk.sector_size: 4096`) is laid out right
+/// (checked by fdisk: BOOT is the ESP and EFI is reserved, as
+/// `contract::partition::esp_role` decides, since systemd-boot reads no
+/// XBOOTLDR on such disks) and boots to ready from a 4Kn NVMe disk under
+/// OVMF, the runtime naming BOOT as the partition the loader was read from.
 #[test]
-fn a_4096_byte_sector_image_is_laid_out_and_the_boot_loader_limit_is_reported() {
+fn a_4096_byte_sector_image_boots_from_a_4kn_nvme_disk() {
     let p = write_profile("sector4k", |t| {
         t.replace("sector_size: 512", "sector_size: 4096")
     });
     let dir = build_profile_into(&p, "sector4k");
     let raw = dir.join("disk.raw");
     // The primary GPT header sits in the second 4096-byte sector.
-    let mut header = [0u8; 8];
-    {
-        use std::io::{Read, Seek, SeekFrom};
-        let mut f = std::fs::File::open(&raw).unwrap();
-        f.seek(SeekFrom::Start(4096)).unwrap();
-        f.read_exact(&mut header).unwrap();
-    }
-    assert_eq!(&header, b"EFI PART");
-    let out = ok(tool("fdisk").args(["-b", "4096", "-l"]).arg(&raw));
-    for t in ["EFI System", "BIOS boot", "Linux extended boot"] {
-        assert!(out.contains(t), "{t} missing:\n{out}");
-    }
-    assert!(
-        out.contains("Sector size (logical/physical): 4096 bytes"),
+    assert_eq!(common::gpt_sector_size(&raw), 4096);
+    common::check_gpt_4096(&raw);
+    let out = ok(tool("fdisk")
+        .args(["-b", "4096", "-l", "-o", "Device,Type,UUID,Name"])
+        .arg(&raw));
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .filter(|l| l.starts_with(&*raw.to_string_lossy()))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let types: Vec<String> = rows.iter().map(|r| r[1..r.len() - 2].join(" ")).collect();
+    assert_eq!(
+        types,
+        [
+            "Linux reserved",
+            "BIOS boot",
+            "EFI System",
+            "Linux filesystem",
+            "Linux filesystem",
+            "Linux filesystem"
+        ],
         "{out}"
     );
-    let out = run(imager()
-        .args([
-            "boot",
-            "--quiet",
-            "--sector-size",
-            "4096",
-            "--timeout",
-            "600",
-        ])
-        .arg(&raw));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(err.contains("systemd-boot found no boot entry"), "{err}");
+    let boot_guid = rows[2][rows[2].len() - 2].to_lowercase();
+    let log = dir.join("nvme.console");
+    let r = boot_report(
+        &raw,
+        &["--bus", "nvme", "--console-log", log.to_str().unwrap()],
+    )
+    .unwrap_or_else(|e| panic!("the 4Kn image did not boot: {e}"));
+    assert_eq!((&r["version"], &r["slot"]), (&"0.1.0".into(), &"A".into()));
+    assert_eq!(r["firmware"], "uefi");
+    let console = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        console
+            .lines()
+            .any(|l| l.starts_with("machined: stage2: boot disk nvme0n1: ")
+                && l.contains(&format!("LoaderDevicePartUUID {boot_guid}"))),
+        "BOOT ({boot_guid}) not named as the loader's partition:\n{console}"
+    );
 }
 
 /// Builds the default image with `options` added to its command line and

@@ -133,6 +133,12 @@ fn blank(name: &str, size: u64) -> PathBuf {
 /// and `target` (serial `target1`; read-only with `read_only`) and
 /// `append` on the command line (add arguments before spawning).
 fn live_qemu(target: &Path, read_only: bool, append: &str) -> Command {
+    live_qemu_on(target, read_only, append, "virtio-blk-pci")
+}
+
+/// [`live_qemu`] with the target on a `device` of QEMU's (its driver and
+/// properties, before `,drive=`).
+fn live_qemu_on(target: &Path, read_only: bool, append: &str, device: &str) -> Command {
     let l = live();
     let mut c = direct_qemu(&l.kernel, &l.initramfs, &format!("{} {append}", l.cmdline));
     c.arg("-drive")
@@ -147,7 +153,8 @@ fn live_qemu(target: &Path, read_only: bool, append: &str) -> Command {
             target.display(),
             if read_only { ",readonly=on" } else { "" }
         ))
-        .args(["-device", "virtio-blk-pci,drive=t,serial=target1"]);
+        .arg("-device")
+        .arg(format!("{device},drive=t,serial=target1"));
     c
 }
 
@@ -336,6 +343,38 @@ fn live_install_onto_a_blank_disk_then_the_disk_boots() {
         }
         assert!(!installed.contains("by DHCP"), "{fw}:\n{installed}");
     }
+}
+
+/// A live install onto a 4Kn disk (QEMU's NVMe with 4096-byte logical
+/// blocks): the installer lays it out in 4096-byte sectors as the device
+/// says (BOOT is the ESP, no GRUB: `contract::partition::esp_role`), and
+/// the disk then boots from NVMe under OVMF.
+#[test]
+fn live_install_onto_a_4kn_nvme_disk_then_it_boots() {
+    let disk = blank("install-4kn", 2 << 30);
+    let child = live_qemu_on(
+        &disk,
+        false,
+        &format!("machined.live={ID} machined.install=serial:target1"),
+        "nvme,logical_block_size=4096,physical_block_size=4096",
+    )
+    .spawn()
+    .unwrap();
+    let (console, exited) = follow_console(child, Some("machined: fatal"), TIMEOUT);
+    let all = console.join("\n");
+    assert!(exited, "{all}");
+    assert!(
+        has(
+            &console,
+            "machined: installed 0.1.0 on /dev/nvme0n1 (slot A); powering off"
+        ),
+        "{all}"
+    );
+    assert_eq!(gpt_sector_size(&disk), 4096);
+    check_gpt(&disk);
+    let r = boot_report(&disk, &["--bus", "nvme"]).unwrap();
+    assert_eq!((&r["version"], &r["slot"]), (&"0.1.0".into(), &"A".into()));
+    assert_eq!(r["firmware"], "uefi");
 }
 
 /// A disk named by its udev by-id path (there is no udev: the runtime

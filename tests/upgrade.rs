@@ -109,10 +109,15 @@ fn boot(disk: &Path, reboots: bool) -> (Value, String) {
 /// [`boot`] under `firmware` (`uefi`: OVMF and systemd-boot; `bios`:
 /// SeaBIOS and GRUB).
 fn boot_under(disk: &Path, reboots: bool, firmware: &str) -> (Value, String) {
+    boot_with(disk, reboots, &["--firmware", firmware])
+}
+
+/// [`boot`] with `args` for `imager boot` (the firmware, the bus).
+fn boot_with(disk: &Path, reboots: bool, args: &[&str]) -> (Value, String) {
     let log = disk.with_extension("console.log");
     let mut c = imager();
     c.args(["boot", "--write", "--quiet", "--json", "--timeout", "900"])
-        .args(["--firmware", firmware])
+        .args(args)
         .arg("--console-log")
         .arg(&log)
         .arg(disk);
@@ -261,6 +266,59 @@ fn upgrade_bless_manual_rollback_and_fallback_from_a_broken_version() {
     assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
     var_kept(&console);
     let _ = rb.stdout;
+}
+
+/// A 4Kn disk (4096-byte logical sectors, on QEMU's NVMe controller)
+/// installed by `imager install --sector-size 4096` boots under OVMF,
+/// upgrades (blessed at the trial boot), rolls back by hand, and falls back
+/// by itself from a version that never reaches ready, as a disk of 512-byte
+/// sectors does (BOOT is its ESP: `contract::partition::esp_role`).
+#[test]
+fn a_4kn_disk_installed_by_imager_install_upgrades_rolls_back_and_falls_back() {
+    let i = images();
+    let disk = scratch().join("install-4kn.raw");
+    let _ = std::fs::remove_file(&disk);
+    let report: Value = serde_json::from_str(&ok(imager()
+        .args(["install", "--json", "--sector-size", "4096", "--installer"])
+        .arg(payload(&i.v1))
+        .arg("--disk")
+        .arg(&disk)))
+    .unwrap();
+    // BIOS boot reads 512-byte sectors: no GRUB on a 4Kn disk.
+    assert_eq!(report["bios_boot"], false, "{report}");
+    assert_eq!(gpt_sector_size(&disk), 4096);
+    check_gpt(&disk);
+    let nvme = |reboots| boot_with(&disk, reboots, &["--bus", "nvme"]);
+    let (r, _) = nvme(false);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+
+    let up = upgrade(&disk, &payload(&i.v2));
+    assert_eq!(up["to_slot"], "B");
+    let (r, console) = nvme(false);
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()));
+    assert!(
+        console.contains("machined: blessed slot B (0.2.0): the upgrade from 0.1.0 succeeded"),
+        "{console}"
+    );
+
+    let rb = rollback(&disk, false);
+    assert!(rb.ok, "{}", rb.stderr);
+    let (r, _) = nvme(false);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+
+    let up = upgrade(&disk, &payload(&i.v3));
+    assert_eq!(up["to_slot"], "B");
+    let (r, console) = nvme(true);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+    assert_eq!(r["failed_boots"], 3, "{console}");
+    assert!(
+        console.contains(
+            "machined: rollback: the upgrade to slot B (0.3.0) failed: it failed to reach \
+             ready in 3 tries; running slot A (0.1.0)"
+        ),
+        "{console}"
+    );
+    assert_eq!(slot_status(&inspect(&disk), "B"), "bad");
 }
 
 /// Profile edit: the slots boot UKIs (`boot.uki`).

@@ -58,6 +58,41 @@ pub fn check_kind(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The logical sector size of the block device `path` (what it reads and
+/// writes by, and so how its GPT is laid out), from sysfs
+/// (`/sys/dev/block/MAJOR:MINOR/queue/logical_block_size`); `None` for a
+/// file, whose sector size is the caller's choice.
+pub fn logical_sector_size(path: &Path) -> Result<Option<u64>> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).with_context(|| format!("{} not found", path.display()))?;
+    if !m.file_type().is_block_device() {
+        return Ok(None);
+    }
+    // Linux's dev_t encoding (glibc's gnu_dev_major/minor).
+    let rdev = m.rdev();
+    let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
+    let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
+    let sys = format!("/sys/dev/block/{major}:{minor}/queue/logical_block_size");
+    let text = std::fs::read_to_string(&sys).with_context(|| {
+        format!(
+            "reading the sector size of {} from {sys}: is sysfs mounted, and is it a whole disk?",
+            path.display()
+        )
+    })?;
+    let size: u64 = text
+        .trim()
+        .parse()
+        .with_context(|| format!("{sys} holds {:?}, not a number", text.trim()))?;
+    if !contract::partition::SECTOR_SIZES.contains(&size) {
+        bail!(
+            "{} has {size}-byte sectors: disks of {:?}-byte sectors are supported",
+            path.display(),
+            contract::partition::SECTOR_SIZES
+        );
+    }
+    Ok(Some(size))
+}
+
 fn open(path: &Path, access: Access) -> std::io::Result<File> {
     let mut o = OpenOptions::new();
     o.read(true);
@@ -172,6 +207,16 @@ impl Disk {
     }
 
     /// BOOT, whose new files carry the time `epoch`.
+    /// The ESP's window, where it is a partition of its own: `None` on a
+    /// disk of 4096-byte sectors, whose ESP is BOOT
+    /// ([`contract::partition::esp_role`]).
+    pub fn separate_esp(&self) -> Result<Option<Window<File>>> {
+        match contract::partition::esp_role(self.table.sector_size) {
+            PartitionRole::Boot => Ok(None),
+            role => self.partition(role).map(Some),
+        }
+    }
+
     pub fn boot(&self, epoch: u64) -> Result<BootFs<Window<File>>> {
         Ok(BootFs::new(self.partition(PartitionRole::Boot)?, epoch))
     }

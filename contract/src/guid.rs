@@ -25,6 +25,9 @@ pub const BIOS_BOOT: Guid = Guid::from_u128(0x21686148_6449_6E6F_744E_6565644546
 pub const XBOOTLDR: Guid = Guid::from_u128(0xBC13C2FF_59E6_4262_A352_B275FD6F7172);
 /// Linux filesystem data, used for META, STATE and EPHEMERAL as Talos does.
 pub const LINUX_DATA: Guid = Guid::from_u128(0x0FC63DAF_8483_4772_8E79_3D69D8477DE4);
+/// Linux reserved (util-linux's table, sgdisk's 8301): the EFI partition of
+/// a 4096-byte-sector disk, which holds nothing ([`crate::partition::esp_role`]).
+pub const LINUX_RESERVED: Guid = Guid::from_u128(0x8DA63339_0007_60C0_C436_083AC8230908);
 
 /// Domain separator of every derived GUID; bump the suffix to change the scheme.
 const DERIVE_DOMAIN: &[u8] = b"imager.guid.v1";
@@ -93,6 +96,7 @@ mod tests {
             (BIOS_BOOT, "21686148-6449-6e6f-744e-656564454649"),
             (XBOOTLDR, "bc13c2ff-59e6-4262-a352-b275fd6f7172"),
             (LINUX_DATA, "0fc63daf-8483-4772-8e79-3d69d8477de4"),
+            (LINUX_RESERVED, "8da63339-0007-60c0-c436-083ac8230908"),
         ];
         for (g, text) in spec {
             assert_eq!(g.hyphenated().to_string(), text);

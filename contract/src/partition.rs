@@ -5,7 +5,9 @@
 //! | MBR | GPT | EFI | BIOS | BOOT | META | STATE | EPHEMERAL ........ | GPT |
 //! ```
 //!
-//! Partition sizes can be changed by a profile; everything else here is fixed.
+//! Partition sizes can be changed by a profile; everything else here is fixed,
+//! except what the sector size decides ([`esp_role`]): on a 4096-byte-sector
+//! disk BOOT is the ESP and EFI is left empty.
 
 use crate::guid::{self, Guid};
 
@@ -35,6 +37,14 @@ pub enum Content {
     Raw,
     /// FAT XBOOTLDR: the kernels, initramfs and boot entries of both slots.
     BootFat,
+    /// FAT ESP holding both: systemd-boot and loader.conf as [`Self::EspFat`]
+    /// and the slots' files as [`Self::BootFat`] (BOOT at 4096-byte sectors,
+    /// [`esp_role`]).
+    EspBootFat,
+    /// Nothing: zeros (EFI at 4096-byte sectors, [`esp_role`]). An install
+    /// onto a used disk clears its start, so no old boot loader is left there
+    /// for the firmware to find.
+    Reserved,
     /// META: two copies of the ADV block, see [`crate::meta`].
     Meta,
     /// Left unformatted by the builder; the runtime formats it (XFS).
@@ -115,6 +125,51 @@ pub const LAYOUT: [PartitionSpec; 6] = [
         resizable: false,
     },
 ];
+
+/// The partition that is the ESP: the one the firmware loads systemd-boot
+/// from and the one systemd-boot reads its configuration from.
+///
+/// - At 512-byte sectors, EFI: systemd-boot and `loader.conf` on it, the
+///   slots' files and boot entries on BOOT (an XBOOTLDR partition), which
+///   systemd-boot finds by its type.
+/// - At 4096-byte sectors, BOOT: systemd-boot (Debian 12's 252, and
+///   upstream up to at least 257) does not find an XBOOTLDR partition on a
+///   disk of 4096-byte logical blocks (systemd/systemd#32535), but reads
+///   entries from the ESP it was loaded from whatever its block size. So
+///   BOOT is typed as the ESP and carries systemd-boot beside the slots'
+///   files, and EFI is typed Linux reserved and left empty: the disk has one
+///   ESP (firmware that looks at the first ESP only finds the right one),
+///   and the layout (partition numbers, sizes, labels, what the runtime and
+///   `bootstate` write) is the same at both sector sizes.
+pub fn esp_role(sector_size: u64) -> PartitionRole {
+    if sector_size > 512 {
+        PartitionRole::Boot
+    } else {
+        PartitionRole::Efi
+    }
+}
+
+impl PartitionSpec {
+    /// The type GUID of this partition on a disk of `sector_size`-byte
+    /// sectors ([`esp_role`]).
+    pub fn type_guid_at(&self, sector_size: u64) -> Guid {
+        match (self.role, esp_role(sector_size)) {
+            (PartitionRole::Efi, PartitionRole::Boot) => guid::LINUX_RESERVED,
+            (PartitionRole::Boot, PartitionRole::Boot) => guid::EFI_SYSTEM,
+            _ => self.type_guid,
+        }
+    }
+
+    /// What the builder puts in this partition on a disk of
+    /// `sector_size`-byte sectors ([`esp_role`]).
+    pub fn content_at(&self, sector_size: u64) -> Content {
+        match (self.role, esp_role(sector_size)) {
+            (PartitionRole::Efi, PartitionRole::Boot) => Content::Reserved,
+            (PartitionRole::Boot, PartitionRole::Boot) => Content::EspBootFat,
+            _ => self.content,
+        }
+    }
+}
 
 /// Default size of a whole disk image.
 pub const DEFAULT_DISK_SIZE: u64 = 2048 * MIB;
@@ -239,6 +294,42 @@ mod tests {
         // Only the last partition takes the rest of the disk.
         assert!(LAYOUT[..5].iter().all(|p| p.default_size.is_some()));
         assert!(LAYOUT[5].default_size.is_none());
+    }
+
+    /// Every disk has exactly one ESP, the partition [`esp_role`] names,
+    /// holding systemd-boot; BOOT's files are on a FAT partition at every
+    /// sector size, and only EFI and BOOT change with it.
+    #[test]
+    fn one_esp_at_every_sector_size() {
+        for ss in SECTOR_SIZES {
+            let esps: Vec<_> = LAYOUT
+                .iter()
+                .filter(|p| p.type_guid_at(ss) == guid::EFI_SYSTEM)
+                .map(|p| p.role)
+                .collect();
+            assert_eq!(esps, [esp_role(ss)], "{ss}");
+            let loader: Vec<_> = LAYOUT
+                .iter()
+                .filter(|p| matches!(p.content_at(ss), Content::EspFat | Content::EspBootFat))
+                .map(|p| p.role)
+                .collect();
+            assert_eq!(loader, [esp_role(ss)], "{ss}");
+            let slots: Vec<_> = LAYOUT
+                .iter()
+                .filter(|p| matches!(p.content_at(ss), Content::BootFat | Content::EspBootFat))
+                .map(|p| p.role)
+                .collect();
+            assert_eq!(slots, [PartitionRole::Boot], "{ss}");
+            for p in &LAYOUT {
+                if !matches!(p.role, PartitionRole::Efi | PartitionRole::Boot) {
+                    assert_eq!(p.type_guid_at(ss), p.type_guid, "{}", p.label);
+                    assert_eq!(p.content_at(ss), p.content, "{}", p.label);
+                }
+            }
+        }
+        assert_eq!(esp_role(512), PartitionRole::Efi);
+        assert_eq!(LAYOUT[0].type_guid_at(4096), guid::LINUX_RESERVED);
+        assert_eq!(LAYOUT[2].type_guid_at(512), guid::XBOOTLDR);
     }
 
     #[test]

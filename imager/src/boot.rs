@@ -193,7 +193,8 @@ pub enum DiskTarget {
 }
 
 /// Writes the raw disk `dest`: the partition table of `layout`, FAT
-/// filesystems on EFI (`esp`) and BOOT (`boot`), the META area at the start
+/// filesystems on EFI (`esp`) and BOOT (`boot`; at 4096-byte sectors both
+/// lists on BOOT, [`contract::partition::esp_role`]), the META area at the start
 /// of META, and with `bios` GRUB in the MBR and the BIOS partition (without,
 /// BIOS reads as zeros and the MBR has no boot code); STATE and EPHEMERAL
 /// are left for the runtime to format. Every timestamp is `epoch`.
@@ -240,12 +241,16 @@ fn filler<'a>(
             fat32,
             epoch,
         };
-        match p.spec.content {
+        match p.content() {
             Content::EspFat => {
                 format_fat(w, &params(true), &esp)?;
             }
             Content::BootFat => {
                 format_fat(w, &params(false), &boot)?;
+            }
+            Content::EspBootFat => {
+                let both: Vec<FatFile> = esp.iter().chain(&boot).cloned().collect();
+                format_fat(w, &params(false), &both)?;
             }
             Content::Meta => {
                 ensure!(
@@ -256,14 +261,14 @@ fn filler<'a>(
                 );
                 w.write_all(&area).context("writing META")?;
             }
-            Content::Unformatted if wipe => {
+            Content::Unformatted | Content::Reserved if wipe => {
                 let zeros = vec![0u8; 1 << 20];
                 let n = p.len().min(zeros.len() as u64) as usize;
                 w.write_all(&zeros[..n]).context("clearing the partition")?;
             }
             // Sparse: unwritten space reads as zeros. The BIOS partition
             // gets GRUB's core image after the table (bootstate::bios).
-            Content::Raw | Content::Unformatted => {}
+            Content::Raw | Content::Unformatted | Content::Reserved => {}
         }
         Ok(())
     }))
@@ -401,7 +406,15 @@ mod tests {
             }
             let t = read_table(&img).unwrap();
             assert_eq!(t.sector_size, ss);
-            for label in ["EFI", "BOOT"] {
+            // At 4096-byte sectors BOOT is the ESP and EFI holds nothing
+            // (contract::partition::esp_role).
+            let esp_label = if ss == 512 { "EFI" } else { "BOOT" };
+            let fats: &[&str] = if ss == 512 {
+                &["EFI", "BOOT"]
+            } else {
+                &["BOOT"]
+            };
+            for &label in fats {
                 let p = t.find(label).unwrap();
                 let (off, len) = p.range(ss);
                 let part = dir.path().join(format!("{label}.fat"));
@@ -412,11 +425,14 @@ mod tests {
                 std::fs::remove_file(&part).unwrap();
             }
 
-            let efi = || open_partition(&img, "EFI").unwrap();
-            assert_eq!(
-                list_files(efi()).unwrap(),
-                ["EFI/BOOT/BOOTX64.EFI", "loader/loader.conf"]
-            );
+            let efi = || open_partition(&img, esp_label).unwrap();
+            let on_esp = list_files(efi()).unwrap();
+            for f in ["EFI/BOOT/BOOTX64.EFI", "loader/loader.conf"] {
+                assert!(on_esp.iter().any(|p| p == f), "{ss}: {on_esp:?}");
+            }
+            if ss == 512 {
+                assert_eq!(on_esp.len(), 2, "{on_esp:?}");
+            }
             assert_eq!(
                 read_file(efi(), ESP_BOOT_LOADER).unwrap(),
                 std::fs::read(sd_boot).unwrap()
@@ -431,7 +447,10 @@ mod tests {
                 read_file(bootp(), &e.initrd).unwrap(),
                 std::fs::read(&initramfs).unwrap()
             );
-            assert_eq!(list_files(bootp()).unwrap().len(), 6);
+            assert_eq!(
+                list_files(bootp()).unwrap().len(),
+                if ss == 512 { 6 } else { 8 }
+            );
             let cfg = read_file(bootp(), contract::paths::BOOT_GRUB_CFG).unwrap();
             assert_eq!(cfg, contract::grubcfg::render(Slot::A));
             let lines = read_file(bootp(), &contract::grubcfg::slot_config_path(Slot::A)).unwrap();

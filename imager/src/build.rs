@@ -621,17 +621,12 @@ fn preflight(p: &Profile, cache_dir: &Path) -> Result<Preflight> {
     let esp = boot::esp_files(&p.boot.systemd_boot)?;
     if layout.is_some() && p.disk.sector_size == 4096 {
         step(
-            "WARNING: systemd-boot (up to at least 255) does not read boot entries from \
-             XBOOTLDR on 4096-byte-sector disks (systemd/systemd#32535): this image will not \
-             boot under UEFI until that is fixed; see docs/design.md",
-        );
-        step(
             "WARNING: a 4096-byte-sector image has no BIOS boot (BIOS firmware reads \
              512-byte sectors): the MBR gets no boot code and the BIOS partition stays empty",
         );
     }
     // GRUB for the raw image's BIOS path, and for the installer's payload
-    // (an install lays out 512-byte sectors).
+    // (an install onto a disk of 512-byte sectors writes it).
     let raw_bios = layout.is_some() && p.bios_boot();
     let installer = p.installer.is_some()
         && (p.outputs.contains(&Output::Installer) || p.outputs.contains(&Output::Iso));

@@ -10,7 +10,6 @@ use bootstate::disk::{Access, Disk};
 use bootstate::fat::BootFs;
 use bootstate::gpt::TableCopy;
 use bootstate::ops::{self, EntryFile};
-use contract::PartitionRole;
 use contract::Slot;
 use contract::boot::{EntryName, boot_order, slot_of_entry};
 use contract::meta::Meta;
@@ -177,7 +176,7 @@ pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
 
     let bios = bios_info(&unpacked.path, table);
     let loader_default = disk
-        .partition(PartitionRole::Efi)
+        .partition(contract::partition::esp_role(disk.table.sector_size))
         .ok()
         .and_then(|w| {
             BootFs::new(w, 0)

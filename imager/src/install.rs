@@ -63,6 +63,9 @@ pub struct InstallOptions {
     /// Size of a new disk image file, e.g. "2GiB" (default: the existing
     /// file's size, else 2 GiB).
     pub size: Option<String>,
+    /// Logical sector size of a disk image file, 512 (the default) or 4096;
+    /// a block device has its own.
+    pub sector_size: Option<u64>,
     /// Public key the payload must be signed with (default: the
     /// development key).
     pub key: Option<PathBuf>,
@@ -321,7 +324,9 @@ pub struct Slots {
     pub boot: Window<File>,
     pub meta: Window<File>,
     /// Written only by an upgrade into Secure Boot (its boot loader).
-    pub esp: Window<File>,
+    /// `None` on a disk of 4096-byte sectors, whose ESP is BOOT itself
+    /// ([`contract::partition::esp_role`]).
+    pub esp: Option<Window<File>>,
 }
 
 /// Refuses a disk image file in a format that install, upgrade, rollback
@@ -358,7 +363,7 @@ pub fn open_slots(disk_path: &Path) -> Result<Slots> {
     Ok(Slots {
         boot: disk.partition(PartitionRole::Boot)?,
         meta: disk.partition(PartitionRole::Meta)?,
-        esp: disk.partition(PartitionRole::Efi)?,
+        esp: disk.separate_esp()?,
         disk,
     })
 }
@@ -436,7 +441,7 @@ pub struct Allowed {
 pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Device>(
     boot_dev: B,
     meta_dev: &mut M,
-    esp_dev: E,
+    esp_dev: Option<E>,
     installer: &Path,
     tries: u32,
     allowed: Allowed,
@@ -464,6 +469,13 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Devi
             ops::upgrade(&mut boot, meta_dev, &p.payload, tries)?
         }
         Move::Enter => {
+            let Some(esp_dev) = esp_dev else {
+                bail!(
+                    "this disk has 4096-byte sectors, where BOOT is the ESP: it enters Secure \
+                     Boot by an install from the Secure Boot installer (`imager install`), \
+                     not by an upgrade; nothing was written"
+                );
+            };
             let mut esp = BootFs::new(esp_dev, epoch);
             let loader = payload_loader(&p)?;
             ops::upgrade_into_secure_boot(&mut esp, &loader, &mut boot, meta_dev, &p.payload, tries)
@@ -478,7 +490,7 @@ pub fn run_upgrade(a: &UpgradeOptions) -> Result<UpgradeReport> {
     // Counted, to report what an upgrade costs the disk.
     let boot = bootstate::Faulty::counting(slots.boot);
     let mut meta = boot.share(slots.meta);
-    let esp = boot.share(slots.esp);
+    let esp = slots.esp.map(|e| boot.share(e));
     let (up, p) = upgrade_on(
         boot,
         &mut meta,
@@ -589,8 +601,21 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         }
         (None, None) => contract::partition::DEFAULT_DISK_SIZE,
     };
+    let own_sector_size = if exists {
+        bootstate::disk::logical_sector_size(&a.disk)?
+    } else {
+        None
+    };
+    let sector_size = match (own_sector_size, a.sector_size) {
+        (Some(own), Some(asked)) if own != asked => bail!(
+            "{} has {own}-byte sectors: a block device has its own sector size; leave out              --sector-size {asked}",
+            a.disk.display()
+        ),
+        (Some(own), _) => own,
+        (None, asked) => asked.unwrap_or(512),
+    };
     // Too small first: --wipe would not help.
-    let layout = Layout::new(size, 512, &BTreeMap::new())
+    let layout = Layout::new(size, sector_size, &BTreeMap::new())
         .map_err(|e| install_layout_error(e, &a.disk, is_block, a.size.is_some()))?;
     if let Some(f) = &lock {
         refuse_data(f, &a.disk, a.wipe)?;
@@ -632,8 +657,9 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     };
     // GRUB from the payload (the installer container has no grub-mkimage);
     // a payload without it installs a disk that boots under UEFI only, as
-    // does one whose slots boot UKIs.
-    let grub = grub_for(&p)?.filter(|_| p.payload.ukis.is_none());
+    // does one whose slots boot UKIs, and any disk of 4096-byte sectors
+    // (BIOS reads 512-byte sectors: docs/design.md, "Booting (BIOS)").
+    let grub = grub_for(&p)?.filter(|_| p.payload.ukis.is_none() && sector_size == 512);
     let bios = grub.as_ref().map(|grub| disk::BiosBoot {
         grub,
         boot_flag: false,

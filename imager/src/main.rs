@@ -121,6 +121,10 @@ struct InstallArgs {
     /// file's size, else 2 GiB).
     #[arg(long)]
     size: Option<String>,
+    /// Logical sector size of a disk image file: 512 (default) or 4096 (a
+    /// 4Kn disk: boots under UEFI only). A block device has its own.
+    #[arg(long)]
+    sector_size: Option<u64>,
     /// Public key the payload must be signed with; the installed disk then
     /// trusts it for upgrades (default: the development key).
     #[arg(long)]
@@ -355,6 +359,7 @@ fn install(a: &InstallArgs) -> Result<ExitCode> {
         installer: installer_path(&a.installer)?,
         disk: a.disk.clone(),
         size: a.size.clone(),
+        sector_size: a.sector_size,
         key: a.key.clone(),
         wipe: a.wipe,
         settings: a.settings.settings()?,

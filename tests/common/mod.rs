@@ -400,7 +400,7 @@ pub fn cut_upgrade(
         None => Faulty::counting(slots.boot),
     };
     let mut m = b.share(slots.meta);
-    let e = b.share(slots.esp);
+    let e = slots.esp.map(|e| b.share(e));
     let allowed = imager::install::Allowed {
         change_secure_boot,
         downgrade: false,
@@ -563,12 +563,59 @@ pub fn sample(from: &[u64], k: usize, seed: u64, what: &str) -> Vec<u64> {
     chosen
 }
 
+/// The sector size of `disk`'s GPT: where its primary header is (LBA 1).
+pub fn gpt_sector_size(disk: &Path) -> u64 {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(disk).unwrap();
+    for ss in [512, 4096] {
+        let mut sig = [0u8; 8];
+        f.seek(SeekFrom::Start(ss)).unwrap();
+        if f.read_exact(&mut sig).is_ok() && &sig == b"EFI PART" {
+            return ss;
+        }
+    }
+    panic!(
+        "{}: no GPT header at LBA 1 of 512 or 4096 bytes",
+        disk.display()
+    )
+}
+
+/// [`check_gpt`] for a disk of 4096-byte sectors: `fdisk -b 4096 -l`
+/// (util-linux's libfdisk checks both headers' and arrays' CRCs and
+/// warns, on stderr, of a damaged or misplaced table) lists the six
+/// partitions and warns of nothing.
+pub fn check_gpt_4096(disk: &Path) {
+    let out = run(tool("fdisk").args(["-b", "4096", "-l"]).arg(disk));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success()
+            && stderr.trim().is_empty()
+            && stdout.contains("Disklabel type: gpt")
+            && stdout.contains("Sector size (logical/physical): 4096 bytes"),
+        "fdisk -b 4096 -l {}:\n{stdout}\n{stderr}",
+        disk.display()
+    );
+    let rows = stdout
+        .lines()
+        .filter(|l| l.starts_with(&*disk.to_string_lossy()))
+        .count();
+    assert_eq!(rows, 6, "{stdout}");
+}
+
 /// Both GPT copies of `disk` as an independent reader checks them:
 /// `sgdisk -v` (gdisk) verifies the primary and the backup header and
 /// array, their CRCs and that they agree. It exits 0 whatever it finds, so
 /// its words decide: "No problems found" and none of its warnings of a
 /// damaged table (sfdisk only warns of a bad backup, and reads on).
+/// sgdisk reads a file in 512-byte sectors only: a disk of 4096-byte
+/// sectors is checked by `fdisk -b 4096` ([`check_gpt_4096`]).
 pub fn check_gpt(disk: &Path) {
+    if gpt_sector_size(disk) == 4096 {
+        return check_gpt_4096(disk);
+    }
     let out = run(tool("sgdisk").arg("-v").arg(disk));
     let text = format!(
         "{}{}",

@@ -41,11 +41,9 @@ pub fn check_table(table: &Table) -> Result<()> {
     let mut previous_last = None;
     for (p, spec) in table.partitions.iter().zip(LAYOUT.iter()) {
         let what = |msg: String| anyhow::anyhow!("partition {} {msg}", spec.label);
-        if p.type_guid != spec.type_guid {
-            return Err(what(format!(
-                "has type {}, not {}",
-                p.type_guid, spec.type_guid
-            )));
+        let want = spec.type_guid_at(ss);
+        if p.type_guid != want {
+            return Err(what(format!("has type {}, not {want}", p.type_guid)));
         }
         if p.first_lba > p.last_lba || p.last_lba >= total {
             return Err(what(format!(

@@ -31,7 +31,7 @@ pub fn write_table<D: Device>(device: &mut D, layout: &Layout, disk_guid: Guid) 
         .iter()
         .map(|p| NewPartition {
             label: p.spec.label,
-            type_guid: p.spec.type_guid,
+            type_guid: p.type_guid(),
             unique_guid: partition_guid(disk_guid, p.spec.label),
             first_lba: p.first_lba,
             last_lba: p.last_lba,

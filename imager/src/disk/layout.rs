@@ -44,6 +44,17 @@ impl PlacedPartition {
         self.spec.role
     }
 
+    /// Its type GUID at this disk's sector size
+    /// ([`contract::partition::esp_role`]).
+    pub fn type_guid(&self) -> contract::Guid {
+        self.spec.type_guid_at(self.sector_size)
+    }
+
+    /// What goes in it at this disk's sector size.
+    pub fn content(&self) -> contract::partition::Content {
+        self.spec.content_at(self.sector_size)
+    }
+
     /// Byte offset of the partition on the disk (in bounds for a partition
     /// placed by [`Layout::new`]).
     pub fn offset(&self) -> u64 {

@@ -3,9 +3,9 @@
 
 use super::testutil::{extract, patch_gpt_entry, run, tool};
 use super::*;
-use contract::guid::{disk_guid, partition_guid, volume_id};
+use contract::guid::{disk_guid, partition_guid};
 use contract::meta::Meta;
-use contract::partition::{Content, MIB, SECTOR_SIZES};
+use contract::partition::{MIB, SECTOR_SIZES};
 use contract::{LAYOUT, PartitionRole};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -46,31 +46,22 @@ fn meta() -> Meta {
     m
 }
 
-/// Writes a test image: both FATs filled, META written.
+/// Writes a test image as the build and `imager install` do
+/// ([`crate::boot::write_raw_image`]): both FATs filled, META written.
 fn image(dir: &Path, name: &str, sector_size: u64) -> (PathBuf, Layout) {
     let layout = Layout::new(DISK, sector_size, &BTreeMap::new()).unwrap();
     let dest = dir.join(name);
-    let (esp, boot) = (esp(), boot(dir));
-    write_disk(&dest, &layout, guid(), None, |p, w| {
-        let params = FatParams {
-            label: p.label().to_string(),
-            volume_id: volume_id(guid(), p.label()),
-            sector_size,
-            fat32: p.spec.content == Content::EspFat,
-            epoch: EPOCH,
-        };
-        match p.spec.content {
-            Content::EspFat => {
-                format_fat(w, &params, &esp)?;
-            }
-            Content::BootFat => {
-                format_fat(w, &params, &boot)?;
-            }
-            Content::Meta => w.write_all(&meta().encode()?)?,
-            Content::Raw | Content::Unformatted => {}
-        }
-        Ok(())
-    })
+    crate::boot::write_raw_image(
+        &dest,
+        crate::boot::DiskTarget::NewImage,
+        &layout,
+        guid(),
+        esp(),
+        boot(dir),
+        &meta(),
+        None,
+        EPOCH,
+    )
     .unwrap();
     (dest, layout)
 }
@@ -152,7 +143,13 @@ fn fdisk_reads_4096_byte_sector_table() {
         let upper = |g: Guid| g.hyphenated().to_string().to_uppercase();
         assert_eq!(r[0], placed.first_lba.to_string());
         assert_eq!(r[1], placed.last_lba.to_string());
-        assert_eq!(r[2], upper(spec.type_guid));
+        // At 4096-byte sectors BOOT is the ESP and EFI is Linux reserved.
+        let want = match spec.label {
+            "EFI" => contract::guid::LINUX_RESERVED,
+            "BOOT" => contract::guid::EFI_SYSTEM,
+            _ => spec.type_guid,
+        };
+        assert_eq!(r[2], upper(want));
         assert_eq!(r[3], upper(partition_guid(guid(), spec.label)));
         assert_eq!(r[4], spec.label);
     }
@@ -170,27 +167,44 @@ fn tables_read_back_and_filesystems_are_clean() {
         assert_eq!(t.partitions.len(), LAYOUT.len());
         for (tp, p) in t.partitions.iter().zip(&layout.partitions) {
             assert_eq!(tp.label, p.label());
-            assert_eq!(tp.type_guid, p.spec.type_guid);
+            assert_eq!(tp.type_guid, p.type_guid());
             assert_eq!(tp.unique_guid, partition_guid(guid(), p.label()));
             assert_eq!((tp.first_lba, tp.last_lba), (p.first_lba, p.last_lba));
             assert_eq!(tp.range(ss), (p.offset(), p.len()));
         }
 
-        let efi = fsck(&img, &layout, PartitionRole::Efi, dir.path());
-        if ss == 512 {
-            assert!(efi.contains("32 bit entries"), "{efi}");
-        }
         fsck(&img, &layout, PartitionRole::Boot, dir.path());
-
-        let esp_files = list_files(open_partition(&img, "EFI").unwrap()).unwrap();
-        assert_eq!(esp_files, ["EFI/BOOT/BOOTX64.EFI", "loader/loader.conf"]);
-        let conf = read_file(open_partition(&img, "EFI").unwrap(), "loader/loader.conf").unwrap();
-        assert_eq!(conf, contract::boot::loader_conf().as_bytes());
         let boot_files = list_files(open_partition(&img, "BOOT").unwrap()).unwrap();
-        assert_eq!(
-            boot_files,
-            ["A/vmlinuz-0123456789abcdef", "loader/entries/slot-a.conf"]
-        );
+        let conf = if ss == 512 {
+            // systemd-boot on EFI, the slots on BOOT (XBOOTLDR).
+            let efi = fsck(&img, &layout, PartitionRole::Efi, dir.path());
+            assert!(efi.contains("32 bit entries"), "{efi}");
+            let esp_files = list_files(open_partition(&img, "EFI").unwrap()).unwrap();
+            assert_eq!(esp_files, ["EFI/BOOT/BOOTX64.EFI", "loader/loader.conf"]);
+            assert_eq!(
+                boot_files,
+                ["A/vmlinuz-0123456789abcdef", "loader/entries/slot-a.conf"]
+            );
+            read_file(open_partition(&img, "EFI").unwrap(), "loader/loader.conf").unwrap()
+        } else {
+            // At 4096-byte sectors BOOT is the ESP and carries both; EFI
+            // holds nothing (contract::partition::esp_role).
+            let mut efi = open_partition(&img, "EFI").unwrap();
+            let mut head = vec![0u8; 1 << 20];
+            std::io::Read::read_exact(&mut efi, &mut head).unwrap();
+            assert!(head.iter().all(|&b| b == 0), "EFI is not empty at 4096");
+            assert_eq!(
+                boot_files,
+                [
+                    "A/vmlinuz-0123456789abcdef",
+                    "EFI/BOOT/BOOTX64.EFI",
+                    "loader/entries/slot-a.conf",
+                    "loader/loader.conf"
+                ]
+            );
+            read_file(open_partition(&img, "BOOT").unwrap(), "loader/loader.conf").unwrap()
+        };
+        assert_eq!(conf, contract::boot::loader_conf().as_bytes());
         let kernel = read_file(
             open_partition(&img, "BOOT").unwrap(),
             "A/vmlinuz-0123456789abcdef",
