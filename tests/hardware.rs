@@ -9,7 +9,8 @@
 //! names the disk it found, so each boot shows that the disk was the
 //! controller's, not a virtio disk. With an e1000, an e1000e or a VMXNET3
 //! as its only NIC, the node gets its address by DHCP through it and
-//! serves its API.
+//! serves its API. Its messages reach the screen as well as the serial
+//! port, under SeaBIOS and OVMF.
 
 // Test helpers panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
@@ -151,5 +152,51 @@ fn the_node_serves_its_api_through_an_e1000_an_e1000e_and_a_vmxnet3() {
         ("vmxnet3", "vmxnet3"),
     ] {
         serves_the_api_through(nic, driver);
+    }
+}
+
+/// Kernel and runtime messages reach the screen as well as the serial
+/// port (`console=tty0` before `console=ttyS0,115200`; the runtime writes
+/// its lines to every console the kernel does): booted with a screen (a
+/// standard VGA adapter), the picture of it taken once the machine is
+/// ready shows the runtime's ready line, read in the font it is drawn in
+/// (`common::screen`): under SeaBIOS the VGA BIOS's (VGA text mode, the
+/// kernel's VGA console), under OVMF the kernel's (the GOP framebuffer
+/// through efifb and the framebuffer console).
+#[test]
+fn the_console_reaches_the_screen_under_seabios_and_ovmf() {
+    use common::screen::Font;
+    for (firmware, font) in [("bios", Font::VgaBios), ("uefi", Font::Kernel)] {
+        let picture = scratch().join(format!("screen-{firmware}.ppm"));
+        let log = scratch().join(format!("screen-{firmware}.console"));
+        let _ = std::fs::remove_file(&picture);
+        let r = boot_report(
+            &image().artifact("raw"),
+            &[
+                "--firmware",
+                firmware,
+                "--screen",
+                picture.to_str().unwrap(),
+                "--console-log",
+                log.to_str().unwrap(),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("{firmware}: {e}"));
+        assert_eq!(r["firmware"], firmware);
+        let console = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            console
+                .lines()
+                .any(|l| l == "machined: stage2: console lines also on tty0"),
+            "{firmware}:\n{console}"
+        );
+        let screen = common::screen::text(&picture, font);
+        assert!(
+            screen
+                .iter()
+                .any(|l| l.starts_with("machined: ready version=0.1.0 slot=A")),
+            "{firmware}: the screen shows:\n{}",
+            screen.join("\n")
+        );
     }
 }

@@ -193,7 +193,7 @@ fn umoci_unpacks_a_static_installer_that_runs_and_a_payload_that_verifies() {
     assert_eq!(m["boot"]["title"], "Imager 0.1.0");
     let cmdline = m["boot"]["cmdline"].as_str().unwrap();
     assert!(
-        cmdline.starts_with("console=ttyS0,115200 slab_nomerge"),
+        cmdline.starts_with("console=tty0 console=ttyS0,115200 slab_nomerge"),
         "{cmdline}"
     );
     // The payload is the build's kernel and initramfs.

@@ -289,6 +289,10 @@ struct BootArgs {
     /// Keep the whole console in this file.
     #[arg(long)]
     console_log: Option<PathBuf>,
+    /// Give the machine a screen (a standard VGA adapter) and, once ready,
+    /// write what it shows to this file (a PPM image).
+    #[arg(long)]
+    screen: Option<PathBuf>,
     /// Let the guest reboot and wait for ready across reboots (a failed boot
     /// then falls back to the other slot by boot counting).
     #[arg(long)]
@@ -583,6 +587,7 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
     };
     o.echo = !a.quiet;
     o.console_log = a.console_log;
+    o.screen = a.screen;
     o.reboots = a.reboots;
     o.serial = a.serial;
     o.secure_boot_vars = a.secure_boot;

@@ -98,6 +98,10 @@ pub struct BootOptions {
     pub sector_size: u64,
     /// Also keep the whole console here.
     pub console_log: Option<PathBuf>,
+    /// Attach a standard VGA display adapter (the screen: SeaBIOS's VGA
+    /// text mode, OVMF's GOP framebuffer) and, once ready, write what it
+    /// shows to this file as a PPM image (QMP `screendump`).
+    pub screen: Option<PathBuf>,
     /// Let the guest reboot and wait for ready across reboots: a runtime
     /// failure or kernel panic then does not end the boot (systemd-boot's
     /// boot counting may fall back to the other slot).
@@ -202,6 +206,7 @@ impl BootOptions {
             echo: true,
             sector_size: 512,
             console_log: None,
+            screen: None,
             reboots: false,
             media: Media::Disk,
             bus: Bus::Virtio,
@@ -535,6 +540,9 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
             )?);
     }
     cmd.args(net::args(&opts.net)?);
+    if opts.screen.is_some() {
+        cmd.args(["-device", "VGA"]);
+    }
     cmd.args(["-monitor", "none"]);
     if uefi {
         cmd.args(["-serial", "stdio"]);
@@ -709,7 +717,7 @@ impl Session {
                             // reset the machine, as a watchdog or a person
                             // would; the refused entry's tries were counted.
                             self.refused = false;
-                            qmp_command(&self.guest.qmp, "system_reset")?;
+                            qmp_command(&self.guest.qmp, "system_reset", None)?;
                             continue;
                         }
                         let hint = if RECOVERABLE.contains(&why) && !self.reboots {
@@ -797,6 +805,9 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
         .wait_line("the ready line", parse_ready)
         .with_context(|| format!("booting (timeout {} s)", opts.timeout.as_secs()))?;
     let seconds = started.elapsed().as_secs_f64();
+    if let Some(path) = &opts.screen {
+        screendump(&session.guest.qmp, path)?;
+    }
     // Only a live system installs (a disk's runtime ignores the key).
     let installs = ready.live
         && session
@@ -892,7 +903,7 @@ fn power_button(
     con: &mut Console,
     deadline: Instant,
 ) -> Result<bool> {
-    qmp_command(&guest.qmp, "system_powerdown")?;
+    qmp_command(&guest.qmp, "system_powerdown", None)?;
     let mut announced = false;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -913,29 +924,60 @@ fn power_button(
     }
 }
 
-/// Sends one QMP command (after the capabilities handshake).
-fn qmp_command(socket: &Path, command: &str) -> Result<()> {
+/// Writes what the screen shows to `path` (PPM), through QMP's
+/// `screendump`: to a temporary name beside it, renamed once QEMU wrote it
+/// whole.
+fn screendump(qmp: &Path, path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let dir = std::fs::canonicalize(dir)
+        .with_context(|| format!("the directory of --screen {}", path.display()))?;
+    let name = path
+        .file_name()
+        .with_context(|| format!("--screen {} names no file", path.display()))?
+        .to_string_lossy()
+        .into_owned();
+    let tmp = dir.join(format!(".{name}.partial"));
+    let args = serde_json::json!({ "filename": tmp.to_string_lossy() });
+    qmp_command(qmp, "screendump", Some(args)).context("taking the screen's picture")?;
+    std::fs::rename(&tmp, dir.join(&name))
+        .with_context(|| format!("moving the screen's picture to {}", path.display()))
+}
+
+/// Sends one QMP command with its `arguments` (after the capabilities
+/// handshake) and waits for its answer; events on the way are passed over.
+fn qmp_command(socket: &Path, command: &str, arguments: Option<serde_json::Value>) -> Result<()> {
     use std::os::unix::net::UnixStream;
     let stream = UnixStream::connect(socket)
         .with_context(|| format!("connecting to QMP at {}", socket.display()))?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
+    // QEMU's own answers, bounded all the same.
+    let mut reader = BufReader::new(stream.try_clone()?).take(1 << 20);
     let mut w = stream;
     let mut line = String::new();
     reader
         .read_line(&mut line)
         .context("reading the QMP greeting")?;
-    for cmd in ["qmp_capabilities", command] {
-        writeln!(w, "{{\"execute\":\"{cmd}\"}}").context("writing to QMP")?;
+    let handshake = serde_json::json!({ "execute": "qmp_capabilities" });
+    let mut asked = serde_json::json!({ "execute": command });
+    if let Some(a) = arguments {
+        asked["arguments"] = a;
+    }
+    for (cmd, message) in [("qmp_capabilities", handshake), (command, asked)] {
+        writeln!(w, "{message}").context("writing to QMP")?;
         loop {
             line.clear();
             if reader.read_line(&mut line).context("reading from QMP")? == 0 {
                 bail!("QMP closed before answering {cmd}");
             }
-            if line.contains("\"return\"") {
+            let v: serde_json::Value = serde_json::from_str(&line)
+                .with_context(|| format!("QMP answered {cmd} with no JSON: {}", line.trim()))?;
+            if v.get("return").is_some() {
                 break;
             }
-            if line.contains("\"error\"") {
+            if v.get("error").is_some() {
                 bail!("QMP refused {cmd}: {}", line.trim());
             }
         }

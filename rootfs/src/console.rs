@@ -5,11 +5,82 @@
 
 use crate::sys::{check, cstr};
 use anyhow::Result;
+use std::sync::OnceLock;
 
-/// Writes [`line`] to standard output in one write(2), so that lines never
-/// interleave. Errors are ignored: there is nowhere to report them.
+/// Writes [`line`] to every console the kernel writes its messages to: the
+/// others first ([`mirror`]: the screen), then standard output
+/// (/dev/console, the serial port), each in one write(2), so that lines
+/// never interleave and a line seen on the serial console is on the screen
+/// already. Errors are ignored: there is nowhere to report them.
 pub fn say(text: impl AsRef<str>) {
-    write_all(libc::STDOUT_FILENO, line(text.as_ref()).as_bytes());
+    let l = line(text.as_ref());
+    for &fd in MIRRORS.get().map(Vec::as_slice).unwrap_or_default() {
+        write_all(fd, l.as_bytes());
+    }
+    write_all(libc::STDOUT_FILENO, l.as_bytes());
+}
+
+/// The consoles [`say`] writes to besides standard output.
+static MIRRORS: OnceLock<Vec<libc::c_int>> = OnceLock::new();
+
+/// How much of /proc/consoles is read, and how many consoles are taken.
+const CONSOLES_MAX_BYTES: usize = 4096;
+const CONSOLES_MAX: usize = 8;
+
+/// Opens the enabled consoles of /proc/consoles that are not /dev/console
+/// ([`other_consoles`]; `console=tty0 console=ttyS0,115200` on the command
+/// line: the screen) for [`say`], once /proc and /dev are mounted; returns
+/// the names of those it opened. A console that does not open is left out.
+pub fn mirror() -> Vec<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    let read = std::fs::File::open("/proc/consoles")
+        .and_then(|f| f.take(CONSOLES_MAX_BYTES as u64).read_to_string(&mut text));
+    if read.is_err() {
+        return Vec::new();
+    }
+    let mut names = Vec::new();
+    let mut fds = Vec::new();
+    for name in other_consoles(&text) {
+        let Ok(c) = cstr(format!("/dev/{name}")) else {
+            continue;
+        };
+        // SAFETY: c is a valid NUL-terminated string.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_WRONLY | libc::O_NOCTTY | libc::O_CLOEXEC,
+            )
+        };
+        if fd >= 0 {
+            fds.push(fd);
+            names.push(name);
+        }
+    }
+    if MIRRORS.set(fds).is_err() {
+        return Vec::new();
+    }
+    names
+}
+
+/// The enabled consoles of `/proc/consoles` other than the one
+/// /dev/console is: its lines are `NAME OPERATIONS (FLAGS) MAJOR:MINOR`,
+/// FLAGS holding `E` for an enabled console and `C` for the preferred one,
+/// /dev/console (Documentation/filesystems/proc.rst, "/proc/consoles").
+/// Only plain device names (letters and digits, at most 32) are taken, at
+/// most [`CONSOLES_MAX`].
+pub fn other_consoles(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let name = l.split_whitespace().next()?;
+            let flags = l.split_once('(')?.1.split_once(')')?.0;
+            let plain = !name.is_empty()
+                && name.len() <= 32
+                && name.bytes().all(|b| b.is_ascii_alphanumeric());
+            (plain && flags.contains('E') && !flags.contains('C')).then(|| name.to_string())
+        })
+        .take(CONSOLES_MAX)
+        .collect()
 }
 
 /// `machined: <text>\n`, `text` escaped whole: one line, whatever it holds.
@@ -55,6 +126,22 @@ pub fn reopen(path: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    /// /proc/consoles as Linux 6.12 writes it with `console=tty0
+    /// console=ttyS0,115200`: the serial port is /dev/console (`C`), the
+    /// screen is the other.
+    #[test]
+    fn the_screen_is_the_other_console() {
+        let text =
+            "ttyS0                -W- (EC p a)    4:64\ntty0                 -WU (E  p  )    4:1\n";
+        assert_eq!(super::other_consoles(text), ["tty0"]);
+        assert!(super::other_consoles("ttyS0 -W- (EC p a) 4:64\n").is_empty());
+        // Disabled, odd names, no flags: left out.
+        let odd = "tty1 -WU (   p  ) 4:2\n../x -W- (E) 1:1\nttyX0\n";
+        assert!(super::other_consoles(odd).is_empty());
+        let many = "tty0 -WU (E) 4:1\n".repeat(20);
+        assert_eq!(super::other_consoles(&many).len(), super::CONSOLES_MAX);
+    }
+
     #[test]
     fn a_line_quoting_a_request_cannot_forge_another_or_drive_the_terminal() {
         let op = "x\nmachined: ready version=9.9.9 slot=A\u{1b}[2J\r\nNo bootable device";

@@ -47,7 +47,14 @@ pub fn run() -> Result<Infallible> {
     // Best effort: the kernel already opened /dev/console from the
     // initramfs when it has one; this also covers an initramfs without it.
     let reopened = console::reopen("/dev/console");
+    let screens = console::mirror();
     say("stage1: started");
+    if !screens.is_empty() {
+        say(format!(
+            "stage1: console lines also on {}",
+            screens.join(", ")
+        ));
+    }
     reopened?;
     let cmdline = std::fs::read_to_string("/proc/cmdline").context("read /proc/cmdline")?;
     failure::configure(&cmdline);

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod fixture;
+pub mod screen;
 #[allow(clippy::duplicate_mod)]
 mod tool;
 pub mod vm;
