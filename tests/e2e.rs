@@ -96,6 +96,39 @@ fn unsquashfs_lists_the_root() {
     );
 }
 
+/// A profile's firmware directory (`kernel.firmware`) is in the root
+/// filesystem under /lib/firmware, byte for byte, as unsquashfs extracts
+/// it, and the image still boots (its root is checked by dm-verity, which
+/// covers those files as every other).
+#[test]
+fn a_profiles_firmware_files_are_under_lib_firmware_in_the_root() {
+    let fw = scratch().join("firmware-files");
+    let _ = std::fs::remove_dir_all(&fw);
+    std::fs::create_dir_all(fw.join("rtl_nic")).unwrap();
+    let blob: Vec<u8> = (0..70_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(fw.join("rtl_nic/rtl8168h-2.fw"), &blob).unwrap();
+    let p = write_profile("firmware", |t| {
+        t.replace(
+            "  build_epoch: 0\n",
+            &format!("  build_epoch: 0\n  firmware: {}\n", fw.display()),
+        )
+    });
+    let dir = build_profile_into(&p, "firmware");
+    let out = scratch().join("firmware-root");
+    let _ = std::fs::remove_dir_all(&out);
+    ok(tool("unsquashfs")
+        .args(["-q", "-n", "-d"])
+        .arg(&out)
+        .arg(dir.join("rootfs.sqsh"))
+        .arg("lib/firmware"));
+    assert_eq!(
+        std::fs::read(out.join("lib/firmware/rtl_nic/rtl8168h-2.fw")).unwrap(),
+        blob
+    );
+    let r = boot_report(&dir.join("disk.raw"), &[]).unwrap();
+    assert_eq!(r["root_verified"], true, "{r}");
+}
+
 #[test]
 fn cpio_lists_the_initramfs() {
     let img = image().artifact("initramfs");

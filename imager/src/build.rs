@@ -41,7 +41,7 @@ pub use secureboot::esp_files as secure_esp_files;
 
 pub use installer::{PayloadInput, installer_spec, relative_link, write_installer, write_payload};
 pub use iso::live_options;
-pub use skeleton::rootfs_spec;
+pub use skeleton::{firmware_files, rootfs_spec};
 
 /// File names in the output directory.
 pub use contract::paths::output as names;
@@ -619,6 +619,9 @@ fn preflight(p: &Profile, cache_dir: &Path) -> Result<Preflight> {
         None
     };
     let esp = boot::esp_files(&p.boot.systemd_boot)?;
+    if let Some(dir) = &p.kernel.firmware {
+        firmware_files(dir)?;
+    }
     if layout.is_some() && p.disk.sector_size == 4096 {
         step(
             "WARNING: a 4096-byte-sector image has no BIOS boot (BIOS firmware reads \

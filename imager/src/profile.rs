@@ -174,6 +174,7 @@ impl Profile {
             .chain(std::iter::once(&mut k.rules))
             .chain(k.waiver_files.iter_mut())
             .chain(k.randstruct_seed.iter_mut())
+            .chain(k.firmware.iter_mut())
         {
             abs(p);
         }

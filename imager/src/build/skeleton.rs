@@ -92,7 +92,76 @@ pub fn rootfs_spec(p: &Profile, machined: &Path, epoch: u64) -> Result<rootfs::R
             mode: f.mode,
         });
     }
+    if let Some(dir) = &p.kernel.firmware {
+        spec.files.extend(firmware_files(dir)?);
+    }
     Ok(spec)
+}
+
+/// Where firmware files go in the root filesystem: where the kernel's
+/// loader looks first (`/lib/firmware`, Documentation/driver-api/firmware/
+/// fw_search_path.rst).
+pub const FIRMWARE_DIR: &str = "/lib/firmware";
+
+/// At most this many firmware files, of at most this many bytes in all
+/// (linux-firmware whole is about 4,000 files and 1 GB; an image takes
+/// the few its machines' drivers ask for).
+pub const FIRMWARE_MAX_FILES: usize = 4096;
+pub const FIRMWARE_MAX_BYTES: u64 = 512 << 20;
+
+/// The firmware files of `dir` (the profile's `kernel.firmware`), each as
+/// `/lib/firmware/<its path under dir>`, 0644, in path order. Only regular
+/// files and directories: a symbolic link (linux-firmware's `WHENCE`
+/// links) is refused with what to copy instead, as is anything else.
+pub fn firmware_files(dir: &Path) -> Result<Vec<rootfs::RootfsFile>> {
+    let key = "kernel.firmware";
+    if !dir.is_dir() {
+        bail!(
+            "{key}: {} is not a directory: give the directory holding the firmware files, laid \
+             out as linux-firmware is",
+            dir.display()
+        );
+    }
+    let (mut files, mut bytes) = (Vec::new(), 0u64);
+    for entry in walkdir::WalkDir::new(dir)
+        .min_depth(1)
+        .follow_links(false)
+        .sort_by_file_name()
+    {
+        let entry = entry.with_context(|| format!("{key}: walking {}", dir.display()))?;
+        let ft = entry.file_type();
+        if ft.is_dir() {
+            continue;
+        }
+        let shown = entry.path().display();
+        if !ft.is_file() {
+            bail!(
+                "{key}: {shown} is not a regular file (a symbolic link?): copy the file it stands \
+                 for under that name instead"
+            );
+        }
+        let rel = entry
+            .path()
+            .strip_prefix(dir)
+            .context("walking the firmware directory")?
+            .to_str()
+            .with_context(|| format!("{key}: {shown} is not UTF-8: rename it"))?;
+        bytes = bytes.saturating_add(entry.metadata().map(|m| m.len()).unwrap_or(0));
+        if files.len() >= FIRMWARE_MAX_FILES || bytes > FIRMWARE_MAX_BYTES {
+            bail!(
+                "{key}: {} holds more than {FIRMWARE_MAX_FILES} files or {} MiB: give only the \
+                 firmware the image's drivers ask for",
+                dir.display(),
+                FIRMWARE_MAX_BYTES >> 20
+            );
+        }
+        files.push(rootfs::RootfsFile {
+            path: format!("{FIRMWARE_DIR}/{rel}"),
+            source: rootfs::Source::File(entry.path().to_path_buf()),
+            mode: 0o644,
+        });
+    }
+    Ok(files)
 }
 
 /// The files of the closures of the skeleton manifest's `host` programs
@@ -209,5 +278,46 @@ mod tests {
         let p = profile_with_manifest(dir.path(), "host 0755 usr/sbin/no-such-program\n");
         let e = format!("{:#}", rootfs_spec(&p, &machined, 0).unwrap_err());
         assert!(e.contains("not on this host"), "{e}");
+    }
+
+    /// A profile's firmware directory goes under /lib/firmware, file by
+    /// file, in path order, 0644; a symbolic link or a missing directory is
+    /// refused with what to do.
+    #[test]
+    fn firmware_files_go_under_lib_firmware() {
+        let dir = tempfile::tempdir().unwrap();
+        let fw = dir.path().join("firmware");
+        std::fs::create_dir_all(fw.join("rtl_nic")).unwrap();
+        std::fs::write(fw.join("rtl_nic/rtl8168h-2.fw"), b"fw-a").unwrap();
+        std::fs::write(fw.join("e100.bin"), b"fw-b").unwrap();
+        let machined = dir.path().join("machined");
+        std::fs::write(&machined, "x").unwrap();
+        let mut p = profile_with_manifest(dir.path(), "dir 0755 usr\n");
+        p.kernel.firmware = Some(fw.clone());
+        let spec = rootfs_spec(&p, &machined, 0).unwrap();
+        let got: Vec<(&str, u32)> = spec
+            .files
+            .iter()
+            .filter(|f| f.path.starts_with("/lib/firmware/"))
+            .map(|f| (f.path.as_str(), f.mode))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("/lib/firmware/e100.bin", 0o644),
+                ("/lib/firmware/rtl_nic/rtl8168h-2.fw", 0o644)
+            ]
+        );
+        std::os::unix::fs::symlink("e100.bin", fw.join("link.bin")).unwrap();
+        let e = format!("{:#}", firmware_files(&fw).unwrap_err());
+        assert!(
+            e.contains("kernel.firmware") && e.contains("link.bin") && e.contains("copy the file"),
+            "{e}"
+        );
+        let e = format!(
+            "{:#}",
+            firmware_files(&dir.path().join("none")).unwrap_err()
+        );
+        assert!(e.contains("is not a directory"), "{e}");
     }
 }

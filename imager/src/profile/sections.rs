@@ -98,6 +98,12 @@ pub struct KernelSection {
     /// cached kernel survives new commits.
     #[serde(default)]
     pub build_epoch: u64,
+    /// A directory of firmware files for the kernel's drivers, laid out as
+    /// linux-firmware is (`rtl_nic/rtl8168h-2.fw`): its regular files go
+    /// under `/lib/firmware` in the root filesystem
+    /// (`crate::build::firmware_files`).
+    #[serde(default)]
+    pub firmware: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
