@@ -1,8 +1,8 @@
 //! The disk a machine booted from, with a second disk of ours beside it
 //! (docs/design.md, "The boot disk"): two installed disks in one machine,
 //! one of an older version, each larger than its image (a first boot
-//! grows EPHEMERAL to the end of its disk). The runtime formats, grows and
-//! blesses only the disk the firmware booted: under OVMF the one
+//! grows EPHEMERAL to the end of its disk). The runtime formats, grows,
+//! blesses and falls back only on the disk the firmware booted: under OVMF the one
 //! systemd-boot names (`LoaderDevicePartUUID`) when it is second by kernel
 //! name (`vda` beside `nvme0n1`) and when it is first; under SeaBIOS the
 //! one GRUB names (`machined.boot_part=`), second by name (`sda` beside
@@ -27,21 +27,30 @@ struct Images {
     older: Build,
     v1: Build,
     v2: Build,
+    /// 0.3.0, which never reaches ready (`machined.break=ready`).
+    broken: Build,
 }
 
 fn images() -> &'static Images {
     static I: Fixture<Images> = Fixture::new("bootdisk-images");
     I.get(|| {
         let key = dev_key().display().to_string();
-        let variant = |name: &str, version: &str| {
-            let profile =
-                write_profile_from("metal", name, |t| t.replace("version: 0.1.0", version));
+        let variant = |name: &str, version: &str, option: &str| {
+            let profile = write_profile_from("metal", name, |t| {
+                t.replace("version: 0.1.0", version)
+                    .replace("    - vdso32=0\n", &format!("    - vdso32=0\n{option}"))
+            });
             build_profile(name, &profile, &["--key", &key])
         };
         Images {
-            older: variant("bootdisk-older", "version: 0.0.9"),
-            v1: variant("bootdisk-v1", "version: 0.1.0"),
-            v2: variant("bootdisk-v2", "version: 0.2.0"),
+            older: variant("bootdisk-older", "version: 0.0.9", ""),
+            v1: variant("bootdisk-v1", "version: 0.1.0", ""),
+            v2: variant("bootdisk-v2", "version: 0.2.0", ""),
+            broken: variant(
+                "bootdisk-broken",
+                "version: 0.3.0",
+                "    - machined.break=ready\n",
+            ),
         }
     })
 }
@@ -90,23 +99,35 @@ fn boot_beside(
     other: &Path,
     other_bus: &str,
 ) -> (Value, String) {
+    boot_beside_with(disk, bus, firmware, other, other_bus, &[])
+}
+
+/// [`boot_beside`] with `extra` arguments for `imager boot`.
+fn boot_beside_with(
+    disk: &Path,
+    bus: &str,
+    firmware: &str,
+    other: &Path,
+    other_bus: &str,
+    extra: &[&str],
+) -> (Value, String) {
     let before = sha256(other);
     let log = disk.with_extension(format!("{firmware}.console.log"));
-    let r = boot_report(
-        disk,
-        &[
-            "--write",
-            "--bus",
-            bus,
-            "--firmware",
-            firmware,
-            "--disk",
-            &format!("{},bus={other_bus}", other.display()),
-            "--console-log",
-            log.to_str().unwrap(),
-        ],
-    )
-    .unwrap_or_else(|e| panic!("{} on {bus} under {firmware}: {e}", disk.display()));
+    let other_arg = format!("{},bus={other_bus}", other.display());
+    let mut args = vec![
+        "--write",
+        "--bus",
+        bus,
+        "--firmware",
+        firmware,
+        "--disk",
+        &other_arg,
+        "--console-log",
+        log.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let r = boot_report(disk, &args)
+        .unwrap_or_else(|e| panic!("{} on {bus} under {firmware}: {e}", disk.display()));
     let console = std::fs::read_to_string(&log).unwrap();
     assert_eq!(r["ready"], true, "{r}\n{console}");
     assert_eq!(
@@ -173,6 +194,24 @@ fn the_runtime_writes_only_the_disk_uefi_booted_whichever_is_first_by_name() {
         "{r}"
     );
     line(&console, "blessed slot B (0.2.0)");
+
+    // An upgrade that never reaches ready falls back on the boot disk
+    // alone, the other disk beside it untouched through every try.
+    ok(imager()
+        .args(["upgrade", "--installer"])
+        .arg(&i.broken.dir)
+        .arg("--disk")
+        .arg(&boot));
+    let (r, console) = boot_beside_with(&boot, "virtio", "uefi", &other, "nvme", &["--reboots"]);
+    assert_eq!(
+        (&r["slot"], &r["version"], &r["failed_boots"]),
+        (&"B".into(), &"0.2.0".into(), &3.into()),
+        "{r}"
+    );
+    line(
+        &console,
+        "rollback: the upgrade to slot A (0.3.0) failed: it failed to reach ready in 3 tries",
+    );
 
     // The older disk boots, first by name (nvme0n1), the newer beside it
     // on vdb: the older one alone is formatted and grown.
