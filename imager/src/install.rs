@@ -608,7 +608,8 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     };
     let sector_size = match (own_sector_size, a.sector_size) {
         (Some(own), Some(asked)) if own != asked => bail!(
-            "{} has {own}-byte sectors: a block device has its own sector size; leave out              --sector-size {asked}",
+            "{} has {own}-byte sectors: a block device has its own sector size; leave out \
+             --sector-size {asked}",
             a.disk.display()
         ),
         (Some(own), _) => own,

@@ -63,6 +63,17 @@ pub fn mirror() -> Vec<String> {
     names
 }
 
+/// Says, as `stage`, which consoles [`mirror`] found besides
+/// /dev/console (nothing when none).
+pub fn say_mirrors(stage: &str, names: &[String]) {
+    if !names.is_empty() {
+        say(format!(
+            "{stage}: console lines also on {}",
+            names.join(", ")
+        ));
+    }
+}
+
 /// The enabled consoles of `/proc/consoles` other than the one
 /// /dev/console is: its lines are `NAME OPERATIONS (FLAGS) MAJOR:MINOR`,
 /// FLAGS holding `E` for an enabled console and `C` for the preferred one,

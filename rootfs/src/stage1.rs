@@ -49,12 +49,7 @@ pub fn run() -> Result<Infallible> {
     let reopened = console::reopen("/dev/console");
     let screens = console::mirror();
     say("stage1: started");
-    if !screens.is_empty() {
-        say(format!(
-            "stage1: console lines also on {}",
-            screens.join(", ")
-        ));
-    }
+    console::say_mirrors("stage1", &screens);
     reopened?;
     let cmdline = std::fs::read_to_string("/proc/cmdline").context("read /proc/cmdline")?;
     failure::configure(&cmdline);

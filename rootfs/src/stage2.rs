@@ -26,13 +26,7 @@ pub fn run() -> Result<Infallible> {
     // Stage 1 left the console on fds 0-2; reopen in case we were started
     // some other way. Failing that, the inherited fds are all we have.
     let _ = console::reopen("/dev/console");
-    let screens = console::mirror();
-    if !screens.is_empty() {
-        say(format!(
-            "stage2: console lines also on {}",
-            screens.join(", ")
-        ));
-    }
+    console::say_mirrors("stage2", &console::mirror());
     power::take_signals()?;
     let cmdline = std::fs::read_to_string("/proc/cmdline").context("read /proc/cmdline")?;
     failure::configure(&cmdline);
