@@ -54,16 +54,24 @@ if [ "$(printf '%s\n%s\n' "$need_rust" "$have" | sort -V | head -1)" != "$need_r
   exit 1
 fi
 
-missing=()
-for p in "${packages[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
-    missing+=("$p")
-  fi
-done
+# The packages of the list not installed now.
+missing_packages() {
+  missing=()
+  for p in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+      missing+=("$p")
+    fi
+  done
+}
 
-if ((${#missing[@]})); then
+sudo=""
+install_missing() {
   echo "setup: installing ${missing[*]}"
-  sudo=""
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+missing_packages
+if ((${#missing[@]})); then
   if [ "$(id -u)" -ne 0 ]; then
     command -v sudo >/dev/null || {
       echo "setup: run as root (or install sudo) to install: ${missing[*]}" >&2
@@ -72,7 +80,21 @@ if ((${#missing[@]})); then
     sudo="sudo"
   fi
   $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+  install_missing
+  # An install can remove a package of the list that was there before: a
+  # machine with a newer qemu-utils (a backport) loses it when Debian 12's
+  # qemu-system-x86 comes in, whose versions it does not match, and with it
+  # qemu-img. Whatever went is installed again, at Debian 12's version.
+  missing_packages
+  if ((${#missing[@]})); then
+    echo "setup: the install removed ${missing[*]}: installing again"
+    install_missing
+    missing_packages
+    if ((${#missing[@]})); then
+      echo "setup: still missing after two installs: ${missing[*]}" >&2
+      exit 1
+    fi
+  fi
 else
   echo "setup: all ${#packages[@]} packages present"
 fi
