@@ -180,9 +180,11 @@ fn qcow2_zst_and_xz_are_the_raw_disk_are_read_verified_and_booted_and_zst_xz_ref
         );
         assert!(
             err.contains(&format!(
-                "--write: {} is compressed and boots from a temporary copy",
+                "--write: {} is compressed or packed and boots from a temporary copy",
                 f.display()
-            )) && err.contains("unpack it (zstd -d or xz -d) and boot the raw disk"),
+            )) && err.contains(
+                "unpack it (zstd -d, xz -d, tar -x, qemu-img convert -O raw) and boot the raw disk"
+            ),
             "{}: {err}",
             f.display()
         );

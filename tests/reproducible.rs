@@ -9,6 +9,7 @@
 //! own, cold, kernel cache, in another time zone, umask and locale. The
 //! same signing key, Secure Boot keys and `SOURCE_DATE_EPOCH`. Every output
 //! of a build that lists all formats (raw, vhd, qcow2, raw.zst, raw.xz,
+//! gcp, azure, vmware, aws,
 //! installer, iso, uki) and of a Secure Boot build (signed UKIs, installer,
 //! ISO) must be the same bytes.
 //!
@@ -173,7 +174,7 @@ fn profiles(root: &Path, sb_keys: &Path) -> Vec<(&'static str, String)> {
     assert!(all.contains(outputs), "installer.yaml's outputs changed");
     let all = all.replace(
         outputs,
-        "\noutputs: [raw, vhd, qcow2, raw.zst, raw.xz, installer, iso, uki]\n",
+        "\noutputs: [raw, vhd, qcow2, raw.zst, raw.xz, gcp, azure, vmware, aws, installer, iso, uki]\n",
     );
     let sb = read("secureboot.yaml");
     let (section, outputs) = (
@@ -209,6 +210,10 @@ fn expected_kinds(profile: &str) -> &'static [&'static str] {
             "qcow2",
             "raw-zst",
             "raw-xz",
+            "gcp",
+            "azure",
+            "vmware",
+            "aws",
             "installer",
             "iso",
             "uki",

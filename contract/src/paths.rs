@@ -177,6 +177,15 @@ pub mod output {
     pub const RAW_ZST: &str = "disk.raw.zst";
     /// The raw disk compressed with xz (`imager::disk::compress`).
     pub const RAW_XZ: &str = "disk.raw.xz";
+    /// The disk for Google Compute Engine: `disk.raw` in a gzip'd tar
+    /// (`imager::disk::gce`).
+    pub const GCP: &str = "gcp.tar.gz";
+    /// The disk for Azure: a fixed VHD (`imager::disk::vhd`).
+    pub const AZURE: &str = "azure.vhd";
+    /// The OVF package for VMware (`imager::disk::ova`).
+    pub const VMWARE: &str = "vmware.ova";
+    /// The disk for AWS: a stream-optimised VMDK (`imager::disk::vmdk`).
+    pub const AWS: &str = "aws.vmdk";
     /// The installer container image, an OCI archive.
     pub const INSTALLER: &str = "installer.tar";
     /// The hybrid live ISO (`contract::iso`).

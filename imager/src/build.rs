@@ -759,6 +759,7 @@ fn kernel_files(p: &Profile, opts: &BuildOptions) -> Result<KernelFiles> {
         let config = kernel::KernelConfig::load(c)?;
         kernel::build::audit_or_fail(&rules, &config, &p.cmdline(), &waivers(p)?, None)
             .with_context(|| format!("auditing the prebuilt kernel's {}", c.display()))?;
+        crate::disk::platform::check_kernel(&p.outputs, &config)?;
         return Ok(KernelFiles {
             bzimage: k.clone(),
             config: c.clone(),
@@ -772,6 +773,7 @@ fn kernel_files(p: &Profile, opts: &BuildOptions) -> Result<KernelFiles> {
         built.bzimage.display(),
         if built.cached { "cached" } else { "built" }
     ));
+    crate::disk::platform::check_kernel(&p.outputs, &kernel::KernelConfig::load(&built.config)?)?;
     Ok(KernelFiles {
         bzimage: built.bzimage,
         config: built.config,

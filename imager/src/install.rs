@@ -346,6 +346,14 @@ pub fn require_raw(path: &Path) -> Result<()> {
         }
         Format::Zstd => format!("compressed with zstd: unpack it with `zstd -d {p} -o disk.raw`"),
         Format::Xz => format!("compressed with xz: unpack it with `xz -dc {p} > disk.raw`"),
+        Format::Vmdk => {
+            format!("a VMDK: make it raw with `qemu-img convert -O raw {p} disk.raw`")
+        }
+        Format::Ova => format!(
+            "an OVA: take its disk out with `tar -xf {p} disk.vmdk` and make it raw with \
+             `qemu-img convert -O raw disk.vmdk disk.raw`"
+        ),
+        Format::Gzip => format!("a gzip'd tar: `tar -xzf {p}` gives its disk.raw"),
     };
     bail!(
         "{p} is {how} (or build `raw` among the profile's outputs) and give that disk: \

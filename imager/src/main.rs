@@ -535,9 +535,9 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
     let unpacked = if format.compressed() {
         if a.write {
             bail!(
-                "--write: {} is compressed and boots from a temporary copy, removed after \
-                 the boot; unpack it (zstd -d or xz -d) and boot the raw disk to keep what \
-                 the guest writes",
+                "--write: {} is compressed or packed and boots from a temporary copy, \
+                 removed after the boot; unpack it (zstd -d, xz -d, tar -x, qemu-img convert \
+                 -O raw) and boot the raw disk to keep what the guest writes",
                 a.image.display()
             );
         }

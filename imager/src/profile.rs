@@ -331,6 +331,7 @@ impl Profile {
                 );
             }
         }
+        crate::disk::platform::check(self).map_err(|(key, msg)| Invalid::new(key, msg))?;
         if !contract::partition::SECTOR_SIZES.contains(&self.disk.sector_size) {
             return invalid(
                 "disk.sector_size",

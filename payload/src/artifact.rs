@@ -22,6 +22,14 @@ pub enum Kind {
     RawZst,
     /// The raw disk compressed with xz (`disk.raw.xz`).
     RawXz,
+    /// The disk for Google Compute Engine (`gcp.tar.gz`).
+    Gcp,
+    /// The disk for Azure, a fixed VHD (`azure.vhd`).
+    Azure,
+    /// The OVF package for VMware (`vmware.ova`).
+    Vmware,
+    /// The disk for AWS, a stream-optimised VMDK (`aws.vmdk`).
+    Aws,
     Iso,
     Installer,
     /// systemd-boot, carried in the installer's payload for `imager install`.
@@ -57,6 +65,10 @@ impl Kind {
                 | Kind::Qcow2
                 | Kind::RawZst
                 | Kind::RawXz
+                | Kind::Gcp
+                | Kind::Azure
+                | Kind::Vmware
+                | Kind::Aws
                 | Kind::Iso
                 | Kind::Installer
         )
@@ -74,6 +86,10 @@ impl Kind {
             Kind::Qcow2 => "qcow2",
             Kind::RawZst => "raw-zst",
             Kind::RawXz => "raw-xz",
+            Kind::Gcp => "gcp",
+            Kind::Azure => "azure",
+            Kind::Vmware => "vmware",
+            Kind::Aws => "aws",
             Kind::Iso => "iso",
             Kind::Installer => "installer",
             Kind::BootLoader => "boot-loader",

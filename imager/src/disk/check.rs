@@ -136,16 +136,16 @@ pub fn check_written(table: &Table, layout: &Layout, disk_guid: contract::Guid) 
 pub fn check_image(path: &Path) -> Result<()> {
     use super::compress::{Format, Unpacked};
     match Format::of(path)? {
-        Format::Raw => {}
         Format::Qcow2 => {
             let mut q = super::qcow2::Qcow2::open(path)?;
             return check_device(&mut q).with_context(|| format!("reading {}", path.display()));
         }
-        Format::Zstd | Format::Xz => {
+        f if f.compressed() => {
             let u = Unpacked::open(path)?;
             return check_image(&u.path)
                 .with_context(|| format!("checking the disk unpacked from {}", path.display()));
         }
+        _ => {}
     }
     let table = super::read_table(path)?;
     check_table(&table)?;

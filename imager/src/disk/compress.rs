@@ -47,13 +47,19 @@ pub enum Format {
     Qcow2,
     Zstd,
     Xz,
+    /// A stream-optimised VMDK (`aws.vmdk`).
+    Vmdk,
+    /// A tar archive: an OVA (`vmware.ova`).
+    Ova,
+    /// gzip: Compute Engine's gzip'd tar (`gcp.tar.gz`).
+    Gzip,
 }
 
 impl Format {
     /// The format of the file `path`, from its magic number.
     pub fn of(path: &Path) -> Result<Format> {
         let mut f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let mut m = [0u8; 6];
+        let mut m = [0u8; 512];
         let n = bootstate::blank::read_full(&mut f, &mut m)
             .with_context(|| format!("reading {}", path.display()))?;
         Ok(Format::of_bytes(&m[..n]))
@@ -67,14 +73,21 @@ impl Format {
             Format::Zstd
         } else if head.starts_with(&XZ_MAGIC) {
             Format::Xz
+        } else if head.starts_with(&super::vmdk::MAGIC) {
+            Format::Vmdk
+        } else if head.starts_with(&super::gce::MAGIC) {
+            Format::Gzip
+        } else if head.get(257..262) == Some(b"ustar") {
+            Format::Ova
         } else {
             Format::Raw
         }
     }
 
-    /// Whether the disk must be decompressed before it is read.
+    /// Whether the disk must be unpacked (decompressed, taken out of its
+    /// archive) before it is read.
     pub fn compressed(self) -> bool {
-        matches!(self, Format::Zstd | Format::Xz)
+        !matches!(self, Format::Raw | Format::Qcow2)
     }
 }
 
@@ -165,26 +178,44 @@ pub fn copy_sparse(src: &mut dyn Read, dest: &Path) -> Result<u64> {
     Ok(at)
 }
 
-/// Unpacks the disk image `path` (zstd, xz or qcow2) into the sparse raw
-/// disk `dest`; returns its size. A raw disk is refused: nothing to do.
+/// Unpacks the disk image `path` (zstd, xz, qcow2, a stream-optimised
+/// VMDK, an OVA, Compute Engine's gzip'd tar) into the sparse raw disk
+/// `dest`; returns its size. A raw disk is refused: nothing to do.
 pub fn unpack(path: &Path, dest: &Path) -> Result<u64> {
     let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let what = || format!("unpacking {} into {}", path.display(), dest.display());
     match Format::of(path)? {
-        Format::Zstd => {
-            let mut d = zstd::stream::read::Decoder::new(f).with_context(what)?;
-            copy_sparse(&mut d, dest).with_context(what)
-        }
-        Format::Xz => {
-            let mut d = liblzma::read::XzDecoder::new_multi_decoder(f);
-            copy_sparse(&mut d, dest).with_context(what)
-        }
         Format::Qcow2 => {
             let mut q = super::qcow2::Qcow2::new(f)
                 .with_context(|| format!("reading {}", path.display()))?;
             copy_sparse(&mut q, dest).with_context(what)
         }
         Format::Raw => bail!("{} is a raw disk: nothing to unpack", path.display()),
+        format => {
+            let mut r = std::io::BufReader::with_capacity(1 << 20, f);
+            unpack_stream(format, &mut r, dest).with_context(what)
+        }
+    }
+}
+
+/// Unpacks the stream `r` of a [`Format::compressed`] format (zstd, xz, a
+/// stream-optimised VMDK, an OVA, a gzip'd tar) into the new sparse raw
+/// disk `dest`; returns its size. Read front to back, never seeked.
+pub fn unpack_stream(format: Format, r: &mut dyn Read, dest: &Path) -> Result<u64> {
+    let create = || File::create(dest).with_context(|| format!("creating {}", dest.display()));
+    match format {
+        Format::Zstd => {
+            let mut d = zstd::stream::read::Decoder::new(r)?;
+            copy_sparse(&mut d, dest)
+        }
+        Format::Xz => {
+            let mut d = liblzma::read::XzDecoder::new_multi_decoder(r);
+            copy_sparse(&mut d, dest)
+        }
+        Format::Vmdk => super::vmdk::unpack(r, &create()?),
+        Format::Ova => super::ova::unpack(r, &create()?),
+        Format::Gzip => super::gce::unpack(r, dest),
+        Format::Raw | Format::Qcow2 => bail!("a raw disk or a qcow2 is not unpacked as a stream"),
     }
 }
 

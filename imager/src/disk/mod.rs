@@ -13,10 +13,14 @@
 pub mod check;
 pub mod compress;
 pub mod formats;
+pub mod gce;
 pub mod gpt;
 pub mod layout;
+pub mod ova;
+pub mod platform;
 pub mod qcow2;
 pub mod vhd;
+pub mod vmdk;
 pub mod xz;
 
 pub use self::check::{check_image, check_table, check_written};

@@ -144,7 +144,7 @@ fn read_cluster(src: &mut File, size: u64, index: u64, buf: &mut [u8]) -> io::Re
 
 /// Calls `each` with the index of every cluster of `src` that holds
 /// something but zeros, in order, and the cluster's bytes in `buf`.
-fn data_clusters(
+pub(super) fn data_clusters(
     src: &mut File,
     size: u64,
     buf: &mut [u8],

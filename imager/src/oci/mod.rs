@@ -17,6 +17,7 @@ mod reader;
 mod writer;
 
 pub use reader::{MAX_SMALL, Verifier, extract_payload};
+pub(crate) use writer::header as tar_header;
 pub use writer::{Entry, ImageInfo, ImageSpec, check_ref_name, check_tag, rfc3339, write_image};
 
 /// The layer of an installer image that holds the payload's signed manifest

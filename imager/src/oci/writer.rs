@@ -401,7 +401,7 @@ pub fn rfc3339(epoch: u64) -> String {
     )
 }
 
-pub(super) fn header(kind: tar::EntryType, mode: u32, size: u64, epoch: u64) -> tar::Header {
+pub(crate) fn header(kind: tar::EntryType, mode: u32, size: u64, epoch: u64) -> tar::Header {
     let mut h = tar::Header::new_ustar();
     h.set_entry_type(kind);
     h.set_mode(mode);

@@ -264,6 +264,15 @@ pub enum Output {
     /// The raw disk compressed with xz (`disk.raw.xz`).
     #[serde(rename = "raw.xz")]
     RawXz,
+    /// The disk for Google Compute Engine (`gcp.tar.gz`): platform rules
+    /// in `imager::disk::platform`.
+    Gcp,
+    /// The disk for Azure, a fixed VHD (`azure.vhd`).
+    Azure,
+    /// The OVF package for VMware (`vmware.ova`).
+    Vmware,
+    /// The disk for AWS, a stream-optimised VMDK (`aws.vmdk`).
+    Aws,
     /// The installer container image, an OCI archive (`installer.tar`).
     Installer,
     /// The hybrid live ISO (`live.iso`): boots from CD and USB under BIOS
@@ -275,12 +284,16 @@ pub enum Output {
 
 impl Output {
     /// The disk outputs: the raw disk and the formats made from it.
-    pub const DISKS: [Output; 5] = [
+    pub const DISKS: [Output; 9] = [
         Output::Raw,
         Output::Vhd,
         Output::Qcow2,
         Output::RawZst,
         Output::RawXz,
+        Output::Gcp,
+        Output::Azure,
+        Output::Vmware,
+        Output::Aws,
     ];
 
     /// Whether this is one of [`Output::DISKS`].
@@ -296,6 +309,10 @@ impl Output {
             Output::Qcow2 => "qcow2",
             Output::RawZst => "raw.zst",
             Output::RawXz => "raw.xz",
+            Output::Gcp => "gcp",
+            Output::Azure => "azure",
+            Output::Vmware => "vmware",
+            Output::Aws => "aws",
             Output::Installer => "installer",
             Output::Iso => "iso",
             Output::Uki => "uki",

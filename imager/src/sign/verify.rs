@@ -272,7 +272,15 @@ fn read_manifest(path: &Path) -> Result<Vec<u8>> {
 fn check_file(path: &Path, size: u64, sha256: &str, kind: Kind) -> Status {
     let disk = matches!(
         kind,
-        Kind::Raw | Kind::Vhd | Kind::Qcow2 | Kind::RawZst | Kind::RawXz
+        Kind::Raw
+            | Kind::Vhd
+            | Kind::Qcow2
+            | Kind::RawZst
+            | Kind::RawXz
+            | Kind::Gcp
+            | Kind::Azure
+            | Kind::Vmware
+            | Kind::Aws
     );
     match check_bytes(path, size, sha256) {
         Status::Ok if disk => match crate::disk::check_image(path) {

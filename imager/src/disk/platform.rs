@@ -1,0 +1,255 @@
+//! The cloud and hypervisor platforms: for each, the output that makes its
+//! image, what its importer takes, and the checks a profile must pass
+//! before anything is built. One table ([`PLATFORMS`]); docs/outputs.md
+//! says the same per platform with its import command.
+//!
+//! What each platform's image is made of is in its writer: `gcp`
+//! ([`super::gce`]), `azure` ([`super::vhd`]), `vmware` ([`super::ova`]),
+//! `aws` ([`super::vmdk`]). All four carry the same disk as `disk.raw`,
+//! whose kernel has every platform's storage and network drivers built in
+//! (`kernel-config/hardware.config`).
+
+use crate::profile::{Output, Profile};
+
+/// One platform's rules.
+#[derive(Debug, Clone, Copy)]
+pub struct Platform {
+    pub output: Output,
+    /// The platform, as its maker names it.
+    pub name: &'static str,
+    /// The disk's size must be a whole number of these bytes.
+    pub size_unit: u64,
+    /// The rule behind [`Platform::size_unit`], as a refusal says it.
+    pub size_rule: &'static str,
+    /// The console the platform shows its user: the kernel's command line
+    /// must name it (`console=` followed by this name).
+    pub console: &'static str,
+    /// Where the platform shows that console.
+    pub console_rule: &'static str,
+    /// The kernel options of the drivers the platform's disks and NICs
+    /// need, each built in (`=y`); a build whose kernel lacks one is
+    /// refused ([`check_kernel`]).
+    pub drivers: &'static [&'static str],
+}
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// Every platform, in the order of [`Output`].
+pub const PLATFORMS: [Platform; 4] = [
+    Platform {
+        output: Output::Gcp,
+        name: "Google Compute Engine",
+        size_unit: GIB,
+        size_rule: "Compute Engine imports a disk.raw of a whole number of GiB",
+        console: "ttyS0",
+        console_rule: "Compute Engine's serial console and `gcloud compute instances \
+                       get-serial-port-output` show the first serial port",
+        // virtio-scsi and NVMe disks; virtio-net and gVNIC.
+        drivers: &[
+            "CONFIG_SCSI_VIRTIO",
+            "CONFIG_BLK_DEV_NVME",
+            "CONFIG_VIRTIO_NET",
+            "CONFIG_GVE",
+        ],
+    },
+    Platform {
+        output: Output::Azure,
+        name: "Microsoft Azure",
+        size_unit: MIB,
+        size_rule: "Azure takes a fixed VHD whose virtual size is a whole number of MiB",
+        console: "ttyS0",
+        console_rule: "Azure's serial console and boot diagnostics show the first serial port",
+        // VMBus, its storage and network; NVMe on newer sizes.
+        drivers: &[
+            "CONFIG_HYPERV",
+            "CONFIG_HYPERV_STORAGE",
+            "CONFIG_HYPERV_NET",
+            "CONFIG_BLK_DEV_NVME",
+        ],
+    },
+    Platform {
+        output: Output::Vmware,
+        name: "VMware vSphere",
+        size_unit: 512,
+        size_rule: "a VMDK holds whole 512-byte sectors",
+        console: "tty0",
+        console_rule: "vSphere's console shows the virtual machine's screen",
+        // The OVA's SATA disk, PVSCSI, VMXNET3; the screen under EFI.
+        drivers: &[
+            "CONFIG_SATA_AHCI",
+            "CONFIG_VMWARE_PVSCSI",
+            "CONFIG_VMXNET3",
+            "CONFIG_FB_EFI",
+        ],
+    },
+    Platform {
+        output: Output::Aws,
+        name: "Amazon EC2",
+        size_unit: 512,
+        size_rule: "a VMDK holds whole 512-byte sectors",
+        console: "ttyS0",
+        console_rule: "EC2's serial console and `aws ec2 get-console-output` show the first \
+                       serial port",
+        // Nitro's NVMe and ENA; Xen's block and network front ends.
+        drivers: &[
+            "CONFIG_BLK_DEV_NVME",
+            "CONFIG_ENA_ETHERNET",
+            "CONFIG_XEN_BLKDEV_FRONTEND",
+            "CONFIG_XEN_NETDEV_FRONTEND",
+        ],
+    },
+];
+
+/// The platform whose output is `o`, if it is one.
+pub fn of(o: Output) -> Option<&'static Platform> {
+    PLATFORMS.iter().find(|p| p.output == o)
+}
+
+/// Checks the profile `p` against the rules of every platform it makes an
+/// image for; the error is the profile key and what to do.
+pub fn check(p: &Profile) -> Result<(), (&'static str, String)> {
+    for pl in PLATFORMS.iter().filter(|pl| p.outputs.contains(&pl.output)) {
+        let out = pl.output.name();
+        if p.disk.sector_size != 512 {
+            return Err((
+                "disk.sector_size",
+                format!(
+                    "the output {out} is a disk of 512-byte sectors ({} attaches its disks \
+                     with 512-byte logical sectors): use 512, or drop {out} from outputs",
+                    pl.name
+                ),
+            ));
+        }
+        let size = p.disk.size.0;
+        if !size.is_multiple_of(pl.size_unit) {
+            let up = size.next_multiple_of(pl.size_unit);
+            return Err((
+                "disk.size",
+                format!(
+                    "the output {out}: {} ({size} bytes is not one); make disk.size {} or \
+                     drop {out} from outputs",
+                    pl.size_rule,
+                    if pl.size_unit == GIB {
+                        format!("{}GiB", up / GIB)
+                    } else if pl.size_unit == MIB {
+                        format!("{}MiB", up / MIB)
+                    } else {
+                        format!("{up}")
+                    }
+                ),
+            ));
+        }
+        let named = p.kernel.cmdline.iter().any(|a| {
+            a.strip_prefix("console=")
+                .is_some_and(|c| c.split(',').next() == Some(pl.console))
+        });
+        if !named {
+            return Err((
+                "kernel.cmdline",
+                format!(
+                    "the output {out}: {}; add console={} to kernel.cmdline (the default \
+                     profiles have console=tty0 console=ttyS0,115200) or drop {out} from \
+                     outputs",
+                    pl.console_rule, pl.console
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that the kernel `config` of a build with `outputs` has every
+/// driver of each platform it makes an image for built in.
+pub fn check_kernel(
+    outputs: &[Output],
+    config: &crate::kernel::KernelConfig,
+) -> anyhow::Result<()> {
+    use crate::kernel::config::Value;
+    for pl in PLATFORMS.iter().filter(|pl| outputs.contains(&pl.output)) {
+        let lacking: Vec<&str> = pl
+            .drivers
+            .iter()
+            .copied()
+            .filter(|d| config.get(d) != Some(&Value::Set("y".into())))
+            .collect();
+        if !lacking.is_empty() {
+            anyhow::bail!(
+                "the output {}: {}'s disks and NICs need {} built into the kernel (=y), which \
+                 this profile's kernel lacks: add kernel-config/hardware.config to \
+                 kernel.fragments (the default profiles have it), or drop {} from outputs",
+                pl.output.name(),
+                pl.name,
+                lacking.join(", "),
+                pl.output.name()
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every platform output is in the table once, is a disk output, and
+    /// its size unit is a whole number of sectors.
+    #[test]
+    fn every_platform_output_has_one_row() {
+        for o in [Output::Gcp, Output::Azure, Output::Vmware, Output::Aws] {
+            assert_eq!(PLATFORMS.iter().filter(|p| p.output == o).count(), 1);
+            assert!(o.is_disk());
+            assert!(of(o).unwrap().size_unit.is_multiple_of(512));
+        }
+        assert!(of(Output::Raw).is_none());
+    }
+
+    /// The drivers of every platform are in `kernel-config/hardware.config`
+    /// (the default profiles' fragment), built in.
+    #[test]
+    fn every_platforms_drivers_are_in_the_hardware_fragment() {
+        let dir = env!("CARGO_MANIFEST_DIR");
+        let text = std::fs::read_to_string(format!("{dir}/../kernel-config/hardware.config"))
+            .unwrap()
+            + &std::fs::read_to_string(format!("{dir}/../kernel-config/network.config")).unwrap();
+        for pl in &PLATFORMS {
+            for d in pl.drivers {
+                assert!(
+                    text.lines().any(|l| l == format!("{d}=y")),
+                    "{}: {d}",
+                    pl.name
+                );
+            }
+        }
+    }
+
+    /// A kernel without a platform's driver is refused for that platform's
+    /// output, naming the option; other outputs do not care.
+    #[test]
+    fn a_kernel_without_a_platforms_driver_is_refused() {
+        use crate::kernel::KernelConfig;
+        let all: String = PLATFORMS
+            .iter()
+            .flat_map(|p| p.drivers)
+            .map(|d| format!("{d}=y\n"))
+            .collect();
+        let full = KernelConfig::parse(&all).unwrap();
+        let outputs = [
+            Output::Raw,
+            Output::Gcp,
+            Output::Azure,
+            Output::Vmware,
+            Output::Aws,
+        ];
+        check_kernel(&outputs, &full).unwrap();
+        let less = KernelConfig::parse(&all.replace("CONFIG_GVE=y\n", "# CONFIG_GVE is not set\n"))
+            .unwrap();
+        let e = check_kernel(&outputs, &less).unwrap_err().to_string();
+        assert!(
+            e.contains("the output gcp: Google Compute Engine's disks and NICs need CONFIG_GVE"),
+            "{e}"
+        );
+        check_kernel(&[Output::Raw, Output::Aws], &less).unwrap();
+        check_kernel(&[Output::Raw], &KernelConfig::new()).unwrap();
+    }
+}
