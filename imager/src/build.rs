@@ -759,7 +759,9 @@ fn kernel_files(p: &Profile, opts: &BuildOptions) -> Result<KernelFiles> {
         let config = kernel::KernelConfig::load(c)?;
         kernel::build::audit_or_fail(&rules, &config, &p.cmdline(), &waivers(p)?, None)
             .with_context(|| format!("auditing the prebuilt kernel's {}", c.display()))?;
-        crate::disk::platform::check_kernel(&p.outputs, &config)?;
+        for w in crate::disk::platform::lacking_drivers(&p.outputs, &config) {
+            step(&w);
+        }
         return Ok(KernelFiles {
             bzimage: k.clone(),
             config: c.clone(),
@@ -773,7 +775,12 @@ fn kernel_files(p: &Profile, opts: &BuildOptions) -> Result<KernelFiles> {
         built.bzimage.display(),
         if built.cached { "cached" } else { "built" }
     ));
-    crate::disk::platform::check_kernel(&p.outputs, &kernel::KernelConfig::load(&built.config)?)?;
+    for w in crate::disk::platform::lacking_drivers(
+        &p.outputs,
+        &kernel::KernelConfig::load(&built.config)?,
+    ) {
+        step(&w);
+    }
     Ok(KernelFiles {
         bzimage: built.bzimage,
         config: built.config,
