@@ -221,36 +221,14 @@ fn vmware_is_an_ova_of_descriptor_then_stream_optimised_vmdk_and_boots_on_sata_w
     ok(tool("tar").arg("-xf").arg(&ova).arg("-C").arg(&dir));
     let vmdk = dir.join("disk.vmdk");
     let vmdk_size = std::fs::metadata(&vmdk).unwrap().len();
-    let script = r##"
-import sys, xml.etree.ElementTree as ET
-ns = {"ovf": "http://schemas.dmtf.org/ovf/envelope/1",
-      "vssd": "http://schemas.dmtf.org/wbem/wscim/1/cim-schema/2/CIM_VirtualSystemSettingData",
-      "rasd": "http://schemas.dmtf.org/wbem/wscim/1/cim-schema/2/CIM_ResourceAllocationSettingData",
-      "vmw": "http://www.vmware.com/schema/ovf"}
-O = "{http://schemas.dmtf.org/ovf/envelope/1}"
-V = "{http://www.vmware.com/schema/ovf}"
-root = ET.parse(sys.argv[1]).getroot()
-f = root.find("ovf:References/ovf:File", ns)
-d = root.find("ovf:DiskSection/ovf:Disk", ns)
-hw = root.find("ovf:VirtualSystem/ovf:VirtualHardwareSection", ns)
-cfg = {c.get(V + "key"): c.get(V + "value") for c in hw.findall("vmw:Config", ns)}
-items = {i.findtext("rasd:InstanceID", "", ns): i for i in hw.findall("ovf:Item", ns)}
-disk = [i for i in items.values() if i.findtext("rasd:ResourceType", "", ns) == "17"][0]
-ctl = items[disk.findtext("rasd:Parent", "", ns)]
-nic = [i for i in items.values() if i.findtext("rasd:ResourceType", "", ns) == "10"][0]
-print(f.get(O + "href"), f.get(O + "size"), d.get(O + "capacity"), d.get(O + "capacityAllocationUnits"),
-      d.get(O + "format").rsplit("#", 1)[1], disk.findtext("rasd:HostResource", "", ns),
-      ctl.findtext("rasd:ResourceSubType", "", ns), nic.findtext("rasd:ResourceSubType", "", ns),
-      hw.findtext("ovf:System/vssd:VirtualSystemType", "", ns), cfg.get("firmware"), sep="|")
-"##;
     let parsed = ok(tool("python3")
-        .args(["-c", script])
+        .arg(repo().join("tests/common/read-ovf.py"))
         .arg(dir.join("vmware.ovf")));
     assert_eq!(
         parsed.trim(),
         format!(
             "disk.vmdk|{vmdk_size}|{SIZE}|byte|streamOptimized|ovf:/disk/vmdisk1|\
-             vmware.sata.ahci|VmxNet3|vmx-14|efi"
+             vmware.sata.ahci|VmxNet3|vmx-14|efi|metal"
         )
     );
     check_vmdk(&vmdk, &dir);

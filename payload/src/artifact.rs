@@ -55,9 +55,10 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// A whole image made for a machine (a disk in any format, the ISO,
-    /// the installer archive): never read by an install or an upgrade.
-    pub fn is_image(self) -> bool {
+    /// A disk in any format: the raw disk and every format and platform
+    /// image made from it (`imager verify` checks the partition table of
+    /// the disk each holds).
+    pub fn is_disk(self) -> bool {
         matches!(
             self,
             Kind::Raw
@@ -69,9 +70,13 @@ impl Kind {
                 | Kind::Azure
                 | Kind::Vmware
                 | Kind::Aws
-                | Kind::Iso
-                | Kind::Installer
         )
+    }
+
+    /// A whole image made for a machine (a disk in any format, the ISO,
+    /// the installer archive): never read by an install or an upgrade.
+    pub fn is_image(self) -> bool {
+        self.is_disk() || matches!(self, Kind::Iso | Kind::Installer)
     }
 
     pub fn name(self) -> &'static str {

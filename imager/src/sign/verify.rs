@@ -266,22 +266,11 @@ fn read_manifest(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("reading manifest {}", path.display()))
 }
 
-/// Checks the file of one artifact: its size, its digest, and for a raw
-/// disk (or its fixed VHD, its qcow2, or the disk a compressed one
-/// unpacks to) its partition table.
+/// Checks the file of one artifact: its size, its digest, and for a disk
+/// in any format ([`Kind::is_disk`]: the raw disk, or the disk its VHD,
+/// qcow2, compressed stream or platform image holds) its partition table.
 fn check_file(path: &Path, size: u64, sha256: &str, kind: Kind) -> Status {
-    let disk = matches!(
-        kind,
-        Kind::Raw
-            | Kind::Vhd
-            | Kind::Qcow2
-            | Kind::RawZst
-            | Kind::RawXz
-            | Kind::Gcp
-            | Kind::Azure
-            | Kind::Vmware
-            | Kind::Aws
-    );
+    let disk = kind.is_disk();
     match check_bytes(path, size, sha256) {
         Status::Ok if disk => match crate::disk::check_image(path) {
             Ok(()) => Status::Ok,

@@ -52,32 +52,15 @@ fn an_ova_is_its_descriptor_then_its_stream_optimised_disk() {
         .arg("-C")
         .arg(&x));
     let vmdk_size = std::fs::metadata(x.join(VMDK_NAME)).unwrap().len();
-    let script = r##"
-import sys, xml.etree.ElementTree as ET
-ns = {"ovf": "http://schemas.dmtf.org/ovf/envelope/1",
-      "vssd": "http://schemas.dmtf.org/wbem/wscim/1/cim-schema/2/CIM_VirtualSystemSettingData",
-      "rasd": "http://schemas.dmtf.org/wbem/wscim/1/cim-schema/2/CIM_ResourceAllocationSettingData",
-      "vmw": "http://www.vmware.com/schema/ovf"}
-O = "{http://schemas.dmtf.org/ovf/envelope/1}"
-V = "{http://www.vmware.com/schema/ovf}"
-root = ET.parse(sys.argv[1]).getroot()
-f = root.find("ovf:References/ovf:File", ns)
-d = root.find("ovf:DiskSection/ovf:Disk", ns)
-vs = root.find("ovf:VirtualSystem", ns)
-hw = vs.find("ovf:VirtualHardwareSection", ns)
-cfg = {c.get(V + "key"): c.get(V + "value") for c in hw.findall("vmw:Config", ns)}
-subtypes = sorted(i.findtext("rasd:ResourceSubType", "", ns) for i in hw.findall("ovf:Item", ns))
-print(f.get(O + "href"), f.get(O + "size"), d.get(O + "capacity"), d.get(O + "fileRef") == f.get(O + "id"),
-      d.get(O + "format").endswith("#streamOptimized"), vs.findtext("ovf:Name", "", ns),
-      hw.findtext("ovf:System/vssd:VirtualSystemType", "", ns), cfg.get("firmware"), subtypes, sep="|")
-"##;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/common/read-ovf.py");
     let out = run(std::process::Command::new(tool("python3"))
-        .args(["-c", script])
+        .arg(script)
         .arg(x.join(OVF_NAME)));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         format!(
-            "disk.vmdk|{vmdk_size}|{}|True|True|metal <&\"'>|vmx-14|efi|['', '', '', 'VmxNet3', 'vmware.sata.ahci']",
+            "disk.vmdk|{vmdk_size}|{}|byte|streamOptimized|ovf:/disk/vmdisk1|vmware.sata.ahci|\
+             VmxNet3|vmx-14|efi|metal <&\"'>",
             40 << 20
         )
     );
