@@ -394,7 +394,7 @@ fn missing_and_foreign_inputs_are_named() {
     // A FIFO (open() would wait for a writer for ever), as the archive and
     // as a blob of a layout directory.
     let fifo = t.path().join("fifo");
-    let made = std::process::Command::new("mkfifo")
+    let made = std::process::Command::new(crate::disk::testutil::tool("mkfifo"))
         .arg(&fifo)
         .status()
         .unwrap();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn openssl(args: &[&str]) -> Output {
-    Command::new("openssl")
+    Command::new(crate::disk::testutil::tool("openssl"))
         .args(args)
         .output()
         .expect("the openssl binary is required by the interop tests")
@@ -199,7 +199,7 @@ fn keygen_refuses_one_file_twice_and_writes_the_pair_whole() {
     // A FIFO or a directory in the way: refused, left as it is.
     let fifo = d.join("fifo");
     assert!(
-        Command::new("mkfifo")
+        Command::new(crate::disk::testutil::tool("mkfifo"))
             .arg(&fifo)
             .status()
             .unwrap()
@@ -237,7 +237,7 @@ fn key_id_is_sha256_of_the_raw_public_key() {
 
 fn openssl_ok_stdin(args: &[&str], input: &[u8]) -> Vec<u8> {
     use std::io::Write;
-    let mut child = Command::new("openssl")
+    let mut child = Command::new(crate::disk::testutil::tool("openssl"))
         .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

@@ -128,7 +128,7 @@ fn objdump_lists_the_sections_at_their_addresses_and_they_read_back() {
     let uki = std::fs::read(&r.path).unwrap();
     assert_eq!(uki.len() as u64, r.size);
 
-    let out = Command::new("objdump")
+    let out = Command::new(crate::disk::testutil::tool("objdump"))
         .arg("-h")
         .arg(&r.path)
         .output()
@@ -224,7 +224,7 @@ fn objdump_lists_the_sections_at_their_addresses_and_they_read_back() {
     assert_eq!(pe_checksum(&uki, opt + 64), r.checksum);
 
     // objdump -p reads the same checksum and size.
-    let p = Command::new("objdump")
+    let p = Command::new(crate::disk::testutil::tool("objdump"))
         .arg("-p")
         .arg(&r.path)
         .output()
@@ -241,7 +241,7 @@ fn objdump_lists_the_sections_at_their_addresses_and_they_read_back() {
 
     // sbverify (sbsigntool) parses it without a warning: sections inside
     // the file, checksum areas within the image.
-    let v = Command::new("sbverify")
+    let v = Command::new(crate::disk::testutil::tool("sbverify"))
         .arg("--list")
         .arg(&r.path)
         .output()

@@ -17,7 +17,7 @@ fn raw(dir: &Path, name: &str, size: u64, writes: &[(u64, &[u8])]) -> std::path:
 /// `q` clean (no error, no leak) and the same disk as `raw`.
 fn qemu_img_agrees(raw: &Path, q: &Path) {
     let run = |args: &[&str]| {
-        let out = std::process::Command::new("qemu-img")
+        let out = std::process::Command::new(crate::disk::testutil::tool("qemu-img"))
             .args(args)
             .arg(raw)
             .arg(q)
@@ -32,7 +32,7 @@ fn qemu_img_agrees(raw: &Path, q: &Path) {
         text
     };
     // `check` takes one file: the raw disk is given as its "-f raw" twin.
-    let out = std::process::Command::new("qemu-img")
+    let out = std::process::Command::new(crate::disk::testutil::tool("qemu-img"))
         .args(["check", "-f", "qcow2"])
         .arg(q)
         .output()

@@ -27,7 +27,7 @@ fn read(dir: &Path, name: &str) -> Vec<u8> {
 
 /// openssl's verdict on `cert` against `dir`'s CA, with `purpose`.
 fn openssl_verify(dir: &Path, cert: &str, purpose: &str) -> bool {
-    Command::new("openssl")
+    Command::new(crate::disk::testutil::tool("openssl"))
         .args(["verify", "-purpose", purpose, "-CAfile"])
         .arg(dir.join(CA_CERT))
         .arg(dir.join(cert))
@@ -64,7 +64,7 @@ fn the_ca_issues_clients_with_roles_and_nodes_that_openssl_verifies() {
     let other = tmp.path().join("other");
     make(&other, Some(&client("admin", Role::Admin)), false).unwrap();
     assert!(
-        !Command::new("openssl")
+        !Command::new(crate::disk::testutil::tool("openssl"))
             .args(["verify", "-CAfile"])
             .arg(dir.join(CA_CERT))
             .arg(other.join("admin.crt"))
