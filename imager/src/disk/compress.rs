@@ -27,6 +27,8 @@ use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+/// The most memory an xz stream may ask to be unpacked: 256 MiB.
+const XZ_MEMLIMIT: u64 = 256 << 20;
 /// The zstd level of `raw.zst`.
 pub const ZSTD_LEVEL: i32 = 12;
 pub use super::xz::{XZ_BLOCK, XZ_PRESET};
@@ -209,7 +211,13 @@ pub fn unpack_stream(format: Format, r: &mut dyn Read, dest: &Path) -> Result<u6
             copy_sparse(&mut d, dest)
         }
         Format::Xz => {
-            let mut d = liblzma::read::XzDecoder::new_multi_decoder(r);
+            // A bound on what the stream's headers may ask of memory
+            // (the dictionary): xz -9 asks 65 MiB, our preset 1 about 2.
+            let s = liblzma::stream::Stream::new_stream_decoder(
+                XZ_MEMLIMIT,
+                liblzma::stream::CONCATENATED,
+            )?;
+            let mut d = liblzma::read::XzDecoder::new_stream(r, s);
             copy_sparse(&mut d, dest)
         }
         Format::Vmdk => super::vmdk::unpack(r, &create()?),

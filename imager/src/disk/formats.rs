@@ -61,7 +61,7 @@ pub fn write(p: &Profile, raw: &Path, dir: &Path, id: [u8; 16], epoch: u64) -> R
                 let d = super::vmdk::Descriptor {
                     id,
                     file_name: name,
-                    adapter: "lsilogic",
+                    adapter: super::vmdk::ADAPTER,
                 };
                 super::vmdk::write_vmdk(raw, &dest, &d)?;
             }

@@ -81,18 +81,20 @@ pub fn write_gce(raw: &Path, dest: &Path, epoch: u64) -> Result<()> {
 pub fn unpack(r: &mut dyn Read, out: &std::path::Path) -> Result<u64> {
     let gz = flate2::read::GzDecoder::new(r);
     let mut ar = tar::Archive::new(TarGuard::new(gz));
-    let mut entries = ar.entries().context("reading the gzip'd tar archive")?;
+    let mut entries = ar
+        .entries()
+        .map_err(|e| super::tar_error(e, "the gzip'd tar archive"))?;
     let Some(e) = entries.next() else {
         bail!("the archive is empty: Compute Engine's holds one member, {MEMBER}");
     };
     let mut e = e.map_err(|e| {
-        if e.to_string().contains("sparse") {
+        if e.to_string().contains("GNU sparse file") {
             anyhow::anyhow!(
                 "the archive's first member is a GNU sparse file (`tar -S`), which this reader \
                  does not take: unpack it with `tar -xzf` and give its disk.raw"
             )
         } else {
-            anyhow::Error::new(e).context("reading the gzip'd tar archive")
+            super::tar_error(e, "the gzip'd tar archive")
         }
     })?;
     let name = String::from_utf8_lossy(&e.path_bytes()).into_owned();
@@ -103,6 +105,9 @@ pub fn unpack(r: &mut dyn Read, out: &std::path::Path) -> Result<u64> {
         );
     }
     let size = e.size();
+    if size > super::MAX_DISK_SIZE {
+        bail!("the archive's {MEMBER} is {size} bytes: at most 64 TiB are taken");
+    }
     let n = super::compress::copy_sparse(&mut e, out)
         .with_context(|| format!("reading {MEMBER} from the archive"))?;
     if n != size {

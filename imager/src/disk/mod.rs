@@ -30,6 +30,19 @@ pub use bootstate::bios::Grub;
 pub use bootstate::fatformat::{FatFile, FatParams, FatSource, format_fat};
 
 use crate::io::{AtomicFile, Window};
+
+/// The largest disk a reader of a disk format (qcow2, VMDK, a platform's
+/// archive) takes: 64 TiB.
+pub const MAX_DISK_SIZE: u64 = 1 << 46;
+
+/// A `tar` crate error of reading `what`, its text escaped: it may quote a
+/// member's name or header bytes ([`contract::text::escape`]).
+pub(crate) fn tar_error(e: std::io::Error, what: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "reading {what} as a tar archive: {}",
+        contract::text::escape(&e.to_string())
+    )
+}
 use anyhow::{Context, Result};
 use contract::Guid;
 use std::fs::File;

@@ -7,7 +7,8 @@
 //! Ours holds two members:
 //!
 //! 1. `vmware.ovf`, the descriptor ([`descriptor`]): one virtual system of
-//!    hardware version `vmx-14` (ESXi 6.7 and later) booting under EFI
+//!    hardware version `vmx-14` (ESXi 6.7 and later), guest type
+//!    `otherLinux64Guest` (known to every ESXi), booting under EFI
 //!    (`vmw:Config firmware=efi`), 2 CPUs and 2 GiB of memory, the disk on
 //!    a SATA (AHCI) controller and a VMXNET3 NIC, and the disk's capacity
 //!    and file size;
@@ -89,7 +90,7 @@ pub fn descriptor(m: &Machine, capacity: u64, vmdk_size: u64) -> String {
   <VirtualSystem ovf:id="{name}">
     <Info>A virtual machine</Info>
     <Name>{name}</Name>
-    <OperatingSystemSection ovf:id="101" vmw:osType="other5xLinux64Guest">
+    <OperatingSystemSection ovf:id="101" vmw:osType="otherLinux64Guest">
       <Info>The kind of installed guest operating system</Info>
     </OperatingSystemSection>
     <VirtualHardwareSection>
@@ -164,10 +165,18 @@ pub fn write_ova(raw: &Path, dest: &Path, m: &Machine, id: [u8; 16], epoch: u64)
     let d = super::vmdk::Descriptor {
         id,
         file_name: VMDK_NAME,
-        adapter: "lsilogic",
+        adapter: super::vmdk::ADAPTER,
     };
     super::vmdk::write_vmdk(raw, vmdk.path(), &d)?;
     let vmdk_size = std::fs::metadata(vmdk.path())?.len();
+    // A ustar header holds a size below 8 GiB; past it the member would
+    // need a GNU or pax extension, which DSP0243 does not allow.
+    if vmdk_size >= 1 << 33 {
+        bail!(
+            "the OVA's VMDK would be {vmdk_size} bytes: an OVA is a ustar archive, whose \
+             members are under 8 GiB; use the output aws (aws.vmdk, the same disk) or raw"
+        );
+    }
     let ovf = descriptor(m, capacity, vmdk_size);
 
     let mut out = AtomicFile::create(dest)?;
@@ -188,15 +197,16 @@ pub fn write_ova(raw: &Path, dest: &Path, m: &Machine, id: [u8; 16], epoch: u64)
     Ok(())
 }
 
-/// Reads the OVA `r` (a tar stream) and writes the disk of its VMDK into
-/// `out` (sparse); returns the disk's size. The descriptor must come first
-/// and the VMDK must be the stream-optimised one it names.
+/// Reads the OVA `r` (a tar stream) and writes the disk of its first
+/// `.vmdk` member, a stream-optimised VMDK, into `out` (sparse); returns
+/// the disk's size. The descriptor must come first; it is not read (the
+/// signed manifest, not the descriptor, says what the disk is).
 pub fn unpack(r: &mut dyn Read, out: &File) -> Result<u64> {
     let mut ar = tar::Archive::new(TarGuard::new(r));
-    let mut entries = ar.entries().context("reading the OVA as a tar archive")?;
+    let mut entries = ar.entries().map_err(|e| super::tar_error(e, "the OVA"))?;
     let mut first = true;
     for (i, e) in entries.by_ref().enumerate() {
-        let mut e = e.context("reading the OVA as a tar archive")?;
+        let mut e = e.map_err(|e| super::tar_error(e, "the OVA"))?;
         if i >= 16 {
             bail!("the OVA has more than 16 members before its disk: not one this reader takes");
         }

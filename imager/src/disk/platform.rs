@@ -71,8 +71,9 @@ pub const PLATFORMS: [Platform; 4] = [
     Platform {
         output: Output::Vmware,
         name: "VMware vSphere",
-        size_unit: 512,
-        size_rule: "a VMDK holds whole 512-byte sectors",
+        size_unit: MIB,
+        size_rule: "a stream-optimised VMDK's capacity is whole 64 KiB grains (VMware's \
+                    Virtual Disk Format 5.0), and imager asks a whole number of MiB",
         console: "tty0",
         console_rule: "vSphere's console shows the virtual machine's screen",
         // The OVA's SATA disk, PVSCSI, VMXNET3; the screen under EFI.
@@ -86,8 +87,9 @@ pub const PLATFORMS: [Platform; 4] = [
     Platform {
         output: Output::Aws,
         name: "Amazon EC2",
-        size_unit: 512,
-        size_rule: "a VMDK holds whole 512-byte sectors",
+        size_unit: MIB,
+        size_rule: "a stream-optimised VMDK's capacity is whole 64 KiB grains (VMware's \
+                    Virtual Disk Format 5.0), and imager asks a whole number of MiB",
         console: "ttyS0",
         console_rule: "EC2's serial console and `aws ec2 get-console-output` show the first \
                        serial port",

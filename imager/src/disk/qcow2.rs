@@ -36,7 +36,7 @@ use std::path::Path;
 pub const MAGIC: [u8; 4] = *b"QFI\xfb";
 /// The writer's clusters: 64 KiB (QEMU's default).
 const CLUSTER_BITS: u32 = 16;
-const CLUSTER: u64 = 1 << CLUSTER_BITS;
+pub(super) const CLUSTER: u64 = 1 << CLUSTER_BITS;
 /// The version 3 header's length without optional fields.
 const HEADER_LEN: u32 = 104;
 /// An L1 or L2 entry's offset bits (9..=55).
@@ -49,8 +49,8 @@ const COMPRESSED: u64 = 1 << 62;
 const ZERO: u64 = 1;
 /// The largest L1 table the reader takes, as QEMU: 32 MiB.
 const MAX_L1_BYTES: u64 = 32 << 20;
-/// The largest virtual disk the reader takes: 64 TiB.
-const MAX_SIZE: u64 = 1 << 46;
+/// The largest virtual disk the reader takes.
+const MAX_SIZE: u64 = super::MAX_DISK_SIZE;
 
 /// Whether `path` starts with the qcow2 magic.
 pub fn is_qcow2(path: &Path) -> Result<bool> {

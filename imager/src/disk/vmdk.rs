@@ -22,7 +22,9 @@
 //!    offset filled in, and the end-of-stream marker (type 0).
 //!
 //! Grains are compressed on every core in batches and written in order: the
-//! bytes do not depend on the number of threads. Memory is one batch.
+//! bytes do not depend on the number of threads. Memory is one batch (16
+//! MiB) and the grain tables, kept until the end: 4 bytes per grain, 64 KiB
+//! per GiB of disk.
 //!
 //! The reader ([`unpack`]) follows the markers from the start of a stream,
 //! as an importer does; it never seeks, so it reads a VMDK from inside a tar
@@ -66,8 +68,13 @@ const MARKER_FOOTER: u32 = 3;
 const ZLIB_LEVEL: u32 = 6;
 /// Grains compressed together, one share per thread (16 MiB).
 const BATCH: usize = 256;
-/// The largest virtual disk the reader takes: 64 TiB.
-const MAX_SIZE: u64 = 1 << 46;
+/// The largest virtual disk the reader takes.
+const MAX_SIZE: u64 = super::MAX_DISK_SIZE;
+/// `ddb.adapterType` of the VMDKs we write: LSI Logic, what VMware and
+/// AWS's examples name (an OVA's controller is its descriptor's).
+pub const ADAPTER: &str = "lsilogic";
+// The grains are read by qcow2's cluster walk: they must be its clusters.
+const _: () = assert!(GRAIN == super::qcow2::CLUSTER);
 /// The most sectors before the first grain the reader skips (header and
 /// descriptor): 32 MiB.
 const MAX_OVERHEAD: u64 = 1 << 16;
@@ -218,7 +225,9 @@ pub fn write_vmdk_threads(raw: &Path, dest: &Path, d: &Descriptor, threads: usiz
         descriptor_sectors,
         gtes_per_gt: GTES_PER_GT as u32,
         gd_offset: GD_AT_END,
-        overhead: 1 + descriptor_sectors,
+        // The first grain on a grain boundary, as VMware's, QEMU's and
+        // VirtualBox's writers place it.
+        overhead: (1 + descriptor_sectors).next_multiple_of(GRAIN_SECTORS),
         compression: DEFLATE,
     };
     let grains = size.div_ceil(GRAIN);
@@ -232,6 +241,9 @@ pub fn write_vmdk_threads(raw: &Path, dest: &Path, d: &Descriptor, threads: usiz
     };
     w.put(&header.encode()).with_context(werr)?;
     w.put(text.as_bytes()).with_context(werr)?;
+    while w.at < header.overhead {
+        w.put(&[0u8; 512]).with_context(werr)?;
+    }
 
     let mut batch: Vec<(u64, Vec<u8>)> = Vec::with_capacity(BATCH);
     let mut flush = |batch: &mut Vec<(u64, Vec<u8>)>, w: &mut Sectors<_>| -> Result<()> {
@@ -423,13 +435,12 @@ pub fn unpack(r: &mut dyn Read, out: &File) -> Result<u64> {
             let kind = u32::from_le_bytes(rest[0..4].try_into().unwrap_or_default());
             match kind {
                 MARKER_EOS => break,
-                MARKER_GT | MARKER_GD | MARKER_FOOTER if val <= MAX_METADATA_SECTORS => {
-                    skip(r, val, "a grain table or the footer")?;
+                // Grain tables, the directory, the footer, and the types
+                // newer writers add: skipped, within a bound.
+                _ if val <= MAX_METADATA_SECTORS => {
+                    skip(r, val, "a grain table, the directory or the footer")?;
                 }
-                MARKER_GT | MARKER_GD | MARKER_FOOTER => {
-                    bail!("a VMDK metadata marker says {val} sectors follow: too many")
-                }
-                k => bail!("a VMDK marker of unknown type {k}"),
+                k => bail!("a VMDK metadata marker (type {k}) says {val} sectors follow: too many"),
             }
             continue;
         }

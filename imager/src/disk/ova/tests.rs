@@ -78,6 +78,22 @@ fn an_ova_is_its_descriptor_then_its_stream_optimised_disk() {
     .unwrap();
     assert_eq!(size, 40 << 20);
     assert!(std::fs::read(&back).unwrap() == std::fs::read(&raw).unwrap());
+    // The same two files packed by GNU tar: our reader takes them too.
+    let gnu = dir.path().join("gnu.ova");
+    run(std::process::Command::new(tool("tar"))
+        .args(["--format=ustar", "-cf"])
+        .arg(&gnu)
+        .arg("-C")
+        .arg(&x)
+        .args([OVF_NAME, VMDK_NAME]));
+    let size = unpack(
+        &mut File::open(&gnu).unwrap(),
+        &File::create(&back).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(size, 40 << 20);
+    assert!(std::fs::read(&back).unwrap() == std::fs::read(&raw).unwrap());
+    std::fs::remove_file(&gnu).unwrap();
 
     let again = dir.path().join("again.ova");
     write_ova(&raw, &again, &MACHINE, [1; 16], 1_700_000_000).unwrap();
