@@ -33,6 +33,10 @@ pub struct Platform {
 }
 
 const MIB: u64 = 1 << 20;
+/// The size rule of the platforms that take a stream-optimised VMDK.
+const VMDK_SIZE_RULE: &str = "a stream-optimised VMDK's capacity is whole 64 KiB grains \
+                              (VMware's Virtual Disk Format 5.0), and imager asks a whole \
+                              number of MiB";
 const GIB: u64 = 1 << 30;
 
 /// Every platform, in the order of [`Output`].
@@ -72,8 +76,7 @@ pub const PLATFORMS: [Platform; 4] = [
         output: Output::Vmware,
         name: "VMware vSphere",
         size_unit: MIB,
-        size_rule: "a stream-optimised VMDK's capacity is whole 64 KiB grains (VMware's \
-                    Virtual Disk Format 5.0), and imager asks a whole number of MiB",
+        size_rule: VMDK_SIZE_RULE,
         console: "tty0",
         console_rule: "vSphere's console shows the virtual machine's screen",
         // The OVA's SATA disk, PVSCSI, VMXNET3; the screen under EFI.
@@ -88,8 +91,7 @@ pub const PLATFORMS: [Platform; 4] = [
         output: Output::Aws,
         name: "Amazon EC2",
         size_unit: MIB,
-        size_rule: "a stream-optimised VMDK's capacity is whole 64 KiB grains (VMware's \
-                    Virtual Disk Format 5.0), and imager asks a whole number of MiB",
+        size_rule: VMDK_SIZE_RULE,
         console: "ttyS0",
         console_rule: "EC2's serial console and `aws ec2 get-console-output` show the first \
                        serial port",
