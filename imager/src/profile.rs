@@ -316,20 +316,9 @@ impl Profile {
                 .map_err(|e| Invalid::new("installer.image", e))?;
         }
         if self.outputs.contains(&Output::Vhd) {
-            if self.disk.sector_size != 512 {
-                return invalid(
-                    "disk.sector_size",
-                    "the output vhd is a disk of 512-byte sectors (as VHD readers take it): \
-                     use 512, or drop vhd from outputs",
-                );
-            }
-            if !self.disk.size.0.is_multiple_of(1 << 20) {
-                return invalid(
-                    "disk.size",
-                    "the output vhd needs a whole number of MiB (clouds refuse other VHD \
-                     sizes): round disk.size to MiB",
-                );
-            }
+            use crate::disk::platform::{VHD_SIZE_RULE, check_disk};
+            check_disk(self, Output::Vhd, "a cloud", 1 << 20, VHD_SIZE_RULE)
+                .map_err(|(key, msg)| Invalid::new(key, msg))?;
         }
         crate::disk::platform::check(self).map_err(|(key, msg)| Invalid::new(key, msg))?;
         if !contract::partition::SECTOR_SIZES.contains(&self.disk.sector_size) {

@@ -115,35 +115,7 @@ pub fn of(o: Output) -> Option<&'static Platform> {
 pub fn check(p: &Profile) -> Result<(), (&'static str, String)> {
     for pl in PLATFORMS.iter().filter(|pl| p.outputs.contains(&pl.output)) {
         let out = pl.output.name();
-        if p.disk.sector_size != 512 {
-            return Err((
-                "disk.sector_size",
-                format!(
-                    "the output {out} is a disk of 512-byte sectors ({} attaches its disks \
-                     with 512-byte logical sectors): use 512, or drop {out} from outputs",
-                    pl.name
-                ),
-            ));
-        }
-        let size = p.disk.size.0;
-        if !size.is_multiple_of(pl.size_unit) {
-            let up = size.next_multiple_of(pl.size_unit);
-            return Err((
-                "disk.size",
-                format!(
-                    "the output {out}: {} ({size} bytes is not one); make disk.size {} or \
-                     drop {out} from outputs",
-                    pl.size_rule,
-                    if pl.size_unit == GIB {
-                        format!("{}GiB", up / GIB)
-                    } else if pl.size_unit == MIB {
-                        format!("{}MiB", up / MIB)
-                    } else {
-                        format!("{up}")
-                    }
-                ),
-            ));
-        }
+        check_disk(p, pl.output, pl.name, pl.size_unit, pl.size_rule)?;
         let named = p.kernel.cmdline.iter().any(|a| {
             a.strip_prefix("console=")
                 .is_some_and(|c| c.split(',').next() == Some(pl.console))
@@ -159,6 +131,52 @@ pub fn check(p: &Profile) -> Result<(), (&'static str, String)> {
                 ),
             ));
         }
+    }
+    Ok(())
+}
+
+/// The rules of the output `vhd` (`disk.vhd`, a fixed VHD for the clouds
+/// that take one): the same as `azure`'s disk.
+pub const VHD_SIZE_RULE: &str = "a cloud that takes a VHD refuses one whose virtual size is not \
+                                 a whole number of MiB";
+
+/// Checks that the disk of the profile `p` is one the output `o` (made for
+/// `maker`) can carry: 512-byte sectors, and a size a whole number of
+/// `unit` bytes (`rule` says why). Used by every platform and by `vhd`.
+pub fn check_disk(
+    p: &Profile,
+    o: Output,
+    maker: &str,
+    unit: u64,
+    rule: &str,
+) -> Result<(), (&'static str, String)> {
+    let out = o.name();
+    if p.disk.sector_size != 512 {
+        return Err((
+            "disk.sector_size",
+            format!(
+                "the output {out} is a disk of 512-byte sectors ({maker} attaches its disks with \
+                 512-byte logical sectors): use 512, or drop {out} from outputs"
+            ),
+        ));
+    }
+    let size = p.disk.size.0;
+    if !size.is_multiple_of(unit) {
+        let up = size.next_multiple_of(unit);
+        return Err((
+            "disk.size",
+            format!(
+                "the output {out}: {rule} ({size} bytes is not one); make disk.size {} or drop \
+                 {out} from outputs",
+                if unit == GIB {
+                    format!("{}GiB", up / GIB)
+                } else if unit == MIB {
+                    format!("{}MiB", up / MIB)
+                } else {
+                    format!("{up}")
+                }
+            ),
+        ));
     }
     Ok(())
 }
