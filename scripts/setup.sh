@@ -32,6 +32,8 @@ packages=(
   # the distribution registry (v2) the registry client's tests pull from,
   # started by them on 127.0.0.1 (not the system service)
   docker-registry
+  # htpasswd (bcrypt): the Basic-auth registry of registry/tests/auth.rs
+  apache2-utils
   # reader of the ISO images, used by the tests (the ISO is written by imager)
   xorriso
   # the build's epoch (git), benchmarks (python3), static linking (libc6-dev)

@@ -15,8 +15,8 @@ pub enum ErrorKind {
     Tls,
     /// No such image (tag or digest) or blob in the registry (HTTP 404).
     NotFound,
-    /// The registry wants credentials (HTTP 401) or refuses them (403):
-    /// this client pulls anonymously only.
+    /// The registry wants credentials (HTTP 401) the client was not
+    /// given, refuses those it was given, or denies the operation (403).
     Unauthorized,
     /// A manifest or blob over the caller's bound, refused before it was read.
     TooLarge,

@@ -1,5 +1,6 @@
-//! Pulls images from an OCI registry (the distribution specification's
-//! pull API), synchronously, for `machined` and `imager`:
+//! Pulls images from an OCI registry and pushes them to one (the
+//! distribution specification's pull and push APIs), synchronously, for
+//! `machined` and `imager`:
 //!
 //! - [`Reference::parse`]: `REGISTRY/NAME:TAG`, `REGISTRY/NAME@sha256:…`,
 //!   strict and bounded.
@@ -10,18 +11,27 @@
 //!   hashes it and fails, rather than ending, unless it is exactly the blob
 //!   its descriptor names.
 //!
+//! - [`Client::push_blob`], [`Client::push_manifest`]: a push, streamed
+//!   and checked.
+//! - [`auth`]: Bearer (the token flow) and Basic authentication, with the
+//!   [`Credentials`] the caller gives per registry ([`Options::credentials`]);
+//!   [`authfile`]: where a host's tools keep them.
+//!
 //! HTTPS with rustls (ring provider, Mozilla roots or a given CA), plain
-//! HTTP only for the registries named in [`Options::plain_http`], anonymous
-//! pulls only. The contract, bounds and errors: docs/registry.md.
+//! HTTP only for the registries named in [`Options::plain_http`]. The
+//! contract, bounds and errors: docs/registry.md.
 
+pub mod auth;
+pub mod authfile;
 mod blob;
 mod client;
 mod error;
 pub mod manifest;
 mod reference;
 
+pub use auth::Credentials;
 pub use blob::VerifiedReader;
-pub use client::{BlobReader, Client, MAX_REDIRECTS, Options};
+pub use client::{BlobReader, Client, MAX_REDIRECTS, Options, Pushed};
 pub use error::{Error, ErrorKind};
 pub use manifest::{Descriptor, ImageManifest};
 pub use reference::{Digest, MAX_NAME, MAX_REFERENCE, MAX_REGISTRY, MAX_TAG, Reference};

@@ -225,7 +225,7 @@ fn plain_http_is_used_only_where_allowed() {
 }
 
 #[test]
-fn anonymous_pull_only_an_authenticating_registry_says_so() {
+fn an_authenticating_registry_without_credentials_says_what_to_give() {
     // Any password: nothing authenticates, the registry only has to ask.
     let dir = tempfile::tempdir().unwrap();
     let htpasswd = dir.path().join("htpasswd");
@@ -245,9 +245,9 @@ fn anonymous_pull_only_an_authenticating_registry_says_so() {
     assert_eq!(e.kind(), ErrorKind::Unauthorized);
     assert!(
         e.to_string().contains(&format!(
-            "{} requires authentication to pull metal/installer",
+            "{} requires a user name and password to pull metal/installer",
             reg.addr
-        )) && e.to_string().contains("anonymously only"),
+        )) && e.to_string().contains("give credentials for"),
         "{e}"
     );
 }

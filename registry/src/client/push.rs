@@ -1,0 +1,147 @@
+//! Pushing (the distribution specification's push API): a blob is checked
+//! for (`HEAD`), else uploaded in one request (`POST` for an upload
+//! location, then `PUT LOCATION?digest=…` with the bytes, streamed); a
+//! manifest is `PUT` under a tag or its digest. The `pull,push` scope is
+//! asked for; the `HEAD` authenticates before a stream is sent, since a
+//! stream cannot be sent twice.
+
+use super::transport::{Body, host_of};
+use super::{Client, Target};
+use crate::blob::VerifiedReader;
+use crate::error::{Error, ErrorKind};
+use crate::manifest::Descriptor;
+use crate::reference::{Digest, Reference, excerpt};
+use std::io::Read;
+use ureq::http::header;
+
+/// What [`Client::push_blob`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pushed {
+    /// The registry had the blob already: nothing was sent.
+    Present,
+    /// The blob was uploaded.
+    Uploaded,
+}
+
+impl Client {
+    /// Whether the repository of `reference` holds the blob `digest`.
+    pub fn blob_exists(&self, reference: &Reference, digest: &Digest) -> Result<bool, Error> {
+        let target = Target {
+            reference,
+            what: format!("blob {digest}"),
+            push: true,
+        };
+        let path = format!("/v2/{}/blobs/{digest}", reference.name());
+        match self.send(&target, &path, Body::Head, None, &[200]) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Uploads the blob `descriptor` names into the repository of
+    /// `reference`, reading its bytes from `content`, unless the registry
+    /// has it. The bytes sent are hashed as they go: content that is not
+    /// exactly the descriptor's size and digest fails the upload (and the
+    /// registry, which checks the digest too, keeps nothing).
+    pub fn push_blob(
+        &self,
+        reference: &Reference,
+        descriptor: &Descriptor,
+        content: impl Read,
+    ) -> Result<Pushed, Error> {
+        if self.blob_exists(reference, &descriptor.digest)? {
+            return Ok(Pushed::Present);
+        }
+        let target = Target {
+            reference,
+            what: format!("blob {}", descriptor.digest),
+            push: true,
+        };
+        let start = format!("/v2/{}/blobs/uploads/", reference.name());
+        let response = self.send(&target, &start, Body::Post, None, &[202])?;
+        let location = response
+            .headers()
+            .get(header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let registry = reference.registry();
+        let from = format!("{}://{registry}{start}", self.scheme(registry));
+        // The upload location is the registry's to choose, under the rules
+        // of a redirect (no downgrade, never this machine).
+        let url = self.redirect(&from, &location, reference)?;
+        if !host_of(&url).eq_ignore_ascii_case(registry) {
+            return Err(Error::new(
+                ErrorKind::Http,
+                format!(
+                    "{registry} gave an upload location on another host ({}): refused (the \
+                     credentials for {registry} are sent only to it)",
+                    excerpt(host_of(&url))
+                ),
+            ));
+        }
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let url = format!("{url}{sep}digest={}", descriptor.digest);
+        let mut verified = VerifiedReader::new(
+            content,
+            descriptor.digest.clone(),
+            descriptor.size,
+            format!("the content given for blob {}", descriptor.digest),
+        );
+        self.send(
+            &target,
+            &url,
+            Body::PutStream(&mut verified, descriptor.size),
+            None,
+            &[201],
+        )?;
+        Ok(Pushed::Uploaded)
+    }
+
+    /// Puts `manifest` (of `media_type`) under the tag, or the digest, of
+    /// `reference`; returns its digest, checked against the one the
+    /// registry reports when it reports one.
+    pub fn push_manifest(
+        &self,
+        reference: &Reference,
+        media_type: &str,
+        manifest: &[u8],
+    ) -> Result<Digest, Error> {
+        let digest = Digest::of(manifest);
+        let target = Target {
+            reference,
+            what: "the manifest".into(),
+            push: true,
+        };
+        let path = format!(
+            "/v2/{}/manifests/{}",
+            reference.name(),
+            reference.selector()
+        );
+        let response = self.send(
+            &target,
+            &path,
+            Body::Put(manifest, media_type),
+            None,
+            &[201],
+        )?;
+        if let Some(reported) = response
+            .headers()
+            .get("docker-content-digest")
+            .and_then(|v| v.to_str().ok())
+            && reported != digest.as_str()
+        {
+            return Err(Error::new(
+                ErrorKind::DigestMismatch,
+                format!(
+                    "{} stored the manifest of {reference} as {}, not as {digest} (its bytes' \
+                     digest): the registry rewrote it",
+                    reference.registry(),
+                    excerpt(reported)
+                ),
+            ));
+        }
+        Ok(digest)
+    }
+}
