@@ -684,3 +684,150 @@ fn two_installs_from_one_installer_image_have_guids_of_their_own() {
     assert_eq!(all.len(), n, "a GUID is shared: {seen:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `imager push` to a registry behind TLS with token authentication, by
+/// name, with the credentials from an auth file (as `podman login` writes
+/// it): skopeo, an independent client with the same credentials, reads the
+/// archive's own manifest and layers back; `--digest-file` holds the
+/// digest; a second push, with the password on stdin, sends no blob again;
+/// without credentials the push is refused with what to give, and the
+/// password never shows.
+#[test]
+fn imager_push_keeps_every_digest_through_token_auth() {
+    use base64::Engine as _;
+    use reg::auth::{PASSWORD, Pki, TokenServer, USER};
+    let source = format!("oci-archive:{}", archive().display());
+    let own_raw = run(std::process::Command::new(reg::tool("skopeo"))
+        .args(["inspect", "--raw"])
+        .arg(&source))
+    .stdout;
+    let pki = Pki::new();
+    let tokens = TokenServer::start(&pki);
+    let registry = reg::Registry::start_token(&pki, &tokens);
+    let target = format!("{}/team/installer:0.1.0", registry.by_name());
+    let dir = scratch().join("installer-push");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let auth = dir.join("auth.json");
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
+    std::fs::write(
+        &auth,
+        format!(
+            r#"{{"auths":{{"{}":{{"auth":"{encoded}"}}}}}}"#,
+            registry.by_name()
+        ),
+    )
+    .unwrap();
+    let digest_file = dir.join("digest");
+    let out = ok(imager()
+        .arg("push")
+        .arg(archive())
+        .arg(&target)
+        .arg("--ca")
+        .arg(pki.ca_file())
+        .arg("--authfile")
+        .arg(&auth)
+        .arg("--digest-file")
+        .arg(&digest_file)
+        .arg("--json"));
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let own_digest = ::registry::Digest::of(&own_raw).to_string();
+    assert_eq!(report["digest"], own_digest.as_str(), "{report}");
+    assert_eq!(
+        std::fs::read_to_string(&digest_file).unwrap(),
+        format!("{own_digest}\n")
+    );
+    assert!(
+        report["blobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["uploaded"] == true),
+        "{report}"
+    );
+    // skopeo reads the pushed manifest: the archive's bytes, and so its
+    // config and layer digests.
+    let pushed_raw = run(std::process::Command::new(reg::tool("skopeo"))
+        .args(["inspect", "--raw", "--cert-dir"])
+        .arg(pki.cert_dir())
+        .args(["--creds", &format!("{USER}:{PASSWORD}")])
+        .arg(format!("docker://{target}")))
+    .stdout;
+    assert_eq!(pushed_raw, own_raw, "the registry holds another manifest");
+    let layers = |raw: &[u8]| -> Vec<String> {
+        let v: Value = serde_json::from_slice(raw).unwrap();
+        v["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["digest"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let info = ok(std::process::Command::new(reg::tool("skopeo"))
+        .args(["inspect", "--cert-dir"])
+        .arg(pki.cert_dir())
+        .args(["--creds", &format!("{USER}:{PASSWORD}")])
+        .arg(format!("docker://{target}")));
+    let info: Value = serde_json::from_str(&info).unwrap();
+    let listed: Vec<String> = info["Layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(listed, layers(&own_raw));
+
+    // Again, the password on stdin: every blob is there already.
+    let mut cmd = imager();
+    cmd.arg("push")
+        .arg(archive())
+        .arg(&target)
+        .arg("--ca")
+        .arg(pki.ca_file())
+        .args(["--username", USER, "--password-stdin", "--json"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "{PASSWORD}").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        report["blobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["uploaded"] == false),
+        "{report}"
+    );
+
+    // No credentials (an empty auth file): refused, saying what to give.
+    let empty = dir.join("empty.json");
+    std::fs::write(&empty, "{}").unwrap();
+    let out = run(imager()
+        .arg("push")
+        .arg(archive())
+        .arg(&target)
+        .arg("--ca")
+        .arg(pki.ca_file())
+        .arg("--authfile")
+        .arg(&empty));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("requires credentials to push to team/installer")
+            && stderr.contains("give credentials for"),
+        "{stderr}"
+    );
+    let all = format!("{stderr}{}", String::from_utf8_lossy(&out.stdout));
+    assert!(!all.contains(PASSWORD) && !all.contains(&encoded));
+}

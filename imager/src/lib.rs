@@ -22,6 +22,7 @@ pub mod oci;
 pub mod profile;
 pub mod progress;
 pub mod qemu;
+pub mod remote;
 pub mod rootfs;
 pub mod runtime;
 pub mod secret;

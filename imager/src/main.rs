@@ -65,6 +65,9 @@ enum Command {
     Upgrade(UpgradeArgs),
     /// Make the other slot the default again.
     Rollback(RollbackArgs),
+    /// Push an installer image (an OCI archive) to a registry, every digest
+    /// as built.
+    Push(cli::registry::PushArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -492,6 +495,7 @@ fn run() -> Result<ExitCode> {
         Command::Verify(a) => Ok(exit(sign::run_verify(&a.options())?)),
         Command::Secureboot { command } => cli::secureboot::run(&command),
         Command::Node { command } => cli::node::run(&command),
+        Command::Push(a) => cli::registry::push(&a),
         Command::Relay { to } => {
             qemu::net::relay(&to)?;
             Ok(ExitCode::SUCCESS)

@@ -3,6 +3,7 @@
 
 pub mod kernel;
 pub mod node;
+pub mod registry;
 pub mod secureboot;
 pub mod sign;
 

@@ -8,14 +8,21 @@
 //!   payload's signed manifest first, then, once the caller's verifier
 //!   trusts it, only the files it lists, every blob checked and all work
 //!   bounded.
+//! - `store.rs`: where the blobs of an archive (or a layout directory) are,
+//!   and which image of its index is read.
+//! - `push.rs`: [`push`] sends an archive's image to a registry as it is
+//!   (every digest kept).
 //!
 //! What both agree on is here: the media types and names of the format, and
 //! where an installer image keeps what (docs/design.md, "The installer
 //! image").
 
+mod push;
 mod reader;
+mod store;
 mod writer;
 
+pub use push::{PushReport, PushedBlob, push};
 pub use reader::{MAX_SMALL, Verifier, extract_payload};
 pub(crate) use writer::header as tar_header;
 pub use writer::{Entry, ImageInfo, ImageSpec, check_ref_name, check_tag, rfc3339, write_image};

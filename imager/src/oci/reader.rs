@@ -24,30 +24,29 @@
 //! payload fits the disk is `payload::verify::check_for_disk`, and a
 //! version is checked by `contract::version::check`.
 
+use super::store::{
+    Descriptor, ImageConfig, ImageManifest, Store, check_digest, digest_hex, sanitize, select_image,
+};
 use super::{MANIFEST_LAYER, MAX_LAYERS, PAYLOAD_LAYER};
-use super::{MEDIA_TYPE_LAYER, MEDIA_TYPE_LAYER_GZIP, MEDIA_TYPE_LAYER_ZSTD, MEDIA_TYPE_MANIFEST};
+use super::{MEDIA_TYPE_LAYER, MEDIA_TYPE_LAYER_GZIP, MEDIA_TYPE_LAYER_ZSTD};
 use crate::io::HashingReader;
 use crate::sign::{self, Manifest};
 use anyhow::{Context, Result, anyhow, bail};
 use contract::paths::{INSTALLER_PAYLOAD_DIR, PAYLOAD_FILES, PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE};
-use payload::targuard::TarGuard;
-use serde::Deserialize;
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{self, BufReader, Read, Seek, SeekFrom};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
-/// Docker's media types, which skopeo may write when it copies an image.
-const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+/// Docker's layer media types, which skopeo may write when it copies an
+/// image.
 const DOCKER_LAYER: &str = "application/vnd.docker.image.rootfs.diff.tar";
 const DOCKER_LAYER_GZIP: &str = "application/vnd.docker.image.rootfs.diff.tar.gzip";
 /// Index, manifest and config are small JSON documents, and the first layer
 /// holds two small files: larger, compressed or not, is not an installer
 /// image, and is refused before it is read.
 pub const MAX_SMALL: u64 = 1 << 20;
-/// The entries of an OCI archive: an installer image has a dozen.
-const MAX_ARCHIVE_ENTRIES: usize = 1024;
 /// What the tar format adds to the payload files in the payload layer
 /// (headers, padding, directories, the end marker), at most.
 pub(super) const TAR_ALLOWANCE: u64 = 64 << 10;
@@ -97,12 +96,11 @@ pub(super) fn extract_counted(
 ) -> Result<PathBuf> {
     let what = archive.display();
     let meta = std::fs::metadata(archive).with_context(|| format!("reading {what}"))?;
-    let (store, index) = if meta.is_dir() {
+    if meta.is_dir() {
         if PAYLOAD_FILES.iter().all(|f| archive.join(f).is_file()) {
             return Ok(archive.to_path_buf());
         }
-        let index_path = archive.join("index.json");
-        if !index_path.is_file() {
+        if !archive.join("index.json").is_file() {
             let missing: Vec<&str> = PAYLOAD_FILES
                 .into_iter()
                 .filter(|f| !archive.join(f).is_file())
@@ -113,16 +111,8 @@ pub(super) fn extract_counted(
                 missing.join(", ")
             );
         }
-        let layout = open_regular(&archive.join("oci-layout"))
-            .ok()
-            .and_then(|f| read_limited(f, "oci-layout").ok());
-        check_layout(layout.as_deref(), archive)?;
-        let f = open_regular(&index_path)?;
-        let index = read_limited(f, "index.json")?;
-        (Store::Dir(archive.to_path_buf()), index)
-    } else {
-        Store::open_archive(archive)?
-    };
+    }
+    let (store, index) = Store::open_path(archive)?;
     extract_from(&store, &index, dest, verify, work)
         .with_context(|| format!("extracting the payload of {what}"))
 }
@@ -134,47 +124,8 @@ fn extract_from(
     verify: Verifier,
     work: &Work,
 ) -> Result<PathBuf> {
-    let index: Index = serde_json::from_slice(index).map_err(|e| {
-        anyhow!(
-            "index.json is not a valid OCI image index: {}",
-            json_error(&e)
-        )
-    })?;
-    if index.schema_version != 2 {
-        bail!(
-            "index.json has schemaVersion {}: only 2 is supported",
-            index.schema_version
-        );
-    }
-    let images: Vec<&Descriptor> = index
-        .manifests
-        .iter()
-        .filter(|d| d.media_type == MEDIA_TYPE_MANIFEST || d.media_type == DOCKER_MANIFEST)
-        .collect();
-    let image = match images.as_slice() {
-        [one] => *one,
-        [] => bail!("index.json names no image manifest"),
-        many => {
-            let amd64: Vec<&&Descriptor> = many
-                .iter()
-                .filter(|d| {
-                    d.platform
-                        .as_ref()
-                        .is_some_and(|p| p.architecture == "amd64" && p.os == "linux")
-                })
-                .collect();
-            match amd64.as_slice() {
-                [one] => **one,
-                _ => bail!(
-                    "index.json names {} images and not exactly one for linux/amd64: give an \
-                     archive of one installer image",
-                    many.len()
-                ),
-            }
-        }
-    };
-    // Digests are printed in messages: only once they are known to be digests.
-    digest_hex(&image.digest)?;
+    let image = select_image(index)?;
+    let image = &image;
     let manifest: ImageManifest = store.read_json(image, "image manifest")?;
     if manifest.schema_version != 2 {
         bail!(
@@ -411,12 +362,6 @@ fn extract_listed(
     Ok(())
 }
 
-/// At most 64 characters of untrusted bytes, quoted and escaped
-/// ([`contract::text::quote`]), for a message.
-fn sanitize(bytes: &[u8]) -> String {
-    contract::text::quote(&String::from_utf8_lossy(bytes), 64)
-}
-
 /// Opens `layer`, decompressed, at most `cap` unpacked bytes (more fails
 /// with `over()`), and gives it to `read`. When `read` succeeds, reads the
 /// rest of the layer (within the cap) and checks the blob's digest and the
@@ -490,307 +435,6 @@ fn with_layer(
         );
     }
     Ok(())
-}
-
-/// Where the blobs are: a layout directory, or an archive with each blob's
-/// data offset and size.
-enum Store {
-    Dir(PathBuf),
-    Archive {
-        path: PathBuf,
-        blobs: BTreeMap<String, (u64, u64)>,
-    },
-}
-
-impl Store {
-    /// Scans an archive: reads `index.json` and `oci-layout`, notes where
-    /// each blob's bytes are.
-    fn open_archive(path: &Path) -> Result<(Store, Vec<u8>)> {
-        let what = path.display();
-        let f = open_regular(path)?;
-        let mut ar = tar::Archive::new(TarGuard::new(BufReader::with_capacity(1 << 20, f)));
-        let mut blobs = BTreeMap::new();
-        let mut index = None;
-        let mut layout = None;
-        let entries = ar
-            .entries_with_seek()
-            .map_err(|e| tar_error(e, &what.to_string()))?;
-        for (i, e) in entries.enumerate() {
-            if i >= MAX_ARCHIVE_ENTRIES {
-                bail!(
-                    "{what} has more than {MAX_ARCHIVE_ENTRIES} entries: not an installer image \
-                     (one made by `imager build` has a dozen)"
-                );
-            }
-            let mut e = e
-                .map_err(|e| tar_error(e, &what.to_string()))
-                .context("is it an OCI archive (oci-archive) such as installer.tar?")?;
-            let raw = e.path_bytes().into_owned();
-            let Ok(name) = std::str::from_utf8(&raw) else {
-                continue;
-            };
-            let name = normalize(name)
-                .map_err(|why| anyhow!("{what}: entry {i} of the archive {why}: refusing it"))?
-                .to_string();
-            let regular = matches!(
-                e.header().entry_type(),
-                tar::EntryType::Regular | tar::EntryType::Continuous
-            );
-            match name.as_str() {
-                "index.json" | "oci-layout" if !regular => {
-                    bail!("{what}: {name} is not a regular file in the archive")
-                }
-                "index.json" => index = Some(read_limited(&mut e, "index.json")?),
-                "oci-layout" => layout = Some(read_limited(&mut e, "oci-layout")?),
-                _ => {
-                    if let Some(hex) = name.strip_prefix("blobs/sha256/") {
-                        // What no digest names is never read.
-                        if digest_hex(&format!("sha256:{hex}")).is_err() {
-                            continue;
-                        }
-                        if !regular {
-                            bail!("{what}: blob {name} is not a regular file in the archive");
-                        }
-                        let at = (e.raw_file_position(), e.size());
-                        if blobs.insert(hex.to_string(), at).is_some() {
-                            bail!("{what}: the archive holds {name} twice: refusing it");
-                        }
-                    }
-                }
-            }
-        }
-        let index = index.with_context(|| {
-            format!(
-                "not an OCI archive: no index.json in {what}: give an installer image made by \
-                 `imager build` (installer.tar) or a directory holding the payload"
-            )
-        })?;
-        check_layout(layout.as_deref(), path)?;
-        Ok((
-            Store::Archive {
-                path: path.to_path_buf(),
-                blobs,
-            },
-            index,
-        ))
-    }
-
-    /// The bytes of blob `d`, checked to have the descriptor's size; the
-    /// caller checks the digest of what it reads.
-    fn open(&self, d: &Descriptor) -> Result<Box<dyn Read + '_>> {
-        let hex = digest_hex(&d.digest)?;
-        let (file, offset, size) = match self {
-            Store::Dir(root) => {
-                let p = root.join("blobs/sha256").join(hex);
-                let f = open_regular(&p).map_err(|e| {
-                    anyhow!(
-                        "blob {} is missing from {} ({e:#}): the image is incomplete",
-                        d.digest,
-                        root.display()
-                    )
-                })?;
-                let size = f
-                    .metadata()
-                    .with_context(|| format!("reading {}", p.display()))?
-                    .len();
-                (f, 0, size)
-            }
-            Store::Archive { path, blobs } => {
-                let &(offset, size) = blobs.get(hex).with_context(|| {
-                    format!(
-                        "blob {} is missing from {}: the archive is incomplete",
-                        d.digest,
-                        path.display()
-                    )
-                })?;
-                let f = open_regular(path)?;
-                (f, offset, size)
-            }
-        };
-        if size != d.size {
-            bail!(
-                "blob {} has {size} bytes but its descriptor says {}: the archive is corrupt",
-                d.digest,
-                d.size
-            );
-        }
-        let mut f = BufReader::with_capacity(1 << 20, file);
-        f.seek(SeekFrom::Start(offset))
-            .with_context(|| format!("reading blob {}", d.digest))?;
-        Ok(Box::new(f.take(size)))
-    }
-
-    /// A small JSON blob, read whole and checked against its digest.
-    fn read_json<T: serde::de::DeserializeOwned>(&self, d: &Descriptor, what: &str) -> Result<T> {
-        if d.size > MAX_SMALL {
-            bail!(
-                "the {what} {} is {} bytes, more than the {MAX_SMALL} an installer image's \
-                 has: refusing it",
-                d.digest,
-                d.size
-            );
-        }
-        let mut r = HashingReader::new(self.open(d)?);
-        let bytes = read_limited(&mut r, what)?;
-        check_digest(d, r.finish())?;
-        serde_json::from_slice(&bytes).map_err(|e| {
-            anyhow!(
-                "the {what} {} is not a valid OCI {what}: {}",
-                d.digest,
-                json_error(&e)
-            )
-        })
-    }
-}
-
-/// Opens `path` for reading if it is a regular file: without blocking on a
-/// FIFO (or a device) put where a file belongs.
-fn open_regular(path: &Path) -> Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    let meta = f
-        .metadata()
-        .with_context(|| format!("reading {}", path.display()))?;
-    if !meta.is_file() {
-        bail!(
-            "{} is not a regular file: give an installer image (an OCI archive such as \
-             installer.tar) or a directory",
-            path.display()
-        );
-    }
-    Ok(f)
-}
-
-fn check_layout(layout: Option<&[u8]>, at: &Path) -> Result<()> {
-    let Some(bytes) = layout else {
-        bail!("not an OCI image layout: no oci-layout in {}", at.display());
-    };
-    let v: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
-        anyhow!(
-            "oci-layout in {} is not JSON: {}",
-            at.display(),
-            json_error(&e)
-        )
-    })?;
-    match v["imageLayoutVersion"].as_str() {
-        Some(s) if s.starts_with("1.") => Ok(()),
-        other => bail!(
-            "oci-layout in {}: imageLayoutVersion {} is not supported (1.x)",
-            at.display(),
-            other.map_or("(none)".to_string(), |o| sanitize(o.as_bytes()))
-        ),
-    }
-}
-
-fn check_digest(d: &Descriptor, (hex, size): (String, u64)) -> Result<()> {
-    if size != d.size {
-        bail!(
-            "blob {} has {size} bytes but its descriptor says {}: the archive is corrupt",
-            d.digest,
-            d.size
-        );
-    }
-    if d.digest != format!("sha256:{hex}") {
-        bail!(
-            "blob {} does not match its digest (its bytes hash to sha256:{hex}): the archive \
-             is corrupt: download or build it again",
-            d.digest
-        );
-    }
-    Ok(())
-}
-
-/// The hex part of a `sha256:<64 hex>` digest (nothing else names a blob
-/// file, so a digest can never be a path of its own).
-fn digest_hex(digest: &str) -> Result<&str> {
-    let hex = digest.strip_prefix("sha256:").with_context(|| {
-        format!(
-            "digest {} is not a sha256 digest (the only algorithm supported)",
-            sanitize(digest.as_bytes())
-        )
-    })?;
-    if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-        bail!(
-            "digest {} is not sha256: and 64 lowercase hex digits",
-            sanitize(digest.as_bytes())
-        );
-    }
-    Ok(hex)
-}
-
-/// `./a/b/` → `a/b`; refuses absolute paths and `..` (and says which
-/// without quoting the path).
-fn normalize(path: &str) -> Result<&str, String> {
-    let mut p = path;
-    while let Some(rest) = p.strip_prefix("./") {
-        p = rest;
-    }
-    let p = p.trim_end_matches('/');
-    // The path itself is not told: it is bytes of the input.
-    if p.starts_with('/') {
-        return Err("is an absolute path".into());
-    }
-    if p.split('/').any(|c| c == "..") {
-        return Err("has a path that contains `..`".into());
-    }
-    Ok(p)
-}
-
-fn read_limited(r: impl Read, what: &str) -> Result<Vec<u8>> {
-    let mut v = Vec::new();
-    r.take(MAX_SMALL + 1)
-        .read_to_end(&mut v)
-        .with_context(|| format!("reading {what}"))?;
-    if v.len() as u64 > MAX_SMALL {
-        bail!("{what} is larger than {MAX_SMALL} bytes: not an installer image");
-    }
-    Ok(v)
-}
-
-/// An OCI content descriptor (only the fields read here; others are allowed).
-#[derive(Debug, Clone, Deserialize)]
-struct Descriptor {
-    #[serde(rename = "mediaType", default)]
-    media_type: String,
-    digest: String,
-    size: u64,
-    #[serde(default)]
-    platform: Option<Platform>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-struct Platform {
-    architecture: String,
-    os: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct Index {
-    #[serde(rename = "schemaVersion")]
-    schema_version: u32,
-    manifests: Vec<Descriptor>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ImageManifest {
-    #[serde(rename = "schemaVersion")]
-    schema_version: u32,
-    config: Descriptor,
-    layers: Vec<Descriptor>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ImageConfig {
-    rootfs: RootFs,
-}
-
-#[derive(Debug, Deserialize)]
-struct RootFs {
-    diff_ids: Vec<String>,
 }
 
 /// A reader that fails, with `over()`, as soon as more than `left` bytes
@@ -872,7 +516,7 @@ fn layer_error(e: anyhow::Error, what: &str) -> anyhow::Error {
 /// own message, which quotes header fields: given a file that is not a tar
 /// at all (a private key, say), it would print its first hundred bytes.
 /// Our caps and the system's errors are told as they are.
-fn tar_error(e: io::Error, what: &str) -> anyhow::Error {
+pub(super) fn tar_error(e: io::Error, what: &str) -> anyhow::Error {
     if let Some(cap) = find_cap(&e) {
         return anyhow!("{cap}");
     }
@@ -888,32 +532,4 @@ fn tar_error(e: io::Error, what: &str) -> anyhow::Error {
              compression is damaged)"
         ),
     }
-}
-
-/// A JSON error without the input's bytes: serde quotes the strings it did
-/// not expect (in double quotes; backticks quote the schema's field names);
-/// those are elided.
-fn json_error(e: &serde_json::Error) -> String {
-    let mut out = String::new();
-    let mut quoted = None;
-    for c in e.to_string().chars() {
-        match quoted {
-            Some(q) if c == q => {
-                out.push('…');
-                out.push(c);
-                quoted = None;
-            }
-            Some(_) => {}
-            None => {
-                out.push(c);
-                if c == '"' {
-                    quoted = Some(c);
-                }
-            }
-        }
-    }
-    if quoted.is_some() {
-        out.push('…');
-    }
-    out
 }
