@@ -25,6 +25,7 @@ pub mod auth;
 pub mod authfile;
 mod blob;
 mod client;
+pub mod dns;
 mod error;
 pub mod manifest;
 mod reference;
