@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::auth::{PASSWORD, Pki, TokenServer, USER};
+use common::auth::{PASSWORD, Pki, TEST_NAME, TokenServer, USER, dns_server};
 use common::{OCI_CONFIG, OCI_LAYER, OCI_MANIFEST, Registry, noise, read_blob, tool};
 use registry::{Client, Credentials, Descriptor, Digest, ErrorKind, Options, Pushed, Reference};
 use std::collections::BTreeMap;
@@ -328,4 +328,47 @@ fn a_registry_cannot_send_credentials_elsewhere() {
     .unwrap();
     let e = c.manifest(&reference(&format!("{addr}/a:1"))).unwrap_err();
     assert!(e.to_string().contains("does not speak"), "{e}");
+}
+
+/// A client given a resolver (as the node is: no system resolver) reaches
+/// the registry by a name that only its host entries or its DNS server
+/// know, the token service's name too.
+#[test]
+fn names_resolve_through_host_entries_and_a_dns_server() {
+    let pki = Pki::new();
+    let tokens = TokenServer::start_at(&pki, TEST_NAME);
+    let reg = Registry::start_token(&pki, &tokens);
+    let port = reg.addr.rsplit(':').next().unwrap();
+    let name = format!("{TEST_NAME}:{port}");
+    let r = reference(&format!("{name}/team/installer:0.2.0"));
+    let with = |resolver: registry::dns::Resolver| {
+        Client::new(Options {
+            ca_pem: Some(pki.ca_pem.clone().into_bytes()),
+            credentials: BTreeMap::from([(name.clone(), alice())]),
+            resolver: Some(resolver),
+            ..Options::default()
+        })
+        .unwrap()
+    };
+    let loopback = vec![std::net::Ipv4Addr::LOCALHOST];
+    let hosts = registry::dns::Resolver {
+        hosts: BTreeMap::from([(TEST_NAME.to_string(), loopback)]),
+        ..Default::default()
+    };
+    let (digest, _) = push(&with(hosts), &r, &[b"layer"]);
+    let (server, queries) = dns_server();
+    let dns = registry::dns::Resolver {
+        servers: vec![server],
+        timeout: std::time::Duration::from_secs(2),
+        ..Default::default()
+    };
+    assert_eq!(with(dns).manifest(&r).unwrap().digest, digest);
+    // registry.test, for the registry and for its token service.
+    assert!(queries.load(Ordering::SeqCst) >= 2);
+    // Without an entry or a server: a message that says so.
+    let e = with(registry::dns::Resolver::default())
+        .manifest(&r)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unreachable, "{e}");
+    assert!(e.to_string().contains("no DNS server"), "{e}");
 }

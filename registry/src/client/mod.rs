@@ -5,6 +5,7 @@
 //! verified. Requests are sent by `transport.rs`. See docs/registry.md.
 
 mod push;
+mod resolve;
 pub use push::Pushed;
 mod token;
 mod transport;
@@ -61,6 +62,9 @@ pub struct Options {
     /// a registry not named here is spoken to anonymously. Sent only to
     /// that registry and to the token service its challenge names.
     pub credentials: BTreeMap<String, Credentials>,
+    /// How names are resolved: none, the system's resolver (a host);
+    /// given, host entries and DNS servers ([`crate::dns`]: the node).
+    pub resolver: Option<crate::dns::Resolver>,
 }
 
 impl Default for Options {
@@ -78,6 +82,7 @@ impl Default for Options {
             platform: ("linux".into(), "amd64".into()),
             own_addresses: Vec::new(),
             credentials: BTreeMap::new(),
+            resolver: None,
         }
     }
 }
@@ -175,8 +180,16 @@ impl Client {
             .max_response_header_size(64 << 10)
             .user_agent(concat!("imager-registry/", env!("CARGO_PKG_VERSION")))
             .build();
+        let agent = match &options.resolver {
+            None => config.into(),
+            Some(r) => ureq::Agent::with_parts(
+                config,
+                ureq::unversioned::transport::DefaultConnector::new(),
+                resolve::Names(Arc::new(r.clone())),
+            ),
+        };
         Ok(Client {
-            agent: config.into(),
+            agent,
             options,
             tokens: Arc::default(),
         })

@@ -22,7 +22,12 @@ pub const PASSWORD: &str = "alice-Pa55word";
 pub const SERVICE: &str = "test-registry";
 pub const ISSUER: &str = "test-token-issuer";
 
-/// A test CA and a certificate it signed for localhost and 127.0.0.1.
+/// A name the server certificate holds beside `localhost`, resolved by the
+/// tests' own host entries or DNS server (never by the system).
+pub const TEST_NAME: &str = "registry.test";
+
+/// A test CA and a certificate it signed for localhost, [`TEST_NAME`] and
+/// 127.0.0.1.
 pub struct Pki {
     pub dir: tempfile::TempDir,
     pub ca_pem: String,
@@ -82,7 +87,11 @@ impl Pki {
 /// 127.0.0.1 when `server`).
 fn issue(ca: &rcgen::Issuer<'_, rcgen::KeyPair>, name: &str, server: bool) -> (String, String) {
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-    let mut p = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
+    let mut names = vec![name.to_string()];
+    if server {
+        names.push(TEST_NAME.to_string());
+    }
+    let mut p = rcgen::CertificateParams::new(names).unwrap();
     p.distinguished_name.push(rcgen::DnType::CommonName, name);
     if server {
         p.subject_alt_names
@@ -155,7 +164,14 @@ pub struct TokenServer {
 }
 
 impl TokenServer {
+    /// A token server its registry names as `localhost`.
     pub fn start(pki: &Pki) -> TokenServer {
+        TokenServer::start_at(pki, "localhost")
+    }
+
+    /// A token server its registry names as `host` (one of the server
+    /// certificate's names).
+    pub fn start_at(pki: &Pki, host: &str) -> TokenServer {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let (signer_cert, signer_key) = issue(&pki.ca, "token signer", false);
@@ -191,7 +207,7 @@ impl TokenServer {
             }
         });
         TokenServer {
-            realm: format!("https://localhost:{port}/token"),
+            realm: format!("https://{host}:{port}/token"),
             requests,
             heads,
             behaviour,
@@ -375,4 +391,29 @@ fn der_to_fixed(der: &[u8]) -> Vec<u8> {
         i += 2 + len;
     }
     out
+}
+
+/// A DNS server on 127.0.0.1 (UDP) that answers every `A` query with
+/// 127.0.0.1 and counts the queries; its address.
+pub fn dns_server() -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = socket.local_addr().unwrap();
+    let count = Arc::new(AtomicU64::new(0));
+    let c = count.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((n, from)) = socket.recv_from(&mut buf) {
+            if n < 12 {
+                continue;
+            }
+            c.fetch_add(1, Ordering::SeqCst);
+            let mut m = buf[..n].to_vec();
+            m[2..4].copy_from_slice(&0x8180u16.to_be_bytes());
+            m[6..8].copy_from_slice(&1u16.to_be_bytes());
+            // The question's name by pointer, A, IN, TTL 60, 127.0.0.1.
+            m.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 127, 0, 0, 1]);
+            let _ = socket.send_to(&m, from);
+        }
+    });
+    (addr, count)
 }
