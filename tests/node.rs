@@ -1298,3 +1298,199 @@ fn a_secure_boot_node_upgrades_over_the_api_and_refuses_a_payload_for_another_db
         "{s}"
     );
 }
+
+/// A node upgrades itself by name from a registry behind TLS with token
+/// authentication: the registry's name and its CA come from the node's
+/// settings (`--host`, `--registry-ca`), the credentials from the
+/// operator with the upgrade request, found in an auth file as podman
+/// writes it. Wrong or missing credentials are refused before anything is
+/// written, saying the registry denied them; the password is never on the
+/// console, in the CLI's output or on the node's disk.
+#[test]
+fn the_node_upgrades_by_name_from_a_tls_registry_with_token_auth() {
+    use base64::Engine as _;
+    use reg::auth::{PASSWORD, Pki, TEST_NAME, TokenServer, USER};
+    let dir = scratch().join("node-tls");
+    let (creds, _) = credentials(&dir.join("credentials"));
+    let v1 = build_variant_of("metal", "node-tls-v1", |t| t);
+    let v2 = build_variant_of("installer", "node-tls-v2", |t| {
+        t.replace("version: 0.1.0", "version: 0.2.0")
+    });
+
+    // The registry and its token service, named registry.test in their
+    // certificate and in the token realm.
+    let pki = Pki::new();
+    let tokens = TokenServer::start_at(&pki, TEST_NAME);
+    let registry = reg::Registry::start_token(&pki, &tokens);
+    let port_of = |addr: &str| addr.rsplit(':').next().unwrap().to_string();
+    let (rport, tport) = (
+        port_of(&registry.addr),
+        port_of(tokens.realm.trim_end_matches("/token")),
+    );
+    let image = format!("{TEST_NAME}:{rport}/metal/installer:0.2.0");
+    // Pushed from the host, where registry.test is 127.0.0.1 for the
+    // client alone.
+    let client = ::registry::Client::new(::registry::Options {
+        ca_pem: Some(pki.ca_pem.clone().into_bytes()),
+        credentials: [(
+            format!("{TEST_NAME}:{rport}"),
+            ::registry::Credentials::basic(USER, PASSWORD).unwrap(),
+        )]
+        .into(),
+        resolver: Some(::registry::dns::Resolver {
+            hosts: [(TEST_NAME.to_string(), vec![std::net::Ipv4Addr::LOCALHOST])].into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .unwrap();
+    imager::oci::push(
+        &v2.dir.join("installer.tar"),
+        &::registry::Reference::parse(&image).unwrap(),
+        &client,
+        &mut |_| {},
+    )
+    .unwrap();
+
+    // The node: its credentials, registry.test at 10.0.2.100 (where QEMU
+    // forwards both ports to the host's loopback), the test CA.
+    let disk = sparse_copy(&v1.artifact("raw"), "node-tls");
+    let said = ok(provision(
+        &disk,
+        &creds,
+        &[
+            "--node",
+            "node1",
+            "--host",
+            &format!("{TEST_NAME}=10.0.2.100"),
+        ],
+    )
+    .arg("--registry-ca")
+    .arg(pki.ca_file()));
+    assert!(said.contains("1 CA certificate(s)"), "{said}");
+    let report = inspect(&disk);
+    assert_eq!(
+        meta_value(&report, "registry-ca").as_deref(),
+        Some(pki.ca_pem.as_str())
+    );
+    assert!(
+        meta_value(&report, "node-settings")
+            .unwrap()
+            .contains(&format!("hosts={TEST_NAME}=10.0.2.100")),
+        "{report}"
+    );
+    let forwards = [
+        format!("10.0.2.100:{rport}=127.0.0.1:{rport}"),
+        format!("10.0.2.100:{tport}=127.0.0.1:{tport}"),
+    ];
+    let port = reg::free_port();
+    let mut vm = Vm::boot(
+        &disk,
+        port,
+        &[
+            "--guest-forward",
+            &forwards[0],
+            "--guest-forward",
+            &forwards[1],
+        ],
+    );
+    let ready = vm.wait_for("ready version=", 1);
+    assert!(ready.contains("version=0.1.0 slot=A"), "{ready}");
+    let before = written_partitions(&disk);
+    let mut outputs = String::new();
+
+    // No credentials: the registry wants some; nothing is written.
+    let out = upgrade(&vm, &creds, "ops", &image, &["--anonymous"]);
+    let err = refused(&out);
+    assert!(
+        err.contains("requires credentials to pull metal/installer"),
+        "{err}\n{}",
+        tail(&vm.console())
+    );
+    // Wrong ones, on stdin: the token service refuses them.
+    let wrong = "Wr0ng-S3cret-pw";
+    let mut c = node_command(
+        &vm,
+        &creds,
+        "ops",
+        &[
+            "upgrade",
+            "--image",
+            &image,
+            "--wait",
+            "--username",
+            USER,
+            "--password-stdin",
+        ],
+    );
+    let mut child = c
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        writeln!(child.stdin.take().unwrap(), "{wrong}").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = refused(&out);
+    assert!(err.contains("refused the credentials"), "{err}");
+    outputs.push_str(&String::from_utf8_lossy(&out.stdout));
+    outputs.push_str(&String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        written_partitions(&disk),
+        before,
+        "a refused pull wrote the disk"
+    );
+    let s = status(&vm, &creds, "watcher");
+    assert_eq!(s["booted_slot"], "A");
+
+    // The right ones, from an auth file: upgraded, by name, over TLS.
+    let auth = dir.join("auth.json");
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
+    std::fs::write(
+        &auth,
+        format!(r#"{{"auths":{{"{TEST_NAME}:{rport}":{{"auth":"{encoded}"}}}}}}"#),
+    )
+    .unwrap();
+    let out = upgrade(
+        &vm,
+        &creds,
+        "ops",
+        &image,
+        &["--authfile", auth.to_str().unwrap(), "--timeout", "900"],
+    );
+    outputs.push_str(&String::from_utf8_lossy(&out.stdout));
+    outputs.push_str(&String::from_utf8_lossy(&out.stderr));
+    let said = succeeded(&vm, "upgrade", out);
+    assert!(said.contains("metal 0.2.0 on slot B"), "{said}");
+    assert!(
+        outputs.contains(&format!(
+            "credentials for {TEST_NAME}:{rport} from {}",
+            auth.display()
+        )),
+        "{outputs}"
+    );
+    let v2_ready = vm.wait_for("ready version=", 2);
+    assert!(v2_ready.contains("version=0.2.0 slot=B"), "{v2_ready}");
+    assert!(tokens.requests.load(std::sync::atomic::Ordering::SeqCst) >= 3);
+
+    // The secrets: nowhere the node or the CLI wrote.
+    let console = vm.console();
+    for secret in [PASSWORD, wrong, encoded.as_str()] {
+        assert!(!console.contains(secret), "the console shows a secret");
+        assert!(!outputs.contains(secret), "the CLI shows a secret");
+    }
+    vm.power_off(&creds);
+    for secret in [PASSWORD, wrong] {
+        let found = run(std::process::Command::new(tool_path("grep"))
+            .args(["-c", "-a", "-F", secret])
+            .arg(&disk));
+        assert_eq!(
+            String::from_utf8_lossy(&found.stdout).trim(),
+            "0",
+            "the node's disk holds a registry secret"
+        );
+    }
+}

@@ -84,10 +84,15 @@ pub enum Tag {
     /// provision` and the live installer; read by the runtime before the
     /// image's default.
     NodeSettings = 0x43,
+    /// CA certificates (PEM) the node trusts for its registries' HTTPS
+    /// instead of the Mozilla roots (`imager node provision
+    /// --registry-ca`): a private registry's CA. Absent: the Mozilla
+    /// roots.
+    RegistryCa = 0x44,
 }
 
 impl Tag {
-    pub const ALL: [Tag; 16] = [
+    pub const ALL: [Tag; 17] = [
         Tag::ImageName,
         Tag::DefaultSlot,
         Tag::SlotA,
@@ -104,6 +109,7 @@ impl Tag {
         Tag::NodeCert,
         Tag::NodeKey,
         Tag::NodeSettings,
+        Tag::RegistryCa,
     ];
 
     pub fn name(self) -> &'static str {
@@ -124,6 +130,7 @@ impl Tag {
             Tag::NodeCert => "node-cert",
             Tag::NodeKey => "node-key",
             Tag::NodeSettings => "node-settings",
+            Tag::RegistryCa => "registry-ca",
         }
     }
 

@@ -12,6 +12,7 @@
 //! hostname=node-1
 //! net=eth0:10.0.2.20/24:10.0.2.2
 //! dns=10.0.2.3,1.1.1.1
+//! hosts=registry.example=10.0.2.100,cache.example=10.0.2.101
 //! ```
 //!
 //! - `hostname`: RFC 1123 labels (letters, digits and `-`, 1 to 63 each,
@@ -22,6 +23,10 @@
 //!   Absent: the image's default.
 //! - `dns`: 1 to [`MAX_DNS`] IPv4 host addresses, comma-separated, none of
 //!   them the node's own static address. They replace DHCP's servers.
+//! - `hosts`: static host entries, `NAME=IPV4` comma-separated, at most
+//!   [`MAX_HOSTS`], each name a hostname as above and given once: how the
+//!   node resolves a registry's name on a network without DNS (they are
+//!   looked up before any DNS server; `registry::dns`).
 //!
 //! The whole record is at most [`MAX_LEN`] bytes, refused before it is
 //! split. Everything is checked by [`Settings::parse`], which `imager`
@@ -36,8 +41,10 @@ use std::net::Ipv4Addr;
 pub const MAX_HOSTNAME: usize = 64;
 /// The most DNS servers (the resolver reads three).
 pub const MAX_DNS: usize = 3;
+/// The most static host entries.
+pub const MAX_HOSTS: usize = 8;
 /// The longest record.
-pub const MAX_LEN: usize = 512;
+pub const MAX_LEN: usize = 1024;
 
 /// A node's settings; every part optional.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -45,6 +52,8 @@ pub struct Settings {
     pub hostname: Option<String>,
     pub net: Option<NetConfig>,
     pub dns: Vec<Ipv4Addr>,
+    /// Static host entries (names lowercase), in the order given.
+    pub hosts: Vec<(String, Ipv4Addr)>,
 }
 
 /// Checks a hostname (see the module's documentation). The message quotes
@@ -96,7 +105,57 @@ pub fn parse_dns(v: &str) -> Result<Vec<Ipv4Addr>, String> {
     Ok(out)
 }
 
+/// Parses static host entries, `NAME=IPV4` comma-separated (names
+/// lowercased, each given once, at most [`MAX_HOSTS`]).
+pub fn parse_hosts(v: &str) -> Result<Vec<(String, Ipv4Addr)>, String> {
+    let mut out: Vec<(String, Ipv4Addr)> = Vec::new();
+    for part in v.split(',') {
+        let Some((name, ip)) = part.split_once('=') else {
+            return Err(format!(
+                "the host entry {} is not NAME=IPV4 (registry.example=10.0.2.100)",
+                crate::text::excerpt(part)
+            ));
+        };
+        check_hostname(name)?;
+        let name = name.to_ascii_lowercase();
+        let a: Ipv4Addr = ip.parse().map_err(|_| {
+            format!(
+                "the address {} of host entry {name} is not an IPv4 address",
+                crate::text::excerpt(ip)
+            )
+        })?;
+        if a.is_unspecified() || a.is_broadcast() || a.is_multicast() {
+            return Err(format!(
+                "the address {a} of host entry {name} is not a host's"
+            ));
+        }
+        if out.iter().any(|(n, _)| *n == name) {
+            return Err(format!("the host entry {name} is given twice"));
+        }
+        out.push((name, a));
+    }
+    if out.len() > MAX_HOSTS {
+        return Err(format!(
+            "{} host entries are given; at most {MAX_HOSTS}",
+            out.len()
+        ));
+    }
+    Ok(out)
+}
+
 impl Settings {
+    /// The settings with `hosts` as their static host entries (checked as
+    /// [`parse_hosts`] checks them).
+    pub fn with_hosts(mut self, hosts: Vec<(String, Ipv4Addr)>) -> Result<Settings, String> {
+        let text: Vec<String> = hosts.iter().map(|(n, a)| format!("{n}={a}")).collect();
+        self.hosts = if hosts.is_empty() {
+            Vec::new()
+        } else {
+            parse_hosts(&text.join(","))?
+        };
+        Ok(self)
+    }
+
     /// Checks the combination: no DNS server is the node's own static
     /// address.
     pub fn new(
@@ -121,7 +180,12 @@ impl Settings {
                 s.address
             ));
         }
-        Ok(Settings { hostname, net, dns })
+        Ok(Settings {
+            hostname,
+            net,
+            dns,
+            hosts: Vec::new(),
+        })
     }
 
     /// The settings from the values of their three keys, each parsed as
@@ -145,7 +209,10 @@ impl Settings {
 
     /// Whether nothing is set.
     pub fn is_empty(&self) -> bool {
-        self.hostname.is_none() && self.net.is_none() && self.dns.is_empty()
+        self.hostname.is_none()
+            && self.net.is_none()
+            && self.dns.is_empty()
+            && self.hosts.is_empty()
     }
 
     /// The record (see the module's documentation).
@@ -161,6 +228,10 @@ impl Settings {
             let list: Vec<String> = self.dns.iter().map(Ipv4Addr::to_string).collect();
             out.push_str(&format!("dns={}\n", list.join(",")));
         }
+        if !self.hosts.is_empty() {
+            let list: Vec<String> = self.hosts.iter().map(|(n, a)| format!("{n}={a}")).collect();
+            out.push_str(&format!("hosts={}\n", list.join(",")));
+        }
         out
     }
 
@@ -172,7 +243,7 @@ impl Settings {
                 text.len()
             ));
         }
-        let (mut hostname, mut net, mut dns) = (None, None, None);
+        let (mut hostname, mut net, mut dns, mut hosts) = (None, None, None, None);
         for line in text.lines() {
             if line.is_empty() {
                 continue;
@@ -201,16 +272,21 @@ impl Settings {
                         return Err(twice());
                     }
                 }
+                "hosts" => {
+                    if hosts.replace(parse_hosts(v)?).is_some() {
+                        return Err(twice());
+                    }
+                }
                 _ => {
                     return Err(format!(
-                        "the node's settings have an unknown key {} (hostname, net and dns are \
-                         known)",
+                        "the node's settings have an unknown key {} (hostname, net, dns and \
+                         hosts are known)",
                         crate::text::excerpt(k)
                     ));
                 }
             }
         }
-        Settings::new(hostname, net, dns.unwrap_or_default())
+        Settings::new(hostname, net, dns.unwrap_or_default())?.with_hosts(hosts.unwrap_or_default())
     }
 }
 
@@ -220,7 +296,8 @@ mod tests {
 
     #[test]
     fn a_record_round_trips() {
-        let text = "hostname=node-1\nnet=eth0:10.0.2.20/24:10.0.2.2\ndns=10.0.2.3,1.1.1.1\n";
+        let text = "hostname=node-1\nnet=eth0:10.0.2.20/24:10.0.2.2\ndns=10.0.2.3,1.1.1.1\n\
+                    hosts=registry.example=10.0.2.100,cache=10.0.2.101\n";
         let s = Settings::parse(text).unwrap();
         assert_eq!(s.hostname.as_deref(), Some("node-1"));
         assert_eq!(
@@ -230,6 +307,13 @@ mod tests {
         assert_eq!(
             s.dns,
             [Ipv4Addr::new(10, 0, 2, 3), Ipv4Addr::new(1, 1, 1, 1)]
+        );
+        assert_eq!(
+            s.hosts,
+            [
+                ("registry.example".to_string(), Ipv4Addr::new(10, 0, 2, 100)),
+                ("cache".to_string(), Ipv4Addr::new(10, 0, 2, 101))
+            ]
         );
         assert_eq!(s.render(), text);
         assert!(Settings::parse("").unwrap().is_empty());
@@ -279,6 +363,16 @@ mod tests {
             ("dns=10.0.2\n", "not an IPv4 address"),
             ("dns=\n", "not an IPv4 address"),
             ("hostname=x_y\n", "character"),
+            ("hosts=registry\n", "not NAME=IPV4"),
+            ("hosts=a=10.0.2.1,A=10.0.2.2\n", "twice"),
+            ("hosts=a=10.0.2\n", "not an IPv4 address"),
+            ("hosts=a=224.0.0.1\n", "not a host's"),
+            ("hosts=a b=10.0.2.1\n", "character"),
+            (
+                "hosts=a=1.1.1.1,b=1.1.1.1,c=1.1.1.1,d=1.1.1.1,e=1.1.1.1,f=1.1.1.1,g=1.1.1.1,\
+                 h=1.1.1.1,i=1.1.1.1\n",
+                "at most 8",
+            ),
         ] {
             let e = Settings::parse(bad).unwrap_err();
             assert!(e.contains(why), "{bad:?}: {e}");

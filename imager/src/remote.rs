@@ -33,27 +33,39 @@ pub struct Access {
     pub ca: Option<PathBuf>,
 }
 
+/// The credentials for `reference`'s registry (see the module's
+/// documentation), and where they came from (`None`: none found).
+pub fn credentials(
+    reference: &Reference,
+    explicit: Option<&Credentials>,
+    authfile: Option<&std::path::Path>,
+) -> Result<(Credentials, Option<String>)> {
+    if let Some(c) = explicit {
+        return Ok((c.clone(), Some("the command line".to_string())));
+    }
+    let files = registry::authfile::files(authfile);
+    let found = registry::authfile::lookup(
+        &files,
+        authfile.is_some() || std::env::var_os("REGISTRY_AUTH_FILE").is_some(),
+        reference.registry(),
+        reference.name(),
+    )
+    .map_err(|e| anyhow!("{e}"))?;
+    Ok(match found {
+        Some(found) => (found.credentials, Some(found.source)),
+        None => (Credentials::Anonymous, None),
+    })
+}
+
 /// A client for `reference`'s registry, and where its credentials came
 /// from (`None`: anonymous).
 pub fn client(reference: &Reference, access: &Access) -> Result<(Client, Option<String>)> {
     let registry_host = reference.registry();
-    let (credentials, source) = match &access.credentials {
-        Some(c) => (c.clone(), Some("the command line".to_string())),
-        None => {
-            let files = registry::authfile::files(access.authfile.as_deref());
-            match registry::authfile::lookup(
-                &files,
-                access.authfile.is_some() || std::env::var_os("REGISTRY_AUTH_FILE").is_some(),
-                registry_host,
-                reference.name(),
-            )
-            .map_err(|e| anyhow!("{e}"))?
-            {
-                Some(found) => (found.credentials, Some(found.source)),
-                None => (Credentials::Anonymous, None),
-            }
-        }
-    };
+    let (credentials, source) = credentials(
+        reference,
+        access.credentials.as_ref(),
+        access.authfile.as_deref(),
+    )?;
     let ca_pem = match &access.ca {
         None => None,
         Some(p) => {

@@ -138,6 +138,11 @@ pub enum Request {
         /// within [`PULL_STALL_RANGE`]).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stall: Option<u32>,
+        /// Credentials for the image's registry, for this pull only: held
+        /// in memory while it runs, never written to the disk, logged or
+        /// shown ([`PullCredentials`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        credentials: Option<PullCredentials>,
     },
     /// Cancel the upgrade in progress while it pulls: the lock is released
     /// and the slots stay as they were. One that writes already finishes.
@@ -153,6 +158,58 @@ pub enum Request {
     },
     Reboot {},
     PowerOff {},
+}
+
+/// The longest user name, password or token a request may carry (ECR's
+/// passwords, the longest registries issue, are about 2.5 KiB).
+pub const MAX_CREDENTIAL: usize = 8 * 1024;
+
+/// Registry credentials an operator sends with an upgrade: a user name and
+/// a password (or a token used as one), or an identity token (an OAuth2
+/// refresh token). `Debug` shows the user name only.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PullCredentials {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity_token: Option<String>,
+}
+
+impl std::fmt::Debug for PullCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PullCredentials")
+            .field("username", &self.username)
+            .field("secret", &"(hidden)")
+            .finish()
+    }
+}
+
+impl PullCredentials {
+    /// Checks the shape: a user name and a password, or an identity token
+    /// alone; each within [`MAX_CREDENTIAL`], without control characters,
+    /// a user name without `:`. Messages never quote them.
+    pub fn check(&self) -> Result<()> {
+        let fields = [&self.username, &self.password, &self.identity_token];
+        for v in fields.into_iter().flatten() {
+            if v.is_empty() || v.len() > MAX_CREDENTIAL || v.chars().any(char::is_control) {
+                bail!(
+                    "the registry credentials must be 1 to {MAX_CREDENTIAL} bytes each, without \
+                     control characters"
+                );
+            }
+        }
+        match (&self.username, &self.password, &self.identity_token) {
+            (Some(u), Some(_), None) if !u.contains(':') => Ok(()),
+            (Some(_), Some(_), None) => bail!("a registry user name may not contain ':'"),
+            (None, None, Some(_)) => Ok(()),
+            _ => bail!(
+                "registry credentials are a user name and a password, or an identity token alone"
+            ),
+        }
+    }
 }
 
 fn yes() -> bool {
@@ -207,9 +264,13 @@ impl Request {
             version,
             deadline,
             stall,
+            credentials,
             ..
         } = self
         {
+            if let Some(c) = credentials {
+                c.check()?;
+            }
             if let Some(d) = deadline
                 && !(1..=MAX_PULL_DEADLINE).contains(d)
             {
@@ -512,6 +573,7 @@ mod tests {
                 allow_downgrade: false,
                 deadline: None,
                 stall: None,
+                credentials: None,
             }
         );
         assert_eq!(
@@ -560,7 +622,13 @@ mod tests {
             allow_downgrade: true,
             deadline: Some(60),
             stall: Some(10),
+            credentials: Some(PullCredentials {
+                username: Some("ci".into()),
+                password: Some("s3cret".into()),
+                identity_token: None,
+            }),
         };
+        assert!(!format!("{r:?}").contains("s3cret"), "{r:?}");
         let mut out = Vec::new();
         write_line(&mut out, &r).unwrap();
         assert_eq!(out.last(), Some(&b'\n'));
@@ -577,6 +645,13 @@ mod tests {
             br#"{"op":"upgrade","image":""}"#,
             br#"{"op":"upgrade","image":"a b"}"#,
             br#"{"op":"upgrade","image":"r/i:1","tries":0}"#,
+            br#"{"op":"upgrade","image":"r/i:1","credentials":{"username":"u"}}"#,
+            br#"{"op":"upgrade","image":"r/i:1","credentials":{"password":"p"}}"#,
+            br#"{"op":"upgrade","image":"r/i:1","credentials":{"username":"a:b","password":"p"}}"#,
+            br#"{"op":"upgrade","image":"r/i:1","credentials":{"username":"u","password":"p
+"}}"#,
+            br#"{"op":"upgrade","image":"r/i:1","credentials":{"username":"u","password":"p","identity_token":"t"}}"#,
+            br#"{"op":"upgrade","image":"r/i:1","credentials":{"token":"t"}}"#,
             br#"{"op":"upgrade","image":"r/i:1","tries":100}"#,
             br#"{"op":"upgrade","image":"r/i:1","deadline":0}"#,
             br#"{"op":"upgrade","image":"r/i:1","deadline":21601}"#,

@@ -494,8 +494,10 @@ fn operate(
             allow_downgrade,
             deadline,
             stall,
+            credentials,
         } => {
             let pull = pull::Pull {
+                credentials: credentials.as_ref().map(pull::credentials),
                 image: image.clone(),
                 version: version.clone(),
                 allow_downgrade: *allow_downgrade,

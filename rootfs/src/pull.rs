@@ -56,7 +56,51 @@ pub struct Pull {
     pub stall: Duration,
     /// Set by a cancel: the pull's next read ends it.
     pub cancel: Arc<AtomicBool>,
+    /// The operator's credentials for the image's registry (from the
+    /// request: in memory only, for this pull).
+    pub credentials: Option<registry::Credentials>,
 }
+
+/// The registry credentials of a request (checked by
+/// [`nodeapi::proto::PullCredentials::check`] when it was parsed).
+pub fn credentials(c: &nodeapi::proto::PullCredentials) -> registry::Credentials {
+    match (&c.username, &c.password, &c.identity_token) {
+        (Some(u), Some(p), _) => registry::Credentials::Basic {
+            username: u.clone(),
+            password: p.clone(),
+        },
+        (_, _, Some(t)) => registry::Credentials::IdentityToken(t.clone()),
+        _ => registry::Credentials::Anonymous,
+    }
+}
+
+/// How the node reaches a registry: its CA (META's `registry-ca`, else the
+/// Mozilla roots), names through its settings' host entries then the DNS
+/// servers it uses (its settings' or DHCP's), never through the system
+/// (a static binary has no resolver).
+fn reach(meta: &Meta) -> (Option<Vec<u8>>, registry::dns::Resolver) {
+    let settings = meta
+        .get(Tag::NodeSettings)
+        .and_then(|t| contract::settings::Settings::parse(t).ok())
+        .unwrap_or_default();
+    let mut hosts = std::collections::BTreeMap::new();
+    for (name, addr) in settings.hosts {
+        hosts.entry(name).or_insert_with(Vec::new).push(addr);
+    }
+    let resolver = registry::dns::Resolver {
+        hosts,
+        servers: crate::net::dns_servers()
+            .into_iter()
+            .map(|a| std::net::SocketAddr::from((a, 53)))
+            .collect(),
+        timeout: DNS_TIMEOUT,
+    };
+    let ca = meta.get(Tag::RegistryCa).map(|p| p.as_bytes().to_vec());
+    (ca, resolver)
+}
+
+/// Each DNS try's wait (two tries per server, at most three servers).
+const DNS_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A verified payload, staged on EPHEMERAL.
 pub struct Staged {
@@ -85,14 +129,23 @@ pub fn pull(
         !keys.is_empty(),
         "META names no trusted key: this disk cannot be upgraded (reinstall it)"
     );
+    let (ca_pem, resolver) = reach(meta);
+    let credentials = match &pull.credentials {
+        Some(c) => [(reference.registry().to_string(), c.clone())].into(),
+        None => Default::default(),
+    };
     let client = registry::Client::new(registry::Options {
         plain_http: pull.plain_http.clone(),
         own_addresses: crate::net::own_addresses(),
         read_timeout: pull.stall,
         deadline: Some(pull.deadline),
+        ca_pem,
+        resolver: Some(resolver),
+        credentials,
         ..Default::default()
     })
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    .map_err(|e| anyhow::anyhow!("{e}"))
+    .context("the registry CA certificates in META (registry-ca)")?;
 
     say("pull", format!("reading the manifest of {reference}"));
     let image = client
@@ -382,6 +435,7 @@ mod tests {
             deadline,
             stall: Duration::from_secs(30),
             cancel: Arc::new(AtomicBool::new(false)),
+            credentials: None,
         }
     }
 

@@ -23,17 +23,28 @@ pub struct NodeSettingsArgs {
     /// DHCP's).
     #[arg(long, value_name = "IP[,IP...]")]
     pub dns: Option<String>,
+    /// A static host entry, NAME=IPV4 (repeatable, at most 8): how the node
+    /// resolves a name without DNS (a registry's, before any DNS server).
+    #[arg(long = "host", value_name = "NAME=IPV4")]
+    pub hosts: Vec<String>,
 }
 
 impl NodeSettingsArgs {
     /// The settings, checked; `None` when no flag is given.
     pub fn settings(&self) -> anyhow::Result<Option<contract::settings::Settings>> {
-        contract::settings::Settings::from_values(
+        let settings = contract::settings::Settings::from_values(
             self.hostname.as_deref(),
             "--net",
             self.net.as_deref(),
             self.dns.as_deref(),
         )
-        .map_err(|e| anyhow::anyhow!("{e}; nothing was written"))
+        .and_then(|s| {
+            if self.hosts.is_empty() {
+                return Ok(s);
+            }
+            let hosts = contract::settings::parse_hosts(&self.hosts.join(","))?;
+            s.unwrap_or_default().with_hosts(hosts).map(Some)
+        });
+        settings.map_err(|e| anyhow::anyhow!("{e}; nothing was written"))
     }
 }

@@ -89,6 +89,10 @@ pub struct ProvisionArgs {
     pub node: Option<String>,
     #[command(flatten)]
     pub settings: super::NodeSettingsArgs,
+    /// PEM CA certificates the node trusts for its registries' HTTPS
+    /// instead of the Mozilla roots (a private registry's CA).
+    #[arg(long, value_name = "FILE")]
+    pub registry_ca: Option<PathBuf>,
     /// Replace credentials the disk has already.
     #[arg(long)]
     pub force: bool,
@@ -145,6 +149,48 @@ pub struct UpgradeArgs {
               i64::from(*nodeapi::proto::PULL_STALL_RANGE.start())
                   ..=i64::from(*nodeapi::proto::PULL_STALL_RANGE.end())))]
     pub stall: Option<u32>,
+    /// Credentials for the image's registry, sent to the node for this
+    /// pull only (it never stores or shows them): given, else found where
+    /// podman, skopeo and docker keep them for that registry.
+    #[command(flatten)]
+    pub registry: super::registry::CredentialArgs,
+    /// Send no registry credentials, even if this host has some.
+    #[arg(long, conflicts_with_all = ["username", "authfile"])]
+    pub anonymous: bool,
+}
+
+/// The registry credentials an upgrade sends: none with `--anonymous`,
+/// else those given or found for the image's registry (said on stderr,
+/// never shown).
+fn pull_credentials(a: &UpgradeArgs) -> Result<Option<nodeapi::proto::PullCredentials>> {
+    if a.anonymous {
+        return Ok(None);
+    }
+    let r = registry::Reference::parse(&a.image)
+        .map_err(|e| anyhow::anyhow!("--image {:?}: {e}", a.image))?;
+    let (credentials, source) = a.registry.lookup(&r)?;
+    let sent = match credentials {
+        registry::Credentials::Anonymous => None,
+        registry::Credentials::Basic { username, password } => {
+            Some(nodeapi::proto::PullCredentials {
+                username: Some(username),
+                password: Some(password),
+                identity_token: None,
+            })
+        }
+        registry::Credentials::IdentityToken(t) => Some(nodeapi::proto::PullCredentials {
+            username: None,
+            password: None,
+            identity_token: Some(t),
+        }),
+    };
+    if let (Some(_), Some(from)) = (&sent, source) {
+        eprintln!(
+            "upgrade: sending the node the credentials for {} from {from}",
+            r.registry()
+        );
+    }
+    Ok(sent)
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -235,6 +281,7 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
                 &imager::node::provision::Request {
                     credentials: a.credentials.clone().zip(a.node.clone()),
                     settings: a.settings.settings()?,
+                    registry_ca: a.registry_ca.clone(),
                     force: a.force,
                 },
             )?;
@@ -268,6 +315,13 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
                         text.trim_end().replace('\n', " ")
                     );
                 }
+                if let Some(n) = p.registry_cas {
+                    println!(
+                        "gave {} {n} CA certificate(s) for its registries' HTTPS (META \
+                         registry-ca; instead of the Mozilla roots)",
+                        p.disk.display()
+                    );
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -291,6 +345,7 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
                 allow_downgrade: a.allow_downgrade,
                 deadline: a.deadline,
                 stall: a.stall,
+                credentials: pull_credentials(a)?,
             },
         ),
         NodeCommand::Arm(a) => operate(a, &Request::Arm {}),

@@ -5,21 +5,58 @@ use anyhow::{Context, Result, anyhow};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-/// How to reach the registry: credentials, plain HTTP, a private CA.
+/// Registry credentials: given (the password on stdin), or looked up where
+/// podman, skopeo and docker keep them.
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct RegistryArgs {
-    /// The user name to authenticate with; the password (or token) is read
-    /// from stdin's first line, and never from the command line.
+pub struct CredentialArgs {
+    /// The registry user name to authenticate with; the password (or
+    /// token) is read from stdin's first line, never from the command line.
     #[arg(long, value_name = "USER", requires = "password_stdin")]
     pub username: Option<String>,
-    /// Read the password or token from stdin (with --username).
+    /// Read the registry password or token from stdin (with --username).
     #[arg(long, requires = "username")]
     pub password_stdin: bool,
-    /// The auth file to read credentials from, instead of
+    /// The auth file to read registry credentials from, instead of
     /// $REGISTRY_AUTH_FILE, containers' auth.json and Docker's config.json
     /// (with their credential helpers).
     #[arg(long, value_name = "FILE")]
     pub authfile: Option<PathBuf>,
+}
+
+impl CredentialArgs {
+    /// The credentials given on the command line, if any (the password
+    /// read from stdin).
+    pub fn explicit(&self) -> Result<Option<registry::Credentials>> {
+        match &self.username {
+            None => Ok(None),
+            Some(user) => {
+                let password = imager::remote::read_password(std::io::stdin().lock())?;
+                Ok(Some(
+                    registry::Credentials::basic(user, &password).map_err(|e| anyhow!("{e}"))?,
+                ))
+            }
+        }
+    }
+
+    /// The credentials for `reference`: given, else found on this host;
+    /// and where they came from.
+    pub fn lookup(
+        &self,
+        reference: &registry::Reference,
+    ) -> Result<(registry::Credentials, Option<String>)> {
+        imager::remote::credentials(
+            reference,
+            self.explicit()?.as_ref(),
+            self.authfile.as_deref(),
+        )
+    }
+}
+
+/// How to reach the registry: credentials, plain HTTP, a private CA.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RegistryArgs {
+    #[command(flatten)]
+    pub credentials: CredentialArgs,
     /// Speak plain HTTP to the registry (a local docker-registry): never
     /// tried otherwise.
     #[arg(long)]
@@ -32,16 +69,9 @@ pub struct RegistryArgs {
 
 impl RegistryArgs {
     pub fn access(&self) -> Result<imager::remote::Access> {
-        let credentials = match &self.username {
-            None => None,
-            Some(user) => {
-                let password = imager::remote::read_password(std::io::stdin().lock())?;
-                Some(registry::Credentials::basic(user, &password).map_err(|e| anyhow!("{e}"))?)
-            }
-        };
         Ok(imager::remote::Access {
-            credentials,
-            authfile: self.authfile.clone(),
+            credentials: self.credentials.explicit()?,
+            authfile: self.credentials.authfile.clone(),
             plain_http: self.plain_http,
             ca: self.ca.clone(),
         })

@@ -34,6 +34,9 @@ pub struct Request {
     pub credentials: Option<(PathBuf, String)>,
     /// The node's own settings; they replace any it had.
     pub settings: Option<Settings>,
+    /// A file of PEM CA certificates for the node's registries
+    /// (META `registry-ca`).
+    pub registry_ca: Option<PathBuf>,
     /// Replace credentials the disk has already (or of another CA).
     pub force: bool,
 }
@@ -50,6 +53,9 @@ pub struct Provisioned {
     pub settings: Option<String>,
     /// Whether the disk had node credentials before (they were replaced).
     pub replaced: bool,
+    /// The number of registry CA certificates written, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registry_cas: Option<usize>,
     /// The image file's mode before provision made it readable by its
     /// owner only (octal, e.g. `0644`), when others could read it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -62,12 +68,21 @@ pub struct Provisioned {
 /// Everything is checked before anything is written.
 pub fn provision(disk: &Path, req: &Request) -> Result<Provisioned> {
     crate::install::require_raw(disk)?;
-    if req.credentials.is_none() && req.settings.is_none() {
+    if req.credentials.is_none() && req.settings.is_none() && req.registry_ca.is_none() {
         bail!(
-            "nothing to provision: give --credentials DIR --node NAME, or a node's settings \
-             (--hostname, --net, --dns), or both"
+            "nothing to provision: give --credentials DIR --node NAME, a node's settings \
+             (--hostname, --net, --dns, --host), --registry-ca FILE, or several"
         );
     }
+    let registry_ca = req
+        .registry_ca
+        .as_ref()
+        .map(|p| -> Result<(String, usize)> {
+            let pem = read_small(p, "registry CA certificates")?;
+            let n = nodeapi::tls::certs(pem.as_bytes(), "registry CA file")?.len();
+            Ok((pem, n))
+        })
+        .transpose()?;
     let creds = req
         .credentials
         .as_ref()
@@ -99,6 +114,12 @@ pub fn provision(disk: &Path, req: &Request) -> Result<Provisioned> {
         meta.set(Tag::NodeSettings, text.as_bytes());
         changed = true;
     }
+    if let Some((pem, _)) = &registry_ca
+        && meta.get(Tag::RegistryCa) != Some(pem.as_str())
+    {
+        meta.set(Tag::RegistryCa, pem.as_bytes());
+        changed = true;
+    }
     if changed {
         bootstate::meta::write(&mut meta_dev, &meta)
             .with_context(|| format!("writing META of {}", disk.display()))?;
@@ -108,6 +129,7 @@ pub fn provision(disk: &Path, req: &Request) -> Result<Provisioned> {
         node: req.credentials.as_ref().map(|(_, n)| n.clone()),
         settings,
         replaced,
+        registry_cas: registry_ca.map(|(_, n)| n),
         made_private_from,
     })
 }
@@ -128,6 +150,13 @@ fn merge(on_disk: Option<&str>, given: &Settings) -> Result<Settings> {
             given.dns.clone()
         },
     )
+    .and_then(|s| {
+        s.with_hosts(if given.hosts.is_empty() {
+            old.hosts
+        } else {
+            given.hosts.clone()
+        })
+    })
     .map_err(|e| {
         anyhow::anyhow!(
             "with the disk's own settings kept, {e}; nothing was written (give that key too)"
