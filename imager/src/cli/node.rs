@@ -4,6 +4,7 @@
 use anyhow::{Result, bail};
 use imager::node::client::Client;
 use imager::node::credentials::{self, Holder};
+use imager::node::fleet;
 use nodeapi::Role;
 use nodeapi::proto::{Event, Request, Status};
 use std::net::IpAddr;
@@ -48,9 +49,19 @@ pub enum NodeCommand {
 /// How to reach a node and who is asking.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConnectArgs {
-    /// The node: HOST or HOST:PORT (port 50000 by default).
-    #[arg(long, value_name = "HOST[:PORT]")]
-    pub node: String,
+    /// The node: HOST or HOST:PORT (port 50000 by default). `upgrade` and
+    /// `rollback` take several (repeated, each [SERVER_NAME@]HOST[:PORT]):
+    /// a rolling operation (docs/node-api.md, "Fleets").
+    #[arg(
+        long,
+        value_name = "HOST[:PORT]",
+        required_unless_present = "nodes_file"
+    )]
+    pub node: Vec<String>,
+    /// A file listing the nodes, one [SERVER_NAME@]HOST[:PORT] per line
+    /// (`#` comments): for `upgrade` and `rollback`.
+    #[arg(long, value_name = "FILE")]
+    pub nodes_file: Option<PathBuf>,
     /// The credentials directory (`ca.crt`, the client's certificate and
     /// key), as made by `imager node credentials`.
     #[arg(long, value_name = "DIR")]
@@ -66,14 +77,62 @@ pub struct ConnectArgs {
 }
 
 impl ConnectArgs {
+    /// The one node of a command that takes one.
     fn client(&self) -> Result<Client> {
+        let [node] = self.node.as_slice() else {
+            bail!(
+                "this command takes one --node (upgrade and rollback take several, or \
+                 --nodes-file)"
+            );
+        };
+        if self.nodes_file.is_some() {
+            bail!("--nodes-file is for upgrade and rollback (a rolling operation)");
+        }
         Client::new(
-            &self.node,
+            node,
             &self.credentials,
             &self.client,
             self.server_name.as_deref(),
         )
     }
+
+    /// The nodes of a rolling operation, when several are given (or a
+    /// list); `None`: one node, the single-node command.
+    fn fleet(&self) -> Result<Option<Vec<fleet::Member>>> {
+        if self.nodes_file.is_none() && self.node.len() <= 1 {
+            return Ok(None);
+        }
+        if self.server_name.is_some() {
+            bail!("--server-name names one node's certificate: give NAME@HOST[:PORT] per node");
+        }
+        let mut members = self
+            .node
+            .iter()
+            .map(|n| fleet::Member::parse(n))
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(f) = &self.nodes_file {
+            members.extend(fleet::read_members(f)?);
+        }
+        fleet::check_members(&members)?;
+        Ok(Some(members))
+    }
+}
+
+/// How a rolling operation proceeds (with several nodes).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RolloutArgs {
+    /// Nodes operated on at once.
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub max_parallel: u32,
+    /// The first K nodes alone first: the rest start only once they are
+    /// back, ready and blessed.
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    pub canary: u32,
+    /// Go on past a node that fails (by default the rollout stops there,
+    /// leaving the nodes not yet started untouched).
+    #[arg(long)]
+    pub continue_on_failure: bool,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -157,6 +216,8 @@ pub struct UpgradeArgs {
     /// Send no registry credentials, even if this host has some.
     #[arg(long, conflicts_with_all = ["username", "authfile"])]
     pub anonymous: bool,
+    #[command(flatten)]
+    pub rollout: RolloutArgs,
 }
 
 /// The registry credentials an upgrade sends: none with `--anonymous`,
@@ -212,6 +273,12 @@ pub struct WaitArgs {
 pub struct RollbackArgs {
     #[command(flatten)]
     pub power: PowerArgs,
+    #[command(flatten)]
+    pub rollout: RolloutArgs,
+    /// With several nodes: the version they roll back to; a node already
+    /// running it (blessed) is skipped, so that a rerun is safe.
+    #[arg(long, value_name = "VERSION")]
+    pub version: Option<String>,
     /// Roll back to a slot whose security version is lower than the
     /// highest the node has blessed (admin; refused without).
     #[arg(long)]
@@ -334,8 +401,10 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        NodeCommand::Upgrade(a) => operate(
+        NodeCommand::Upgrade(a) => operate_all(
             &a.power,
+            &a.rollout,
+            expected_version(a)?.as_deref(),
             &Request::Upgrade {
                 image: a.image.clone(),
                 stage: a.stage,
@@ -381,8 +450,10 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        NodeCommand::Rollback(a) => operate(
+        NodeCommand::Rollback(a) => operate_all(
             &a.power,
+            &a.rollout,
+            a.version.as_deref(),
             &Request::Rollback {
                 allow_downgrade: a.allow_downgrade,
             },
@@ -424,6 +495,83 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
 
 /// Sends `request`, shows its events, and with `--wait` follows the node
 /// through the reboot that ends it.
+/// `request` on the one node given ([`operate`]), or rolled out across
+/// the nodes given ([`fleet::rollout`]), each followed until it is back,
+/// ready and blessed on `target` (when known).
+fn operate_all(
+    a: &PowerArgs,
+    policy: &RolloutArgs,
+    target: Option<&str>,
+    request: &Request,
+) -> Result<ExitCode> {
+    let Some(members) = a.connect.fleet()? else {
+        return operate(a, request);
+    };
+    let connect = fleet::Connect {
+        credentials: a.connect.credentials.clone(),
+        client: a.connect.client.clone(),
+    };
+    let timeout = Duration::from_secs(a.timeout);
+    let run = |m: &fleet::Member| fleet::operate(m, &connect, request, target, timeout);
+    let json = a.json;
+    if !json {
+        eprintln!(
+            "{}: {} node(s), {} at a time{}{}",
+            request.name(),
+            members.len(),
+            policy.max_parallel,
+            match policy.canary {
+                0 => String::new(),
+                k => format!(", the first {k} alone first"),
+            },
+            if policy.continue_on_failure {
+                ", going on past failures"
+            } else {
+                ", stopping at the first failure"
+            }
+        );
+    }
+    let mut show = |r: &fleet::Report| {
+        if json {
+            if let Ok(line) = serde_json::to_string(r) {
+                println!("{line}");
+            }
+        } else {
+            let outcome = match r.outcome {
+                fleet::Outcome::Done => "done",
+                fleet::Outcome::Skipped => "skipped",
+                fleet::Outcome::Failed => "FAILED",
+                fleet::Outcome::NotStarted => "not started",
+            };
+            println!("{}: {outcome}: {}", shown(&r.node), r.message);
+        }
+    };
+    let reports = fleet::rollout(
+        &members,
+        fleet::Policy {
+            max_parallel: policy.max_parallel as usize,
+            canary: policy.canary as usize,
+            continue_on_failure: policy.continue_on_failure,
+        },
+        &run,
+        &mut show,
+    );
+    let count = |o: fleet::Outcome| reports.iter().filter(|r| r.outcome == o).count();
+    let failed = count(fleet::Outcome::Failed);
+    // On stderr: with --json, stdout holds only the reports.
+    eprintln!(
+        "{}: {} done, {} skipped, {failed} failed, {} not started",
+        request.name(),
+        count(fleet::Outcome::Done),
+        count(fleet::Outcome::Skipped),
+        count(fleet::Outcome::NotStarted)
+    );
+    if failed > 0 || count(fleet::Outcome::NotStarted) > 0 {
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn operate(a: &PowerArgs, request: &Request) -> Result<ExitCode> {
     let client = a.connect.client()?;
     let show = |e: &Event| {

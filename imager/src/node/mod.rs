@@ -5,4 +5,5 @@
 
 pub mod client;
 pub mod credentials;
+pub mod fleet;
 pub mod provision;
