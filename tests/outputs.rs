@@ -137,6 +137,7 @@ impl Fixture {
             cache_dir: self.root.join("cache"),
             jobs: 1,
             reuse: Default::default(),
+            cache_registry: None,
         }
     }
 

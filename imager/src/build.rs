@@ -56,6 +56,70 @@ pub struct BuildOptions {
     pub jobs: usize,
     /// Which recorded stages may be skipped (`--force`, `--verify-outputs`).
     pub reuse: Reuse,
+    /// A build cache shared through a registry (`--cache-registry`; the
+    /// profile's `cache` otherwise).
+    pub cache_registry: Option<CacheRegistry>,
+}
+
+/// Where a shared build cache is and whom it trusts
+/// ([`crate::remote_cache`]).
+#[derive(Debug, Clone, Default)]
+pub struct CacheRegistry {
+    /// `REGISTRY/NAME`.
+    pub repository: String,
+    pub access: crate::remote::Access,
+    /// Public keys whose entries are trusted, beside the build's own
+    /// signing key.
+    pub trusted_keys: Vec<PathBuf>,
+}
+
+/// The shared cache a build uses: `opts`' (the command line's), else the
+/// profile's `cache` section; its client and trusted keys ready.
+fn shared_cache(
+    p: &Profile,
+    opts: &BuildOptions,
+    signer: &dyn sign::Signer,
+) -> Result<Option<crate::remote_cache::RemoteCache>> {
+    let from_profile = p.cache.as_ref().and_then(|c| {
+        c.registry.as_ref().map(|r| CacheRegistry {
+            repository: r.clone(),
+            access: crate::remote::Access {
+                plain_http: c.plain_http,
+                ca: c.ca.clone(),
+                ..Default::default()
+            },
+            trusted_keys: c.trusted_keys.clone(),
+        })
+    });
+    let Some(c) = opts.cache_registry.clone().or(from_profile) else {
+        return Ok(None);
+    };
+    crate::remote_cache::check_repository(&c.repository)?;
+    let probe = registry::Reference::parse(&format!("{}:probe", c.repository))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (client, source) = crate::remote::client(&probe, &c.access)?;
+    let mut trusted = vec![signer.public_key()];
+    let profile_keys = p.cache.iter().flat_map(|c| c.trusted_keys.iter());
+    for k in c.trusted_keys.iter().chain(profile_keys) {
+        trusted.push(
+            sign::load_public_key(k)
+                .with_context(|| format!("the cache's trusted key {}", k.display()))?,
+        );
+    }
+    step(&format!(
+        "cache registry: {} ({}; entries signed by {} key(s) trusted)",
+        c.repository,
+        match source {
+            Some(s) => format!("credentials from {s}"),
+            None => "no credentials".to_string(),
+        },
+        trusted.len()
+    ));
+    Ok(Some(crate::remote_cache::RemoteCache::new(
+        &c.repository,
+        client,
+        trusted,
+    )?))
 }
 
 /// What a build produced.
@@ -123,7 +187,9 @@ fn build(
         Some(ca) => Some(read_node_ca(ca)?),
         None => None,
     };
-    let (kernel, (machined, installer_bin)) = kernel_and_binaries(p, opts)?;
+    let shared = shared_cache(p, opts, signer)?;
+    let (kernel, (machined, installer_bin)) =
+        kernel_and_binaries(p, opts, shared.as_ref().map(|c| (c, signer)))?;
     let stage = Staging::create(out, "build")?;
     let mut stages = Stages::open(out, stage.path(), opts.reuse);
     let inputs = BuildInputs {
@@ -746,7 +812,11 @@ struct KernelFiles {
 
 /// The profile's prebuilt kernel (audited), else the kernel built from its
 /// source (or taken from the cache).
-fn kernel_files(p: &Profile, opts: &BuildOptions) -> Result<KernelFiles> {
+fn kernel_files(
+    p: &Profile,
+    opts: &BuildOptions,
+    shared: Option<kernel::build::Shared>,
+) -> Result<KernelFiles> {
     if let (Some(k), Some(c)) = (&p.kernel.prebuilt, &p.kernel.prebuilt_config) {
         step(&format!("kernel: prebuilt {}", k.display()));
         for f in [k, c] {
@@ -769,7 +839,7 @@ fn kernel_files(p: &Profile, opts: &BuildOptions) -> Result<KernelFiles> {
         });
     }
     let req = kernel_request(p, &opts.cache_dir, opts.jobs)?;
-    let built = kernel::build(&req)?;
+    let built = kernel::build::build_shared(&req, shared)?;
     step(&format!(
         "kernel: {} ({})",
         built.bzimage.display(),
@@ -825,11 +895,12 @@ fn runtime_binary(p: &Profile) -> Result<PathBuf> {
 fn kernel_and_binaries(
     p: &Profile,
     opts: &BuildOptions,
+    shared: Option<kernel::build::Shared>,
 ) -> Result<(KernelFiles, (PathBuf, Option<PathBuf>))> {
     std::thread::scope(|s| {
         let binaries =
             s.spawn(|| Ok::<_, anyhow::Error>((runtime_binary(p)?, installer_binary(p)?)));
-        let kernel = kernel_files(p, opts);
+        let kernel = kernel_files(p, opts, shared);
         let binaries = binaries
             .join()
             .map_err(|_| anyhow::anyhow!("the thread building the runtime panicked"))?;

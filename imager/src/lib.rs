@@ -23,6 +23,7 @@ pub mod profile;
 pub mod progress;
 pub mod qemu;
 pub mod remote;
+pub mod remote_cache;
 pub mod rootfs;
 pub mod runtime;
 pub mod secret;

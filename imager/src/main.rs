@@ -214,9 +214,44 @@ struct BuildArgs {
     /// (one JSON object per line; docs/progress.md).
     #[arg(long, default_value = "human", value_name = "MODE")]
     progress: imager::progress::Mode,
+    /// A build cache shared through a registry, REGISTRY/NAME (overrides
+    /// the profile's cache.registry): the kernel is pulled from it when a
+    /// trusted entry has its key, and pushed to it when built here
+    /// (docs/build-cache.md).
+    #[arg(long, value_name = "REGISTRY/NAME")]
+    cache_registry: Option<String>,
+    /// A public key whose cache entries are trusted, beside the build's
+    /// signing key (repeatable).
+    #[arg(long, value_name = "PUB", requires = "cache_registry")]
+    cache_trust: Vec<PathBuf>,
+    /// Speak plain HTTP to the cache registry (a local docker-registry).
+    #[arg(long, requires = "cache_registry")]
+    cache_plain_http: bool,
+    /// PEM CA certificates for the cache registry's HTTPS.
+    #[arg(long, value_name = "FILE", requires = "cache_registry")]
+    cache_ca: Option<PathBuf>,
+    /// The auth file with the cache registry's credentials (default: where
+    /// podman, skopeo and docker keep them).
+    #[arg(long, value_name = "FILE", requires = "cache_registry")]
+    cache_authfile: Option<PathBuf>,
 }
 
 impl BuildArgs {
+    fn cache_registry(&self) -> Option<build::CacheRegistry> {
+        self.cache_registry
+            .as_ref()
+            .map(|repository| build::CacheRegistry {
+                repository: repository.clone(),
+                access: imager::remote::Access {
+                    credentials: None,
+                    authfile: self.cache_authfile.clone(),
+                    plain_http: self.cache_plain_http,
+                    ca: self.cache_ca.clone(),
+                },
+                trusted_keys: self.cache_trust.clone(),
+            })
+    }
+
     fn reuse(&self) -> build::Reuse {
         match (self.force, self.verify_outputs) {
             (true, _) => build::Reuse::Never,
@@ -418,6 +453,7 @@ fn run() -> Result<ExitCode> {
             let path = Profile::locate(&a.profile)?;
             let p = Profile::load(&path)?;
             let reuse = a.reuse();
+            let cache_registry = a.cache_registry();
             let out = a.out.unwrap_or_else(|| PathBuf::from("out").join(&p.name));
             let opts = build::BuildOptions {
                 out_dir: out,
@@ -425,6 +461,7 @@ fn run() -> Result<ExitCode> {
                 cache_dir: kernel::default_cache_dir(),
                 jobs: jobs(a.jobs),
                 reuse,
+                cache_registry,
             };
             let report = build::run(&p, &opts)?;
             if a.json {

@@ -62,6 +62,9 @@ pub struct Profile {
     /// The node API: the cluster CA the image carries.
     #[serde(default)]
     pub node_api: Option<NodeApiSection>,
+    /// A build cache shared through a registry.
+    #[serde(default)]
+    pub cache: Option<CacheSection>,
     #[serde(default = "default_outputs")]
     pub outputs: Vec<Output>,
     /// Where the profile was read from (not a YAML key).
@@ -203,6 +206,14 @@ impl Profile {
         }
         if let Some(ca) = self.node_api.as_mut().and_then(|n| n.ca.as_mut()) {
             abs(ca);
+        }
+        if let Some(c) = self.cache.as_mut() {
+            for k in &mut c.trusted_keys {
+                abs(k);
+            }
+            if let Some(ca) = c.ca.as_mut() {
+                abs(ca);
+            }
         }
     }
 
@@ -347,6 +358,10 @@ impl Profile {
                     format!("waiver of {} has no reason: write why", excerpt(&w.option)),
                 );
             }
+        }
+        if let Some(r) = self.cache.as_ref().and_then(|c| c.registry.as_ref()) {
+            crate::remote_cache::check_repository(r)
+                .map_err(|e| Invalid::new("cache.registry", format!("{e:#}")))?;
         }
         self.net = self.check_network()?;
         self.live_settings = self.check_live_settings()?;

@@ -101,6 +101,22 @@ pub fn default_cache_dir() -> PathBuf {
 /// is audited against the KSPP rules (with the request's command line and
 /// waivers) and a non-waived failure is an error.
 pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
+    build_shared(req, None)
+}
+
+/// A build cache shared through a registry, and the signer of what this
+/// machine adds to it ([`crate::remote_cache`]).
+pub type Shared<'a> = (
+    &'a crate::remote_cache::RemoteCache,
+    &'a dyn crate::sign::Signer,
+);
+
+/// [`build`], with a shared cache: on a local miss the kernel is pulled
+/// from it when it holds a trusted entry for the key (a refused entry is
+/// said, and the kernel built here); a kernel built here, or found in the
+/// local cache, is added to it when it lacks the key. The shared cache is
+/// an optimisation: its failures are warnings.
+pub fn build_shared(req: &KernelRequest, shared: Option<Shared>) -> Result<BuiltKernel> {
     if !req.source.exists() {
         bail!(
             "kernel source {} not found: install linux-source-6.12 (scripts/setup.sh) or set kernel.source in the profile",
@@ -127,11 +143,20 @@ pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
         let cfg = KernelConfig::load(&result.config)?;
         let symbols = cached_symbols(&final_dir, &req.source, &cfg)?;
         audit_or_fail(&rules, &cfg, &req.cmdline, &req.waivers, Some(&symbols))?;
+        share(shared, &key, &final_dir);
         return Ok(result);
     }
 
     fs::create_dir_all(&kernel_dir)
         .with_context(|| format!("creating {}", kernel_dir.display()))?;
+    if let Some((cache, _)) = shared
+        && pull_shared(cache, &key, &kernel_dir, &final_dir)?
+    {
+        let cfg = KernelConfig::load(&result.config)?;
+        let symbols = cached_symbols(&final_dir, &req.source, &cfg)?;
+        audit_or_fail(&rules, &cfg, &req.cmdline, &req.waivers, Some(&symbols))?;
+        return Ok(result);
+    }
     sweep_stale_work_dirs(&kernel_dir);
     let work = WorkDir::create(kernel_dir.join(format!("{key}.tmp-{}", std::process::id())))?;
     let started = Instant::now();
@@ -164,10 +189,91 @@ pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
         format_duration(elapsed),
         result.bzimage.display()
     ));
+    share(shared, &key, &final_dir);
     Ok(BuiltKernel {
         cached: false,
         ..result
     })
+}
+
+/// Pulls the entry for `key` from the shared cache into `final_dir` (through
+/// a work directory renamed into place, as a build's result): whether it
+/// did. A miss, a refused entry or an unreachable registry is said, and
+/// the caller builds.
+fn pull_shared(
+    cache: &crate::remote_cache::RemoteCache,
+    key: &str,
+    kernel_dir: &Path,
+    final_dir: &Path,
+) -> Result<bool> {
+    use crate::remote_cache::Fetched;
+    let tmp = kernel_dir.join(format!("{key}.pull-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tmp);
+    let short = &key[..12.min(key.len())];
+    match cache.fetch("kernel", key, &tmp) {
+        Ok(Fetched::Hit) => {
+            sync_dir(&tmp)?;
+            if let Err(e) = fs::rename(&tmp, final_dir) {
+                let _ = fs::remove_dir_all(&tmp);
+                // Another build of the same key may have put it there first.
+                if !final_dir.join("bzImage").is_file() {
+                    return Err(e).with_context(|| {
+                        format!("renaming the pulled kernel into {}", final_dir.display())
+                    });
+                }
+            }
+            sync_dir(kernel_dir)?;
+            crate::progress::line(&format!(
+                "kernel: pulled from the cache registry {} (key {short}…), signed by a trusted \
+                 key: nothing compiled",
+                cache.repository()
+            ));
+            Ok(true)
+        }
+        Ok(Fetched::Miss) => {
+            crate::progress::line(&format!(
+                "kernel: not in the cache registry {} (key {short}…): building it here",
+                cache.repository()
+            ));
+            Ok(false)
+        }
+        Ok(Fetched::Refused(why)) => {
+            let _ = fs::remove_dir_all(&tmp);
+            crate::progress::line(&format!(
+                "warning: kernel: the cache registry's entry was refused ({why}): building it \
+                 here"
+            ));
+            Ok(false)
+        }
+        Err(e) => {
+            let _ = fs::remove_dir_all(&tmp);
+            crate::progress::line(&format!(
+                "warning: kernel: the cache registry {} cannot be read ({e:#}): building it here",
+                cache.repository()
+            ));
+            Ok(false)
+        }
+    }
+}
+
+/// Adds the kernel of `key` in `dir` to the shared cache when it lacks it;
+/// a failure is a warning.
+fn share(shared: Option<Shared>, key: &str, dir: &Path) {
+    let Some((cache, signer)) = shared else {
+        return;
+    };
+    match cache.store("kernel", key, dir, signer) {
+        Ok(true) => crate::progress::line(&format!(
+            "kernel: pushed to the cache registry {} (key {}…)",
+            cache.repository(),
+            &key[..12.min(key.len())]
+        )),
+        Ok(false) => {}
+        Err(e) => crate::progress::line(&format!(
+            "warning: kernel: could not push to the cache registry {} ({e:#})",
+            cache.repository()
+        )),
+    }
 }
 
 /// Configures the kernel as [`build`] would (tinyconfig, the fragments,

@@ -343,6 +343,27 @@ impl SecureBootSection {
     }
 }
 
+/// A build cache shared through a registry (docs/build-cache.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheSection {
+    /// `REGISTRY/NAME`: the repository of the cache's entries
+    /// (`--cache-registry` overrides it).
+    #[serde(default)]
+    pub registry: Option<String>,
+    /// Public keys (PEM) whose entries are trusted, beside the build's own
+    /// signing key.
+    #[serde(default)]
+    pub trusted_keys: Vec<PathBuf>,
+    /// Speak plain HTTP to the registry (a local `docker-registry`).
+    #[serde(default)]
+    pub plain_http: bool,
+    /// PEM CA certificates for the registry's HTTPS, instead of the
+    /// Mozilla roots.
+    #[serde(default)]
+    pub ca: Option<PathBuf>,
+}
+
 /// The node API (docs/node-api.md).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -177,6 +177,22 @@ impl Registry {
         Digest::of(bytes)
     }
 
+    /// The bytes of the OCI manifest `name:reference`, as the registry
+    /// stores them.
+    pub fn get_manifest(&self, name: &str, reference: &str) -> Vec<u8> {
+        let r = self
+            .agent
+            .get(&format!(
+                "http://{}/v2/{name}/manifests/{reference}",
+                self.addr
+            ))
+            .header("accept", OCI_MANIFEST)
+            .call()
+            .unwrap();
+        assert_eq!(r.status(), 200, "getting manifest {name}:{reference}");
+        r.into_body().read_to_vec().unwrap()
+    }
+
     /// Pushes an image of `layers` (and a small config) under `name:tag`.
     pub fn push_image(&self, name: &str, tag: &str, layers: &[&[u8]]) -> Image {
         let config =
