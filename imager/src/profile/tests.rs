@@ -924,3 +924,22 @@ fn node_api_registries_go_onto_the_command_line_and_bad_ones_are_refused() {
     let e = refused(&GOOD.replace("slab_nomerge]", "slab_nomerge, machined.plain_http=a:1]"));
     assert!(e.contains("machined.plain_http"), "{e}");
 }
+
+#[test]
+fn the_cache_section_names_a_repository_and_resolves_its_keys() {
+    let p = parse(&format!(
+        "{GOOD}cache:\n  registry: ghcr.io/org/imager-cache\n  trusted_keys: [keys/ci.pub]\n  \
+         plain_http: false\n"
+    ))
+    .unwrap();
+    let c = p.cache.as_ref().unwrap();
+    assert_eq!(c.registry.as_deref(), Some("ghcr.io/org/imager-cache"));
+    assert!(c.trusted_keys[0].is_absolute(), "{:?}", c.trusted_keys);
+    assert!(c.trusted_keys[0].ends_with("keys/ci.pub"));
+    for bad in ["ghcr.io/org/cache:tag", "cache", "ghcr.io/Org/x"] {
+        let e = refused(&format!("{GOOD}cache:\n  registry: {bad}\n"));
+        assert!(e.contains("cache.registry"), "{bad}: {e}");
+    }
+    let e = refused(&format!("{GOOD}cache:\n  registry: r.io/a\n  token: x\n"));
+    assert!(e.contains("token"), "{e}");
+}
