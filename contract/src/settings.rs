@@ -56,16 +56,34 @@ pub struct Settings {
     pub hosts: Vec<(String, Ipv4Addr)>,
 }
 
-/// Checks a hostname (see the module's documentation). The message quotes
-/// it escaped.
+/// The longest domain name (RFC 1035's 255 bytes on the wire).
+pub const MAX_DOMAIN_NAME: usize = 253;
+
+/// Checks a hostname (see the module's documentation): a domain name
+/// ([`check_domain_name`]) of at most [`MAX_HOSTNAME`] bytes. The message
+/// quotes it escaped.
 pub fn check_hostname(h: &str) -> Result<(), String> {
+    if h.len() > MAX_HOSTNAME {
+        return Err(format!(
+            "the hostname {} is {} bytes long, more than {MAX_HOSTNAME}",
+            crate::text::excerpt(h),
+            h.len()
+        ));
+    }
+    check_domain_name(h)
+}
+
+/// Checks a domain name (a registry's, a host entry's): RFC 1123 labels
+/// (letters, digits and `-`, 1 to 63 each, not starting or ending with
+/// `-`) joined by `.`, at most [`MAX_DOMAIN_NAME`] bytes.
+pub fn check_domain_name(h: &str) -> Result<(), String> {
     let bad = |why: &str| Err(format!("the hostname {} {why}", crate::text::excerpt(h)));
     if h.is_empty() {
         return bad("is empty");
     }
-    if h.len() > MAX_HOSTNAME {
+    if h.len() > MAX_DOMAIN_NAME {
         return bad(&format!(
-            "is {} bytes long, more than {MAX_HOSTNAME}",
+            "is {} bytes long, more than {MAX_DOMAIN_NAME}",
             h.len()
         ));
     }
@@ -116,7 +134,7 @@ pub fn parse_hosts(v: &str) -> Result<Vec<(String, Ipv4Addr)>, String> {
                 crate::text::excerpt(part)
             ));
         };
-        check_hostname(name)?;
+        check_domain_name(name)?;
         let name = name.to_ascii_lowercase();
         let a: Ipv4Addr = ip.parse().map_err(|_| {
             format!(

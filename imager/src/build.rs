@@ -91,21 +91,40 @@ fn shared_cache(
             trusted_keys: c.trusted_keys.clone(),
         })
     });
+    let from_flags = opts.cache_registry.is_some();
     let Some(c) = opts.cache_registry.clone().or(from_profile) else {
         return Ok(None);
     };
+    // A bad repository name or trusted key is the user's to fix: an error.
     crate::remote_cache::check_repository(&c.repository)?;
-    let probe = registry::Reference::parse(&format!("{}:probe", c.repository))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (client, source) = crate::remote::client(&probe, &c.access)?;
     let mut trusted = vec![signer.public_key()];
-    let profile_keys = p.cache.iter().flat_map(|c| c.trusted_keys.iter());
-    for k in c.trusted_keys.iter().chain(profile_keys) {
+    // The profile's trusted keys, and the flags' when the flags name the
+    // registry (`c` is the profile's own otherwise).
+    let profile_keys: Vec<PathBuf> = match (&p.cache, from_flags) {
+        (Some(pc), true) => pc.trusted_keys.clone(),
+        _ => Vec::new(),
+    };
+    for k in c.trusted_keys.iter().chain(&profile_keys) {
         trusted.push(
             sign::load_public_key(k)
                 .with_context(|| format!("the cache's trusted key {}", k.display()))?,
         );
     }
+    // Reaching it is not: a cache that cannot be reached (credentials
+    // that cannot be read, a helper missing) is a warning, and the build
+    // goes on without it.
+    let probe = registry::Reference::parse(&format!("{}:probe", c.repository))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (client, source) = match crate::remote::client(&probe, &c.access) {
+        Ok(c) => c,
+        Err(e) => {
+            step(&format!(
+                "warning: cache registry {}: {e:#}; building without it",
+                c.repository
+            ));
+            return Ok(None);
+        }
+    };
     step(&format!(
         "cache registry: {} ({}; entries signed by {} key(s) trusted)",
         c.repository,

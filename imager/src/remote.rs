@@ -46,7 +46,7 @@ pub fn credentials(
     let files = registry::authfile::files(authfile);
     let found = registry::authfile::lookup(
         &files,
-        authfile.is_some() || std::env::var_os("REGISTRY_AUTH_FILE").is_some(),
+        authfile.is_some() || std::env::var_os("REGISTRY_AUTH_FILE").is_some_and(|v| !v.is_empty()),
         reference.registry(),
         reference.name(),
     )

@@ -11,7 +11,8 @@
 //!   the kind, the key, and each file's name, size and digest;
 //! - its first layer is the **signature** of the statement's bytes
 //!   ([`MEDIA_SIGNATURE`]: the signer's key id and an ed25519 signature,
-//!   by the build's signing key, through [`crate::sign::Signer`]);
+//!   by the build's signing key, through [`crate::sign::Signer`], over
+//!   `imager cache statement v1\0` and the statement);
 //! - the other layers are the files, in the statement's order.
 //!
 //! An entry is used only when everything holds: the signature is by a key
@@ -141,61 +142,18 @@ impl RemoteCache {
     /// Looks `kind`/`key` up; on a hit, its files are in `dest` (created).
     /// Network failures are errors (the caller warns and builds).
     pub fn fetch(&self, kind: &str, key: &str, dest: &Path) -> Result<Fetched> {
-        let files = files_of(kind)?;
         let r = self.reference(kind, key)?;
         let manifest = match self.client.manifest(&r) {
             Ok(m) => m,
             Err(e) if e.kind() == registry::ErrorKind::NotFound => return Ok(Fetched::Miss),
             Err(e) => return Err(anyhow!("{e}")),
         };
-        let refuse = |why: String| Ok(Fetched::Refused(why));
-        if manifest.config.media_type != MEDIA_STATEMENT
-            || manifest.config.size > MAX_STATEMENT
-            || manifest.layers.len() != files.len() + 1
-            || manifest.layers[0].media_type != MEDIA_SIGNATURE
-            || manifest.layers[0].size > MAX_SIGNATURE
-        {
-            return refuse(format!(
-                "{r} is not a cache entry of this version of imager"
-            ));
-        }
-        let statement = match self.small(&r, &manifest.config) {
-            Ok(b) => b,
-            Err(e) => return refuse(format!("{e:#}")),
-        };
-        let signature = match self.small(&r, &manifest.layers[0]) {
-            Ok(b) => b,
-            Err(e) => return refuse(format!("{e:#}")),
-        };
-        if let Err(e) = self.verify(&statement, &signature) {
-            return refuse(format!("{r}: {e:#}"));
-        }
-        let parsed: Statement = match serde_json::from_slice(&statement) {
+        let statement = match self.check(&r, &manifest, kind, key) {
             Ok(s) => s,
-            Err(_) => return refuse(format!("{r}: its statement is not valid")),
+            Err(why) => return Ok(Fetched::Refused(why)),
         };
-        if parsed.kind != kind || parsed.key != key {
-            return refuse(format!(
-                "{r} is signed for another entry ({} {}): a tag moved to another entry",
-                contract::text::excerpt(&parsed.kind),
-                contract::text::excerpt(&parsed.key)
-            ));
-        }
-        let names: Vec<&str> = parsed.files.iter().map(|f| f.name.as_str()).collect();
-        let wanted: Vec<&str> = files.iter().map(|(n, _)| *n).collect();
-        if names != wanted {
-            return refuse(format!("{r} does not hold the files of a {kind} entry"));
-        }
-        for ((f, (_, bound)), layer) in parsed.files.iter().zip(files).zip(&manifest.layers[1..]) {
-            if f.size > *bound || layer.size != f.size || layer.digest.as_str() != f.digest {
-                return refuse(format!(
-                    "{r}: its layer for {} is not the one its signed statement names",
-                    f.name
-                ));
-            }
-        }
         std::fs::create_dir_all(dest).with_context(|| format!("creating {}", dest.display()))?;
-        for (f, layer) in parsed.files.iter().zip(&manifest.layers[1..]) {
+        for (f, layer) in statement.files.iter().zip(&manifest.layers[1..]) {
             let path = dest.join(&f.name);
             let copied = (|| -> Result<()> {
                 let mut blob = self.client.blob(&r, layer).map_err(|e| anyhow!("{e}"))?;
@@ -212,10 +170,64 @@ impl RemoteCache {
             })();
             if let Err(e) = copied {
                 let _ = std::fs::remove_dir_all(dest);
-                return refuse(format!("{r}: {} ({e:#})", f.name));
+                return Ok(Fetched::Refused(format!("{r}: {} ({e:#})", f.name)));
             }
         }
         Ok(Fetched::Hit)
+    }
+
+    /// The statement of the entry `manifest` (of `r`) if it is a trusted
+    /// entry of `kind`/`key` whose layers are the files it names (their
+    /// bytes are checked as they are read); else why not.
+    fn check(
+        &self,
+        r: &Reference,
+        manifest: &registry::ImageManifest,
+        kind: &str,
+        key: &str,
+    ) -> Result<Statement, String> {
+        let files = files_of(kind).map_err(|e| format!("{e:#}"))?;
+        if manifest.config.media_type != MEDIA_STATEMENT
+            || manifest.config.size > MAX_STATEMENT
+            || manifest.layers.len() != files.len() + 1
+            || manifest.layers[0].media_type != MEDIA_SIGNATURE
+            || manifest.layers[0].size > MAX_SIGNATURE
+        {
+            return Err(format!(
+                "{r} is not a cache entry of this version of imager"
+            ));
+        }
+        let statement = self
+            .small(r, &manifest.config)
+            .map_err(|e| format!("{e:#}"))?;
+        let signature = self
+            .small(r, &manifest.layers[0])
+            .map_err(|e| format!("{e:#}"))?;
+        self.verify(&statement, &signature)
+            .map_err(|e| format!("{r}: {e:#}"))?;
+        let parsed: Statement = serde_json::from_slice(&statement)
+            .map_err(|_| format!("{r}: its statement is not valid"))?;
+        if parsed.kind != kind || parsed.key != key {
+            return Err(format!(
+                "{r} is signed for another entry ({} {}): a tag moved to another entry",
+                contract::text::excerpt(&parsed.kind),
+                contract::text::excerpt(&parsed.key)
+            ));
+        }
+        let names: Vec<&str> = parsed.files.iter().map(|f| f.name.as_str()).collect();
+        let wanted: Vec<&str> = files.iter().map(|(n, _)| *n).collect();
+        if names != wanted {
+            return Err(format!("{r} does not hold the files of a {kind} entry"));
+        }
+        for ((f, (_, bound)), layer) in parsed.files.iter().zip(files).zip(&manifest.layers[1..]) {
+            if f.size > *bound || layer.size != f.size || layer.digest.as_str() != f.digest {
+                return Err(format!(
+                    "{r}: its layer for {} is not the one its signed statement names",
+                    f.name
+                ));
+            }
+        }
+        Ok(parsed)
     }
 
     /// A small blob of `r`, read whole (its digest checked on the way).
@@ -253,17 +265,20 @@ impl RemoteCache {
                     contract::text::excerpt(&doc.key_id)
                 )
             })?;
-        key.verify(statement, &sig)
+        key.verify(&signed_bytes(statement), &sig)
             .map_err(|_| anyhow!("its signature does not verify: the entry was changed"))
     }
 
     /// Pushes the files of `kind`/`key` from `dir`, signed by `signer`,
-    /// unless the registry has a tag for the key already.
+    /// unless the registry has a trusted entry for the key already: one it
+    /// would refuse (another signer's, a damaged one) is replaced, so that
+    /// a bad entry does not hold its key for good.
     pub fn store(&self, kind: &str, key: &str, dir: &Path, signer: &dyn Signer) -> Result<bool> {
         let files = files_of(kind)?;
         let r = self.reference(kind, key)?;
         match self.client.manifest(&r) {
-            Ok(_) => return Ok(false),
+            Ok(m) if self.check(&r, &m, kind, key).is_ok() => return Ok(false),
+            Ok(_) => {}
             Err(e) if e.kind() == registry::ErrorKind::NotFound => {}
             Err(e) => return Err(anyhow!("{e}")),
         }
@@ -297,7 +312,7 @@ impl RemoteCache {
         let signature = serde_json::to_vec(&SignatureDoc {
             key_id: signer.key_id(),
             signature: base64::engine::general_purpose::STANDARD
-                .encode(signer.sign(&statement)?.to_bytes()),
+                .encode(signer.sign(&signed_bytes(&statement))?.to_bytes()),
         })?;
         let blob = |bytes: &[u8], media: &str| -> Result<Descriptor> {
             let d = Descriptor {
@@ -324,6 +339,15 @@ impl RemoteCache {
             .map_err(|e| anyhow!("{e}"))?;
         Ok(true)
     }
+}
+
+/// What a cache signature covers: a context of its own, then the
+/// statement (a signing key that also signs payload manifests never signs
+/// a cache statement that could be read as something else).
+const SIGNED_CONTEXT: &[u8] = b"imager cache statement v1\0";
+
+fn signed_bytes(statement: &[u8]) -> Vec<u8> {
+    [SIGNED_CONTEXT, statement].concat()
 }
 
 /// `REGISTRY/NAME`: a reference without a tag or digest.

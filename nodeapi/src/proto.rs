@@ -495,8 +495,17 @@ fn parse<T: serde::de::DeserializeOwned>(line: &[u8], what: &str) -> Result<T> {
         bail!("the {what} is over {MAX_LINE} bytes");
     }
     let text = std::str::from_utf8(line).with_context(|| format!("the {what} is not UTF-8"))?;
-    // serde quotes the input (an unknown op, whole): cut and escaped.
+    // serde quotes the input (an unknown op, whole): cut and escaped; and
+    // never when the line carries registry credentials (a password put
+    // where an object belongs would be quoted): then only the position.
     serde_json::from_str(text).map_err(|e| {
+        if text.contains("credentials") {
+            return anyhow::anyhow!(
+                "the {what} is not valid (at line {}, column {}; its credentials are not shown)",
+                e.line(),
+                e.column()
+            );
+        }
         anyhow::anyhow!(
             "the {what} is not valid: {}",
             contract::text::sanitise(&e.to_string())
@@ -652,6 +661,7 @@ mod tests {
 "}}"#,
             br#"{"op":"upgrade","image":"r/i:1","credentials":{"username":"u","password":"p","identity_token":"t"}}"#,
             br#"{"op":"upgrade","image":"r/i:1","credentials":{"token":"t"}}"#,
+            br#"{"op":"upgrade","image":"r/i:1","credentials":"Summer2024!"}"#,
             br#"{"op":"upgrade","image":"r/i:1","tries":100}"#,
             br#"{"op":"upgrade","image":"r/i:1","deadline":0}"#,
             br#"{"op":"upgrade","image":"r/i:1","deadline":21601}"#,
@@ -670,6 +680,14 @@ mod tests {
         }
         let long = format!(r#"{{"op":"upgrade","image":"{}"}}"#, "a".repeat(2000));
         assert!(parse_request(long.as_bytes()).is_err());
+        // A secret in a malformed request is never in the refusal.
+        for bad in [
+            &br#"{"op":"upgrade","image":"r/i:1","credentials":"Summer2024!"}"#[..],
+            br#"{"op":"upgrade","image":"r/i:1","credentials":{"username":"u","password":5,"x":"Summer2024!"}}"#,
+        ] {
+            let e = format!("{:#}", parse_request(bad).unwrap_err());
+            assert!(!e.contains("Summer2024"), "{e}");
+        }
     }
 
     /// serde's message quotes an unknown op whole: the refusal the node

@@ -108,9 +108,15 @@ pub fn parse(bytes: &[u8], what: &str, registry: &str, name: &str) -> Result<Opt
     if bytes.len() as u64 > MAX_AUTH_FILE {
         return Err(bad(format!("over {MAX_AUTH_FILE} bytes: not an auth file")));
     }
-    // serde_json's messages quote no input, only positions.
-    let file: File = serde_json::from_slice(bytes)
-        .map_err(|e| bad(format!("not a valid auth file ({e}): fix or remove it")))?;
+    // serde_json's messages quote the values they did not expect (an
+    // `auth` where an object belongs): only the position is told.
+    let file: File = serde_json::from_slice(bytes).map_err(|e| {
+        bad(format!(
+            "not a valid auth file (line {}, column {}): fix or remove it",
+            e.line(),
+            e.column()
+        ))
+    })?;
     let registry = normalize_key(registry);
     let helpers: BTreeMap<String, &String> = file
         .cred_helpers
@@ -310,12 +316,13 @@ fn run_program(program: &Path, registry: &str) -> Result<Option<Credentials>, Er
         let _ = stdin.write_all(server.as_bytes());
     }
     let stdout = child.stdout.take();
-    let reader = std::thread::spawn(move || {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
         let mut out = Vec::new();
         if let Some(s) = stdout {
             let _ = s.take(MAX_HELPER_OUTPUT + 1).read_to_end(&mut out);
         }
-        out
+        let _ = tx.send(out);
     });
     let deadline = Instant::now() + HELPER_TIMEOUT;
     let status = loop {
@@ -335,7 +342,15 @@ fn run_program(program: &Path, registry: &str) -> Result<Option<Credentials>, Er
             Err(e) => return Err(fail(e.to_string())),
         }
     };
-    let out = reader.join().unwrap_or_default();
+    // Its output, within what is left of the wait (a process it left
+    // behind may hold the pipe open).
+    let left = deadline.saturating_duration_since(Instant::now());
+    let out = rx.recv_timeout(left).map_err(|_| {
+        fail(format!(
+            "its output did not end within {} s",
+            HELPER_TIMEOUT.as_secs()
+        ))
+    })?;
     if !status.success() {
         // "credentials not found in native keychain": none kept.
         return Ok(None);

@@ -26,9 +26,8 @@ pub const MAX_POINTERS: usize = 16;
 pub const MAX_CNAMES: usize = 8;
 /// Tries per server (UDP is lossy).
 pub const TRIES: usize = 2;
-/// The most static host entries and servers.
-pub const MAX_HOSTS: usize = 32;
-pub const MAX_SERVERS: usize = 3;
+/// The most servers asked (the node's settings' bound).
+pub const MAX_SERVERS: usize = contract::settings::MAX_DNS;
 /// The largest answer read over TCP (its length prefix allows 64 KiB).
 const MAX_TCP: usize = 64 << 10;
 
@@ -67,26 +66,17 @@ fn bad(why: &str) -> Error {
     )
 }
 
-/// A hostname checked for a query: labels of 1 to 63 letters, digits,
-/// `-` or `_`, at most 253 bytes; lowercase, without a trailing dot.
+/// A host name checked for a query ([`contract::settings::check_domain_name`]:
+/// RFC 1123 labels, at most 253 bytes); lowercase, without a trailing dot.
 fn check_name(name: &str) -> Result<String, Error> {
     let n = name.trim_end_matches('.').to_ascii_lowercase();
-    let ok = !n.is_empty()
-        && n.len() <= 253
-        && n.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && l.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        });
-    if ok {
-        Ok(n)
-    } else {
-        Err(Error::new(
+    contract::settings::check_domain_name(&n).map_err(|_| {
+        Error::new(
             ErrorKind::Invalid,
             format!("{} is not a host name that can be resolved", excerpt(name)),
-        ))
-    }
+        )
+    })?;
+    Ok(n)
 }
 
 /// The query for `name`'s `A` records, with `id` (recursion desired).
@@ -337,20 +327,42 @@ impl Resolver {
 
     fn ask_tcp(&self, server: SocketAddr, name: &str, timeout: Duration) -> Result<Answer, Error> {
         let io = |e: std::io::Error| Error::new(ErrorKind::Unreachable, e.to_string());
-        let mut s = TcpStream::connect_timeout(&server, timeout).map_err(io)?;
-        s.set_read_timeout(Some(timeout)).map_err(io)?;
-        s.set_write_timeout(Some(timeout)).map_err(io)?;
+        // One wait for the whole exchange, however the bytes arrive.
+        let deadline = std::time::Instant::now() + timeout;
+        let left = || {
+            let l = deadline.saturating_duration_since(std::time::Instant::now());
+            if l.is_zero() {
+                Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("no whole answer over TCP in {timeout:?}"),
+                ))
+            } else {
+                Ok(l)
+            }
+        };
+        let mut s = TcpStream::connect_timeout(&server, left()?).map_err(io)?;
+        s.set_write_timeout(Some(left()?)).map_err(io)?;
         let id = random_id();
         let q = query(id, name)?;
         let mut framed = (q.len() as u16).to_be_bytes().to_vec();
         framed.extend_from_slice(&q);
         s.write_all(&framed).map_err(io)?;
-        let mut len = [0u8; 2];
-        s.read_exact(&mut len).map_err(io)?;
-        let len = (u16::from_be_bytes(len) as usize).min(MAX_TCP);
-        let mut m = vec![0u8; len];
-        s.read_exact(&mut m).map_err(io)?;
-        match parse_answer(&m, id, name)? {
+        let mut m = Vec::new();
+        let mut want = 2;
+        let mut buf = [0u8; 4096];
+        while m.len() < want {
+            s.set_read_timeout(Some(left()?)).map_err(io)?;
+            let n = s.read(&mut buf).map_err(io)?;
+            if n == 0 {
+                return Err(bad("the TCP answer ends early"));
+            }
+            m.extend_from_slice(&buf[..n]);
+            if want == 2 && m.len() >= 2 {
+                want = 2 + (u16::from_be_bytes([m[0], m[1]]) as usize).min(MAX_TCP);
+            }
+        }
+        let m = &m[2..want];
+        match parse_answer(m, id, name)? {
             Answer::Truncated => Err(bad("truncated over TCP")),
             a => Ok(a),
         }

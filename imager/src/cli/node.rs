@@ -493,8 +493,6 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Sends `request`, shows its events, and with `--wait` follows the node
-/// through the reboot that ends it.
 /// `request` on the one node given ([`operate`]), or rolled out across
 /// the nodes given ([`fleet::rollout`]), each followed until it is back,
 /// ready and blessed on `target` (when known).
@@ -507,6 +505,18 @@ fn operate_all(
     let Some(members) = a.connect.fleet()? else {
         return operate(a, request);
     };
+    match request {
+        Request::Upgrade { stage: true, .. } => {
+            bail!(
+                "--stage is for one node: a rolling upgrade waits for each node to be back on the new version"
+            )
+        }
+        Request::Rollback { .. } if target.is_none() => bail!(
+            "a rollback of several nodes needs --version VERSION, the version they roll back \
+             to: a node already on it is skipped, so that a rerun does not roll it back again"
+        ),
+        _ => {}
+    }
     let connect = fleet::Connect {
         credentials: a.connect.credentials.clone(),
         client: a.connect.client.clone(),
@@ -572,6 +582,8 @@ fn operate_all(
     Ok(ExitCode::SUCCESS)
 }
 
+/// Sends `request`, shows its events, and with `--wait` follows the node
+/// through the reboot that ends it.
 fn operate(a: &PowerArgs, request: &Request) -> Result<ExitCode> {
     let client = a.connect.client()?;
     let show = |e: &Event| {

@@ -149,6 +149,7 @@ pub fn build_shared(req: &KernelRequest, shared: Option<Shared>) -> Result<Built
 
     fs::create_dir_all(&kernel_dir)
         .with_context(|| format!("creating {}", kernel_dir.display()))?;
+    sweep_stale_work_dirs(&kernel_dir);
     if let Some((cache, _)) = shared
         && pull_shared(cache, &key, &kernel_dir, &final_dir)?
     {
@@ -157,7 +158,6 @@ pub fn build_shared(req: &KernelRequest, shared: Option<Shared>) -> Result<Built
         audit_or_fail(&rules, &cfg, &req.cmdline, &req.waivers, Some(&symbols))?;
         return Ok(result);
     }
-    sweep_stale_work_dirs(&kernel_dir);
     let work = WorkDir::create(kernel_dir.join(format!("{key}.tmp-{}", std::process::id())))?;
     let started = Instant::now();
     let make = prepare_tree(req, &key, &kernel_dir, &work.path, seed_file)?;
@@ -207,14 +207,14 @@ fn pull_shared(
     final_dir: &Path,
 ) -> Result<bool> {
     use crate::remote_cache::Fetched;
-    let tmp = kernel_dir.join(format!("{key}.pull-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&tmp);
+    // A work directory the next build sweeps if this one is killed.
+    let work = WorkDir::create(kernel_dir.join(format!("{key}-pull.tmp-{}", std::process::id())))?;
+    let tmp = work.path.join("entry");
     let short = &key[..12.min(key.len())];
     match cache.fetch("kernel", key, &tmp) {
         Ok(Fetched::Hit) => {
             sync_dir(&tmp)?;
             if let Err(e) = fs::rename(&tmp, final_dir) {
-                let _ = fs::remove_dir_all(&tmp);
                 // Another build of the same key may have put it there first.
                 if !final_dir.join("bzImage").is_file() {
                     return Err(e).with_context(|| {
@@ -238,7 +238,6 @@ fn pull_shared(
             Ok(false)
         }
         Ok(Fetched::Refused(why)) => {
-            let _ = fs::remove_dir_all(&tmp);
             crate::progress::line(&format!(
                 "warning: kernel: the cache registry's entry was refused ({why}): building it \
                  here"
@@ -246,7 +245,6 @@ fn pull_shared(
             Ok(false)
         }
         Err(e) => {
-            let _ = fs::remove_dir_all(&tmp);
             crate::progress::line(&format!(
                 "warning: kernel: the cache registry {} cannot be read ({e:#}): building it here",
                 cache.repository()

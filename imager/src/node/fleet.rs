@@ -5,7 +5,8 @@
 //! the expected version (the health gate); at the first node that is not
 //! (it refused, fell back, never came back), the rollout stops: nodes in
 //! flight finish, nodes not yet started are left untouched, and every node
-//! is reported. `continue_on_failure` goes on instead, explicitly. A node
+//! is reported. `continue_on_failure` goes on instead, explicitly, past
+//! the canaries (a failed canary always stops the rollout). A node
 //! already on the target version (and blessed) is skipped, so that a rerun
 //! of the same command picks up where the last one stopped.
 //!
@@ -37,7 +38,7 @@ impl Member {
     pub fn parse(text: &str) -> Result<Member> {
         let (server_name, node) = match text.split_once('@') {
             Some((name, node)) => {
-                contract::settings::check_hostname(name).map_err(|e| {
+                contract::settings::check_domain_name(name).map_err(|e| {
                     anyhow::anyhow!("the node {}: {e}", contract::text::excerpt(text))
                 })?;
                 (Some(name.to_string()), node)
@@ -172,20 +173,28 @@ pub fn rollout(
     let mut reports: Vec<Option<Report>> = vec![None; members.len()];
     let stop = AtomicBool::new(false);
     let canary = policy.canary.min(members.len());
+    let canary_failed = AtomicBool::new(false);
     for (start, end) in [(0, canary), (canary, members.len())] {
-        if start == end || (stop.load(Ordering::SeqCst) && !policy.continue_on_failure) {
+        // A failed canary stops the rollout whatever the policy: it is
+        // what canaries are for. Past them, `continue_on_failure` decides.
+        if start == end
+            || canary_failed.load(Ordering::SeqCst)
+            || (stop.load(Ordering::SeqCst) && !policy.continue_on_failure)
+        {
             continue;
         }
+        let in_canary = start == 0 && end == canary;
         let next = AtomicUsize::new(start);
         let workers = policy.max_parallel.max(1).min(end - start);
         let (tx, rx) = std::sync::mpsc::channel::<(usize, Report)>();
         std::thread::scope(|scope| {
             for _ in 0..workers {
                 let tx = tx.clone();
-                let (next, stop) = (&next, &stop);
+                let (next, stop, canary_failed) = (&next, &stop, &canary_failed);
                 scope.spawn(move || {
                     loop {
-                        if stop.load(Ordering::SeqCst) && !policy.continue_on_failure {
+                        if stop.load(Ordering::SeqCst) && (!policy.continue_on_failure || in_canary)
+                        {
                             return;
                         }
                         let i = next.fetch_add(1, Ordering::SeqCst);
@@ -195,6 +204,9 @@ pub fn rollout(
                         let report = run(&members[i]);
                         if report.outcome == Outcome::Failed {
                             stop.store(true, Ordering::SeqCst);
+                            if in_canary {
+                                canary_failed.store(true, Ordering::SeqCst);
+                            }
                         }
                         if tx.send((i, report)).is_err() {
                             return;

@@ -104,6 +104,12 @@ fn foreign_tampered_and_moved_entries_are_refused() {
         panic!("a foreign entry used");
     };
     assert!(why.contains("does not trust"), "{why}");
+    // A trusted machine's push replaces it: a bad entry holds no key.
+    assert!(c.store("kernel", KEY, &src, &ours).unwrap());
+    assert!(matches!(
+        c.fetch("kernel", KEY, &tmp.path().join("a2")).unwrap(),
+        Fetched::Hit
+    ));
     // Ours, then a file's blob changed in the registry's storage.
     let other = entry(tmp.path(), 2);
     c.store("kernel", OTHER_KEY, &other, &ours).unwrap();

@@ -104,6 +104,10 @@ fn bad_files_are_refused_without_showing_secrets() {
     for (file, want) in [
         ("not json s3cret".to_string(), "not a valid auth file"),
         (
+            r#"{"auths":{"r.io":"s3cretb64"}}"#.to_string(),
+            "not a valid auth file",
+        ),
+        (
             r#"{"auths":{"r.io":{"auth":"!!s3cret"}}}"#.into(),
             "not base64",
         ),

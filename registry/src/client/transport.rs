@@ -89,7 +89,8 @@ impl Client {
                     return Err(Error::new(
                         ErrorKind::Unauthorized,
                         format!(
-                            "{registry} asked for credentials again in the middle of an upload                              to {} (HTTP 401): try the push again",
+                            "{registry} asked for credentials again in the middle of an upload \
+                             to {} (HTTP 401): try the push again",
                             reference.name()
                         ),
                     ));

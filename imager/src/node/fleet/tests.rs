@@ -100,24 +100,25 @@ fn a_failure_stops_what_has_not_started() {
             Outcome::NotStarted
         ]
     );
-    let (ran, reports) = run(
-        4,
-        Policy {
-            continue_on_failure: true,
-            ..ONE_BY_ONE
-        },
-        &[0, 1],
-    );
+    let going_on = Policy {
+        continue_on_failure: true,
+        ..ONE_BY_ONE
+    };
+    let (ran, reports) = run(4, going_on, &[1, 2]);
     assert_eq!(ran, [0, 1, 2, 3]);
     assert_eq!(
         outcomes(&reports),
         [
-            Outcome::Failed,
-            Outcome::Failed,
             Outcome::Done,
+            Outcome::Failed,
+            Outcome::Failed,
             Outcome::Done
         ]
     );
+    // Past a failed canary nothing goes on, whatever the policy.
+    let (ran, reports) = run(4, going_on, &[0]);
+    assert_eq!(ran, [0]);
+    assert_eq!(reports[3].outcome, Outcome::NotStarted);
 }
 
 #[test]
