@@ -44,6 +44,11 @@ pub struct Resolver {
     pub servers: Vec<SocketAddr>,
     /// Each try's wait for an answer.
     pub timeout: Duration,
+    /// Names whose DNS answers may be this machine's, link-local or
+    /// multicast addresses: the registry the operator named (a client
+    /// refuses such answers for any other name: a registry's redirect or
+    /// token realm may not lead there).
+    pub trusted_names: Vec<String>,
 }
 
 /// What an answer said.

@@ -360,9 +360,23 @@ fn names_resolve_through_host_entries_and_a_dns_server() {
     let dns = registry::dns::Resolver {
         servers: vec![server],
         timeout: std::time::Duration::from_secs(2),
+        trusted_names: vec![TEST_NAME.to_string()],
         ..Default::default()
     };
-    assert_eq!(with(dns).manifest(&r).unwrap().digest, digest);
+    assert_eq!(with(dns.clone()).manifest(&r).unwrap().digest, digest);
+    // A DNS answer that leads to this machine for a name the operator did
+    // not give (here, the registry's own name, untrusted): refused.
+    let e = with(registry::dns::Resolver {
+        trusted_names: Vec::new(),
+        ..dns
+    })
+    .manifest(&r)
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains(&format!("the DNS answer for \"{TEST_NAME}\" is 127.0.0.1")),
+        "{e}"
+    );
     // registry.test, for the registry and for its token service.
     assert!(queries.load(Ordering::SeqCst) >= 2);
     // Without an entry or a server: a message that says so.

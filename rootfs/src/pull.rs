@@ -78,7 +78,7 @@ pub fn credentials(c: &nodeapi::proto::PullCredentials) -> registry::Credentials
 /// Mozilla roots), names through its settings' host entries then the DNS
 /// servers it uses (its settings' or DHCP's), never through the system
 /// (a static binary has no resolver).
-fn reach(meta: &Meta) -> (Option<Vec<u8>>, registry::dns::Resolver) {
+fn reach(meta: &Meta, registry_host: &str) -> (Option<Vec<u8>>, registry::dns::Resolver) {
     let settings = meta
         .get(Tag::NodeSettings)
         .and_then(|t| contract::settings::Settings::parse(t).ok())
@@ -94,6 +94,9 @@ fn reach(meta: &Meta) -> (Option<Vec<u8>>, registry::dns::Resolver) {
             .map(|a| std::net::SocketAddr::from((a, 53)))
             .collect(),
         timeout: DNS_TIMEOUT,
+        // The registry the operator named may be anywhere; its redirects
+        // and token realm may not be this machine or link-local.
+        trusted_names: vec![registry_host.to_ascii_lowercase()],
     };
     let ca = meta.get(Tag::RegistryCa).map(|p| p.as_bytes().to_vec());
     (ca, resolver)
@@ -129,7 +132,12 @@ pub fn pull(
         !keys.is_empty(),
         "META names no trusted key: this disk cannot be upgraded (reinstall it)"
     );
-    let (ca_pem, resolver) = reach(meta);
+    let host = reference.registry();
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    let (ca_pem, resolver) = reach(meta, host);
     let credentials = match &pull.credentials {
         Some(c) => [(reference.registry().to_string(), c.clone())].into(),
         None => Default::default(),

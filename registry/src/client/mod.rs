@@ -185,7 +185,7 @@ impl Client {
             Some(r) => ureq::Agent::with_parts(
                 config,
                 ureq::unversioned::transport::DefaultConnector::new(),
-                resolve::Names(Arc::new(r.clone())),
+                resolve::Names(Arc::new(r.clone()), options.own_addresses.clone()),
             ),
         };
         Ok(Client {

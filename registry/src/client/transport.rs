@@ -242,7 +242,18 @@ impl Client {
         if target == "localhost" || target.ends_with(".localhost") {
             return Some("an address of this machine: refused");
         }
-        let ip: std::net::IpAddr = target.parse().ok()?;
+        let Ok(ip) = target.parse::<std::net::IpAddr>() else {
+            // A host whose last label is a number is no DNS name (no
+            // top-level domain is numeric): an address in a form the system
+            // resolver reads and a parser does not (`127.1`, `2130706433`,
+            // `0x7f.1`), which could be this machine.
+            let last = target.rsplit('.').next().unwrap_or_default();
+            let numeric = !last.is_empty()
+                && (last.bytes().all(|b| b.is_ascii_digit()) || last.starts_with("0x"));
+            return numeric.then_some(
+                "a numeric host in a non-standard form: refused (it could be this machine)",
+            );
+        };
         let ip = match ip {
             std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
             v4 => v4,
@@ -521,6 +532,9 @@ mod tests {
             "https://10.0.2.15:50000/x",
             "https://user@10.0.2.15/x",
             "https://224.0.0.1/x",
+            "https://127.1/x",
+            "https://2130706433:50000/x",
+            "https://0x7f.1/x",
         ] {
             let Err(e) = client.redirect(from, refused, &r) else {
                 panic!("{refused} followed");

@@ -209,6 +209,7 @@ fn lookups_use_host_entries_then_each_server_then_tcp() {
         hosts: BTreeMap::from([("reg.local".into(), vec![Ipv4Addr::new(10, 0, 2, 2)])]),
         servers,
         timeout: Duration::from_millis(500),
+        trusted_names: Vec::new(),
     };
     let good = server(
         |q| reply_with(q, 0x8180, &[record(12, TYPE_A, &[10, 9, 8, 7])]),
