@@ -68,8 +68,7 @@ fn outcomes(r: &[Value]) -> Vec<(String, String)> {
 
 #[test]
 fn a_fleet_upgrades_one_node_at_a_time_and_stops_at_a_failed_canary() {
-    use base64::Engine as _;
-    use reg::auth::{PASSWORD, Pki, TEST_NAME, TokenServer, USER};
+    use reg::auth::TEST_NAME;
     let dir = scratch().join("fleet");
     let _ = std::fs::remove_dir_all(&dir);
     let creds = dir.join("credentials");
@@ -98,29 +97,9 @@ fn a_fleet_upgrades_one_node_at_a_time_and_stops_at_a_failed_canary() {
         )
     });
 
-    let pki = Pki::new();
-    let tokens = TokenServer::start_at(&pki, TEST_NAME);
-    let registry = reg::Registry::start_token(&pki, &tokens);
-    let port_of = |addr: &str| addr.rsplit(':').next().unwrap().to_string();
-    let (rport, tport) = (
-        port_of(&registry.addr),
-        port_of(tokens.realm.trim_end_matches("/token")),
-    );
-    let image = |v: &str| format!("{TEST_NAME}:{rport}/metal/installer:{v}");
-    let client = ::registry::Client::new(::registry::Options {
-        ca_pem: Some(pki.ca_pem.clone().into_bytes()),
-        credentials: [(
-            format!("{TEST_NAME}:{rport}"),
-            ::registry::Credentials::basic(USER, PASSWORD).unwrap(),
-        )]
-        .into(),
-        resolver: Some(::registry::dns::Resolver {
-            hosts: [(TEST_NAME.to_string(), vec![std::net::Ipv4Addr::LOCALHOST])].into(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
-    .unwrap();
+    let named = reg::auth::NamedRegistry::start();
+    let image = |v: &str| format!("{}/metal/installer:{v}", named.name);
+    let client = named.client();
     for (b, v) in [(&v2, "0.2.0"), (&v3, "0.3.0")] {
         imager::oci::push(
             &b.dir.join("installer.tar"),
@@ -131,18 +110,10 @@ fn a_fleet_upgrades_one_node_at_a_time_and_stops_at_a_failed_canary() {
         .unwrap();
     }
     let auth = dir.join("auth.json");
-    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
-    std::fs::write(
-        &auth,
-        format!(r#"{{"auths":{{"{TEST_NAME}:{rport}":{{"auth":"{encoded}"}}}}}}"#),
-    )
-    .unwrap();
+    named.write_auth_file(&auth);
 
     // Three nodes, booted one after the other (two cores).
-    let forwards = [
-        format!("10.0.2.100:{rport}=127.0.0.1:{rport}"),
-        format!("10.0.2.100:{tport}=127.0.0.1:{tport}"),
-    ];
+    let forwards = named.guest_forwards("10.0.2.100");
     let mut vms = Vec::new();
     let mut list = String::from("# the fleet\n");
     for n in ["node1", "node2", "node3"] {
@@ -154,7 +125,7 @@ fn a_fleet_upgrades_one_node_at_a_time_and_stops_at_a_failed_canary() {
             .arg(&creds)
             .args(["--node", n, "--host", &format!("{TEST_NAME}=10.0.2.100")])
             .arg("--registry-ca")
-            .arg(pki.ca_file()));
+            .arg(named.pki.ca_file()));
         let port = reg::free_port();
         let mut vm = Vm::boot(
             &disk,

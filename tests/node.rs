@@ -1308,8 +1308,7 @@ fn a_secure_boot_node_upgrades_over_the_api_and_refuses_a_payload_for_another_db
 /// console, in the CLI's output or on the node's disk.
 #[test]
 fn the_node_upgrades_by_name_from_a_tls_registry_with_token_auth() {
-    use base64::Engine as _;
-    use reg::auth::{PASSWORD, Pki, TEST_NAME, TokenServer, USER};
+    use reg::auth::{PASSWORD, TEST_NAME, USER};
     let dir = scratch().join("node-tls");
     let (creds, _) = credentials(&dir.join("credentials"));
     let v1 = build_variant_of("metal", "node-tls-v1", |t| t);
@@ -1318,36 +1317,14 @@ fn the_node_upgrades_by_name_from_a_tls_registry_with_token_auth() {
     });
 
     // The registry and its token service, named registry.test in their
-    // certificate and in the token realm.
-    let pki = Pki::new();
-    let tokens = TokenServer::start_at(&pki, TEST_NAME);
-    let registry = reg::Registry::start_token(&pki, &tokens);
-    let port_of = |addr: &str| addr.rsplit(':').next().unwrap().to_string();
-    let (rport, tport) = (
-        port_of(&registry.addr),
-        port_of(tokens.realm.trim_end_matches("/token")),
-    );
-    let image = format!("{TEST_NAME}:{rport}/metal/installer:0.2.0");
-    // Pushed from the host, where registry.test is 127.0.0.1 for the
-    // client alone.
-    let client = ::registry::Client::new(::registry::Options {
-        ca_pem: Some(pki.ca_pem.clone().into_bytes()),
-        credentials: [(
-            format!("{TEST_NAME}:{rport}"),
-            ::registry::Credentials::basic(USER, PASSWORD).unwrap(),
-        )]
-        .into(),
-        resolver: Some(::registry::dns::Resolver {
-            hosts: [(TEST_NAME.to_string(), vec![std::net::Ipv4Addr::LOCALHOST])].into(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
-    .unwrap();
+    // certificate and in the token realm; v2 pushed from the host, where
+    // registry.test is 127.0.0.1 for the client alone.
+    let named = reg::auth::NamedRegistry::start();
+    let image = format!("{}/metal/installer:0.2.0", named.name);
     imager::oci::push(
         &v2.dir.join("installer.tar"),
         &::registry::Reference::parse(&image).unwrap(),
-        &client,
+        &named.client(),
         &mut |_| {},
     )
     .unwrap();
@@ -1366,12 +1343,12 @@ fn the_node_upgrades_by_name_from_a_tls_registry_with_token_auth() {
         ],
     )
     .arg("--registry-ca")
-    .arg(pki.ca_file()));
+    .arg(named.pki.ca_file()));
     assert!(said.contains("1 CA certificate(s)"), "{said}");
     let report = inspect(&disk);
     assert_eq!(
         meta_value(&report, "registry-ca").as_deref(),
-        Some(pki.ca_pem.as_str())
+        Some(named.pki.ca_pem.as_str())
     );
     assert!(
         meta_value(&report, "node-settings")
@@ -1379,10 +1356,7 @@ fn the_node_upgrades_by_name_from_a_tls_registry_with_token_auth() {
             .contains(&format!("hosts={TEST_NAME}=10.0.2.100")),
         "{report}"
     );
-    let forwards = [
-        format!("10.0.2.100:{rport}=127.0.0.1:{rport}"),
-        format!("10.0.2.100:{tport}=127.0.0.1:{tport}"),
-    ];
+    let forwards = named.guest_forwards("10.0.2.100");
     let port = reg::free_port();
     let mut vm = Vm::boot(
         &disk,
@@ -1448,12 +1422,7 @@ fn the_node_upgrades_by_name_from_a_tls_registry_with_token_auth() {
 
     // The right ones, from an auth file: upgraded, by name, over TLS.
     let auth = dir.join("auth.json");
-    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
-    std::fs::write(
-        &auth,
-        format!(r#"{{"auths":{{"{TEST_NAME}:{rport}":{{"auth":"{encoded}"}}}}}}"#),
-    )
-    .unwrap();
+    let encoded = named.write_auth_file(&auth);
     let out = upgrade(
         &vm,
         &creds,
@@ -1467,14 +1436,21 @@ fn the_node_upgrades_by_name_from_a_tls_registry_with_token_auth() {
     assert!(said.contains("metal 0.2.0 on slot B"), "{said}");
     assert!(
         outputs.contains(&format!(
-            "credentials for {TEST_NAME}:{rport} from {}",
+            "credentials for {} from {}",
+            named.name,
             auth.display()
         )),
         "{outputs}"
     );
     let v2_ready = vm.wait_for("ready version=", 2);
     assert!(v2_ready.contains("version=0.2.0 slot=B"), "{v2_ready}");
-    assert!(tokens.requests.load(std::sync::atomic::Ordering::SeqCst) >= 3);
+    assert!(
+        named
+            .tokens
+            .requests
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 3
+    );
 
     // The secrets: nowhere the node or the CLI wrote.
     let console = vm.console();

@@ -417,3 +417,77 @@ pub fn dns_server() -> (std::net::SocketAddr, Arc<AtomicU64>) {
     });
     (addr, count)
 }
+
+/// A registry behind TLS with token authentication whose registry and token
+/// service are both named [`TEST_NAME`] (their certificate's name), as a
+/// node reaches them through a host entry: tests/node.rs and tests/fleet.rs
+/// push installer images into it and have nodes pull from it.
+pub struct NamedRegistry {
+    pub pki: Pki,
+    pub tokens: TokenServer,
+    pub registry: Registry,
+    /// `registry.test:PORT`: the registry as references name it.
+    pub name: String,
+    /// The ports of the registry and of its token service on 127.0.0.1.
+    pub ports: [String; 2],
+}
+
+impl NamedRegistry {
+    pub fn start() -> NamedRegistry {
+        let pki = Pki::new();
+        let tokens = TokenServer::start_at(&pki, TEST_NAME);
+        let registry = Registry::start_token(&pki, &tokens);
+        let port_of = |addr: &str| addr.rsplit(':').next().unwrap().to_string();
+        let ports = [
+            port_of(&registry.addr),
+            port_of(tokens.realm.trim_end_matches("/token")),
+        ];
+        NamedRegistry {
+            name: format!("{TEST_NAME}:{}", ports[0]),
+            pki,
+            tokens,
+            registry,
+            ports,
+        }
+    }
+
+    /// A client with [`USER`]'s credentials that reaches the registry by
+    /// its name from this host (a host entry for 127.0.0.1).
+    pub fn client(&self) -> registry::Client {
+        registry::Client::new(registry::Options {
+            ca_pem: Some(self.pki.ca_pem.clone().into_bytes()),
+            credentials: [(
+                self.name.clone(),
+                registry::Credentials::basic(USER, PASSWORD).unwrap(),
+            )]
+            .into(),
+            resolver: Some(registry::dns::Resolver {
+                hosts: [(TEST_NAME.to_string(), vec![std::net::Ipv4Addr::LOCALHOST])].into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    /// `imager boot --guest-forward` values: both ports at `guest_ip`.
+    pub fn guest_forwards(&self, guest_ip: &str) -> [String; 2] {
+        self.ports
+            .clone()
+            .map(|p| format!("{guest_ip}:{p}=127.0.0.1:{p}"))
+    }
+
+    /// Writes an auth file (as `podman login` does) with [`USER`]'s
+    /// credentials for the registry at `path`; the encoded secret, which
+    /// no output may show.
+    pub fn write_auth_file(&self, path: &std::path::Path) -> String {
+        let encoded =
+            base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
+        std::fs::write(
+            path,
+            format!(r#"{{"auths":{{"{}":{{"auth":"{encoded}"}}}}}}"#, self.name),
+        )
+        .unwrap();
+        encoded
+    }
+}
