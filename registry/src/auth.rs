@@ -32,6 +32,10 @@ pub const MAX_TOKEN: usize = 16 << 10;
 pub const DEFAULT_TOKEN_LIFETIME: Duration = Duration::from_secs(60);
 /// A cached token is renewed this long before it expires.
 pub const TOKEN_MARGIN: Duration = Duration::from_secs(10);
+/// The longest user name, password or token (ECR's passwords, the longest
+/// registries issue, are about 2.5 KiB; the node API's bound is the same:
+/// `nodeapi::proto::MAX_CREDENTIAL`).
+pub const MAX_CREDENTIAL: usize = 8 * 1024;
 /// The most `Authorization` values cached by one client.
 pub const MAX_CACHED: usize = 64;
 
@@ -69,22 +73,30 @@ impl Credentials {
     /// Credentials from the operator: a user name and a secret, checked to
     /// be sendable (no control characters; a user name without `:`).
     pub fn basic(username: &str, password: &str) -> Result<Credentials, Error> {
-        if username.is_empty() || username.contains(':') || has_control(username) {
+        if username.is_empty()
+            || username.len() > MAX_CREDENTIAL
+            || username.contains(':')
+            || has_control(username)
+        {
             return Err(Error::new(
                 ErrorKind::Invalid,
-                "a registry user name must be non-empty, without ':' or control characters",
+                format!(
+                    "a registry user name must be 1 to {MAX_CREDENTIAL} bytes, without ':' or \
+                     control characters"
+                ),
             ));
         }
-        if password.is_empty() || has_control(password) {
-            return Err(Error::new(
-                ErrorKind::Invalid,
-                "a registry password or token must be non-empty, without control characters",
-            ));
-        }
+        check_secret(password)?;
         Ok(Credentials::Basic {
             username: username.into(),
             password: password.into(),
         })
+    }
+
+    /// An identity (OAuth2 refresh) token, checked as a password is.
+    pub fn identity_token(token: &str) -> Result<Credentials, Error> {
+        check_secret(token)?;
+        Ok(Credentials::IdentityToken(token.into()))
     }
 
     /// Whether anything is presented.
@@ -102,6 +114,21 @@ impl Credentials {
             _ => None,
         }
     }
+}
+
+/// A password or token: 1 to [`MAX_CREDENTIAL`] bytes without control
+/// characters (the message never quotes it).
+fn check_secret(secret: &str) -> Result<(), Error> {
+    if secret.is_empty() || secret.len() > MAX_CREDENTIAL || has_control(secret) {
+        return Err(Error::new(
+            ErrorKind::Invalid,
+            format!(
+                "a registry password or token must be 1 to {MAX_CREDENTIAL} bytes, without \
+                 control characters"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn has_control(s: &str) -> bool {
@@ -512,7 +539,16 @@ mod tests {
             c.basic_header().as_deref(),
             Some("Basic Y2ktYm90OnMzY3JldC1wYXNz")
         );
-        for (u, p) in [("", "p"), ("a:b", "p"), ("u", ""), ("u", "p\n")] {
+        let long = "x".repeat(MAX_CREDENTIAL + 1);
+        assert!(Credentials::identity_token(&long).is_err());
+        assert!(Credentials::identity_token("rt").is_ok());
+        for (u, p) in [
+            ("", "p"),
+            ("a:b", "p"),
+            ("u", ""),
+            ("u", "p\n"),
+            ("u", long.as_str()),
+        ] {
             assert!(Credentials::basic(u, p).is_err(), "{u:?} {p:?}");
         }
     }

@@ -144,15 +144,9 @@ pub fn parse(bytes: &[u8], what: &str, registry: &str, name: &str) -> Result<Opt
             continue;
         };
         if let Some(t) = entry.identitytoken.as_deref().filter(|t| !t.is_empty()) {
-            if t.chars().any(char::is_control) {
-                return Err(bad(format!(
-                    "the identity token for {} holds control characters",
-                    excerpt(key)
-                )));
-            }
-            return Ok(Some(Entry::Credentials(Credentials::IdentityToken(
-                t.to_string(),
-            ))));
+            return Credentials::identity_token(t)
+                .map(|c| Some(Entry::Credentials(c)))
+                .map_err(|e| bad(format!("the identity token for {}: {e}", excerpt(key))));
         }
         if let Some(a) = entry.auth.as_deref().filter(|a| !a.is_empty()) {
             let decoded = base64::engine::general_purpose::STANDARD
@@ -373,10 +367,7 @@ pub fn parse_helper_output(out: &[u8]) -> Result<Credentials, String> {
     let a: Answer = serde_json::from_slice(out)
         .map_err(|_| "its answer is not the JSON of the helper protocol".to_string())?;
     if a.username == "<token>" {
-        if a.secret.is_empty() || a.secret.chars().any(char::is_control) {
-            return Err("it gave an invalid identity token".into());
-        }
-        return Ok(Credentials::IdentityToken(a.secret));
+        return Credentials::identity_token(&a.secret).map_err(|e| format!("its answer: {e}"));
     }
     Credentials::basic(&a.username, &a.secret).map_err(|e| format!("its answer: {e}"))
 }

@@ -496,8 +496,12 @@ fn operate(
             stall,
             credentials,
         } => {
+            let credentials = match credentials.as_ref().map(pull::credentials).transpose() {
+                Ok(c) => c,
+                Err(e) => return Ok((failed(ErrorCode::BadRequest, format!("{e:#}")), None)),
+            };
             let pull = pull::Pull {
-                credentials: credentials.as_ref().map(pull::credentials),
+                credentials,
                 image: image.clone(),
                 version: version.clone(),
                 allow_downgrade: *allow_downgrade,

@@ -61,17 +61,16 @@ pub struct Pull {
     pub credentials: Option<registry::Credentials>,
 }
 
-/// The registry credentials of a request (checked by
-/// [`nodeapi::proto::PullCredentials::check`] when it was parsed).
-pub fn credentials(c: &nodeapi::proto::PullCredentials) -> registry::Credentials {
-    match (&c.username, &c.password, &c.identity_token) {
-        (Some(u), Some(p), _) => registry::Credentials::Basic {
-            username: u.clone(),
-            password: p.clone(),
-        },
-        (_, _, Some(t)) => registry::Credentials::IdentityToken(t.clone()),
-        _ => registry::Credentials::Anonymous,
-    }
+/// The registry credentials of a request (their shape checked by
+/// [`nodeapi::proto::PullCredentials::check`] when it was parsed, their
+/// values by the registry client's own rules here).
+pub fn credentials(c: &nodeapi::proto::PullCredentials) -> Result<registry::Credentials> {
+    let made = match (&c.username, &c.password, &c.identity_token) {
+        (Some(u), Some(p), _) => registry::Credentials::basic(u, p),
+        (_, _, Some(t)) => registry::Credentials::identity_token(t),
+        _ => Ok(registry::Credentials::Anonymous),
+    };
+    made.map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// How the node reaches a registry: its CA (META's `registry-ca`, else the
@@ -445,6 +444,15 @@ mod tests {
             cancel: Arc::new(AtomicBool::new(false)),
             credentials: None,
         }
+    }
+
+    /// The node API and the registry client bound credentials alike.
+    #[test]
+    fn one_bound_for_credentials() {
+        assert_eq!(
+            nodeapi::proto::MAX_CREDENTIAL,
+            registry::auth::MAX_CREDENTIAL
+        );
     }
 
     /// A watched layer reports progress, and stops at its next read once
