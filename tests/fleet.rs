@@ -127,16 +127,8 @@ fn a_fleet_upgrades_one_node_at_a_time_and_stops_at_a_failed_canary() {
             .arg("--registry-ca")
             .arg(named.pki.ca_file()));
         let port = reg::free_port();
-        let mut vm = Vm::boot(
-            &disk,
-            port,
-            &[
-                "--guest-forward",
-                &forwards[0],
-                "--guest-forward",
-                &forwards[1],
-            ],
-        );
+        let args: Vec<&str> = forwards.iter().map(String::as_str).collect();
+        let mut vm = Vm::boot(&disk, port, &args);
         let ready = vm.wait_for("ready version=", 1);
         assert!(ready.contains("version=0.1.0 slot=A"), "{ready}");
         list.push_str(&format!("{n}@127.0.0.1:{port}\n"));

@@ -719,12 +719,17 @@ fn imager_push_keeps_every_digest_through_token_auth() {
     )
     .unwrap();
     let digest_file = dir.join("digest");
-    let out = ok(imager()
-        .arg("push")
-        .arg(archive())
-        .arg(&target)
-        .arg("--ca")
-        .arg(pki.ca_file())
+    // `imager push installer.tar TARGET --ca CA`, more arguments to add.
+    let push = || {
+        let mut c = imager();
+        c.arg("push")
+            .arg(archive())
+            .arg(&target)
+            .arg("--ca")
+            .arg(pki.ca_file());
+        c
+    };
+    let out = ok(push()
         .arg("--authfile")
         .arg(&auth)
         .arg("--digest-file")
@@ -778,13 +783,8 @@ fn imager_push_keeps_every_digest_through_token_auth() {
     assert_eq!(listed, layers(&own_raw));
 
     // Again, the password on stdin: every blob is there already.
-    let mut cmd = imager();
-    cmd.arg("push")
-        .arg(archive())
-        .arg(&target)
-        .arg("--ca")
-        .arg(pki.ca_file())
-        .args(["--username", USER, "--password-stdin", "--json"])
+    let mut cmd = push();
+    cmd.args(["--username", USER, "--password-stdin", "--json"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
@@ -813,14 +813,7 @@ fn imager_push_keeps_every_digest_through_token_auth() {
     // No credentials (an empty auth file): refused, saying what to give.
     let empty = dir.join("empty.json");
     std::fs::write(&empty, "{}").unwrap();
-    let out = run(imager()
-        .arg("push")
-        .arg(archive())
-        .arg(&target)
-        .arg("--ca")
-        .arg(pki.ca_file())
-        .arg("--authfile")
-        .arg(&empty));
+    let out = run(push().arg("--authfile").arg(&empty));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(

@@ -1358,16 +1358,8 @@ fn the_node_upgrades_by_name_from_a_tls_registry_with_token_auth() {
     );
     let forwards = named.guest_forwards("10.0.2.100");
     let port = reg::free_port();
-    let mut vm = Vm::boot(
-        &disk,
-        port,
-        &[
-            "--guest-forward",
-            &forwards[0],
-            "--guest-forward",
-            &forwards[1],
-        ],
-    );
+    let args: Vec<&str> = forwards.iter().map(String::as_str).collect();
+    let mut vm = Vm::boot(&disk, port, &args);
     let ready = vm.wait_for("ready version=", 1);
     assert!(ready.contains("version=0.1.0 slot=A"), "{ready}");
     let before = written_partitions(&disk);

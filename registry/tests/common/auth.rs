@@ -470,11 +470,18 @@ impl NamedRegistry {
         .unwrap()
     }
 
-    /// `imager boot --guest-forward` values: both ports at `guest_ip`.
-    pub fn guest_forwards(&self, guest_ip: &str) -> [String; 2] {
+    /// `imager boot` arguments that forward both ports to `guest_ip`
+    /// (`--guest-forward GUEST:PORT=127.0.0.1:PORT`, twice).
+    pub fn guest_forwards(&self, guest_ip: &str) -> Vec<String> {
         self.ports
-            .clone()
-            .map(|p| format!("{guest_ip}:{p}=127.0.0.1:{p}"))
+            .iter()
+            .flat_map(|p| {
+                [
+                    "--guest-forward".to_string(),
+                    format!("{guest_ip}:{p}=127.0.0.1:{p}"),
+                ]
+            })
+            .collect()
     }
 
     /// Writes an auth file (as `podman login` does) with [`USER`]'s
