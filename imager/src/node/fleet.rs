@@ -94,9 +94,12 @@ pub fn check_members(members: &[Member]) -> Result<()> {
     if members.len() > MAX_MEMBERS {
         bail!("{} nodes: at most {MAX_MEMBERS} per rollout", members.len());
     }
+    // One node however its address is written (`10.0.0.1` and
+    // `10.0.0.1:50000` are one).
     let mut seen = std::collections::BTreeSet::new();
     for m in members {
-        if !seen.insert(m.node.as_str()) {
+        let (host, port) = super::client::split_node(&m.node)?;
+        if !seen.insert((host.to_ascii_lowercase(), port)) {
             bail!(
                 "the node {} is given twice",
                 contract::text::excerpt(&m.node)

@@ -184,6 +184,11 @@ fn members_and_lists() {
     assert!(check_members(&ms).is_ok());
     assert!(check_members(&[]).is_err());
     assert!(check_members(&[ms[0].clone(), ms[0].clone()]).is_err());
+    let same = |a: &str, b: &str| {
+        check_members(&[Member::parse(a).unwrap(), Member::parse(b).unwrap()]).is_err()
+    };
+    assert!(same("10.0.0.1", "n@10.0.0.1:50000"));
+    assert!(!same("10.0.0.1", "10.0.0.1:50001"));
     assert!(std::fs::write(&list, "node1@10.0.0.1\nnot a node\n").is_ok());
     let Err(e) = read_members(&list) else {
         panic!("a bad line accepted");
