@@ -159,12 +159,7 @@ impl RemoteCache {
                 let mut blob = self.client.blob(&r, layer).map_err(|e| anyhow!("{e}"))?;
                 let mut out = std::fs::File::create(&path)
                     .with_context(|| format!("creating {}", path.display()))?;
-                std::io::copy(&mut blob, &mut out).map_err(|e| {
-                    match registry::Error::of_io(&e) {
-                        Some(re) => anyhow!("{re}"),
-                        None => anyhow!("{e}"),
-                    }
-                })?;
+                std::io::copy(&mut blob, &mut out).map_err(read_error)?;
                 out.sync_all()?;
                 Ok(())
             })();
@@ -238,10 +233,7 @@ impl RemoteCache {
             .map_err(|e| anyhow!("{e}"))?
             .take(MAX_STATEMENT + 1)
             .read_to_end(&mut out)
-            .map_err(|e| match registry::Error::of_io(&e) {
-                Some(re) => anyhow!("{re}"),
-                None => anyhow!("{e}"),
-            })?;
+            .map_err(read_error)?;
         Ok(out)
     }
 
@@ -338,6 +330,15 @@ impl RemoteCache {
             .push_manifest(&r, crate::oci::MEDIA_TYPE_MANIFEST, &manifest)
             .map_err(|e| anyhow!("{e}"))?;
         Ok(true)
+    }
+}
+
+/// An error reading a blob: the registry client's own (a digest that does
+/// not match, a cut connection), else the I/O error.
+fn read_error(e: std::io::Error) -> anyhow::Error {
+    match registry::Error::of_io(&e) {
+        Some(re) => anyhow!("{re}"),
+        None => anyhow!("{e}"),
     }
 }
 

@@ -16,7 +16,6 @@ mod common;
 
 use common::auth::{NamedRegistry, PASSWORD, USER};
 use registry::{Client, Credentials, Options, Reference};
-use std::collections::BTreeMap;
 use std::io::Read;
 use std::time::Instant;
 
@@ -55,50 +54,12 @@ fn main() {
     let writer = named.client();
     let push = |name: &str| {
         let r = Reference::parse(&format!("{}/{name}:1", named.name)).unwrap();
-        let config =
-            br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
-        let describe = |media: &str, bytes: &[u8]| registry::Descriptor {
-            media_type: media.into(),
-            digest: registry::Digest::of(bytes),
-            size: bytes.len() as u64,
-        };
-        let c = describe(common::OCI_CONFIG, config);
-        let l = describe(common::OCI_LAYER, &layer);
-        writer.push_blob(&r, &c, &config[..]).unwrap();
-        writer.push_blob(&r, &l, &layer[..]).unwrap();
-        let manifest = format!(
-            r#"{{"schemaVersion":2,"mediaType":"{}","config":{{"mediaType":"{}","digest":"{}","size":{}}},"layers":[{{"mediaType":"{}","digest":"{}","size":{}}}]}}"#,
-            common::OCI_MANIFEST,
-            c.media_type,
-            c.digest,
-            c.size,
-            l.media_type,
-            l.digest,
-            l.size
-        );
-        writer
-            .push_manifest(&r, common::OCI_MANIFEST, manifest.as_bytes())
-            .unwrap();
+        common::auth::push_image_via(&writer, &r, &[&layer]);
         r
     };
     let public = push("public/image");
     let private = push("private/image");
-    let client = |credentials: Credentials| {
-        Client::new(Options {
-            ca_pem: Some(named.pki.ca_pem.clone().into_bytes()),
-            credentials: BTreeMap::from([(named.name.clone(), credentials)]),
-            resolver: Some(registry::dns::Resolver {
-                hosts: [(
-                    common::auth::TEST_NAME.to_string(),
-                    vec![std::net::Ipv4Addr::LOCALHOST],
-                )]
-                .into(),
-                ..Default::default()
-            }),
-            ..Options::default()
-        })
-        .unwrap()
-    };
+    let client = |credentials: Credentials| named.client_with(credentials);
     let anonymous_token = best(|| pull(&client(Credentials::Anonymous), &public));
     let credentials_token = best(|| {
         pull(

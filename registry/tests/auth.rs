@@ -11,7 +11,7 @@
 mod common;
 
 use common::auth::{PASSWORD, Pki, TEST_NAME, TokenServer, USER, dns_server};
-use common::{OCI_CONFIG, OCI_LAYER, OCI_MANIFEST, Registry, noise, read_blob, tool};
+use common::{OCI_LAYER, Registry, noise, read_blob, tool};
 use registry::{Client, Credentials, Descriptor, Digest, ErrorKind, Options, Pushed, Reference};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -45,32 +45,9 @@ fn descriptor(media_type: &str, bytes: &[u8]) -> Descriptor {
     }
 }
 
-/// Pushes an image of `layers` under `r` through `client`: its manifest's
-/// digest and the layers' descriptors.
+/// Pushes an image of `layers` under `r` through `client`.
 fn push(client: &Client, r: &Reference, layers: &[&[u8]]) -> (Digest, Vec<Descriptor>) {
-    let config =
-        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
-    let config_d = descriptor(OCI_CONFIG, config);
-    client.push_blob(r, &config_d, &config[..]).unwrap();
-    let mut ds = Vec::new();
-    for l in layers {
-        let d = descriptor(OCI_LAYER, l);
-        assert_eq!(client.push_blob(r, &d, *l).unwrap(), Pushed::Uploaded);
-        ds.push(d);
-    }
-    let manifest = serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
-        "config": {"mediaType": OCI_CONFIG, "digest": config_d.digest.as_str(), "size": config_d.size},
-        "layers": ds.iter().map(|d| serde_json::json!(
-            {"mediaType": d.media_type, "digest": d.digest.as_str(), "size": d.size})).collect::<Vec<_>>(),
-    })
-    .to_string();
-    let digest = client
-        .push_manifest(r, OCI_MANIFEST, manifest.as_bytes())
-        .unwrap();
-    assert_eq!(digest, Digest::of(manifest.as_bytes()));
-    (digest, ds)
+    common::auth::push_image_via(client, r, layers)
 }
 
 /// `skopeo inspect --raw` of `image` with the test CA and `creds`: the

@@ -454,13 +454,14 @@ impl NamedRegistry {
     /// A client with [`USER`]'s credentials that reaches the registry by
     /// its name from this host (a host entry for 127.0.0.1).
     pub fn client(&self) -> registry::Client {
+        self.client_with(registry::Credentials::basic(USER, PASSWORD).unwrap())
+    }
+
+    /// [`NamedRegistry::client`] with `credentials` instead.
+    pub fn client_with(&self, credentials: registry::Credentials) -> registry::Client {
         registry::Client::new(registry::Options {
             ca_pem: Some(self.pki.ca_pem.clone().into_bytes()),
-            credentials: [(
-                self.name.clone(),
-                registry::Credentials::basic(USER, PASSWORD).unwrap(),
-            )]
-            .into(),
+            credentials: [(self.name.clone(), credentials)].into(),
             resolver: Some(registry::dns::Resolver {
                 hosts: [(TEST_NAME.to_string(), vec![std::net::Ipv4Addr::LOCALHOST])].into(),
                 ..Default::default()
@@ -497,4 +498,46 @@ impl NamedRegistry {
         .unwrap();
         encoded
     }
+}
+
+/// Pushes an image of `layers` (and a small config) under `r` through
+/// `client`, each layer uploaded: its manifest's digest and the layers'
+/// descriptors.
+pub fn push_image_via(
+    client: &registry::Client,
+    r: &registry::Reference,
+    layers: &[&[u8]],
+) -> (registry::Digest, Vec<registry::Descriptor>) {
+    use super::{OCI_CONFIG, OCI_LAYER, OCI_MANIFEST};
+    let descriptor = |media_type: &str, bytes: &[u8]| registry::Descriptor {
+        media_type: media_type.into(),
+        digest: registry::Digest::of(bytes),
+        size: bytes.len() as u64,
+    };
+    let config =
+        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
+    let config_d = descriptor(OCI_CONFIG, config);
+    client.push_blob(r, &config_d, &config[..]).unwrap();
+    let mut ds = Vec::new();
+    for l in layers {
+        let d = descriptor(OCI_LAYER, l);
+        assert_eq!(
+            client.push_blob(r, &d, *l).unwrap(),
+            registry::Pushed::Uploaded
+        );
+        ds.push(d);
+    }
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": OCI_CONFIG, "digest": config_d.digest.as_str(), "size": config_d.size},
+        "layers": ds.iter().map(|d| serde_json::json!(
+            {"mediaType": d.media_type, "digest": d.digest.as_str(), "size": d.size})).collect::<Vec<_>>(),
+    })
+    .to_string();
+    let digest = client
+        .push_manifest(r, OCI_MANIFEST, manifest.as_bytes())
+        .unwrap();
+    assert_eq!(digest, registry::Digest::of(manifest.as_bytes()));
+    (digest, ds)
 }
