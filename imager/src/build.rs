@@ -32,12 +32,15 @@ mod installer;
 mod iso;
 pub mod record;
 mod secureboot;
+mod shared;
 mod skeleton;
 mod uki;
 
 pub use record::{Inputs, OutputStamp, Reuse, StageReport, Stages};
 
 pub use secureboot::esp_files as secure_esp_files;
+pub use shared::CacheRegistry;
+use shared::shared_cache;
 
 pub use installer::{PayloadInput, installer_spec, relative_link, write_installer, write_payload};
 pub use iso::live_options;
@@ -59,86 +62,6 @@ pub struct BuildOptions {
     /// A build cache shared through a registry (`--cache-registry`; the
     /// profile's `cache` otherwise).
     pub cache_registry: Option<CacheRegistry>,
-}
-
-/// Where a shared build cache is and whom it trusts
-/// ([`crate::remote_cache`]).
-#[derive(Debug, Clone, Default)]
-pub struct CacheRegistry {
-    /// `REGISTRY/NAME`.
-    pub repository: String,
-    pub access: crate::remote::Access,
-    /// Public keys whose entries are trusted, beside the build's own
-    /// signing key.
-    pub trusted_keys: Vec<PathBuf>,
-}
-
-/// The shared cache a build uses: `opts`' (the command line's), else the
-/// profile's `cache` section; its client and trusted keys ready.
-fn shared_cache(
-    p: &Profile,
-    opts: &BuildOptions,
-    signer: &dyn sign::Signer,
-) -> Result<Option<crate::remote_cache::RemoteCache>> {
-    let from_profile = p.cache.as_ref().and_then(|c| {
-        c.registry.as_ref().map(|r| CacheRegistry {
-            repository: r.clone(),
-            access: crate::remote::Access {
-                plain_http: c.plain_http,
-                ca: c.ca.clone(),
-                ..Default::default()
-            },
-            trusted_keys: c.trusted_keys.clone(),
-        })
-    });
-    let from_flags = opts.cache_registry.is_some();
-    let Some(c) = opts.cache_registry.clone().or(from_profile) else {
-        return Ok(None);
-    };
-    // A bad repository name or trusted key is the user's to fix: an error.
-    crate::remote_cache::check_repository(&c.repository)?;
-    let mut trusted = vec![signer.public_key()];
-    // The profile's trusted keys, and the flags' when the flags name the
-    // registry (`c` is the profile's own otherwise).
-    let profile_keys: Vec<PathBuf> = match (&p.cache, from_flags) {
-        (Some(pc), true) => pc.trusted_keys.clone(),
-        _ => Vec::new(),
-    };
-    for k in c.trusted_keys.iter().chain(&profile_keys) {
-        trusted.push(
-            sign::load_public_key(k)
-                .with_context(|| format!("the cache's trusted key {}", k.display()))?,
-        );
-    }
-    // Reaching it is not: a cache that cannot be reached (credentials
-    // that cannot be read, a helper missing) is a warning, and the build
-    // goes on without it.
-    let probe = registry::Reference::parse(&format!("{}:probe", c.repository))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (client, source) = match crate::remote::client(&probe, &c.access) {
-        Ok(c) => c,
-        Err(e) => {
-            step(&format!(
-                "warning: cache registry {}: {e:#}; building without it",
-                c.repository
-            ));
-            return Ok(None);
-        }
-    };
-    step(&format!(
-        "cache registry: {} ({}; entries signed by {} key(s) trusted)",
-        c.repository,
-        match source {
-            Some(s) => format!("credentials from {s}"),
-            None => "no credentials".to_string(),
-        },
-        trusted.len()
-    ));
-    Ok(Some(crate::remote_cache::RemoteCache::new(
-        &c.repository,
-        client,
-        trusted,
-    )?))
 }
 
 /// What a build produced.
@@ -180,7 +103,19 @@ fn build(
     let out = &opts.out_dir;
     let _lock = lock_output(out)?;
     let epoch = describe_build(p, out)?;
-    let pre = preflight(p, &opts.cache_dir)?;
+    let loaded;
+    let signer = match given {
+        Some(s) => s,
+        None => {
+            loaded = load_signer(p, opts)?;
+            loaded.as_ref()
+        }
+    };
+    let cache = shared_cache(p, opts, signer)?;
+    let shared = cache
+        .as_ref()
+        .map(|cache| crate::remote_cache::Shared { cache, signer });
+    let pre = preflight(p, &opts.cache_dir, shared)?;
     let files = output_files(p, &pre);
     crate::io::check_replaceable(
         out,
@@ -190,14 +125,6 @@ fn build(
         ]
         .concat(),
     )?;
-    let loaded;
-    let signer = match given {
-        Some(s) => s,
-        None => {
-            loaded = load_signer(p, opts)?;
-            loaded.as_ref()
-        }
-    };
     let sb = match &p.secure_boot {
         Some(s) => Some(secureboot::load(p, s, epoch)?),
         None => None,
@@ -206,9 +133,7 @@ fn build(
         Some(ca) => Some(read_node_ca(ca)?),
         None => None,
     };
-    let shared = shared_cache(p, opts, signer)?;
-    let (kernel, (machined, installer_bin)) =
-        kernel_and_binaries(p, opts, shared.as_ref().map(|c| (c, signer)))?;
+    let (kernel, (machined, installer_bin)) = kernel_and_binaries(p, opts, shared)?;
     let stage = Staging::create(out, "build")?;
     let mut stages = Stages::open(out, stage.path(), opts.reuse);
     let inputs = BuildInputs {
@@ -223,6 +148,7 @@ fn build(
         installer_bin: installer_bin.as_deref(),
         dir: stage.path(),
         blocks: opts.cache_dir.join("squashfs"),
+        shared,
     };
     let (artifacts, boot_info) = run_stages(&mut stages, &inputs)?;
     let listed = stages.run(
@@ -321,6 +247,8 @@ struct BuildInputs<'a> {
     /// Where the root filesystem's compressed blocks are kept between
     /// builds (`CACHE/squashfs`, see [`rootfs::pack`]).
     blocks: PathBuf,
+    /// The build cache shared through a registry, if any.
+    shared: Option<crate::remote_cache::Shared<'a>>,
 }
 
 impl BuildInputs<'_> {
@@ -386,8 +314,18 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
         |dir| {
             step("rootfs: squashfs");
             let dest = dir.join(names::ROOTFS);
+            let shared = match b.shared {
+                Some(s) => Some((s, rootfs::blocks_key(&spec)?)),
+                None => None,
+            };
+            let pulled = shared
+                .as_ref()
+                .is_some_and(|(s, key)| shared::pull_blocks(*s, key, &b.blocks, spec.level));
             let (_, _, blocks) =
                 rootfs::build_rootfs_threads(&dest, &spec, rootfs::threads(), Some(&b.blocks))?;
+            if let (Some((s, key)), false) = (&shared, pulled) {
+                shared::push_blocks(*s, key, &b.blocks, spec.level, blocks.packed);
+            }
             if blocks.reused > 0 {
                 step(&format!(
                     "rootfs: {} of {} blocks kept from earlier builds ({}), the others compressed",
@@ -696,8 +634,15 @@ fn commit(out: &Path, stage: &Staging, names: &[&str]) -> Result<()> {
 /// The cheap checks, before anything is built or written: the disk layout
 /// (if the profile makes a disk), the ESP's files, and GRUB's images made
 /// and checked against the BIOS partition.
-fn preflight(p: &Profile, cache_dir: &Path) -> Result<Preflight> {
-    let memo = cache_dir.join("grub");
+fn preflight(
+    p: &Profile,
+    cache_dir: &Path,
+    shared: Option<crate::remote_cache::Shared>,
+) -> Result<Preflight> {
+    let memo = crate::grub::Memos {
+        dir: cache_dir.join("grub"),
+        shared,
+    };
     let layout = if p.makes_disk() {
         Some(layout(p)?)
     } else {

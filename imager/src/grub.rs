@@ -63,9 +63,10 @@ fn find_mkimage() -> Result<PathBuf> {
 /// with `dir`'s boot.img, both checked ([`Grub::new`]). Writes nothing but a
 /// temporary file.
 ///
-/// With `memo` (a directory of the build cache), the image grub-mkimage made
-/// from the same inputs before is taken from there ([`Memo`]).
-pub fn make(dir: &Path, memo: Option<&Path>) -> Result<Grub> {
+/// With `memo` (a directory of the build cache, and the shared cache), the
+/// image grub-mkimage made from the same inputs before is taken from there
+/// ([`Memo`], [`Memos`]).
+pub fn make(dir: &Path, memo: Option<&Memos>) -> Result<Grub> {
     check_dir(dir, &MODULES, "BIOS boot")?;
     let core_img = mkimage(
         dir,
@@ -109,28 +110,96 @@ fn check_dir(dir: &Path, modules: &[&str], what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Where grub-mkimage's images are remembered: the build cache's memo
+/// directory ([`Memo`]) and, if the build has one, the build cache shared
+/// through a registry (entries of kind `grub`, keyed by [`shared_key`]).
+pub struct Memos<'a> {
+    pub dir: PathBuf,
+    pub shared: Option<crate::remote_cache::Shared<'a>>,
+}
+
 /// Runs grub-mkimage for `format` with `prefix` and `modules` from `dir`,
-/// or takes its image from `memo`; returns the image.
+/// or takes its image from `memo` (the local memo, then the shared cache;
+/// an image made here, or found in the memo, is added to the shared cache
+/// when it lacks it); returns the image.
 fn mkimage(
     dir: &Path,
     format: &str,
     prefix: &str,
     modules: &[&str],
-    memo: Option<&Path>,
+    memo: Option<&Memos>,
 ) -> Result<Vec<u8>> {
     let mkimage = find_mkimage()?;
-    let memo = match memo {
-        Some(m) => Some(Memo::new(m, &mkimage, dir, &[format, prefix], modules)?),
+    let args = [format, prefix];
+    let local = match memo {
+        Some(m) => Some(Memo::new(&m.dir, &mkimage, dir, &args, modules)?),
         None => None,
     };
-    if let Some(image) = memo.as_ref().and_then(Memo::get) {
+    let shared = match memo.and_then(|m| m.shared.map(|s| (s, &m.dir))) {
+        Some((s, scratch)) => {
+            std::fs::create_dir_all(scratch)
+                .with_context(|| format!("creating {}", scratch.display()))?;
+            Some((s, shared_key(&mkimage, dir, &args, modules)?, scratch))
+        }
+        None => None,
+    };
+    if let Some(image) = local.as_ref().and_then(Memo::get) {
+        if let Some((s, key, scratch)) = &shared {
+            s.push_file("grub", key, &image, scratch);
+        }
+        return Ok(image);
+    }
+    if let Some((s, key, scratch)) = &shared
+        && let Some(image) = s.pull_file("grub", key, scratch)
+    {
+        if let Some(m) = &local {
+            m.put(&image);
+        }
         return Ok(image);
     }
     let image = run_mkimage(&mkimage, dir, format, prefix, modules)?;
-    if let Some(m) = &memo {
+    if let Some(m) = &local {
         m.put(&image);
     }
+    if let Some((s, key, scratch)) = &shared {
+        s.push_file("grub", key, &image, scratch);
+    }
     Ok(image)
+}
+
+/// The key of an image in the shared cache: the SHA-256 of grub-mkimage's
+/// bytes, of every file of the modules directory (its name and bytes),
+/// and of the arguments. Contents, not times or inodes as the local
+/// [`Memo`]'s key: another machine with the same GRUB package has the same
+/// key. (The shared libraries grub-mkimage loads are not in it: machines
+/// that share a cache run the same distribution, as they must for the
+/// kernel's compiler; docs/build-cache.md.)
+fn shared_key(mkimage: &Path, dir: &Path, args: &[&str], modules: &[&str]) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let mut item = |b: &[u8]| {
+        h.update((b.len() as u64).to_le_bytes());
+        h.update(b);
+    };
+    item(b"grub-mkimage shared 1");
+    item(crate::io::sha256_file(mkimage)?.0.as_bytes());
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("reading {}", dir.display()))?;
+    names.sort();
+    for n in names {
+        let path = dir.join(&n);
+        if path.is_file() {
+            item(n.as_encoded_bytes());
+            item(crate::io::sha256_file(&path)?.0.as_bytes());
+        }
+    }
+    for a in args.iter().chain(modules) {
+        item(a.as_bytes());
+    }
+    Ok(hex::encode(h.finalize()))
 }
 
 /// A remembered grub-mkimage image (a no-change build would otherwise
@@ -310,7 +379,7 @@ pub const CDBOOT_LEN: usize = 2048;
 /// Checks `dir` and makes GRUB's El Torito image (`grub-mkimage -O
 /// i386-pc-eltorito`) with [`ISO_MODULES`]; returns it with `dir`'s
 /// `boot_hybrid.img`, both checked.
-pub fn make_eltorito(dir: &Path, memo: Option<&Path>) -> Result<Eltorito> {
+pub fn make_eltorito(dir: &Path, memo: Option<&Memos>) -> Result<Eltorito> {
     check_dir(dir, &ISO_MODULES, "booting the ISO under BIOS")?;
     for name in ["cdboot.img", "boot_hybrid.img"] {
         ensure!(
@@ -438,7 +507,10 @@ mod tests {
     #[test]
     fn memo_gives_the_same_image_and_is_remade_when_an_input_changes() {
         let t = tempfile::tempdir().unwrap();
-        let memo = t.path().join("memo");
+        let memo = Memos {
+            dir: t.path().join("memo"),
+            shared: None,
+        };
         let copy = t.path().join("i386-pc");
         std::fs::create_dir(&copy).unwrap();
         for f in std::fs::read_dir(grub_dir()).unwrap() {
@@ -447,7 +519,7 @@ mod tests {
         }
         let fresh = make(&copy, None).unwrap();
         assert_eq!(make(&copy, Some(&memo)).unwrap(), fresh);
-        let files: Vec<_> = std::fs::read_dir(&memo).unwrap().collect();
+        let files: Vec<_> = std::fs::read_dir(&memo.dir).unwrap().collect();
         assert_eq!(files.len(), 1, "one image remembered");
         let remembered = files[0].as_ref().unwrap().path();
         assert_eq!(make(&copy, Some(&memo)).unwrap(), fresh, "from the memo");
@@ -465,7 +537,7 @@ mod tests {
         // The same bytes with a new modification time: another key too.
         std::fs::copy(grub_dir().join("extcmd.mod"), copy.join("extcmd.mod")).unwrap();
         assert_eq!(make(&copy, Some(&memo)).unwrap(), fresh);
-        assert_eq!(std::fs::read_dir(&memo).unwrap().count(), 2);
+        assert_eq!(std::fs::read_dir(&memo.dir).unwrap().count(), 2);
     }
 
     #[test]

@@ -51,16 +51,24 @@ pub const MEDIA_FILE: &str = "application/octet-stream";
 pub const MAX_STATEMENT: u64 = 64 << 10;
 pub const MAX_SIGNATURE: u64 = 4 << 10;
 
-/// The kinds of entry, their files and each file's bound.
-pub const KINDS: [(&str, &[(&str, u64)]); 1] = [(
-    "kernel",
-    &[
-        ("bzImage", 128 << 20),
-        ("config", 4 << 20),
-        ("kconfig-symbols", 4 << 20),
-        ("build-info.json", 64 << 10),
-    ],
-)];
+/// The kinds of entry, their files and each file's bound: the kernel
+/// ([`crate::kernel::build::build_shared`]), an image grub-mkimage made
+/// ([`crate::grub`]), and the root filesystem's compressed blocks
+/// ([`crate::rootfs::pack`]: a pack of the blocks one root filesystem
+/// used).
+pub const KINDS: [(&str, &[(&str, u64)]); 3] = [
+    (
+        "kernel",
+        &[
+            ("bzImage", 128 << 20),
+            ("config", 4 << 20),
+            ("kconfig-symbols", 4 << 20),
+            ("build-info.json", 64 << 10),
+        ],
+    ),
+    ("grub", &[("image", 4 << 20)]),
+    ("rootfs-blocks", &[("pack", crate::rootfs::pack::MAX_FILE)]),
+];
 
 fn files_of(kind: &str) -> Result<&'static [(&'static str, u64)]> {
     KINDS
@@ -331,6 +339,110 @@ impl RemoteCache {
             .map_err(|e| anyhow!("{e}"))?;
         Ok(true)
     }
+}
+
+/// A shared cache as a stage uses it: the cache, and the signer of what
+/// the stage pushes. Its failures are warnings (the cache is an
+/// optimisation); what it did is said on the progress output, one line.
+#[derive(Clone, Copy)]
+pub struct Shared<'a> {
+    pub cache: &'a RemoteCache,
+    pub signer: &'a dyn Signer,
+}
+
+impl Shared<'_> {
+    /// Pulls `kind`/`key` into `dest` (a directory it creates): true on a
+    /// hit, its files there. A refused entry, or a registry that cannot be
+    /// reached, is a warning and false, as a miss is; nothing is left in
+    /// `dest` then.
+    pub fn pull(&self, kind: &str, key: &str, dest: &Path) -> bool {
+        let repo = self.cache.repository();
+        match self.cache.fetch(kind, key, dest) {
+            Ok(Fetched::Hit) => {
+                crate::progress::line(&format!(
+                    "{kind}: pulled from the cache registry {repo} (key {}…), signed by a \
+                     trusted key",
+                    short(key)
+                ));
+                true
+            }
+            Ok(Fetched::Miss) => {
+                crate::progress::line(&format!(
+                    "{kind}: not in the cache registry {repo} (key {}…): made here",
+                    short(key)
+                ));
+                false
+            }
+            Ok(Fetched::Refused(why)) => {
+                crate::progress::line(&format!(
+                    "warning: {kind}: the cache registry's entry is refused and it is \
+                     made here: {why}"
+                ));
+                false
+            }
+            Err(e) => {
+                crate::progress::line(&format!(
+                    "warning: {kind}: the cache registry {repo} could not be read; made \
+                     here ({e:#})"
+                ));
+                false
+            }
+        }
+    }
+
+    /// Pushes the files of `kind`/`key` from `dir`, unless the registry
+    /// holds a trusted entry for the key already.
+    pub fn push(&self, kind: &str, key: &str, dir: &Path) {
+        let repo = self.cache.repository();
+        match self.cache.store(kind, key, dir, self.signer) {
+            Ok(true) => crate::progress::line(&format!(
+                "{kind}: pushed to the cache registry {repo} (key {}…)",
+                short(key)
+            )),
+            Ok(false) => {}
+            Err(e) => crate::progress::line(&format!(
+                "warning: {kind}: could not push to the cache registry {repo} ({e:#})"
+            )),
+        }
+    }
+
+    /// [`Shared::pull`] of a kind of one file: its bytes (at most the
+    /// kind's bound), through a temporary directory in `scratch`.
+    pub fn pull_file(&self, kind: &str, key: &str, scratch: &Path) -> Option<Vec<u8>> {
+        let (name, _) = files_of(kind).ok()?.first()?;
+        let tmp = tempfile::Builder::new()
+            .prefix(".cache-pull.")
+            .tempdir_in(scratch)
+            .ok()?;
+        let dest = tmp.path().join("entry");
+        if !self.pull(kind, key, &dest) {
+            return None;
+        }
+        std::fs::read(dest.join(name)).ok()
+    }
+
+    /// [`Shared::push`] of a kind of one file, `bytes`.
+    pub fn push_file(&self, kind: &str, key: &str, bytes: &[u8], scratch: &Path) {
+        let Some((name, _)) = files_of(kind).ok().and_then(|f| f.first()) else {
+            return;
+        };
+        let dir = tempfile::Builder::new()
+            .prefix(".cache-push.")
+            .tempdir_in(scratch);
+        let written = dir.and_then(|d| std::fs::write(d.path().join(name), bytes).map(|()| d));
+        match written {
+            Ok(d) => self.push(kind, key, d.path()),
+            Err(e) => crate::progress::line(&format!(
+                "warning: {kind}: could not push to the cache registry {} ({e})",
+                self.cache.repository()
+            )),
+        }
+    }
+}
+
+/// A key as progress lines show it: its first 12 digits.
+fn short(key: &str) -> &str {
+    key.get(..12).unwrap_or(key)
 }
 
 /// An error reading a blob: the registry client's own (a digest that does

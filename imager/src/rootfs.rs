@@ -255,6 +255,47 @@ pub fn build_rootfs(dest: &Path, spec: &RootfsSpec, cache: Option<&Path>) -> Res
     Ok((sha, size))
 }
 
+/// The key of the compressed blocks of the root filesystem `spec` makes,
+/// for the shared build cache ([`crate::remote_cache`]): the SHA-256 of
+/// the block pack's name (its format, zstd's version, the level and the
+/// block size) and every entry in order (path, mode, a file's contents'
+/// SHA-256 and hard-link group, a symbolic link's target). Contents, not
+/// times or inodes: the same tree on another machine has the same key.
+/// The blocks an entry holds are checked one by one as they are used
+/// (each decompresses to the bytes asked for), so a key that names
+/// more or fewer blocks than a build needs costs time, never bytes.
+pub fn blocks_key(spec: &RootfsSpec) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let mut item = |b: &[u8]| {
+        h.update((b.len() as u64).to_le_bytes());
+        h.update(b);
+    };
+    item(b"rootfs blocks 1");
+    item(pack::file_name(spec.level, BLOCK_SIZE).as_bytes());
+    let mut links = BTreeMap::new();
+    for (path, node) in plan(spec)? {
+        item(path.as_bytes());
+        match node {
+            Node::Dir(m) => item(format!("dir {m:o}").as_bytes()),
+            Node::Symlink(t) => item([b"symlink ", t.as_os_str().as_bytes()].concat().as_slice()),
+            Node::File(src, m, link) => {
+                let group = link.map(|l| {
+                    let n = links.len();
+                    *links.entry(l).or_insert(n)
+                });
+                item(format!("file {m:o} {group:?}").as_bytes());
+                match src {
+                    Source::Bytes(b) => item(&Sha256::digest(b)),
+                    Source::File(p) => item(sha256_file(&p)?.0.as_bytes()),
+                    Source::Dir => item(b"dir"),
+                }
+            }
+        }
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
 /// The compressing threads [`build_rootfs`] uses: one per core.
 pub fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -699,7 +740,8 @@ mod tests {
                     stats,
                     CompressionStats {
                         blocks: data_blocks + frags,
-                        reused: 0
+                        reused: 0,
+                        packed: 0
                     },
                     "level {level}, {threads} threads"
                 );

@@ -106,10 +106,7 @@ pub fn build(req: &KernelRequest) -> Result<BuiltKernel> {
 
 /// A build cache shared through a registry, and the signer of what this
 /// machine adds to it ([`crate::remote_cache`]).
-pub type Shared<'a> = (
-    &'a crate::remote_cache::RemoteCache,
-    &'a dyn crate::sign::Signer,
-);
+pub use crate::remote_cache::Shared;
 
 /// [`build`], with a shared cache: on a local miss the kernel is pulled
 /// from it when it holds a trusted entry for the key (a refused entry is
@@ -150,8 +147,8 @@ pub fn build_shared(req: &KernelRequest, shared: Option<Shared>) -> Result<Built
     fs::create_dir_all(&kernel_dir)
         .with_context(|| format!("creating {}", kernel_dir.display()))?;
     sweep_stale_work_dirs(&kernel_dir);
-    if let Some((cache, _)) = shared
-        && pull_shared(cache, &key, &kernel_dir, &final_dir)?
+    if let Some(s) = shared
+        && pull_shared(s, &key, &kernel_dir, &final_dir)?
     {
         let cfg = KernelConfig::load(&result.config)?;
         let symbols = cached_symbols(&final_dir, &req.source, &cfg)?;
@@ -200,77 +197,32 @@ pub fn build_shared(req: &KernelRequest, shared: Option<Shared>) -> Result<Built
 /// a work directory renamed into place, as a build's result): whether it
 /// did. A miss, a refused entry or an unreachable registry is said, and
 /// the caller builds.
-fn pull_shared(
-    cache: &crate::remote_cache::RemoteCache,
-    key: &str,
-    kernel_dir: &Path,
-    final_dir: &Path,
-) -> Result<bool> {
-    use crate::remote_cache::Fetched;
+fn pull_shared(shared: Shared, key: &str, kernel_dir: &Path, final_dir: &Path) -> Result<bool> {
     // A work directory the next build sweeps if this one is killed.
     let work = WorkDir::create(kernel_dir.join(format!("{key}-pull.tmp-{}", std::process::id())))?;
     let tmp = work.path.join("entry");
-    let short = &key[..12.min(key.len())];
-    match cache.fetch("kernel", key, &tmp) {
-        Ok(Fetched::Hit) => {
-            sync_dir(&tmp)?;
-            if let Err(e) = fs::rename(&tmp, final_dir) {
-                // Another build of the same key may have put it there first.
-                if !final_dir.join("bzImage").is_file() {
-                    return Err(e).with_context(|| {
-                        format!("renaming the pulled kernel into {}", final_dir.display())
-                    });
-                }
-            }
-            sync_dir(kernel_dir)?;
-            crate::progress::line(&format!(
-                "kernel: pulled from the cache registry {} (key {short}…), signed by a trusted \
-                 key: nothing compiled",
-                cache.repository()
-            ));
-            Ok(true)
-        }
-        Ok(Fetched::Miss) => {
-            crate::progress::line(&format!(
-                "kernel: not in the cache registry {} (key {short}…): building it here",
-                cache.repository()
-            ));
-            Ok(false)
-        }
-        Ok(Fetched::Refused(why)) => {
-            crate::progress::line(&format!(
-                "warning: kernel: the cache registry's entry was refused ({why}): building it \
-                 here"
-            ));
-            Ok(false)
-        }
-        Err(e) => {
-            crate::progress::line(&format!(
-                "warning: kernel: the cache registry {} cannot be read ({e:#}): building it here",
-                cache.repository()
-            ));
-            Ok(false)
+    if !shared.pull("kernel", key, &tmp) {
+        return Ok(false);
+    }
+    sync_dir(&tmp)?;
+    if let Err(e) = fs::rename(&tmp, final_dir) {
+        // Another build of the same key may have put it there first.
+        if !final_dir.join("bzImage").is_file() {
+            return Err(e).with_context(|| {
+                format!("renaming the pulled kernel into {}", final_dir.display())
+            });
         }
     }
+    sync_dir(kernel_dir)?;
+    crate::progress::line("kernel: nothing compiled");
+    Ok(true)
 }
 
 /// Adds the kernel of `key` in `dir` to the shared cache when it lacks it;
 /// a failure is a warning.
 fn share(shared: Option<Shared>, key: &str, dir: &Path) {
-    let Some((cache, signer)) = shared else {
-        return;
-    };
-    match cache.store("kernel", key, dir, signer) {
-        Ok(true) => crate::progress::line(&format!(
-            "kernel: pushed to the cache registry {} (key {}…)",
-            cache.repository(),
-            &key[..12.min(key.len())]
-        )),
-        Ok(false) => {}
-        Err(e) => crate::progress::line(&format!(
-            "warning: kernel: could not push to the cache registry {} ({e:#})",
-            cache.repository()
-        )),
+    if let Some(s) = shared {
+        s.push("kernel", key, dir);
     }
 }
 

@@ -50,6 +50,8 @@ const FOOTER: u64 = 24;
 const ENTRY: u64 = 44;
 /// The most blocks an index lists (the writer stops there too).
 pub const MAX_ENTRIES: u64 = MAX_PACK / 1024 + 1;
+/// The largest pack file: its data, a whole index and the footer.
+pub const MAX_FILE: u64 = MAX_PACK + MAX_ENTRIES * ENTRY + FOOTER;
 /// A temporary pack older than this is one a killed build left.
 const STALE: std::time::Duration = std::time::Duration::from_secs(3600);
 
@@ -242,6 +244,11 @@ impl Writer {
         Ok(())
     }
 
+    /// The bytes of blocks added so far.
+    pub fn used(&self) -> u64 {
+        self.at
+    }
+
     /// Adds `old`'s other blocks, most recent first, while they fit; writes
     /// the index and renames the pack into place.
     pub fn finish(mut self, old: Option<&Pack>) -> Result<PathBuf> {
@@ -262,6 +269,44 @@ impl Writer {
         // its damaged blocks are not used.
         self.out.commit_unflushed()
     }
+}
+
+/// Writes at `dest` a pack of the first `used` bytes of blocks of the
+/// pack at `src` (a build's own blocks: [`Writer`] puts them first). For
+/// the shared build cache ([`crate::remote_cache`]).
+pub fn first_blocks(src: &Path, block_size: u32, used: u64, dest: &Path) -> Result<usize> {
+    let pack = Pack::open(src, block_size)
+        .with_context(|| format!("{} is not a block pack", src.display()))?;
+    let mut mine: Vec<&Entry> = pack.entries().iter().filter(|e| e.offset < used).collect();
+    mine.sort_by_key(|e| e.offset);
+    let mut w = Writer::create(dest)?;
+    for e in &mine {
+        w.add(e.key, &pack.read(e).context("reading the block pack")?)?;
+    }
+    w.finish(None)?;
+    Ok(mine.len())
+}
+
+/// Puts the blocks of the pack at `pulled` first in the pack at `local`
+/// (its other blocks after them, as a build's writer keeps them): how
+/// blocks pulled from the shared build cache are used. The number of
+/// blocks pulled; a pack that does not read as one adds none.
+pub fn merge(pulled: &Path, local: &Path, block_size: u32) -> Result<usize> {
+    let Some(new) = Pack::open(pulled, block_size) else {
+        return Ok(0);
+    };
+    let old = Pack::open(local, block_size);
+    let mut blocks: Vec<&Entry> = new.entries().iter().collect();
+    blocks.sort_by_key(|e| e.offset);
+    let mut w = Writer::create(local)?;
+    for e in &blocks {
+        w.add(
+            e.key,
+            &new.read(e).context("reading the pulled block pack")?,
+        )?;
+    }
+    w.finish(old.as_ref())?;
+    Ok(blocks.len())
 }
 
 /// Removes the temporary packs (`.NAME.*.partial`) in `dir` older than
@@ -294,6 +339,48 @@ mod tests {
             w.add(key(b), &zstd::bulk::compress(b, 3).unwrap()).unwrap();
         }
         w.finish(old).unwrap();
+    }
+
+    /// What the shared build cache sends: a build's own blocks (the first
+    /// `used` bytes), and what it receives: a pulled pack put first in
+    /// the local one, whose other blocks stay after it.
+    #[test]
+    fn a_builds_own_blocks_are_taken_out_and_pulled_ones_merged_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let local = dir.path().join("local.pack");
+        write(&local, &[block(1), block(2)], None);
+        let old = Pack::open(&local, 131072).unwrap();
+        // This build's: block 3 (used), then the old pack's 1 and 2.
+        let mut w = Writer::create(&local).unwrap();
+        w.add(key(&block(3)), &zstd::bulk::compress(&block(3), 3).unwrap())
+            .unwrap();
+        let used = w.used();
+        w.finish(Some(&old)).unwrap();
+        drop(old);
+        let sent = dir.path().join("sent.pack");
+        assert_eq!(first_blocks(&local, 131072, used, &sent).unwrap(), 1);
+        let p = Pack::open(&sent, 131072).unwrap();
+        assert_eq!(p.entries().len(), 1);
+        assert!(p.get(&key(&block(3)), &block(3)).is_some());
+
+        // Another machine's pack of blocks 4 and 5, merged into this one's.
+        let pulled = dir.path().join("pulled.pack");
+        write(&pulled, &[block(4), block(5)], None);
+        assert_eq!(merge(&pulled, &local, 131072).unwrap(), 2);
+        let p = Pack::open(&local, 131072).unwrap();
+        assert_eq!(p.entries().len(), 5);
+        for s in 1..=5 {
+            assert!(p.get(&key(&block(s)), &block(s)).is_some(), "block {s}");
+        }
+        // The pulled blocks first.
+        let mut by_offset: Vec<&Entry> = p.entries().iter().collect();
+        by_offset.sort_by_key(|e| e.offset);
+        assert_eq!(by_offset[0].key, key(&block(4)));
+        assert_eq!(by_offset[1].key, key(&block(5)));
+        // A pulled file that is not a pack adds nothing and keeps the local.
+        std::fs::write(&pulled, b"not a pack").unwrap();
+        assert_eq!(merge(&pulled, &local, 131072).unwrap(), 0);
+        assert_eq!(Pack::open(&local, 131072).unwrap().entries().len(), 5);
     }
 
     #[test]

@@ -123,6 +123,9 @@ pub struct Stats {
     pub blocks: u64,
     /// Of those, the ones taken from the pack of earlier builds.
     pub reused: u64,
+    /// The bytes of this build's blocks at the start of the pack it wrote
+    /// (0: none written): [`super::pack::first_blocks`] reads them back.
+    pub packed: u64,
 }
 
 enum NodeKind<'a> {
@@ -812,8 +815,11 @@ fn write_data(
         Ok(planned)
     })?;
     if let Some(p) = next_pack {
+        let used = p.used();
         // A pack that cannot be written costs the next build time only.
-        let _ = p.finish(old.as_ref());
+        if p.finish(old.as_ref()).is_ok() {
+            written.stats.packed = used;
+        }
     }
     Ok((planned, written))
 }
