@@ -24,6 +24,7 @@ pub mod meta;
 pub mod net;
 pub mod partition;
 pub mod paths;
+pub mod process;
 pub mod ready;
 pub mod settings;
 pub mod skeleton;

@@ -25,10 +25,10 @@ use crate::error::{Error, ErrorKind};
 use crate::reference::excerpt;
 use base64::Engine as _;
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 /// The largest auth file read.
 pub const MAX_AUTH_FILE: u64 = 1 << 20;
@@ -294,64 +294,26 @@ fn run_program(program: &Path, registry: &str) -> Result<Option<Credentials>, Er
     } else {
         registry.to_string()
     };
-    let mut child = Command::new(program)
-        .arg("get")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| {
-            fail(format!(
-                "cannot run it ({e}): install it or remove it from the auth file"
-            ))
-        })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        // A helper that exits without reading its input fails below.
-        let _ = stdin.write_all(server.as_bytes());
-    }
-    let stdout = child.stdout.take();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut out = Vec::new();
-        if let Some(s) = stdout {
-            let _ = s.take(MAX_HELPER_OUTPUT + 1).read_to_end(&mut out);
+    let out = contract::process::run(
+        Command::new(program).arg("get"),
+        server.as_bytes(),
+        MAX_HELPER_OUTPUT,
+        HELPER_TIMEOUT,
+    )
+    .map_err(|e| match e {
+        contract::process::Error::Spawn(_) => {
+            fail(format!("{e}: install it or remove it from the auth file"))
         }
-        let _ = tx.send(out);
-    });
-    let deadline = Instant::now() + HELPER_TIMEOUT;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(fail(format!(
-                    "no answer within {} s",
-                    HELPER_TIMEOUT.as_secs()
-                )));
-            }
-            Err(e) => return Err(fail(e.to_string())),
-        }
-    };
-    // Its output, within what is left of the wait (a process it left
-    // behind may hold the pipe open).
-    let left = deadline.saturating_duration_since(Instant::now());
-    let out = rx.recv_timeout(left).map_err(|_| {
-        fail(format!(
-            "its output did not end within {} s",
-            HELPER_TIMEOUT.as_secs()
-        ))
+        _ => fail(e.to_string()),
     })?;
-    if !status.success() {
+    if !out.status.success() {
         // "credentials not found in native keychain": none kept.
         return Ok(None);
     }
-    if out.len() as u64 > MAX_HELPER_OUTPUT {
+    if out.overflowed() {
         return Err(fail(format!("printed over {MAX_HELPER_OUTPUT} bytes")));
     }
+    let out = out.stdout;
     parse_helper_output(&out).map_err(fail).map(Some)
 }
 
