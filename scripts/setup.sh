@@ -34,6 +34,9 @@ packages=(
   docker-registry
   # htpasswd (bcrypt): the Basic-auth registry of registry/tests/auth.rs
   apache2-utils
+  # a PKCS#11 token (libsofthsm2.so, softhsm2-util) that tests/signers.rs
+  # signs builds through
+  softhsm2
   # reader of the ISO images, used by the tests (the ISO is written by imager)
   xorriso
   # the build's epoch (git), benchmarks (python3), static linking (libc6-dev)

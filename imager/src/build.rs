@@ -752,7 +752,7 @@ fn too_small_hint(size: u64, ss: u64, sizes: &std::collections::BTreeMap<String,
 fn load_signer(p: &Profile, opts: &BuildOptions) -> Result<Box<dyn sign::Signer>> {
     let key_path = opts.key.clone().or_else(|| p.signing.key.clone());
     Ok(match &key_path {
-        Some(k) => Box::new(sign::FileSigner::load(k)?),
+        Some(k) => sign::open_signer(k)?,
         None => {
             let dir = dev_key_dir(&p.path);
             let (s, created) = sign::load_or_create_dev_key(&dir)?;

@@ -198,10 +198,20 @@ impl Profile {
         abs(&mut self.boot.systemd_boot);
         abs(&mut self.boot.grub_dir);
         abs(&mut self.boot.stub);
-        if let Some(k) = self.secure_boot.as_mut().and_then(|s| s.keys.as_mut()) {
-            abs(k);
+        if let Some(sb) = self.secure_boot.as_mut() {
+            if let Some(k) = sb.keys.as_mut() {
+                abs(k);
+            }
+            for k in sb.signers.values_mut() {
+                if !crate::sign::KeyRef::is_uri(k) {
+                    abs(k);
+                }
+            }
         }
-        if let Some(k) = self.signing.key.as_mut() {
+        // A key file's path; a token's URI or a signer program as written.
+        if let Some(k) = self.signing.key.as_mut()
+            && !crate::sign::KeyRef::is_uri(k)
+        {
             abs(k);
         }
         if let Some(ca) = self.node_api.as_mut().and_then(|n| n.ca.as_mut()) {

@@ -52,7 +52,7 @@ pub fn load(p: &Profile, s: &SecureBootSection, epoch: u64) -> Result<SecureBoot
             dir
         }
     };
-    let keys = SecureBootKeys::load(&dir)
+    let keys = SecureBootKeys::load_with(&dir, &s.signers)
         .with_context(|| format!("{}: secure_boot.keys", p.path.display()))?;
     let db_pem = keys
         .db

@@ -243,7 +243,9 @@ impl Default for DiskSection {
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct SigningSection {
-    /// PKCS#8 PEM ed25519 private key. Without it a development key is used.
+    /// The signing key: a PKCS#8 PEM ed25519 private key file, a PKCS#11
+    /// URI (`pkcs11:…`) or an external signer (`exec:PROGRAM`); see
+    /// [`crate::sign::KeyRef`]. Without it a development key is used.
     #[serde(default)]
     pub key: Option<PathBuf>,
 }
@@ -330,6 +332,12 @@ pub struct SecureBootSection {
     /// development keys (`out/keys/secureboot`, made on first use).
     #[serde(default)]
     pub keys: Option<PathBuf>,
+    /// Where the private halves of `PK`, `KEK` and `db` are, when not in
+    /// the key directory's `NAME.key`: a key file, a PKCS#11 URI or an
+    /// external signer (`exec:PROGRAM`), as `signing.key` (docs/signing.md);
+    /// the directory then holds the certificates.
+    #[serde(default)]
+    pub signers: std::collections::BTreeMap<String, PathBuf>,
     /// systemd-boot's `secure-boot-enroll`: `force` (default), `manual`
     /// or `off`.
     #[serde(default)]

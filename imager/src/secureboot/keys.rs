@@ -48,7 +48,7 @@ const VALIDITY: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
 pub struct SbKey {
     /// `PK`, `KEK` or `db`.
     pub name: String,
-    signing: SigningKey<Sha256>,
+    signing: SbSigning,
     /// The certificate, parsed.
     pub cert: Certificate,
     /// The certificate's DER bytes, as enrolled.
@@ -72,25 +72,60 @@ impl SbKey {
     }
 }
 
+/// Where an [`SbKey`]'s private half is: a PEM file read into memory, or a
+/// token or program behind [`crate::sign::KeyBackend`] (docs/signing.md).
+enum SbSigning {
+    Local(Box<SigningKey<Sha256>>),
+    Backend {
+        backend: Box<dyn crate::sign::KeyBackend>,
+        public: VerifyingKey<Sha256>,
+    },
+}
+
 impl Keypair for SbKey {
     type VerifyingKey = VerifyingKey<Sha256>;
     fn verifying_key(&self) -> VerifyingKey<Sha256> {
-        self.signing.verifying_key()
+        match &self.signing {
+            SbSigning::Local(k) => k.verifying_key(),
+            SbSigning::Backend { public, .. } => public.clone(),
+        }
     }
 }
 
 impl DynSignatureAlgorithmIdentifier for SbKey {
     fn signature_algorithm_identifier(&self) -> x509_cert::spki::Result<AlgorithmIdentifierOwned> {
-        self.signing.signature_algorithm_identifier()
+        use der::referenced::RefToOwned;
+        use x509_cert::spki::SignatureAlgorithmIdentifier;
+        Ok(VerifyingKey::<Sha256>::SIGNATURE_ALGORITHM_IDENTIFIER.ref_to_owned())
     }
 }
 
-/// RSA PKCS#1 v1.5 with SHA-256, computed with blinding (the result is the
-/// same as without: PKCS#1 v1.5 signatures are deterministic, only the
-/// computation's timing is randomized).
+/// RSA PKCS#1 v1.5 with SHA-256. A local key computes it with blinding
+/// (the result is the same as without: PKCS#1 v1.5 signatures are
+/// deterministic, only the computation's timing is randomized); a
+/// backend's signature is checked against the certificate's key before it
+/// is used.
 impl rsa::signature::Signer<Signature> for SbKey {
     fn try_sign(&self, msg: &[u8]) -> Result<Signature, rsa::signature::Error> {
-        self.signing.try_sign_with_rng(&mut rand_core::OsRng, msg)
+        match &self.signing {
+            SbSigning::Local(k) => k.try_sign_with_rng(&mut rand_core::OsRng, msg),
+            SbSigning::Backend { backend, public } => {
+                use rsa::signature::Verifier;
+                let raw = backend
+                    .sign(crate::sign::Algorithm::RsaPkcs1Sha256, msg)
+                    .map_err(|e| rsa::signature::Error::from_source(format!("{e:#}")))?;
+                let sig = Signature::try_from(raw.as_slice())?;
+                public.verify(msg, &sig).map_err(|_| {
+                    rsa::signature::Error::from_source(format!(
+                        "{} returned a signature that does not verify with the {} \
+                         certificate's key",
+                        backend.describe(),
+                        self.name
+                    ))
+                })?;
+                Ok(sig)
+            }
+        }
     }
 }
 
@@ -320,10 +355,69 @@ impl SbKey {
         let cert_der = cert.to_der().context("encoding a certificate")?;
         Ok(SbKey {
             name: name.to_string(),
-            signing: SigningKey::<Sha256>::new(key),
+            signing: SbSigning::Local(Box::new(SigningKey::<Sha256>::new(key))),
             cert,
             cert_der,
         })
+    }
+
+    /// The key `name` of `dir` whose private half `signer` names (a key
+    /// file elsewhere, `pkcs11:…` or `exec:…`, [`crate::sign::KeyRef`]);
+    /// its certificate is `dir`'s `NAME.crt`, whose key the signer's must
+    /// be. The signer is asked once for a signature before it is used.
+    pub fn load_with(dir: &Path, name: &str, signer: &Path) -> Result<SbKey> {
+        use crate::sign::KeyRef;
+        let cert_path = dir.join(format!("{name}.crt"));
+        let cert = load_cert(&cert_path)?;
+        let public = cert_public_key(&cert).with_context(|| format!("{}", cert_path.display()))?;
+        let backend: Box<dyn crate::sign::KeyBackend> = match KeyRef::parse(signer) {
+            KeyRef::File(path) => {
+                let key = load_private(&path)?;
+                if key.to_public_key() != public {
+                    bail!(
+                        "{} does not belong to {}: the certificate is for another key",
+                        cert_path.display(),
+                        path.display()
+                    );
+                }
+                let cert_der = cert.to_der().context("encoding a certificate")?;
+                return Ok(SbKey {
+                    name: name.to_string(),
+                    signing: SbSigning::Local(Box::new(SigningKey::<Sha256>::new(key))),
+                    cert,
+                    cert_der,
+                });
+            }
+            KeyRef::Pkcs11(uri) => Box::new(crate::sign::Pkcs11Key::open(&uri)?),
+            KeyRef::Exec(program) => Box::new(crate::sign::ExternalKey::new(&program)?),
+        };
+        let der = backend.public_key_der()?;
+        let theirs = {
+            use rsa::pkcs8::DecodePublicKey;
+            rsa::RsaPublicKey::from_public_key_der(&der)
+        }
+        .map_err(|_| anyhow::anyhow!("{}: its public key is not an RSA key", backend.describe()))?;
+        if theirs != public {
+            bail!(
+                "{}: its key is not the one of {} (the {name} certificate): give the matching \
+                 certificate or key",
+                backend.describe(),
+                cert_path.display()
+            );
+        }
+        let cert_der = cert.to_der().context("encoding a certificate")?;
+        let key = SbKey {
+            name: name.to_string(),
+            signing: SbSigning::Backend {
+                backend,
+                public: VerifyingKey::<Sha256>::new(public),
+            },
+            cert,
+            cert_der,
+        };
+        rsa::signature::Signer::<Signature>::try_sign(&key, b"imager signer check v1\0")
+            .map_err(|e| anyhow::anyhow!("the {name} key: {e}"))?;
+        Ok(key)
     }
 }
 
@@ -332,6 +426,26 @@ impl SecureBootKeys {
     /// names): every private key must be mode 0600 or narrower and match
     /// its certificate.
     pub fn load(dir: &Path) -> Result<SecureBootKeys> {
+        Self::load_with(dir, &std::collections::BTreeMap::new())
+    }
+
+    /// [`SecureBootKeys::load`], the private halves of the keys `signers`
+    /// names (`PK`, `KEK`, `db`: a key file, `pkcs11:…` or `exec:…`) taken
+    /// from there instead of the directory's `NAME.key`.
+    pub fn load_with(
+        dir: &Path,
+        signers: &std::collections::BTreeMap<String, PathBuf>,
+    ) -> Result<SecureBootKeys> {
+        if let Some(other) = signers.keys().find(|k| !NAMES.contains(&k.as_str())) {
+            bail!(
+                "secure_boot.signers: {} is not a Secure Boot key (PK, KEK or db)",
+                contract::text::excerpt(other)
+            );
+        }
+        let key = |name: &str| match signers.get(name) {
+            Some(s) => SbKey::load_with(dir, name, s),
+            None => SbKey::load(dir, name),
+        };
         let guid_path = dir.join(GUID_FILE);
         let guid = read_small(&guid_path, "owner GUID")?;
         let owner = std::str::from_utf8(&guid)
@@ -344,9 +458,9 @@ impl SecureBootKeys {
                 )
             })?;
         Ok(SecureBootKeys {
-            pk: SbKey::load(dir, "PK")?,
-            kek: SbKey::load(dir, "KEK")?,
-            db: SbKey::load(dir, "db")?,
+            pk: key("PK")?,
+            kek: key("KEK")?,
+            db: key("db")?,
             owner,
             dir: dir.to_path_buf(),
         })

@@ -10,24 +10,31 @@
 //! `payload` crate (shared with machined) and are re-exported here; the
 //! files, key generation and signing are this module's.
 
+mod backend;
 mod command;
+pub mod external;
 mod keys;
 mod manifest;
+mod pkcs11;
+pub mod pkcs11_uri;
 mod verify;
 
 #[cfg(test)]
 mod tests;
 
+pub use backend::{Algorithm, BackendSigner, KeyBackend, KeyRef, open_signer};
 pub use command::{
     DEV_KEY_DIR, KeygenOptions, VerifyOptions, default_dev_pub, dev_key_for, run_keygen,
     run_verify, run_verify_to,
 };
 pub use ed25519_dalek::{Signature, VerifyingKey};
+pub use external::ExternalKey;
 pub use keys::{
     DEV_KEY, DEV_PUB, FileSigner, Signer, keygen, load_or_create_dev_key, load_public_key,
     public_key_pem,
 };
 pub use manifest::{describe, signature_path, write_signed_manifest};
+pub use pkcs11::Pkcs11Key;
 // The format, key ids and signature check are the payload crate's, which
 // machined shares.
 pub use payload::keys::{key_id, parse_trusted_keys};
