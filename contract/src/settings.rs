@@ -13,6 +13,7 @@
 //! net=eth0:10.0.2.20/24:10.0.2.2
 //! dns=10.0.2.3,1.1.1.1
 //! hosts=registry.example=10.0.2.100,cache.example=10.0.2.101
+//! revoked=3f1c…(64 hex digits),…
 //! ```
 //!
 //! - `hostname`: RFC 1123 labels (letters, digits and `-`, 1 to 63 each,
@@ -27,6 +28,10 @@
 //!   [`MAX_HOSTS`], each name a hostname as above and given once: how the
 //!   node resolves a registry's name on a network without DNS (they are
 //!   looked up before any DNS server; `registry::dns`).
+//! - `revoked`: node API client certificates refused whatever their chain,
+//!   by the SHA-256 of their DER (64 hex digits, as `openssl x509
+//!   -fingerprint -sha256` prints them, the colons left out), at most
+//!   [`MAX_REVOKED`], comma-separated (`nodeapi::tls::Policy`).
 //!
 //! The whole record is at most [`MAX_LEN`] bytes, refused before it is
 //! split. Everything is checked by [`Settings::parse`], which `imager`
@@ -43,8 +48,10 @@ pub const MAX_HOSTNAME: usize = 64;
 pub const MAX_DNS: usize = 3;
 /// The most static host entries.
 pub const MAX_HOSTS: usize = 8;
+/// The most revoked certificates.
+pub const MAX_REVOKED: usize = 32;
 /// The longest record.
-pub const MAX_LEN: usize = 1024;
+pub const MAX_LEN: usize = 4096;
 
 /// A node's settings; every part optional.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -54,6 +61,47 @@ pub struct Settings {
     pub dns: Vec<Ipv4Addr>,
     /// Static host entries (names lowercase), in the order given.
     pub hosts: Vec<(String, Ipv4Addr)>,
+    /// Revoked client certificates' SHA-256 fingerprints, in the order
+    /// given.
+    pub revoked: Vec<[u8; 32]>,
+}
+
+/// Parses `revoked`'s value: fingerprints, 64 hex digits each (colons
+/// between the bytes allowed), comma-separated, each once.
+pub fn parse_revoked(v: &str) -> Result<Vec<[u8; 32]>, String> {
+    let mut out: Vec<[u8; 32]> = Vec::new();
+    for item in v.split(',') {
+        let hex: String = item.trim().chars().filter(|c| *c != ':').collect();
+        let mut fp = [0u8; 32];
+        let ok = hex.len() == 64
+            && hex.is_ascii()
+            && (0..32).all(|i| match u8::from_str_radix(&hex[2 * i..2 * i + 2], 16) {
+                Ok(b) => {
+                    fp[i] = b;
+                    true
+                }
+                Err(_) => false,
+            });
+        if !ok {
+            return Err(format!(
+                "the revoked certificate {} is not a SHA-256 fingerprint (64 hex digits: \
+                 openssl x509 -in CERT -noout -fingerprint -sha256)",
+                crate::text::excerpt(item)
+            ));
+        }
+        if out.contains(&fp) {
+            return Err(format!("the revoked certificate {hex} is given twice"));
+        }
+        out.push(fp);
+    }
+    if out.len() > MAX_REVOKED {
+        return Err(format!(
+            "{} revoked certificates are given; at most {MAX_REVOKED} (roll the CA over to retire \
+             more)",
+            out.len()
+        ));
+    }
+    Ok(out)
 }
 
 /// The longest domain name (RFC 1035's 255 bytes on the wire).
@@ -203,6 +251,7 @@ impl Settings {
             net,
             dns,
             hosts: Vec::new(),
+            revoked: Vec::new(),
         })
     }
 
@@ -231,6 +280,7 @@ impl Settings {
             && self.net.is_none()
             && self.dns.is_empty()
             && self.hosts.is_empty()
+            && self.revoked.is_empty()
     }
 
     /// The record (see the module's documentation).
@@ -250,6 +300,14 @@ impl Settings {
             let list: Vec<String> = self.hosts.iter().map(|(n, a)| format!("{n}={a}")).collect();
             out.push_str(&format!("hosts={}\n", list.join(",")));
         }
+        if !self.revoked.is_empty() {
+            let list: Vec<String> = self
+                .revoked
+                .iter()
+                .map(|fp| fp.iter().map(|b| format!("{b:02x}")).collect())
+                .collect();
+            out.push_str(&format!("revoked={}\n", list.join(",")));
+        }
         out
     }
 
@@ -262,6 +320,7 @@ impl Settings {
             ));
         }
         let (mut hostname, mut net, mut dns, mut hosts) = (None, None, None, None);
+        let mut revoked = None;
         for line in text.lines() {
             if line.is_empty() {
                 continue;
@@ -295,22 +354,55 @@ impl Settings {
                         return Err(twice());
                     }
                 }
+                "revoked" => {
+                    if revoked.replace(parse_revoked(v)?).is_some() {
+                        return Err(twice());
+                    }
+                }
                 _ => {
                     return Err(format!(
-                        "the node's settings have an unknown key {} (hostname, net, dns and \
-                         hosts are known)",
+                        "the node's settings have an unknown key {} (hostname, net, dns, \
+                         hosts and revoked are known)",
                         crate::text::excerpt(k)
                     ));
                 }
             }
         }
-        Settings::new(hostname, net, dns.unwrap_or_default())?.with_hosts(hosts.unwrap_or_default())
+        let mut s = Settings::new(hostname, net, dns.unwrap_or_default())?
+            .with_hosts(hosts.unwrap_or_default())?;
+        s.revoked = revoked.unwrap_or_default();
+        Ok(s)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn revoked_certificates_are_read_written_and_bounded() {
+        let fp = "AB:".repeat(31) + "CD";
+        let s = Settings::parse(&format!("revoked={fp},{}\n", "01".repeat(32))).unwrap();
+        assert_eq!(s.revoked.len(), 2);
+        assert_eq!(s.revoked[0][0], 0xab);
+        assert_eq!(s.revoked[0][31], 0xcd);
+        assert_eq!(Settings::parse(&s.render()).unwrap(), s);
+        assert!(
+            s.render()
+                .contains(&format!("revoked={}cd,", "ab".repeat(31)))
+        );
+        for bad in [
+            "revoked=abc",
+            "revoked=\u{1b}[2J",
+            &format!("revoked={0},{0}", "01".repeat(32)),
+        ] {
+            let e = Settings::parse(bad).unwrap_err();
+            assert!(!e.contains('\u{1b}'), "{e:?}");
+        }
+        let many: Vec<String> = (0..=MAX_REVOKED).map(|i| format!("{i:064x}")).collect();
+        let e = Settings::parse(&format!("revoked={}", many.join(","))).unwrap_err();
+        assert!(e.contains("at most"), "{e}");
+    }
 
     #[test]
     fn a_record_round_trips() {

@@ -7,6 +7,15 @@
 //!   from the client's certificate.
 //! - The client ([`client_config`]) trusts only the CA for the server's
 //!   certificate, and presents its own.
+//!
+//! The CA text may hold several certificates (a CA rollover: the old and
+//! the new CA trusted together, docs/node-api.md). The server's
+//! [`Policy`] adds what the CA alone cannot say: certificates revoked by
+//! their SHA-256 fingerprint (refused in the handshake with the
+//! `certificate_revoked` alert), and a floor under the clock (a node
+//! without a battery-backed clock boots in 1970, when every certificate
+//! is "not yet valid": its time is taken as at least its build's
+//! SOURCE_DATE_EPOCH).
 
 use crate::Role;
 use anyhow::{Context, Result, bail};
@@ -56,26 +65,121 @@ fn roots(ca_pem: &[u8]) -> Result<Arc<rustls::RootCertStore>> {
     Ok(Arc::new(roots))
 }
 
+/// What the server checks beside the CA.
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    /// The earliest time the clock may say (seconds since 1970): a clock
+    /// behind it is taken as it.
+    pub clock_floor: u64,
+    /// SHA-256 of the DER of client certificates refused whatever their
+    /// chain.
+    pub revoked: Vec<[u8; 32]>,
+}
+
+/// The SHA-256 fingerprint of a certificate (DER), as `revoked` lists it
+/// and `openssl x509 -fingerprint -sha256` prints it.
+pub fn fingerprint(der: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(der).into()
+}
+
+/// The clock, but never before `floor`.
+#[derive(Debug)]
+struct FlooredClock(u64);
+
+impl rustls::time_provider::TimeProvider for FlooredClock {
+    fn current_time(&self) -> Option<rustls::pki_types::UnixTime> {
+        Some(rustls::pki_types::UnixTime::since_unix_epoch(
+            std::time::Duration::from_secs(now().max(self.0)),
+        ))
+    }
+}
+
+/// Seconds since 1970 by this machine's clock (0 before it).
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The CA's verifier, refusing revoked certificates first.
+#[derive(Debug)]
+struct Revoking {
+    inner: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    revoked: Vec<[u8; 32]>,
+}
+
+impl rustls::server::danger::ClientCertVerifier for Revoking {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        if self.revoked.contains(&fingerprint(end_entity)) {
+            return Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::Revoked,
+            ));
+        }
+        self.inner
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
 /// The server's configuration: its certificate chain and key (issued by
-/// the CA for the node), clients authenticated by `ca_pem`.
+/// the CA for the node), clients authenticated by `ca_pem` under `policy`.
 pub fn server_config(
     ca_pem: &[u8],
     cert_pem: &[u8],
     key_pem: &[u8],
+    policy: &Policy,
 ) -> Result<Arc<rustls::ServerConfig>> {
     let verifier =
         rustls::server::WebPkiClientVerifier::builder_with_provider(roots(ca_pem)?, provider())
             .build()
             .context("building the client certificate verifier")?;
-    let config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .context("TLS 1.3")?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(
-            certs(cert_pem, "node certificate")?,
-            private_key(key_pem, "node key")?,
-        )
-        .context("the node certificate and key do not go together")?;
+    let verifier = Arc::new(Revoking {
+        inner: verifier,
+        revoked: policy.revoked.clone(),
+    });
+    let config = rustls::ServerConfig::builder_with_details(
+        provider(),
+        Arc::new(FlooredClock(policy.clock_floor)),
+    )
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .context("TLS 1.3")?
+    .with_client_cert_verifier(verifier)
+    .with_single_cert(
+        certs(cert_pem, "node certificate")?,
+        private_key(key_pem, "node key")?,
+    )
+    .context("the node certificate and key do not go together")?;
     Ok(Arc::new(config))
 }
 
@@ -159,6 +263,23 @@ pub fn check_node(ca_pem: &[u8], cert_pem: &[u8], key_pem: &[u8], name: &str) ->
                  with `imager node credentials DIR --node {name}` in the same directory"
             )
         })?;
-    server_config(ca_pem, cert_pem, key_pem)?;
+    server_config(ca_pem, cert_pem, key_pem, &Policy::default())?;
     Ok(())
 }
+
+/// When a certificate (DER) stops being valid: its notAfter, seconds since
+/// 1970 (`None`: it does not decode).
+pub fn not_after(der: &[u8]) -> Option<u64> {
+    use der::Decode;
+    let cert = x509_cert::Certificate::from_der(der).ok()?;
+    Some(
+        cert.tbs_certificate
+            .validity
+            .not_after
+            .to_unix_duration()
+            .as_secs(),
+    )
+}
+
+/// How long before its end a certificate is said to be close to it.
+pub const RENEW_WITHIN: u64 = 30 * 24 * 3600;

@@ -126,8 +126,11 @@ pub fn start(meta: &Meta, node: Node) -> Result<()> {
         say("api: META has no node credentials (imager node provision): the node API is off");
         return Ok(());
     };
-    let config = nodeapi::tls::server_config(ca.as_bytes(), cert.as_bytes(), key.as_bytes())
-        .context("the node credentials in META (provision them again)")?;
+    let policy = tls_policy(meta);
+    let config =
+        nodeapi::tls::server_config(ca.as_bytes(), cert.as_bytes(), key.as_bytes(), &policy)
+            .context("the node credentials in META (provision them again)")?;
+    warn_if_expiring(cert, policy.clock_floor);
     let listener = TcpListener::bind(("0.0.0.0", proto::PORT))
         .with_context(|| format!("listening on port {}", proto::PORT))?;
     say(format!(
@@ -155,6 +158,64 @@ pub fn start(meta: &Meta, node: Node) -> Result<()> {
         .spawn(move || accept(listener, server))
         .context("starting the API thread")?;
     Ok(())
+}
+
+/// What the API's TLS checks beside the CA: the revoked client
+/// certificates of the node's settings (a record that does not parse was
+/// said at boot by the network's set-up, and revokes nothing), and the
+/// clock's floor, this runtime's own build time (its files carry the
+/// build's SOURCE_DATE_EPOCH as their time).
+fn tls_policy(meta: &Meta) -> nodeapi::tls::Policy {
+    let revoked = meta
+        .get(Tag::NodeSettings)
+        .and_then(|t| contract::settings::Settings::parse(t).ok())
+        .map(|s| s.revoked)
+        .unwrap_or_default();
+    if !revoked.is_empty() {
+        say(format!(
+            "api: {} revoked client certificate(s) refused",
+            revoked.len()
+        ));
+    }
+    let clock_floor = std::fs::metadata("/proc/self/exe")
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    if nodeapi::tls::now() < clock_floor {
+        say(format!(
+            "api: the clock is behind this system's build time: certificates are checked as \
+             of {clock_floor} (seconds since 1970)"
+        ));
+    }
+    nodeapi::tls::Policy {
+        clock_floor,
+        revoked,
+    }
+}
+
+/// Says on the console when the node's own certificate is close to its
+/// end or past it (by the floored clock).
+fn warn_if_expiring(cert_pem: &str, floor: u64) {
+    let Some(end) = nodeapi::tls::certs(cert_pem.as_bytes(), "node certificate")
+        .ok()
+        .and_then(|c| c.first().and_then(|c| nodeapi::tls::not_after(c)))
+    else {
+        return;
+    };
+    let now = nodeapi::tls::now().max(floor);
+    if end <= now {
+        say(
+            "api: WARNING: the node's certificate has expired: clients refuse it; renew it \
+             (imager node credentials DIR --node NAME --renew) and replace it (imager node \
+             provision, or the replace-credentials operation)",
+        );
+    } else if end - now < nodeapi::tls::RENEW_WITHIN {
+        say(format!(
+            "api: WARNING: the node's certificate expires in {} day(s): renew it",
+            (end - now) / 86400
+        ));
+    }
 }
 
 fn accept(listener: TcpListener, server: Arc<Server>) {

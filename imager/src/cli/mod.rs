@@ -27,6 +27,11 @@ pub struct NodeSettingsArgs {
     /// resolves a name without DNS (a registry's, before any DNS server).
     #[arg(long = "host", value_name = "NAME=IPV4")]
     pub hosts: Vec<String>,
+    /// A node API client certificate the node refuses (repeatable, at most
+    /// 32): its PEM file, or its SHA-256 fingerprint (`openssl x509
+    /// -fingerprint -sha256`).
+    #[arg(long = "revoke", value_name = "CERT|FINGERPRINT")]
+    pub revoke: Vec<String>,
 }
 
 impl NodeSettingsArgs {
@@ -45,6 +50,28 @@ impl NodeSettingsArgs {
             let hosts = contract::settings::parse_hosts(&self.hosts.join(","))?;
             s.unwrap_or_default().with_hosts(hosts).map(Some)
         });
-        settings.map_err(|e| anyhow::anyhow!("{e}; nothing was written"))
+        let mut settings = settings.map_err(|e| anyhow::anyhow!("{e}; nothing was written"))?;
+        if !self.revoke.is_empty() {
+            let mut prints = Vec::new();
+            for r in &self.revoke {
+                prints.push(revoked_fingerprint(r)?);
+            }
+            let revoked = contract::settings::parse_revoked(&prints.join(","))
+                .map_err(|e| anyhow::anyhow!("{e}; nothing was written"))?;
+            settings.get_or_insert_with(Default::default).revoked = revoked;
+        }
+        Ok(settings)
     }
+}
+
+/// A `--revoke` value as a fingerprint: a certificate file's (its first
+/// certificate), or the value itself.
+fn revoked_fingerprint(v: &str) -> anyhow::Result<String> {
+    let path = std::path::Path::new(v);
+    if !path.is_file() {
+        return Ok(v.to_string());
+    }
+    let pem = imager::input::read_head(path, "certificate", nodeapi::tls::MAX_PEM as u64)?;
+    let certs = nodeapi::tls::certs(&pem, "certificate to revoke")?;
+    Ok(hex::encode(nodeapi::tls::fingerprint(&certs[0])))
 }

@@ -335,6 +335,15 @@ pub struct CredentialsArgs {
     /// Replace the client's or node's existing certificate and key.
     #[arg(long)]
     pub force: bool,
+    /// Issue a new certificate and key for an existing client or node
+    /// (before or after the old one expires); nothing else changes.
+    #[arg(long, conflicts_with = "force")]
+    pub renew: bool,
+    /// The client's or node's certificate is valid this many days from
+    /// now (default 365; a new CA: 3650).
+    #[arg(long, value_name = "DAYS", default_value_t = imager::node::credentials::HOLDER_DAYS,
+          value_parser = clap::value_parser!(u64).range(1..=36500))]
+    pub days: u64,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -477,7 +486,24 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
                      (only the CA)"
                 ),
             };
-            let made = credentials::make(&a.dir, holder.as_ref(), a.force)?;
+            if a.renew {
+                let Some(h) = &holder else {
+                    anyhow::bail!("--renew needs the client (--role, --name) or --node to renew");
+                };
+                let (crt, _) = h.files();
+                if !a.dir.join(&crt).is_file() {
+                    anyhow::bail!(
+                        "{} does not exist: nothing to renew (leave out --renew to make it)",
+                        a.dir.join(crt).display()
+                    );
+                }
+            }
+            let made = credentials::make_with(
+                &a.dir,
+                holder.as_ref(),
+                a.force || a.renew,
+                credentials::Validity::days_from_now(a.days),
+            )?;
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&made)?);
             } else {

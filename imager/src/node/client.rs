@@ -81,6 +81,7 @@ impl Client {
         let cert = read_small(&cert_path, "client certificate")?;
         let key = read_small(&key_path, "client key")?;
         let config = nodeapi::tls::client_config(ca.as_bytes(), cert.as_bytes(), key.as_bytes())?;
+        warn_if_expiring(&cert_path, &cert);
         let sn = server_name.unwrap_or(&host).to_string();
         let server_name = ServerName::try_from(sn.clone())
             .map_err(|_| anyhow!("{sn:?} is not a DNS name or an IP address"))?;
@@ -391,17 +392,43 @@ enum Poll {
 
 /// What a TLS failure means: which side refused which certificate, and
 /// why.
-fn tls_failure(e: &rustls::Error) -> Option<&'static str> {
+/// Says on stderr when this client's certificate is close to its end, or
+/// past it.
+fn warn_if_expiring(path: &std::path::Path, pem: &str) {
+    let Some(end) = nodeapi::tls::certs(pem.as_bytes(), "client certificate")
+        .ok()
+        .and_then(|c| c.first().and_then(|c| nodeapi::tls::not_after(c)))
+    else {
+        return;
+    };
+    let now = nodeapi::tls::now();
+    let renew = "renew it: imager node credentials DIR --role ROLE --name NAME --renew";
+    if end <= now {
+        crate::progress::line(&format!(
+            "warning: the client certificate {} has expired: nodes refuse it; {renew}",
+            path.display()
+        ));
+    } else if end - now < nodeapi::tls::RENEW_WITHIN {
+        crate::progress::line(&format!(
+            "warning: the client certificate {} expires in {} day(s); {renew}",
+            path.display(),
+            (end - now) / 86400
+        ));
+    }
+}
+
+pub fn tls_failure(e: &rustls::Error) -> Option<&'static str> {
     use rustls::{AlertDescription as A, CertificateError as C, Error};
     Some(match e {
         // The node's alerts about this client's certificate.
         Error::AlertReceived(A::CertificateExpired) => {
             "the node refused this client's certificate: it has expired, or is not valid yet, \
-             by the node's clock: make a new one (`imager node credentials DIR --role ROLE \
-             --name NAME --force`)"
+             by the node's clock: renew it (`imager node credentials DIR --role ROLE --name \
+             NAME --renew`)"
         }
         Error::AlertReceived(A::CertificateRevoked) => {
-            "the node refused this client's certificate: it is revoked"
+            "the node refused this client's certificate: it is revoked (listed in the node's \
+             settings, `imager node provision --revoke`): use another client's credentials"
         }
         Error::AlertReceived(_) => {
             "the node refused this client's certificate: it must be issued by the cluster CA \
@@ -413,7 +440,7 @@ fn tls_failure(e: &rustls::Error) -> Option<&'static str> {
         ) => {
             "the node's certificate has expired, or is not valid yet, by this machine's clock \
              (check both clocks; a node's credentials are renewed with `imager node \
-             credentials DIR --node NAME --force` and `imager node provision --force`)"
+             credentials DIR --node NAME --renew` and `imager node provision --force`)"
         }
         Error::InvalidCertificate(C::UnknownIssuer | C::BadSignature) => {
             "the node's certificate is not issued by the cluster CA in the credentials \
@@ -439,6 +466,7 @@ mod tests {
                 Error::AlertReceived(A::CertificateExpired),
                 "it has expired",
             ),
+            (Error::AlertReceived(A::CertificateRevoked), "it is revoked"),
             (
                 Error::AlertReceived(A::UnknownCA),
                 "issued by the cluster CA",

@@ -12,8 +12,16 @@
 //!
 //! Keys are ECDSA P-256 (what every TLS 1.3 stack takes), PKCS#8 PEM, mode
 //! 0600, written atomically and never printed. Nothing is replaced without
-//! `force`; a set of files is written whole or not at all (staged, then
-//! moved in).
+//! `force` (or `--renew`, which replaces a holder's certificate and key
+//! and nothing else); a set of files is written whole or not at all
+//! (staged, then moved in).
+//!
+//! Certificates have validity periods ([`Validity`]): the CA
+//! [`CA_DAYS`], clients and nodes [`HOLDER_DAYS`] by default
+//! (`--days`), from the time they are made. The node checks a client's
+//! against its clock, floored at its build's SOURCE_DATE_EPOCH
+//! (`nodeapi::tls::Policy`); both ends warn within
+//! `nodeapi::tls::RENEW_WITHIN` of the end.
 
 use anyhow::{Context, Result, bail};
 use nodeapi::Role;
@@ -26,6 +34,40 @@ use std::path::{Path, PathBuf};
 
 pub const CA_CERT: &str = "ca.crt";
 pub const CA_KEY: &str = "ca.key";
+/// A new CA's validity: ten years.
+pub const CA_DAYS: u64 = 3650;
+/// A client's or node's validity by default: one year.
+pub const HOLDER_DAYS: u64 = 365;
+
+/// When a certificate starts (seconds since 1970) and for how many days it
+/// is valid.
+#[derive(Debug, Clone, Copy)]
+pub struct Validity {
+    pub from: u64,
+    pub days: u64,
+}
+
+impl Validity {
+    /// `days` from now.
+    pub fn days_from_now(days: u64) -> Validity {
+        Validity {
+            from: nodeapi::tls::now(),
+            days,
+        }
+    }
+
+    fn apply(&self, p: &mut CertificateParams) -> Result<()> {
+        let at = |secs: u64| {
+            i64::try_from(secs)
+                .ok()
+                .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
+                .context("a certificate time past year 9999")
+        };
+        p.not_before = at(self.from)?;
+        p.not_after = at(self.from.saturating_add(self.days.saturating_mul(86400)))?;
+        Ok(())
+    }
+}
 
 /// Who a new certificate is for.
 #[derive(Debug, Clone)]
@@ -88,6 +130,17 @@ fn check_name(name: &str) -> Result<()> {
 /// replace an existing certificate or key unless `force` (the CA is never
 /// replaced: a new CA is a new directory).
 pub fn make(dir: &Path, holder: Option<&Holder>, force: bool) -> Result<Made> {
+    make_with(dir, holder, force, Validity::days_from_now(HOLDER_DAYS))
+}
+
+/// [`make`], the holder's certificate valid for `validity` (a new CA for
+/// [`CA_DAYS`] from the same start).
+pub fn make_with(
+    dir: &Path,
+    holder: Option<&Holder>,
+    force: bool,
+    validity: Validity,
+) -> Result<Made> {
     if let Some(h) = holder {
         check_name(h.name())?;
     }
@@ -110,7 +163,10 @@ pub fn make(dir: &Path, holder: Option<&Holder>, force: bool) -> Result<Made> {
             (pem, key, false)
         }
         (Err(_), Err(_)) => {
-            let (pem, key) = new_ca()?;
+            let (pem, key) = new_ca(Validity {
+                days: CA_DAYS,
+                ..validity
+            })?;
             (pem, key, true)
         }
         _ => bail!(
@@ -134,7 +190,7 @@ pub fn make(dir: &Path, holder: Option<&Holder>, force: bool) -> Result<Made> {
                 );
             }
         }
-        let (cert_pem, key_pem) = issue(&ca_pem, &ca_key, h)?;
+        let (cert_pem, key_pem) = issue(&ca_pem, &ca_key, h, validity)?;
         files.push((crt, cert_pem, 0o644));
         files.push((key, key_pem, 0o600));
     }
@@ -156,9 +212,10 @@ fn new_key() -> Result<KeyPair> {
 }
 
 /// A new self-signed CA: its certificate and key, PEM.
-fn new_ca() -> Result<(String, String)> {
+fn new_ca(validity: Validity) -> Result<(String, String)> {
     let key = new_key()?;
     let mut p = CertificateParams::default();
+    validity.apply(&mut p)?;
     p.distinguished_name = DistinguishedName::new();
     p.distinguished_name
         .push(DnType::CommonName, "imager cluster CA");
@@ -173,7 +230,12 @@ fn new_ca() -> Result<(String, String)> {
 }
 
 /// A certificate for `holder` signed by the CA, and its new key (PEM).
-fn issue(ca_pem: &str, ca_key: &str, holder: &Holder) -> Result<(String, String)> {
+fn issue(
+    ca_pem: &str,
+    ca_key: &str,
+    holder: &Holder,
+    validity: Validity,
+) -> Result<(String, String)> {
     // (The key's own parse errors would quote nothing, but say it plainly.)
     let ca_key = KeyPair::from_pem(ca_key)
         .map_err(|_| anyhow::anyhow!("{CA_KEY} is not a PEM private key"))?;
@@ -181,6 +243,7 @@ fn issue(ca_pem: &str, ca_key: &str, holder: &Holder) -> Result<(String, String)
         .map_err(|e| anyhow::anyhow!("{CA_CERT} is not a CA certificate: {e}"))?;
     let key = new_key()?;
     let mut p = CertificateParams::default();
+    validity.apply(&mut p)?;
     p.distinguished_name = DistinguishedName::new();
     p.distinguished_name
         .push(DnType::CommonName, holder.name().to_string());

@@ -107,17 +107,33 @@ fn the_ca_issues_clients_with_roles_and_nodes_that_openssl_verifies() {
 /// A TLS 1.3 server with `dir`'s node credentials on loopback, answering
 /// each connection with the role of its client, or the error.
 fn serve(dir: &Path) -> (u16, std::thread::JoinHandle<Vec<String>>) {
-    let config = nodeapi::tls::server_config(
+    serve_with(
+        dir,
         &read(dir, CA_CERT),
+        &nodeapi::tls::Policy::default(),
+        4,
+    )
+}
+
+/// [`serve`] trusting `ca` under `policy`, for `connections`.
+fn serve_with(
+    dir: &Path,
+    ca: &[u8],
+    policy: &nodeapi::tls::Policy,
+    connections: usize,
+) -> (u16, std::thread::JoinHandle<Vec<String>>) {
+    let config = nodeapi::tls::server_config(
+        ca,
         &read(dir, "node1.node.crt"),
         &read(dir, "node1.node.key"),
+        policy,
     )
     .unwrap();
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
     let port = listener.local_addr().unwrap().port();
     let handle = std::thread::spawn(move || {
         let mut seen = Vec::new();
-        for _ in 0..4 {
+        for _ in 0..connections {
             let (mut tcp, _) = listener.accept().unwrap();
             let mut conn = rustls::ServerConnection::new(config.clone()).unwrap();
             let outcome = match conn.complete_io(&mut tcp) {
@@ -188,4 +204,110 @@ fn mutual_tls_admits_clients_of_the_ca_with_their_role_and_nothing_else() {
     assert_eq!(seen[..2], ["admin", "reader"]);
     assert!(seen[2].starts_with("handshake:"), "{seen:?}");
     assert!(seen[3].starts_with("handshake:"), "{seen:?}");
+}
+
+/// What the client is told when the node refuses it in the handshake
+/// (`imager node`'s own explanation of the TLS error).
+fn refusal(e: &anyhow::Error) -> String {
+    let tls = e
+        .chain()
+        .find_map(|c| c.downcast_ref::<std::io::Error>())
+        .and_then(|io| io.get_ref())
+        .and_then(|i| i.downcast_ref::<rustls::Error>())
+        .unwrap_or_else(|| panic!("not a TLS error: {e:#}"));
+    crate::node::client::tls_failure(tls)
+        .unwrap_or_else(|| panic!("no explanation for {tls}"))
+        .to_string()
+}
+
+/// Certificates that expire, are renewed and are revoked; a clock behind
+/// the build's time; two CAs trusted at once during a rollover.
+#[test]
+fn expired_and_revoked_client_certificates_are_refused_and_renewed_ones_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("creds");
+    let now = nodeapi::tls::now();
+    make(&dir, Some(&node()), false).unwrap();
+    // Valid for a day, ten days ago.
+    let past = Validity {
+        from: now - 10 * 86400,
+        days: 1,
+    };
+    make_with(&dir, Some(&client("alice", Role::Reader)), false, past).unwrap();
+    make(&dir, Some(&client("bob", Role::Operator)), false).unwrap();
+    make(&dir, Some(&client("carol", Role::Admin)), false).unwrap();
+    let bob = nodeapi::tls::certs(&read(&dir, "bob.crt"), "bob").unwrap();
+    let policy = nodeapi::tls::Policy {
+        clock_floor: 0,
+        revoked: vec![nodeapi::tls::fingerprint(&bob[0])],
+    };
+    let (port, server) = serve_with(&dir, &read(&dir, CA_CERT), &policy, 4);
+    let e = call(port, &dir, &dir, "alice").unwrap_err();
+    assert!(refusal(&e).contains("it has expired"), "{e:#}");
+    assert!(refusal(&e).contains("--renew"), "{e:#}");
+    let e = call(port, &dir, &dir, "bob").unwrap_err();
+    assert!(refusal(&e).contains("it is revoked"), "{e:#}");
+    assert_eq!(call(port, &dir, &dir, "carol").unwrap(), "admin");
+    // Renewed (as --renew does: the same name, a new key and period).
+    make_with(
+        &dir,
+        Some(&client("alice", Role::Reader)),
+        true,
+        Validity::days_from_now(HOLDER_DAYS),
+    )
+    .unwrap();
+    assert_eq!(call(port, &dir, &dir, "alice").unwrap(), "reader");
+    let seen = server.join().unwrap();
+    assert!(seen[0].starts_with("handshake:"), "{seen:?}");
+    assert!(seen[1].starts_with("handshake:"), "{seen:?}");
+
+    // A node whose clock is behind its build's time checks as of the
+    // build's time: two years on, a one-year certificate has expired.
+    let floor = nodeapi::tls::Policy {
+        clock_floor: now + 2 * 365 * 86400,
+        revoked: Vec::new(),
+    };
+    let (port, server) = serve_with(&dir, &read(&dir, CA_CERT), &floor, 1);
+    let e = call(port, &dir, &dir, "carol").unwrap_err();
+    assert!(refusal(&e).contains("it has expired"), "{e:#}");
+    server.join().unwrap();
+
+    // A CA rollover: the node trusts the old and the new CA together, so
+    // clients of either are admitted while they move over.
+    let new = tmp.path().join("new");
+    make(&new, Some(&client("dave", Role::Reader)), false).unwrap();
+    let both = [read(&dir, CA_CERT), read(&new, CA_CERT)].concat();
+    let (port, server) = serve_with(&dir, &both, &nodeapi::tls::Policy::default(), 2);
+    assert_eq!(call(port, &dir, &dir, "carol").unwrap(), "admin");
+    assert_eq!(call(port, &dir, &new, "dave").unwrap(), "reader");
+    server.join().unwrap();
+}
+
+#[test]
+fn certificates_carry_their_validity_periods() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("creds");
+    make(&dir, Some(&client("alice", Role::Reader)), false).unwrap();
+    let end = |f: &str| {
+        let c = nodeapi::tls::certs(&read(&dir, f), f).unwrap();
+        nodeapi::tls::not_after(&c[0]).unwrap()
+    };
+    let now = nodeapi::tls::now();
+    let days = |t: u64| (t - now + 3600) / 86400;
+    assert_eq!(days(end(CA_CERT)), CA_DAYS);
+    assert_eq!(days(end("alice.crt")), HOLDER_DAYS);
+    // openssl reads the same end: not within 364 days, within 366.
+    let ends_within = |days: u64| {
+        !Command::new(crate::disk::testutil::tool("openssl"))
+            .args(["x509", "-noout", "-checkend"])
+            .arg((days * 86400).to_string())
+            .arg("-in")
+            .arg(dir.join("alice.crt"))
+            .output()
+            .unwrap()
+            .status
+            .success()
+    };
+    assert!(!ends_within(364));
+    assert!(ends_within(366));
 }
