@@ -157,6 +157,14 @@ fn merge(on_disk: Option<&str>, given: &Settings) -> Result<Settings> {
             given.hosts.clone()
         })
     })
+    .map(|mut s| {
+        s.revoked = if given.revoked.is_empty() {
+            old.revoked
+        } else {
+            given.revoked.clone()
+        };
+        s
+    })
     .map_err(|e| {
         anyhow::anyhow!(
             "with the disk's own settings kept, {e}; nothing was written (give that key too)"
@@ -283,6 +291,21 @@ mod tests {
         assert_eq!(
             merge(Some(disk), &net).unwrap().render(),
             "hostname=n1\nnet=eth0:dhcp\ndns=10.0.2.3\n"
+        );
+        // Revoked certificates are kept, and replaced when given.
+        let fp = "ab".repeat(32);
+        let with_revoked = format!("{disk}revoked={fp}\n");
+        assert_eq!(
+            merge(Some(&with_revoked), &dns_only).unwrap().render(),
+            format!("hostname=n1\nnet=eth0:10.0.2.20/24:10.0.2.2\ndns=1.1.1.1\nrevoked={fp}\n")
+        );
+        let other = "cd".repeat(32);
+        let revoke = Settings::parse(&format!("revoked={other}\n")).unwrap();
+        assert!(
+            merge(Some(&with_revoked), &revoke)
+                .unwrap()
+                .render()
+                .ends_with(&format!("revoked={other}\n"))
         );
         // A record that does not parse is replaced.
         assert_eq!(
