@@ -3,8 +3,8 @@
 //! root filesystem's compressed blocks it has; a second build in an empty
 //! cache directory (a second CI machine) pulls them, compiles no kernel,
 //! runs no grub-mkimage, compresses no block, and makes the same bytes.
-//! Entries tampered with in the registry's storage are refused, made
-//! again and replaced, and the bytes are still the same. (Refusals of
+//! Entries tampered with in the registry's storage are refused, said with
+//! how to clear them, made again, and the bytes are still the same. (Refusals of
 //! foreign and moved entries, and concurrent pushes of one key, are shown
 //! against the same registry by `imager::remote_cache`'s tests.)
 
@@ -103,7 +103,8 @@ fn a_second_machine_pulls_the_kernel_the_first_pushed_and_builds_the_same_bytes(
 
     // The GRUB and blocks entries changed in the registry's storage (the
     // same length, one byte flipped): a fourth machine refuses both, says
-    // why, makes them itself, replaces them, and its bytes are the same.
+    // why and how to clear them, makes them itself, and its bytes are the
+    // same.
     for kind in ["grub", "rootfs-blocks"] {
         let tag = tags
             .iter()
@@ -125,12 +126,8 @@ fn a_second_machine_pulls_the_kernel_the_first_pushed_and_builds_the_same_bytes(
         let refused = format!("warning: {kind}: the cache registry's entry is refused");
         let line = said.lines().find(|l| l.contains(&refused));
         assert!(
-            line.is_some_and(|l| l.contains("tampered")),
+            line.is_some_and(|l| l.contains("tampered") && l.contains("skopeo delete")),
             "{kind}:\n{said}"
-        );
-        assert!(
-            said.contains(&format!("{kind}: pushed to the cache registry")),
-            "{kind} not replaced:\n{said}"
         );
     }
     assert!(
@@ -143,16 +140,6 @@ fn a_second_machine_pulls_the_kernel_the_first_pushed_and_builds_the_same_bytes(
             sha256(&first.artifact(kind)),
             sha256(&fourth.artifact(kind)),
             "{kind} differs"
-        );
-    }
-    // Replaced: a fifth machine pulls good entries again.
-    let empty = scratch().join("cache-fifth-dir");
-    let _ = std::fs::remove_dir_all(&empty);
-    let (_, said) = build("cache-fifth", Some(&empty), &shared);
-    for kind in ["grub", "rootfs-blocks"] {
-        assert!(
-            said.contains(&format!("{kind}: pulled from the cache registry")),
-            "{kind}:\n{said}"
         );
     }
 }

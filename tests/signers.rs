@@ -362,13 +362,16 @@ fn a_wrong_pin_or_a_signer_of_another_key_fails_and_leaves_nothing() {
     );
     let conf = token_with(&dir.join("hsm"), &key);
     let uri = format!(
-        "pkcs11:token=imager-test;object=release?module-path={SOFTHSM_MODULE}&pin-value=0000"
+        "pkcs11:token=imager-test;object=release?module-path={SOFTHSM_MODULE}&pin-value=Pin-9173-qz"
     );
     let (out_dir, out) = build("signers-wrong-pin", &uri, &[("SOFTHSM2_CONF", &conf)]);
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("check the PIN"), "{said}");
-    assert!(!said.contains("0000"), "the PIN was printed:\n{said}");
+    assert!(
+        !said.contains("Pin-9173-qz"),
+        "the PIN was printed:\n{said}"
+    );
     assert!(!out_dir.join("manifest.json").exists());
 
     // A program that says one public key and signs with another: its

@@ -5,7 +5,8 @@
 //! fills its memory, whatever the program does.
 
 use std::io::{Read, Write};
-use std::process::{Command, ExitStatus, Stdio};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -57,8 +58,10 @@ impl std::error::Error for Error {}
 
 /// Runs `cmd` with `input` on its standard input; its standard output is
 /// read up to `limit` bytes (one more tells it printed more), its standard
-/// error up to [`STDERR_KEPT`]; it is killed when it has not ended, with
-/// its output, within `timeout`.
+/// error whole but only the first [`STDERR_KEPT`] bytes kept (a program
+/// that says much there is not cut off); it is killed, with every process
+/// it started (its process group), when it has not ended, with its
+/// output, within `timeout`.
 pub fn run(
     cmd: &mut Command,
     input: &[u8],
@@ -69,6 +72,7 @@ pub fn run(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
         .map_err(Error::Spawn)?;
     // Written by a thread: a program that does not read its input must not
@@ -79,23 +83,13 @@ pub fn run(
             let _ = stdin.write_all(&input);
         });
     }
-    let read = |pipe: Option<Box<dyn Read + Send>>, bound: u64| {
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut out = Vec::new();
-            if let Some(p) = pipe {
-                let _ = p.take(bound).read_to_end(&mut out);
-            }
-            let _ = tx.send(out);
-        });
-        rx
-    };
     let stdout = read(
         child
             .stdout
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
         limit.saturating_add(1),
+        false,
     );
     let stderr = read(
         child
@@ -103,6 +97,7 @@ pub fn run(
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
         STDERR_KEPT,
+        true,
     );
     let deadline = Instant::now() + timeout;
     let status = loop {
@@ -112,30 +107,66 @@ pub fn run(
                 std::thread::sleep(Duration::from_millis(10));
             }
             Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                stop(&mut child);
                 return Err(Error::Timeout(timeout));
             }
             Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
+                stop(&mut child);
                 return Err(Error::Wait(e));
             }
         }
     };
     // Its output, within what is left of the wait (a process it left
-    // behind may hold the pipes open).
+    // behind may hold the pipes open: the group is stopped then).
     let left = || deadline.saturating_duration_since(Instant::now());
-    let stdout = stdout
-        .recv_timeout(left())
-        .map_err(|_| Error::Timeout(timeout))?;
-    let stderr = stderr.recv_timeout(left()).unwrap_or_default();
+    let stdout = stdout.recv_timeout(left()).map_err(|_| {
+        kill_group(&child);
+        Error::Timeout(timeout)
+    })?;
+    let stderr = stderr.recv_timeout(left()).unwrap_or_else(|_| {
+        kill_group(&child);
+        Vec::new()
+    });
     Ok(Output {
         status,
         stdout,
         stderr,
         limit,
     })
+}
+
+/// A thread reading `pipe`: up to `keep` bytes kept; with `drain`, the rest
+/// read too and dropped (the writer is never cut off).
+fn read(pipe: Option<Box<dyn Read + Send>>, keep: u64, drain: bool) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut out = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = (&mut p).take(keep).read_to_end(&mut out);
+            if drain {
+                let _ = std::io::copy(&mut p, &mut std::io::sink());
+            }
+        }
+        let _ = tx.send(out);
+    });
+    rx
+}
+
+/// Kills `child`'s process group (it leads it: `process_group(0)`).
+fn kill_group(child: &Child) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        // SAFETY: kill(2) on a process group; no memory is involved.
+        unsafe {
+            libc::kill(-pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Kills `child` and its group, and reaps it.
+fn stop(child: &mut Child) {
+    kill_group(child);
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 #[cfg(test)]
@@ -165,17 +196,22 @@ mod tests {
 
     #[test]
     fn output_past_the_limit_is_cut_and_said() {
-        let out = run(&mut sh("yes"), b"", 1000, Duration::from_secs(30));
-        // `yes` never ends by itself: cut at the limit, then killed (its
-        // pipe closed makes it exit on SIGPIPE first).
-        match out {
-            Ok(o) => {
-                assert!(o.overflowed());
-                assert_eq!(o.stdout.len(), 1001);
-            }
-            Err(Error::Timeout(_)) => {}
-            Err(e) => panic!("{e}"),
-        }
+        // `yes` never ends by itself: cut at the limit, its pipe closed
+        // makes it exit on SIGPIPE.
+        let o = run(&mut sh("yes"), b"", 1000, Duration::from_secs(30)).unwrap();
+        assert!(o.overflowed());
+        assert_eq!(o.stdout.len(), 1001);
+        // Much said on stderr does not cut the program off.
+        let o = run(
+            &mut sh("head -c 100000 /dev/zero >&2; echo done"),
+            b"",
+            100,
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        assert!(o.status.success());
+        assert_eq!(o.stdout, b"done\n");
+        assert_eq!(o.stderr.len() as u64, STDERR_KEPT);
     }
 
     #[test]
@@ -184,15 +220,28 @@ mod tests {
         let e = run(&mut sh("sleep 30"), b"", 10, Duration::from_millis(300)).unwrap_err();
         assert!(matches!(e, Error::Timeout(_)), "{e}");
         assert!(started.elapsed() < Duration::from_secs(20));
-        // One that ends but leaves a child holding its output open.
-        let e = run(
-            &mut sh("(sleep 30 &) ; echo hi"),
-            b"",
-            10,
-            Duration::from_millis(300),
-        )
-        .unwrap_err();
+        // One that ends but leaves a child holding its output open: the
+        // child is stopped too.
+        let dir = std::env::temp_dir().join(format!("process-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let pidfile = dir.join("pid");
+        let script = format!("sleep 30 & echo $! > {}; echo hi", pidfile.display());
+        let e = run(&mut sh(&script), b"", 10, Duration::from_millis(500)).unwrap_err();
         assert!(matches!(e, Error::Timeout(_)), "{e}");
+        let pid = std::fs::read_to_string(&pidfile).unwrap();
+        // Gone, or a zombie waiting for its parent (init) to reap it, once
+        // the signal is delivered (waited for, up to 10 s).
+        let running = || {
+            std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+                .is_ok_and(|s| !s.contains(") Z "))
+        };
+        let waited = Instant::now();
+        while running() && waited.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!running(), "the program's child {} still runs", pid.trim());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

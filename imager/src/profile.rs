@@ -167,6 +167,18 @@ impl Profile {
                 *p = base.join(&*p);
             }
         };
+        // A key file's path and an external signer's program path (one
+        // with a `/`; a bare name is looked up on PATH) are relative to
+        // the profile; a PKCS#11 URI is as written.
+        let key_ref = |p: &mut PathBuf| match crate::sign::KeyRef::parse(p) {
+            crate::sign::KeyRef::File(_) => abs(p),
+            crate::sign::KeyRef::Exec(program)
+                if program.is_relative() && program.components().count() > 1 =>
+            {
+                *p = PathBuf::from(format!("exec:{}", base.join(program).display()));
+            }
+            _ => {}
+        };
         let k = &mut self.kernel;
         for p in k
             .source
@@ -203,16 +215,11 @@ impl Profile {
                 abs(k);
             }
             for k in sb.signers.values_mut() {
-                if !crate::sign::KeyRef::is_uri(k) {
-                    abs(k);
-                }
+                key_ref(k);
             }
         }
-        // A key file's path; a token's URI or a signer program as written.
-        if let Some(k) = self.signing.key.as_mut()
-            && !crate::sign::KeyRef::is_uri(k)
-        {
-            abs(k);
+        if let Some(k) = self.signing.key.as_mut() {
+            key_ref(k);
         }
         if let Some(ca) = self.node_api.as_mut().and_then(|n| n.ca.as_mut()) {
             abs(ca);

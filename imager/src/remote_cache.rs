@@ -107,6 +107,9 @@ pub struct RemoteCache {
     /// `REGISTRY/NAME`.
     repository: String,
     trusted: Vec<VerifyingKey>,
+    /// The registry could not be reached once: not tried again in this
+    /// build (each try would wait out its own timeouts).
+    unreachable: std::sync::atomic::AtomicBool,
 }
 
 /// What a lookup found.
@@ -133,11 +136,21 @@ impl RemoteCache {
             client,
             repository: repository.to_string(),
             trusted,
+            unreachable: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     pub fn repository(&self) -> &str {
         &self.repository
+    }
+
+    fn is_unreachable(&self) -> bool {
+        self.unreachable.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn set_unreachable(&self) {
+        self.unreachable
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn reference(&self, kind: &str, key: &str) -> Result<Reference> {
@@ -173,7 +186,12 @@ impl RemoteCache {
             })();
             if let Err(e) = copied {
                 let _ = std::fs::remove_dir_all(dest);
-                return Ok(Fetched::Refused(format!("{r}: {} ({e:#})", f.name)));
+                return Ok(Fetched::Refused(format!(
+                    "{r}: {} ({e:#}); a blob damaged in the registry's storage stays there \
+                     (a push of the same bytes does not replace it): delete the tag (skopeo \
+                     delete docker://{r}) and run the registry's garbage collection",
+                    f.name
+                )));
             }
         }
         Ok(Fetched::Hit)
@@ -357,6 +375,9 @@ impl Shared<'_> {
     /// `dest` then.
     pub fn pull(&self, kind: &str, key: &str, dest: &Path) -> bool {
         let repo = self.cache.repository();
+        if self.cache.is_unreachable() {
+            return false;
+        }
         match self.cache.fetch(kind, key, dest) {
             Ok(Fetched::Hit) => {
                 crate::progress::line(&format!(
@@ -381,9 +402,10 @@ impl Shared<'_> {
                 false
             }
             Err(e) => {
+                self.cache.set_unreachable();
                 crate::progress::line(&format!(
                     "warning: {kind}: the cache registry {repo} could not be read; made \
-                     here ({e:#})"
+                     here, and the registry is not tried again by this build ({e:#})"
                 ));
                 false
             }
@@ -394,15 +416,22 @@ impl Shared<'_> {
     /// holds a trusted entry for the key already.
     pub fn push(&self, kind: &str, key: &str, dir: &Path) {
         let repo = self.cache.repository();
+        if self.cache.is_unreachable() {
+            return;
+        }
         match self.cache.store(kind, key, dir, self.signer) {
             Ok(true) => crate::progress::line(&format!(
                 "{kind}: pushed to the cache registry {repo} (key {}…)",
                 short(key)
             )),
             Ok(false) => {}
-            Err(e) => crate::progress::line(&format!(
-                "warning: {kind}: could not push to the cache registry {repo} ({e:#})"
-            )),
+            Err(e) => {
+                self.cache.set_unreachable();
+                crate::progress::line(&format!(
+                    "warning: {kind}: could not push to the cache registry {repo}; it is not \
+                     tried again by this build ({e:#})"
+                ))
+            }
         }
     }
 

@@ -306,12 +306,12 @@ fn run_program(program: &Path, registry: &str) -> Result<Option<Credentials>, Er
         }
         _ => fail(e.to_string()),
     })?;
+    if out.overflowed() {
+        return Err(fail(format!("printed over {MAX_HELPER_OUTPUT} bytes")));
+    }
     if !out.status.success() {
         // "credentials not found in native keychain": none kept.
         return Ok(None);
-    }
-    if out.overflowed() {
-        return Err(fail(format!("printed over {MAX_HELPER_OUTPUT} bytes")));
     }
     let out = out.stdout;
     parse_helper_output(&out).map_err(fail).map(Some)

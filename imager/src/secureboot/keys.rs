@@ -375,7 +375,8 @@ impl SbKey {
                 let key = load_private(&path)?;
                 if key.to_public_key() != public {
                     bail!(
-                        "{} does not belong to {}: the certificate is for another key",
+                        "{} does not belong to {} (secure_boot.signers.{name}): the certificate \
+                         is for another key; give the matching key or certificate",
                         cert_path.display(),
                         path.display()
                     );
@@ -397,6 +398,12 @@ impl SbKey {
             rsa::RsaPublicKey::from_public_key_der(&der)
         }
         .map_err(|_| anyhow::anyhow!("{}: its public key is not an RSA key", backend.describe()))?;
+        ensure!(
+            public.size() * 8 >= RSA_BITS,
+            "{}: an RSA key of {} bits is too small: use {RSA_BITS} bits or more",
+            backend.describe(),
+            public.size() * 8
+        );
         if theirs != public {
             bail!(
                 "{}: its key is not the one of {} (the {name} certificate): give the matching \

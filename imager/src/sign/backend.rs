@@ -49,13 +49,24 @@ pub trait KeyBackend: Send + Sync {
 }
 
 /// How a key is named.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum KeyRef {
     File(PathBuf),
     /// An RFC 7512 URI, as given.
     Pkcs11(String),
     /// An external signer program.
     Exec(PathBuf),
+}
+
+impl std::fmt::Debug for KeyRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyRef::File(p) => f.debug_tuple("File").field(p).finish(),
+            // Not the URI: it may carry a PIN.
+            KeyRef::Pkcs11(_) => f.write_str("Pkcs11(<uri>)"),
+            KeyRef::Exec(p) => f.debug_tuple("Exec").field(p).finish(),
+        }
+    }
 }
 
 impl KeyRef {

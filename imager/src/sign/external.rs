@@ -20,7 +20,7 @@
 //! it gets [`TIMEOUT`] per request, and its answer is at most
 //! [`MAX_ANSWER`] bytes ([`contract::process`]). What it prints on its
 //! standard error is shown escaped when it fails. Its answers are parsed
-//! by [`parse_answer`] (`external_signer` fuzz target).
+//! by [`parse_answer`] (fuzz target `signer`).
 
 use super::backend::{Algorithm, KeyBackend};
 use anyhow::{Result, anyhow, bail};

@@ -13,14 +13,21 @@ use super::backend::{Algorithm, KeyBackend};
 use super::pkcs11_uri::{self, Pin, Pkcs11Uri};
 use anyhow::{Context, Result, anyhow, bail};
 use cryptoki::context::{CInitializeArgs, CInitializeFlags, Pkcs11};
+use cryptoki::error::RvError;
 use cryptoki::mechanism::Mechanism;
 use cryptoki::mechanism::eddsa::{EddsaParams, EddsaSignatureScheme};
 use cryptoki::object::{Attribute, AttributeType, KeyType, ObjectClass, ObjectHandle};
 use cryptoki::session::{Session, UserType};
 use std::path::PathBuf;
 
-/// Where p11-kit's modules are (`module-name`).
-const MODULE_DIR: &str = "/usr/lib/x86_64-linux-gnu/pkcs11";
+/// Where p11-kit's modules are (`module-name`): Debian's multiarch
+/// directory of this machine.
+fn module_dir() -> PathBuf {
+    PathBuf::from(format!(
+        "/usr/lib/{}-linux-gnu/pkcs11",
+        std::env::consts::ARCH
+    ))
+}
 /// The largest PIN file read.
 const MAX_PIN_FILE: u64 = 1024;
 
@@ -42,24 +49,22 @@ impl Pkcs11Key {
         let u = pkcs11_uri::parse(uri).map_err(|e| anyhow!("the PKCS#11 URI: {e}"))?;
         let describe = describe(&u);
         let module = module(&u)?;
-        let context = Pkcs11::new(&module).map_err(|e| {
-            anyhow!(
-                "{describe}: cannot load the PKCS#11 library {} ({e}): install it (softhsm2, \
-                 opensc, the HSM vendor's) or give module-path=",
-                module.display()
-            )
-        })?;
-        context
-            .initialize(CInitializeArgs::new(CInitializeFlags::OS_LOCKING_OK))
-            .map_err(|e| anyhow!("{describe}: initialising {}: {e}", module.display()))?;
+        let context = library(&module, &describe)?;
         let slot = find_slot(&context, &u, &describe)?;
         let session = context
             .open_ro_session(slot)
             .map_err(|e| anyhow!("{describe}: opening a session: {e}"))?;
         if let Some(pin) = pin(&u)? {
-            session
-                .login(UserType::User, Some(&pin.into()))
-                .map_err(|e| anyhow!("{describe}: logging in to the token: {e} (check the PIN)"))?;
+            match session.login(UserType::User, Some(&pin.into())) {
+                // Login is per token for the whole process: another key
+                // of the same token logged in first.
+                Ok(()) | Err(cryptoki::error::Error::Pkcs11(RvError::UserAlreadyLoggedIn, _)) => {}
+                Err(cryptoki::error::Error::Pkcs11(
+                    RvError::PinIncorrect | RvError::PinInvalid | RvError::PinLenRange,
+                    _,
+                )) => bail!("{describe}: the token refused the PIN (check the PIN)"),
+                Err(e) => bail!("{describe}: logging in to the token: {e}"),
+            }
         }
         let key = find_one(&session, &u, ObjectClass::PRIVATE_KEY, &describe)?;
         let key_type = match session
@@ -113,6 +118,36 @@ impl KeyBackend for Pkcs11Key {
     }
 }
 
+/// The library at `module`, loaded and initialised once for the process
+/// (PKCS#11 allows one initialisation per application: a second key of the
+/// same library shares it), and never finalised while the build runs.
+fn library(module: &std::path::Path, describe: &str) -> Result<Pkcs11> {
+    use std::collections::BTreeMap;
+    use std::sync::{Mutex, OnceLock};
+    static LOADED: OnceLock<Mutex<BTreeMap<PathBuf, Pkcs11>>> = OnceLock::new();
+    let mut loaded = LOADED
+        .get_or_init(|| Mutex::new(BTreeMap::new()))
+        .lock()
+        .map_err(|_| anyhow!("{describe}: a thread loading a PKCS#11 library failed"))?;
+    let key = std::fs::canonicalize(module).unwrap_or_else(|_| module.to_path_buf());
+    if let Some(c) = loaded.get(&key) {
+        return Ok(c.clone());
+    }
+    let context = Pkcs11::new(module).map_err(|e| {
+        anyhow!(
+            "{describe}: cannot load the PKCS#11 library {} ({e}): install it (softhsm2, \
+             opensc, the HSM vendor's) or give module-path=",
+            module.display()
+        )
+    })?;
+    match context.initialize(CInitializeArgs::new(CInitializeFlags::OS_LOCKING_OK)) {
+        Ok(()) | Err(cryptoki::error::Error::Pkcs11(RvError::CryptokiAlreadyInitialized, _)) => {}
+        Err(e) => bail!("{describe}: initialising {}: {e}", module.display()),
+    }
+    loaded.insert(key, context.clone());
+    Ok(context)
+}
+
 /// The key as messages name it: its token and label or id, never the PIN.
 fn describe(u: &Pkcs11Uri) -> String {
     let mut parts = Vec::new();
@@ -138,7 +173,7 @@ fn module(u: &Pkcs11Uri) -> Result<PathBuf> {
         } else {
             format!("{n}.so")
         };
-        return Ok(PathBuf::from(MODULE_DIR).join(name));
+        return Ok(module_dir().join(name));
     }
     if let Some(p) = std::env::var_os("IMAGER_PKCS11_MODULE") {
         return Ok(PathBuf::from(p));
@@ -153,6 +188,7 @@ fn pin(u: &Pkcs11Uri) -> Result<Option<String>> {
     Ok(match &u.pin {
         Some(Pin::Value(v)) => Some(v.clone()),
         Some(Pin::Source(path)) => {
+            crate::secret::refuse_readable_by_others(path)?;
             let bytes = crate::input::read_head(path, "the PKCS#11 PIN file", MAX_PIN_FILE)?;
             let text = String::from_utf8(bytes)
                 .map_err(|_| anyhow!("{}: the PIN file is not text", path.display()))?;

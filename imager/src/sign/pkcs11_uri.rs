@@ -15,7 +15,7 @@
 //! recognise, and an attribute ignored could select another key). An
 //! attribute given twice is refused. The URI is at most [`MAX_URI`] bytes.
 //! Parsing never panics and allocates at most the URI's length
-//! (`pkcs11_uri` fuzz target).
+//! (fuzz target `signer`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -60,7 +60,9 @@ impl std::fmt::Debug for Pin {
 
 /// Whether `s` is meant as a PKCS#11 URI (not a key file).
 pub fn is_uri(s: &str) -> bool {
-    s.len() >= 7 && s[..7].eq_ignore_ascii_case("pkcs11:")
+    s.as_bytes()
+        .get(..7)
+        .is_some_and(|p| p.eq_ignore_ascii_case(b"pkcs11:"))
 }
 
 /// Parses `s`; the error says what to change (values quoted escaped, the
@@ -171,12 +173,13 @@ pub fn parse(s: &str) -> Result<Pkcs11Uri, String> {
     Ok(uri)
 }
 
+/// `NAME=VALUE`. The message does not quote it: a mistyped
+/// `pin-value:1234` must not print the PIN.
 fn split_attr(attr: &str) -> Result<(&str, &str), String> {
     attr.split_once('=').ok_or_else(|| {
-        format!(
-            "{} is not NAME=VALUE",
-            contract::text::excerpt(attr.split('=').next().unwrap_or(attr))
-        )
+        "an attribute is not NAME=VALUE (after pkcs11:, attributes are NAME=VALUE, \
+         separated by ; before the ? and by & after it)"
+            .to_string()
     })
 }
 
@@ -253,6 +256,7 @@ mod tests {
             ("pkcs11:object=a;type=public", "type=private"),
             ("pkcs11:object=a;slot-id=x", "decimal"),
             ("pkcs11:object", "NAME=VALUE"),
+            ("pkcs11:object=a?pin-value:1234", "NAME=VALUE"),
             ("pkcs11:object=a?module-name=../x.so", "without a directory"),
             ("pkcs11:object=a?x-vendor=1", "x-vendor"),
             ("file.pem", "starts with pkcs11:"),
@@ -260,6 +264,12 @@ mod tests {
             let e = parse(uri).unwrap_err();
             assert!(e.contains(said), "{uri}: {e}");
         }
+        // Paths that are no URI, whatever their bytes.
+        assert!(!is_uri("/home/émilie/k.pem"));
+        assert!(!is_uri("ééééé"));
+        assert!(is_uri("PKCS11:object=x"));
+        let e = parse("pkcs11:object=a?pin-value:4711zz").unwrap_err();
+        assert!(!e.contains("4711zz"), "{e}");
         let long = format!("pkcs11:object={}", "a".repeat(MAX_URI));
         assert!(parse(&long).unwrap_err().contains("at most"));
         // A value with a terminal escape comes back escaped.
