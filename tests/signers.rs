@@ -178,6 +178,8 @@ fn a_token_and_an_external_signer_sign_the_same_bytes_as_the_key_file() {
     let conf = token_with(&hsm, &key);
     let pin = dir.join("pin");
     std::fs::write(&pin, format!("{PIN}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&pin, std::fs::Permissions::from_mode(0o600)).unwrap();
     let uri = format!(
         "pkcs11:token=imager-test;object=release?module-path={SOFTHSM_MODULE}&pin-source=file:{}",
         pin.display()

@@ -10,10 +10,14 @@
 //! - not something that looks like a private key ([`crate::secret`]); not
 //!   quoted in any message;
 //! - UTF-8 text without control characters other than tab and line breaks;
-//! - no YAML anchor (`&name`), anywhere: without anchors an alias has
-//!   nothing to expand, and serde_yaml refuses it as an unknown anchor.
-//!   The check does not parse YAML, so a `&` directly followed by a name
-//!   is refused even inside a quoted string or a comment;
+//! - no YAML anchor (`&name`): without anchors an alias has nothing to
+//!   expand, and serde_yaml refuses it as an unknown anchor. An anchor
+//!   starts a node, so its `&` stands at the start of a line or after a
+//!   space, a tab or one of `[ { , :`; the check does not parse YAML, so
+//!   such a `&` directly followed by a name is refused even inside a
+//!   quoted string or a comment. A `&` inside a word (a URL's or a
+//!   PKCS#11 URI's `…so&pin-source=…`) cannot start an anchor and is
+//!   text;
 //! - flow collections (`[…]`, `{…}`) nested at most [`MAX_DEPTH`] deep and
 //!   at most [`MAX_BRACKETS`] of them in all (brackets are counted even in
 //!   strings and comments, so the real depth never exceeds what is counted);
@@ -84,9 +88,11 @@ pub fn check(bytes: &[u8]) -> Result<&str, String> {
     // Still in the line's indentation: spaces and `- ` / `? ` markers.
     let mut indenting = true;
     let mut chars = text.chars().peekable();
+    let mut prev = '\n';
     while let Some(c) = chars.next() {
         col += 1;
         let next = chars.peek().copied();
+        let after = std::mem::replace(&mut prev, c);
         match c {
             '\n' => {
                 line += 1;
@@ -102,7 +108,9 @@ pub fn check(bytes: &[u8]) -> Result<&str, String> {
                     c as u32
                 ));
             }
-            '&' if next.is_some_and(|n| !n.is_whitespace() && !",[]{}".contains(n)) => {
+            '&' if (after.is_whitespace() || "[{,:".contains(after))
+                && next.is_some_and(|n| !n.is_whitespace() && !",[]{}".contains(n)) =>
+            {
                 return Err(format!(
                     "line {line} column {col}: `&` followed by a name starts a YAML anchor: \
                      profiles do not use anchors or aliases (write each value out; in text, \

@@ -408,9 +408,21 @@ fn billion_laughs_is_refused_at_its_first_anchor() {
         e.contains("line 16 column 7") && e.contains("anchor"),
         "{e}"
     );
-    // An anchor is refused wherever it stands, even in a quoted string.
+    // An anchor is refused wherever it could stand, even in a quoted
+    // string: after a space or a flow indicator.
+    let e = refused(&with_line("name:", "name: \"a &b\""));
+    assert!(
+        e.contains("line 1 column 10") && e.contains("anchor"),
+        "{e}"
+    );
+    let e = refused(&with_line("name:", "name: [x,&b]"));
+    assert!(
+        e.contains("line 1 column 10") && e.contains("anchor"),
+        "{e}"
+    );
+    // Inside a word it is text (a URI's query): no anchor.
     let e = refused(&with_line("name:", "name: \"a&b\""));
-    assert!(e.contains("line 1 column 9") && e.contains("anchor"), "{e}");
+    assert!(!e.contains("anchor"), "{e}");
     // "& " is text, not an anchor.
     let e = refused(&with_line("name:", "name: \"a & b\""));
     assert!(e.contains("letters, digits"), "{e}");
