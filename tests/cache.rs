@@ -4,9 +4,10 @@
 //! cache directory (a second CI machine) pulls them, compiles no kernel,
 //! runs no grub-mkimage, compresses no block, and makes the same bytes.
 //! Entries tampered with in the registry's storage are refused, said with
-//! how to clear them, made again, and the bytes are still the same. (Refusals of
-//! foreign and moved entries, and concurrent pushes of one key, are shown
-//! against the same registry by `imager::remote_cache`'s tests.)
+//! how to clear them, made again, and the bytes are still the same. Two
+//! builds pushing the same keys at once both succeed and leave whole
+//! entries. (Refusals of foreign and moved entries are shown against the
+//! same registry by `imager::remote_cache`'s tests.)
 
 // Test helpers panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
@@ -174,4 +175,43 @@ fn blocks_kept(said: &str) -> (u64, u64) {
         words[at - 1].parse().unwrap(),
         words[at + 1].parse().unwrap(),
     )
+}
+
+/// Two machines that build the same inputs at once both push every entry
+/// to an empty cache, both succeed, and what the registry then holds is
+/// whole: a third machine pulls all of it.
+#[test]
+fn two_builds_pushing_the_same_keys_at_once_both_succeed() {
+    let registry = reg::Registry::start();
+    let repo = format!("{}/imager/cache", registry.addr);
+    let shared = ["--cache-registry", repo.as_str(), "--cache-plain-http"];
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| build("cache-at-once-a", None, &shared));
+        let b = s.spawn(|| build("cache-at-once-b", None, &shared));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for (_, said) in [&a, &b] {
+        assert!(!said.contains("warning:"), "{said}");
+    }
+    // Each kind was pushed by one of them at least (the other may have
+    // found it there already).
+    for kind in ["kernel", "grub", "rootfs-blocks"] {
+        let pushed = format!("{kind}: pushed to the cache registry");
+        assert!(
+            a.1.contains(&pushed) || b.1.contains(&pushed),
+            "{kind}:\n{}\n{}",
+            a.1,
+            b.1
+        );
+    }
+    let empty = scratch().join("cache-at-once-third-dir");
+    let _ = std::fs::remove_dir_all(&empty);
+    let (third, said) = build("cache-at-once-third", Some(&empty), &shared);
+    for kind in ["kernel", "grub", "rootfs-blocks"] {
+        assert!(
+            said.contains(&format!("{kind}: pulled from the cache registry")),
+            "{kind}:\n{said}"
+        );
+    }
+    assert_eq!(sha256(&a.0.artifact("raw")), sha256(&third.artifact("raw")));
 }

@@ -281,14 +281,19 @@ fn secure_boot_keys_on_a_token_and_a_signer_sign_the_same_bytes() {
         )
     };
     let program = repo().join("tests/common/external-signer.py");
-    let files = write_profile_from("secureboot", "signers-sb-files", |t| {
-        t.replace(
-            "secure_boot:\n",
-            &format!("secure_boot:\n  keys: {}\n", keys.display()),
-        )
-    });
-    let tokens = write_profile_from("secureboot", "signers-sb-tokens", |t| {
-        t.replace(
+    // One profile name for both (the installer image records it), its
+    // secure_boot section written for each build in turn.
+    let files = |()| {
+        write_profile_from("secureboot", "signers-sb", |t| {
+            t.replace(
+                "secure_boot:\n",
+                &format!("secure_boot:\n  keys: {}\n", keys.display()),
+            )
+        })
+    };
+    let tokens = |()| {
+        write_profile_from("secureboot", "signers-sb", |t| {
+            t.replace(
             "secure_boot:\n",
             &format!(
                 "secure_boot:\n  keys: {}\n  signers:\n    db: \"{}\"\n    PK: \"{}\"\n    KEK: \
@@ -299,7 +304,8 @@ fn secure_boot_keys_on_a_token_and_a_signer_sign_the_same_bytes() {
                 program.display()
             ),
         )
-    });
+        })
+    };
     let key = manifest_key.to_str().unwrap();
     let build = |name: &str, profile: &Path, env: &[(&str, &Path)]| {
         let out_dir = scratch().join(name);
@@ -323,12 +329,12 @@ fn secure_boot_keys_on_a_token_and_a_signer_sign_the_same_bytes() {
             json: serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap(),
         }
     };
-    let with_files = build("signers-sb-files", &files, &[]);
+    let with_files = build("signers-sb-files", &files(()), &[]);
     let log = dir.join("signer.log");
     let kek = keys.join("KEK.key");
     let with_tokens = build(
         "signers-sb-tokens",
-        &tokens,
+        &tokens(()),
         &[
             ("SOFTHSM2_CONF", &conf),
             ("TEST_SIGNER_KEY", &kek),
