@@ -167,6 +167,17 @@ fn mkimage(
     Ok(image)
 }
 
+/// The names in `dir`, sorted (the keys hash them in this order).
+fn sorted_names(dir: &Path) -> Result<Vec<std::ffi::OsString>> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("reading {}", dir.display()))?;
+    names.sort();
+    Ok(names)
+}
+
 /// The key of an image in the shared cache: the SHA-256 of grub-mkimage's
 /// bytes, of every file of the modules directory (its name and bytes),
 /// and of the arguments. Contents, not times or inodes as the local
@@ -183,13 +194,7 @@ fn shared_key(mkimage: &Path, dir: &Path, args: &[&str], modules: &[&str]) -> Re
     };
     item(b"grub-mkimage shared 1");
     item(crate::io::sha256_file(mkimage)?.0.as_bytes());
-    let mut names: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("reading {}", dir.display()))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<std::io::Result<_>>()
-        .with_context(|| format!("reading {}", dir.display()))?;
-    names.sort();
-    for n in names {
+    for n in sorted_names(dir)? {
         let path = dir.join(&n);
         if path.is_file() {
             item(n.as_encoded_bytes());
@@ -247,13 +252,7 @@ impl Memo {
             ))
         };
         item(stamp(mkimage)?.as_bytes());
-        let mut names: Vec<_> = std::fs::read_dir(dir)
-            .with_context(|| format!("reading {}", dir.display()))?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<std::io::Result<_>>()
-            .with_context(|| format!("reading {}", dir.display()))?;
-        names.sort();
-        for n in names {
+        for n in sorted_names(dir)? {
             item(stamp(&dir.join(n))?.as_bytes());
         }
         for a in args.iter().chain(modules) {
