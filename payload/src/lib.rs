@@ -4,7 +4,8 @@
 //! layers read as streams ([`layer`]) through the guard that bounds their
 //! tar headers ([`targuard`]), and whether a disk takes a payload as far as
 //! Secure Boot is concerned ([`secureboot`], its signatures checked by the
-//! `authenticode` crate).
+//! `authenticode` crate), and the rotating root of trust's format and
+//! rules ([`root`]).
 //!
 //! imager writes and verifies manifests with it; machined verifies what
 //! it pulls from a registry with it, against the keys in META, before it
@@ -16,6 +17,7 @@ pub mod artifact;
 pub mod keys;
 pub mod layer;
 pub mod manifest;
+pub mod root;
 pub mod secureboot;
 pub mod targuard;
 pub mod verify;
