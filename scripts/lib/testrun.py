@@ -2,13 +2,10 @@
 """The bookkeeping of scripts/test: runs cargo test commands, reads what
 each test binary reported, and ends the run with one honest closing line.
 
-    testrun.py run LOG LABEL [--beside] -- CMD...
+    testrun.py run LOG LABEL -- CMD...
                                         run CMD (a cargo test command), its
                                         output streamed; one record a test
-                                        binary appended to LOG (JSON lines);
-                                        --beside: it runs beside the other
-                                        parts (its time is not added to the
-                                        run's total)
+                                        binary appended to LOG (JSON lines)
     testrun.py declared MANIFEST         the [[test]] names of MANIFEST, one
                                         a line; fails (after printing them)
                                         naming any tests/*.rs beside them
@@ -19,7 +16,11 @@ each test binary reported, and ends the run with one honest closing line.
                                         table of times; CPU is /proc/stat's
                                         first line read at its start
     testrun.py summary LOG               the table of times and the closing
-                                        line; exits 1 on any failure
+                                        line; exits 1 on any failure. Parts
+                                        may run at once (scripts/test's two
+                                        lanes): the total is the time from
+                                        the first part's start to the last
+                                        one's end
 
 A test binary counts as failed, beside its failed tests, when it crashed
 (it printed no `test result:` line: a signal, an abort, a panic outside a
@@ -161,8 +162,8 @@ def problems(bins, status):
     return out
 
 
-def run(log, label, cmd, beside=False):
-    start = time.monotonic()
+def run(log, label, cmd):
+    start = time.time()
     cpu = cpu_now()
     lines = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -172,13 +173,14 @@ def run(log, label, cmd, beside=False):
             sys.stdout.flush()
             lines.append(line.rstrip("\n"))
         status = p.wait()
-    seconds = time.monotonic() - start
+    end = time.time()
     bins = parse(lines)
     record = {
         "label": label,
-        "seconds": round(seconds, 1),
+        "seconds": round(end - start, 1),
+        "start": start,
+        "end": end,
         "busy": busy(cpu, cpu_now()),
-        "beside": beside,
         "status": status,
         "passed": sum(b["passed"] for b in bins),
         "failed": sum(b["failed"] for b in bins),
@@ -198,6 +200,7 @@ def run(log, label, cmd, beside=False):
 
 def step(log, label, start, end, status, cpu=None):
     record = {"label": label, "seconds": round(float(end) - float(start), 1),
+              "start": float(start), "end": float(end),
               "busy": busy(cpu_now(cpu) if cpu else None, cpu_now()),
               "status": int(status), "passed": 0, "failed": 0, "ignored": 0,
               "problems": [] if int(status) == 0 else
@@ -245,15 +248,16 @@ def summary(log):
         mark = "" if (r["status"] == 0 and not r["failed"] and not r["problems"]) else "  FAILED"
         counts = f"{r['passed']} passed, {r['failed']} failed" if r["passed"] or r["failed"] else ""
         load = f"{r['busy']:3d}%" if r.get("busy") is not None else "    "
-        label = f"{r['label']} (beside)" if r.get("beside") else r["label"]
-        print(f"  {r['seconds']:8.1f} {load}  {label:<28} {counts}{mark}")
-    # A part run beside the others took no time of its own.
-    total = sum(r["seconds"] for r in records if not r.get("beside"))
-    print(f"  {total:8.1f}       total")
+        print(f"  {r['seconds']:8.1f} {load}  {r['label']:<28} {counts}{mark}")
+    # Parts overlap (two lanes): the total is the run's span. Records of a
+    # step with no times of its own (start 0) do not count.
+    spans = [(r["start"], r["end"]) for r in records if r.get("start")]
+    total = (max(e for _, e in spans) - min(s for s, _ in spans)) if spans else 0.0
+    print(f"  {total:8.1f}       total (from the first part's start to the last one's end)")
     slow = sorted(((s, r["label"], t) for r in records for t, s in r.get("slowest", [])),
                   reverse=True)[:SLOWEST]
     if slow:
-        print("test: the slowest tests (seconds; tests of a file run two at a time)")
+        print("test: the slowest tests (seconds)")
         for s, label, t in slow:
             print(f"  {s:8.1f}  {label}: {t}")
     passed = sum(r["passed"] for r in records)
@@ -277,11 +281,10 @@ def summary(log):
 def main(argv):
     if len(argv) >= 4 and argv[0] == "run" and "--" in argv:
         i = argv.index("--")
-        flags = argv[3:i]
-        if any(f != "--beside" for f in flags):
+        if i != 3:
             print(__doc__, file=sys.stderr)
             return 2
-        return run(argv[1], argv[2], argv[i + 1:], beside=bool(flags))
+        return run(argv[1], argv[2], argv[i + 1:])
     if len(argv) in (6, 7) and argv[0] == "step":
         return step(*argv[1:])
     if len(argv) == 2 and argv[0] == "declared":
