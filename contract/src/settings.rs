@@ -311,6 +311,16 @@ impl Settings {
         out
     }
 
+    /// The node's settings in `meta` ([`crate::meta::Tag::NodeSettings`]):
+    /// none (the default) when it has no record, why when its record does
+    /// not parse. The one reading of the record: the network's set-up says
+    /// a refused record on the console at boot; the API and the pull then
+    /// take the default.
+    pub fn from_meta(meta: &crate::meta::Meta) -> Result<Settings, String> {
+        meta.get(crate::meta::Tag::NodeSettings)
+            .map_or_else(|| Ok(Settings::default()), Settings::parse)
+    }
+
     /// Parses a record.
     pub fn parse(text: &str) -> Result<Settings, String> {
         if text.len() > MAX_LEN {

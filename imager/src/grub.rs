@@ -186,12 +186,8 @@ fn sorted_names(dir: &Path) -> Result<Vec<std::ffi::OsString>> {
 /// that share a cache run the same distribution, as they must for the
 /// kernel's compiler; docs/build-cache.md.)
 fn shared_key(mkimage: &Path, dir: &Path, args: &[&str], modules: &[&str]) -> Result<String> {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    let mut item = |b: &[u8]| {
-        h.update((b.len() as u64).to_le_bytes());
-        h.update(b);
-    };
+    let mut h = crate::io::ItemHasher::new();
+    let mut item = |b: &[u8]| h.item(b);
     item(b"grub-mkimage shared 1");
     item(crate::io::sha256_file(mkimage)?.0.as_bytes());
     for n in sorted_names(dir)? {
@@ -204,7 +200,7 @@ fn shared_key(mkimage: &Path, dir: &Path, args: &[&str], modules: &[&str]) -> Re
     for a in args.iter().chain(modules) {
         item(a.as_bytes());
     }
-    Ok(hex::encode(h.finalize()))
+    Ok(h.finish())
 }
 
 /// A remembered grub-mkimage image (a no-change build would otherwise
@@ -229,13 +225,9 @@ impl Memo {
         args: &[&str],
         modules: &[&str],
     ) -> Result<Memo> {
-        use sha2::{Digest, Sha256};
         use std::os::unix::fs::MetadataExt;
-        let mut h = Sha256::new();
-        let mut item = |b: &[u8]| {
-            h.update((b.len() as u64).to_le_bytes());
-            h.update(b);
-        };
+        let mut h = crate::io::ItemHasher::new();
+        let mut item = |b: &[u8]| h.item(b);
         item(b"grub-mkimage memo 1");
         let stamp = |p: &Path| -> Result<String> {
             let m = std::fs::metadata(p).with_context(|| format!("reading {}", p.display()))?;
@@ -258,7 +250,7 @@ impl Memo {
         for a in args.iter().chain(modules) {
             item(a.as_bytes());
         }
-        let key = hex::encode(h.finalize());
+        let key = h.finish();
         Ok(Memo {
             path: memo.join(format!("{key}.img")),
         })

@@ -346,6 +346,30 @@ impl<W: Write> Write for HashingWriter<W> {
     }
 }
 
+/// A key made of a list of items (a cache key, a stage's inputs): the
+/// SHA-256 of each item's length (8 bytes, little-endian) then its bytes,
+/// so that no two lists hash alike. The one way every key of the build is
+/// made.
+#[derive(Clone, Default)]
+pub struct ItemHasher(Sha256);
+
+impl ItemHasher {
+    pub fn new() -> ItemHasher {
+        ItemHasher::default()
+    }
+
+    /// Adds one item.
+    pub fn item(&mut self, bytes: &[u8]) {
+        self.0.update((bytes.len() as u64).to_le_bytes());
+        self.0.update(bytes);
+    }
+
+    /// The key, as 64 hex digits.
+    pub fn finish(self) -> String {
+        hex::encode(self.0.finalize())
+    }
+}
+
 /// Hex SHA-256 and size of a file, streamed. A sparse file's holes are
 /// hashed as zeros from memory, not read: reading a hole costs the kernel
 /// a page of zeros per 4 KiB, three times what hashing it costs (a built

@@ -266,11 +266,8 @@ pub fn build_rootfs(dest: &Path, spec: &RootfsSpec, cache: Option<&Path>) -> Res
 /// more or fewer blocks than a build needs costs time, never bytes.
 pub fn blocks_key(spec: &RootfsSpec) -> Result<String> {
     use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    let mut item = |b: &[u8]| {
-        h.update((b.len() as u64).to_le_bytes());
-        h.update(b);
-    };
+    let mut h = crate::io::ItemHasher::new();
+    let mut item = |b: &[u8]| h.item(b);
     item(b"rootfs blocks 1");
     item(pack::file_name(spec.level, BLOCK_SIZE).as_bytes());
     let mut links = BTreeMap::new();
@@ -293,7 +290,7 @@ pub fn blocks_key(spec: &RootfsSpec) -> Result<String> {
             }
         }
     }
-    Ok(hex::encode(h.finalize()))
+    Ok(h.finish())
 }
 
 /// The compressing threads [`build_rootfs`] uses: one per core.

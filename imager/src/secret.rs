@@ -19,6 +19,12 @@ pub use contract::text::{
 /// Refuses a private key file that others can read (group or world bits):
 /// it may have been copied. The message names the file, never its bytes.
 pub fn refuse_readable_by_others(path: &std::path::Path) -> anyhow::Result<()> {
+    refuse_secret_readable_by_others(path, "the private key")
+}
+
+/// [`refuse_readable_by_others`] for any secret file: `what` names it in
+/// the message ("the private key", "the PIN file").
+pub fn refuse_secret_readable_by_others(path: &std::path::Path, what: &str) -> anyhow::Result<()> {
     use anyhow::Context;
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(path)
@@ -27,8 +33,8 @@ pub fn refuse_readable_by_others(path: &std::path::Path) -> anyhow::Result<()> {
         .mode();
     if mode & 0o077 != 0 {
         anyhow::bail!(
-            "{}: the private key is readable by others (mode {:04o}): chmod 600 it (and \
-             consider it exposed if others could log in)",
+            "{}: {what} is readable by others (mode {:04o}): chmod 600 it (and consider it \
+             exposed if others could log in)",
             path.display(),
             mode & 0o7777
         );

@@ -166,9 +166,7 @@ pub fn start(meta: &Meta, node: Node) -> Result<()> {
 /// clock's floor, this runtime's own build time (its files carry the
 /// build's SOURCE_DATE_EPOCH as their time).
 fn tls_policy(meta: &Meta) -> nodeapi::tls::Policy {
-    let revoked = meta
-        .get(Tag::NodeSettings)
-        .and_then(|t| contract::settings::Settings::parse(t).ok())
+    let revoked = contract::settings::Settings::from_meta(meta)
         .map(|s| s.revoked)
         .unwrap_or_default();
     if !revoked.is_empty() {

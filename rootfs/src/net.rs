@@ -67,21 +67,17 @@ pub fn own_addresses() -> Vec<std::net::IpAddr> {
 const FROM_SETTINGS: &str = "the node's settings in META";
 const FROM_IMAGE: &str = "the image's default, machined.net=";
 
-/// Sets up the network: the node's own settings (`settings`, META's
+/// Sets up the network: the node's own settings (in `meta`, META's
 /// [`contract::meta::Tag::NodeSettings`]) before the image's default on
 /// the command line, saying on the console what it did and from where.
 /// `Err` only for a hardening sysctl (see the module's documentation).
-pub fn setup(cmdline: &str, settings: Option<&str>) -> Result<()> {
-    let settings = match settings.map(Settings::parse) {
-        Some(Ok(s)) => s,
-        Some(Err(e)) => {
-            say(format!(
-                "net: warning: {FROM_SETTINGS} are refused ({e}); the image's defaults apply"
-            ));
-            Settings::default()
-        }
-        None => Settings::default(),
-    };
+pub fn setup(cmdline: &str, meta: &contract::meta::Meta) -> Result<()> {
+    let settings = Settings::from_meta(meta).unwrap_or_else(|e| {
+        say(format!(
+            "net: warning: {FROM_SETTINGS} are refused ({e}); the image's defaults apply"
+        ));
+        Settings::default()
+    });
     if let Some(h) = &settings.hostname {
         match set_hostname(h) {
             Ok(()) => say(format!("host: hostname {h} ({FROM_SETTINGS})")),

@@ -78,10 +78,7 @@ pub fn credentials(c: &nodeapi::proto::PullCredentials) -> Result<registry::Cred
 /// servers it uses (its settings' or DHCP's), never through the system
 /// (a static binary has no resolver).
 fn reach(meta: &Meta, registry_host: &str) -> (Option<Vec<u8>>, registry::dns::Resolver) {
-    let settings = meta
-        .get(Tag::NodeSettings)
-        .and_then(|t| contract::settings::Settings::parse(t).ok())
-        .unwrap_or_default();
+    let settings = contract::settings::Settings::from_meta(meta).unwrap_or_default();
     let mut hosts = std::collections::BTreeMap::new();
     for (name, addr) in settings.hosts {
         hosts.entry(name).or_insert_with(Vec::new).push(addr);

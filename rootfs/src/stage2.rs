@@ -74,7 +74,7 @@ pub fn run() -> Result<Infallible> {
         disk.set_wipe_ephemeral(None)
             .context("removing META's wipe-ephemeral after the wipe")?;
     }
-    net::setup(&cmdline, meta.get(Tag::NodeSettings))?;
+    net::setup(&cmdline, &meta)?;
     failure::breakpoint(&cmdline, "ready")?;
     if trial {
         disk.bless(slot, &version)?;
@@ -145,7 +145,7 @@ fn run_live(cmdline: &str) -> Result<Infallible> {
             .unwrap_or_default()
     ));
     let version = version()?;
-    net::setup(cmdline, None)?;
+    net::setup(cmdline, &Meta::default())?;
     failure::breakpoint(cmdline, "ready")?;
     failure::ready();
     let supervisor = power::prepare()?;

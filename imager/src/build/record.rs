@@ -29,7 +29,6 @@
 use crate::io::{AtomicFile, sha256_file};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -110,14 +109,16 @@ pub struct StageReport {
 /// The digest of everything a stage reads: each item a key and a value,
 /// length-prefixed so that no two lists of items hash alike.
 pub struct Inputs {
-    h: Sha256,
+    h: crate::io::ItemHasher,
 }
 
 impl Inputs {
     /// The inputs of `stage`, starting with the record's format and the
     /// imager that runs it ([`imager_identity`]).
     pub fn new(stage: &str) -> Result<Inputs> {
-        let mut i = Inputs { h: Sha256::new() };
+        let mut i = Inputs {
+            h: crate::io::ItemHasher::new(),
+        };
         i.add("format", FORMAT.to_string().as_bytes());
         i.add("stage", stage.as_bytes());
         i.add("imager", imager_identity()?.as_bytes());
@@ -125,10 +126,8 @@ impl Inputs {
     }
 
     fn add(&mut self, key: &str, value: &[u8]) {
-        for part in [key.as_bytes(), value] {
-            self.h.update((part.len() as u64).to_le_bytes());
-            self.h.update(part);
-        }
+        self.h.item(key.as_bytes());
+        self.h.item(value);
     }
 
     /// A setting or a small input held in memory.
@@ -174,7 +173,7 @@ impl Inputs {
 
     /// The digest, hex.
     pub fn finish(self) -> String {
-        hex::encode(self.h.finalize())
+        self.h.finish()
     }
 }
 

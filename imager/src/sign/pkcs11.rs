@@ -184,29 +184,11 @@ fn module(u: &Pkcs11Uri) -> Result<PathBuf> {
     )
 }
 
-/// A PIN file others can read is refused, as a private key is.
-fn refuse_shared_pin(path: &std::path::Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(path)
-        .with_context(|| format!("reading the PIN file {}", path.display()))?
-        .permissions()
-        .mode();
-    if mode & 0o077 != 0 {
-        bail!(
-            "{}: the PIN file is readable by others (mode {:04o}): chmod 600 it (and consider \
-             the PIN exposed if others could log in)",
-            path.display(),
-            mode & 0o7777
-        );
-    }
-    Ok(())
-}
-
 fn pin(u: &Pkcs11Uri) -> Result<Option<String>> {
     Ok(match &u.pin {
         Some(Pin::Value(v)) => Some(v.clone()),
         Some(Pin::Source(path)) => {
-            refuse_shared_pin(path)?;
+            crate::secret::refuse_secret_readable_by_others(path, "the PIN file")?;
             let bytes = crate::input::read_head(path, "the PKCS#11 PIN file", MAX_PIN_FILE)?;
             let text = String::from_utf8(bytes)
                 .map_err(|_| anyhow!("{}: the PIN file is not text", path.display()))?;
