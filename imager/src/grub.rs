@@ -68,14 +68,15 @@ fn find_mkimage() -> Result<PathBuf> {
 /// ([`Memo`], [`Memos`]).
 pub fn make(dir: &Path, memo: Option<&Memos>) -> Result<Grub> {
     check_dir(dir, &MODULES, "BIOS boot")?;
+    let boot_img = crate::input::read_head(&dir.join("boot.img"), "GRUB's boot.img", 4096)?;
     let core_img = mkimage(
         dir,
         "i386-pc",
         &contract::grub::core_prefix(),
         &MODULES,
         memo,
+        &|core| Grub::new(&boot_img, core).map(|_| ()),
     )?;
-    let boot_img = crate::input::read_head(&dir.join("boot.img"), "GRUB's boot.img", 4096)?;
     Grub::new(&boot_img, &core_img).with_context(|| format!("GRUB's images from {}", dir.display()))
 }
 
@@ -121,13 +122,17 @@ pub struct Memos<'a> {
 /// Runs grub-mkimage for `format` with `prefix` and `modules` from `dir`,
 /// or takes its image from `memo` (the local memo, then the shared cache;
 /// an image made here, or found in the memo, is added to the shared cache
-/// when it lacks it); returns the image.
+/// when it lacks it); returns the image. An image pulled from the shared
+/// cache must pass `check` (what the caller checks of grub-mkimage's own)
+/// before it is used or remembered: one that does not is said and made
+/// here instead.
 fn mkimage(
     dir: &Path,
     format: &str,
     prefix: &str,
     modules: &[&str],
     memo: Option<&Memos>,
+    check: &dyn Fn(&[u8]) -> Result<()>,
 ) -> Result<Vec<u8>> {
     let mkimage = find_mkimage()?;
     let args = [format, prefix];
@@ -152,10 +157,18 @@ fn mkimage(
     if let Some((s, key, scratch)) = &shared
         && let Some(image) = s.pull_file("grub", key, scratch)
     {
-        if let Some(m) = &local {
-            m.put(&image);
+        match check(&image) {
+            Ok(()) => {
+                if let Some(m) = &local {
+                    m.put(&image);
+                }
+                return Ok(image);
+            }
+            Err(e) => crate::progress::line(&format!(
+                "warning: grub: the cache registry's image is refused and it is made here: \
+                 it is not what {MKIMAGE} makes ({e:#})"
+            )),
         }
-        return Ok(image);
     }
     let image = run_mkimage(&mkimage, dir, format, prefix, modules)?;
     if let Some(m) = &local {
@@ -379,28 +392,33 @@ pub fn make_eltorito(dir: &Path, memo: Option<&Memos>) -> Result<Eltorito> {
             dir.display()
         );
     }
+    let cdboot = crate::input::read_head(&dir.join("cdboot.img"), "GRUB's cdboot.img", 4096)?;
+    let check = |image: &[u8]| -> Result<()> {
+        ensure!(
+            cdboot.len() == CDBOOT_LEN && image.starts_with(&cdboot),
+            "{MKIMAGE} made an El Torito image that does not start with {}'s cdboot.img: \
+             {INSTALL_HINT}",
+            dir.display()
+        );
+        let core_sectors = (image.len() - CDBOOT_LEN).div_ceil(SECTOR) as u64;
+        ensure!(
+            core_sectors <= bootstate::bios::MAX_CORE_SECTORS,
+            "GRUB's El Torito core image is {core_sectors} sectors, over GRUB's limit of {}: \
+             check {}",
+            bootstate::bios::MAX_CORE_SECTORS,
+            dir.display()
+        );
+        Ok(())
+    };
     let image = mkimage(
         dir,
         "i386-pc-eltorito",
         contract::iso::GRUB_PREFIX,
         &ISO_MODULES,
         memo,
+        &check,
     )?;
-    let cdboot = crate::input::read_head(&dir.join("cdboot.img"), "GRUB's cdboot.img", 4096)?;
-    ensure!(
-        cdboot.len() == CDBOOT_LEN && image.starts_with(&cdboot),
-        "{MKIMAGE} made an El Torito image that does not start with {}'s cdboot.img: \
-         {INSTALL_HINT}",
-        dir.display()
-    );
-    let core_sectors = (image.len() - CDBOOT_LEN).div_ceil(SECTOR) as u64;
-    ensure!(
-        core_sectors <= bootstate::bios::MAX_CORE_SECTORS,
-        "GRUB's El Torito core image is {core_sectors} sectors, over GRUB's limit of {}: \
-         check {}",
-        bootstate::bios::MAX_CORE_SECTORS,
-        dir.display()
-    );
+    check(&image)?;
     let hybrid_mbr =
         crate::input::read_head(&dir.join("boot_hybrid.img"), "GRUB's boot_hybrid.img", 4096)?;
     ensure!(
