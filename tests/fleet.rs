@@ -146,7 +146,9 @@ fn a_fleet_upgrades_one_node_at_a_time_and_stops_at_a_failed_canary() {
             .args(["--client", "root", "--authfile"])
             .arg(&auth)
             .args(["--max-parallel", "1", "--canary", "1", "--json"])
-            .args(["--timeout", "900"])
+            // Each node's time, request to blessed: longer than the
+            // pull's deadline, or the client refuses it.
+            .args(["--deadline", "600", "--timeout", "900"])
             .args(extra);
         run(&mut c)
     };

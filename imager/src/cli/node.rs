@@ -306,9 +306,12 @@ pub struct PowerArgs {
     /// ready, on the expected slot, with a new boot id.
     #[arg(long)]
     pub wait: bool,
-    /// How long --wait waits for the node, in seconds.
-    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
-    pub timeout: u64,
+    /// How long --wait waits for the node, in seconds (default 600). With
+    /// several nodes, how long each may take from the request to back,
+    /// ready and blessed; a rolling upgrade's must be longer than the
+    /// pull's deadline (its default: the deadline and 600 more).
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<u64>,
     /// Print every event as a JSON line on stdout.
     #[arg(long)]
     pub json: bool,
@@ -547,7 +550,7 @@ fn operate_all(
         credentials: a.connect.credentials.clone(),
         client: a.connect.client.clone(),
     };
-    let timeout = Duration::from_secs(a.timeout);
+    let timeout = fleet::rollout_timeout(a.timeout, request)?;
     let run = |m: &fleet::Member| fleet::operate(m, &connect, request, target, timeout);
     let json = a.json;
     if !json {
@@ -693,7 +696,7 @@ fn operate(a: &PowerArgs, request: &Request) -> Result<ExitCode> {
     let back = client.wait_back(
         &status,
         (&expected, version.as_deref()),
-        Duration::from_secs(a.timeout),
+        Duration::from_secs(a.timeout.unwrap_or(fleet::WAIT_TIMEOUT)),
         |_| {},
     )?;
     if a.json {

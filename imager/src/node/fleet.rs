@@ -251,6 +251,35 @@ fn blessed(s: &Status) -> bool {
         .any(|x| x.slot == s.booted_slot && x.status == "good")
 }
 
+/// How long `--wait` waits for a node back from its reboot when no
+/// `--timeout` is given.
+pub const WAIT_TIMEOUT: u64 = 600;
+
+/// How long each node of a rollout may take, from the request to back,
+/// ready and blessed: `--timeout`, else [`WAIT_TIMEOUT`] (an upgrade's pull
+/// comes first: its deadline and [`WAIT_TIMEOUT`] more). A `--timeout`
+/// an upgrade's pull may outlast is refused: it would fail a node still
+/// pulling within its deadline.
+pub fn rollout_timeout(timeout: Option<u64>, request: &Request) -> Result<Duration> {
+    let pull = match request {
+        Request::Upgrade { deadline, .. } => Some(u64::from(
+            deadline.unwrap_or(nodeapi::proto::DEFAULT_PULL_DEADLINE),
+        )),
+        _ => None,
+    };
+    Ok(Duration::from_secs(match (timeout, pull) {
+        (Some(t), Some(d)) if t <= d => bail!(
+            "--timeout {t} is not longer than the pull's deadline of {d} s: a node still \
+             pulling within its deadline would be failed; give a --timeout above {d} (the \
+             default is {}) or a shorter --deadline",
+            d + WAIT_TIMEOUT
+        ),
+        (Some(t), _) => t,
+        (None, Some(d)) => d + WAIT_TIMEOUT,
+        (None, None) => WAIT_TIMEOUT,
+    }))
+}
+
 /// What one node goes through: skipped when it already runs `target`
 /// (blessed, nothing in progress); else `request` (an upgrade is left at
 /// the node's acceptance: the node goes on alone), then followed through

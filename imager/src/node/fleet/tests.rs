@@ -195,3 +195,54 @@ fn members_and_lists() {
     };
     assert!(format!("{e:#}").contains("line 2"), "{e:#}");
 }
+
+/// A rolling upgrade gives each node its pull's deadline and the time to
+/// come back; a `--timeout` a pull within its deadline could outlast is
+/// refused before any node is asked; other requests keep the plain wait.
+#[test]
+fn a_rollouts_timeout_covers_the_pull_or_is_refused() {
+    let upgrade = |deadline: Option<u32>| Request::Upgrade {
+        image: "registry.example/os:1.0.0".into(),
+        stage: false,
+        preserve: true,
+        tries: None,
+        version: None,
+        allow_downgrade: false,
+        deadline,
+        stall: None,
+        credentials: None,
+    };
+    let default = u64::from(nodeapi::proto::DEFAULT_PULL_DEADLINE);
+    assert_eq!(
+        rollout_timeout(None, &upgrade(None)).unwrap(),
+        Duration::from_secs(default + WAIT_TIMEOUT)
+    );
+    assert_eq!(
+        rollout_timeout(None, &upgrade(Some(120))).unwrap(),
+        Duration::from_secs(120 + WAIT_TIMEOUT)
+    );
+    assert_eq!(
+        rollout_timeout(Some(900), &upgrade(Some(600))).unwrap(),
+        Duration::from_secs(900)
+    );
+    let e = rollout_timeout(Some(600), &upgrade(None))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("--timeout 600 is not longer than the pull's deadline of 1800 s")
+            && e.contains("--deadline"),
+        "{e}"
+    );
+    assert!(rollout_timeout(Some(600), &upgrade(Some(600))).is_err());
+    let rollback = Request::Rollback {
+        allow_downgrade: false,
+    };
+    assert_eq!(
+        rollout_timeout(None, &rollback).unwrap(),
+        Duration::from_secs(WAIT_TIMEOUT)
+    );
+    assert_eq!(
+        rollout_timeout(Some(30), &rollback).unwrap(),
+        Duration::from_secs(30)
+    );
+}
