@@ -292,11 +292,10 @@ impl std::fmt::Display for InstallTarget {
 /// worked out from sysfs).
 pub const BY_ID_DIR: &str = "/dev/disk/by-id";
 
-/// A short, printable excerpt of a command-line value for messages.
+/// A short, printable excerpt of a command-line value for messages (the
+/// one escaping of text from outside, [`crate::text::quote`]).
 fn excerpt(v: &str) -> String {
-    let short: String = v.chars().take(40).collect();
-    let more = if v.chars().count() > 40 { "…" } else { "" };
-    format!("{:?}", format!("{short}{more}"))
+    crate::text::quote(v, 40)
 }
 
 /// A name that may be one path component: not empty, not `.` or `..`, no
