@@ -252,8 +252,14 @@ def summary(log):
     # Parts overlap (two lanes): the total is the run's span. Records of a
     # step with no times of its own (start 0) do not count.
     spans = [(r["start"], r["end"]) for r in records if r.get("start")]
-    total = (max(e for _, e in spans) - min(s for s, _ in spans)) if spans else 0.0
-    print(f"  {total:8.1f}       total (from the first part's start to the last one's end)")
+    if spans:
+        total = max(e for _, e in spans) - min(s for s, _ in spans)
+        print(f"  {total:8.1f}       total (from the first part's start to the last one's end)")
+    else:
+        # A record kept from before the lanes: its parts ran one after the
+        # other, but for one beside them.
+        total = sum(r["seconds"] for r in records if not r.get("beside"))
+        print(f"  {total:8.1f}       total")
     slow = sorted(((s, r["label"], t) for r in records for t, s in r.get("slowest", [])),
                   reverse=True)[:SLOWEST]
     if slow:

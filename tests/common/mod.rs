@@ -113,6 +113,7 @@ pub fn scratch() -> PathBuf {
     // scripts/test runs two files at once, each with a directory of its
     // own (IMAGER_E2E_DIR); alone, a file uses target/e2e.
     let d = std::env::var_os("IMAGER_E2E_DIR")
+        .filter(|d| !d.is_empty())
         .map_or_else(|| repo().join("target").join("e2e"), PathBuf::from);
     std::fs::create_dir_all(&d).unwrap();
     d
