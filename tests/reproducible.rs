@@ -291,14 +291,11 @@ fn contains(path: &Path, needle: &[u8]) -> bool {
 fn timed<T>(what: &str, f: impl FnOnce() -> T) -> T {
     let start = Instant::now();
     let r = f();
-    // Straight to stderr, not through the test's captured output: the
-    // run's log says where this test's time went whether it passes or not.
-    use std::io::Write;
-    let _ = writeln!(
-        std::io::stderr(),
+    // Past the capture: the run's log says where this test's time went.
+    say(&format!(
         "reproducible: {what}: {:.0} s",
         start.elapsed().as_secs_f64()
-    );
+    ));
     r
 }
 
@@ -519,10 +516,8 @@ fn every_output_is_the_same_bytes_from_two_checkouts_in_other_places_zones_umask
         a.root.join("out").display(),
         b.root.join("out").display()
     );
-    use std::io::Write;
-    let _ = writeln!(
-        std::io::stderr(),
+    say(&format!(
         "reproducible: total {:.0} s",
         started.elapsed().as_secs_f64()
-    );
+    ));
 }

@@ -533,15 +533,18 @@ pub fn test_seed() -> u64 {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64),
         };
-        // Straight to stderr, not through the test's captured output: the
-        // run shows it whether its tests pass or fail.
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
+        say(&format!(
             "test: sampled with seed {seed} (IMAGER_TEST_SEED={seed} chooses the same)"
-        );
+        ));
         seed
     })
+}
+
+/// A line straight to stderr, not through the test's captured output: the
+/// run's log shows it whether the test passes or fails.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 /// `k` of `from` (fewer when it has fewer), chosen by `seed` and `what`
