@@ -49,10 +49,7 @@ fn dev_pub() -> PathBuf {
 /// the installer does with the keys a disk trusts).
 fn extract(archive: &Path, dest: &Path) -> PathBuf {
     let key = imager::sign::load_public_key(&dev_pub()).unwrap();
-    let verify = |m: &[u8], s: &[u8]| {
-        imager::sign::verify_manifest_bytes(m, s, &key, "manifest.json", "manifest.json.sig")
-    };
-    imager::oci::extract_payload(archive, dest, &verify).unwrap()
+    extract_with(archive, dest, &key)
 }
 
 /// Each of `names` is the same in `want` and in `got` (extracted from `copy`).
@@ -311,11 +308,12 @@ fn small_image(dir: &Path) -> (PathBuf, imager::sign::VerifyingKey) {
     (tar, sign::Signer::public_key(&signer))
 }
 
-/// Extracts with a verifier that trusts `key`.
+/// Extracts with a verifier that trusts `key` (the installer's check, with
+/// `key` as the disk's trusted key).
 fn extract_with(archive: &Path, dest: &Path, key: &imager::sign::VerifyingKey) -> PathBuf {
-    let verify = |m: &[u8], s: &[u8]| {
-        imager::sign::verify_manifest_bytes(m, s, key, "manifest.json", "manifest.json.sig")
-    };
+    let root = payload::trust::key_root(&[*key]).unwrap();
+    let verify =
+        |f: &payload::trust::TrustFiles| payload::trust::verify(&root, f).map(|t| t.manifest);
     imager::oci::extract_payload(archive, dest, &verify).unwrap()
 }
 

@@ -64,6 +64,17 @@ pub fn initial(
     m
 }
 
+/// `root` (a root of trust's canonical bytes, `payload::root`) becomes the
+/// disk's in `m`: [`Tag::TrustRoot`], and [`Tag::TrustedKeys`] goes, so that
+/// an older runtime (a slot rolled back to) refuses every payload rather
+/// than trust a key the root retired. A build, an install, and the
+/// blessing of an upgrade that brought the root make this change.
+pub fn set_root(m: &mut Meta, root: &[u8]) {
+    m.set(Tag::TrustRoot, root);
+    m.remove(Tag::TrustedKeys);
+    m.remove(Tag::TrustRootNext);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

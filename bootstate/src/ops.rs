@@ -207,9 +207,11 @@ fn meta_with(st: &Status, new: &BootState) -> Result<Meta> {
     new.write_to(&mut m);
     // Leaving or entering Secure Boot belongs to a pending upgrade: with
     // none, the record goes (a blessing applies it first: see `bless`).
+    // So does the root of trust it brings.
     if new.pending.is_none() {
         m.remove(Tag::SecureBootLeaving);
         m.remove(Tag::SecureBootEntering);
+        m.remove(Tag::TrustRootNext);
     }
     m.encode_block().map_err(|e| {
         anyhow::anyhow!(
@@ -286,6 +288,12 @@ pub struct Payload {
     /// Whether the disk may take the payload is the caller's decision, made
     /// before.
     pub secure_boot: Option<String>,
+    /// The root of trust the payload brings (its canonical bytes), which
+    /// the disk's root accepted (`payload::trust`): kept in META as
+    /// [`Tag::TrustRootNext`] by the upgrade's META write, it becomes the
+    /// disk's root ([`Tag::TrustRoot`]) in the blessing's and goes with a
+    /// fallback or a rollback. Checking it is the caller's, before.
+    pub next_root: Option<Vec<u8>>,
 }
 
 /// The UKIs of a payload, one per slot.
@@ -480,6 +488,16 @@ fn plan_upgrade<B: Device, M: Device>(
     }
     // (Set again by `upgrade_into_secure_boot`, which checks it fits.)
     new_meta.remove(Tag::SecureBootEntering);
+    match &payload.next_root {
+        Some(root) => new_meta.set(Tag::TrustRootNext, root.as_slice()),
+        None => new_meta.remove(Tag::TrustRootNext),
+    }
+    new_meta.encode_block().map_err(|e| {
+        anyhow::anyhow!(
+            "META has no room for the root of trust the payload brings ({e}): nothing was \
+             written; reinstall the disk (imager install) to start META afresh"
+        )
+    })?;
     Ok(UpgradePlan {
         new_meta,
         new_state: new,
@@ -946,9 +964,10 @@ pub fn rollback<B: Device, M: Device>(
     ));
     let mut new_meta = meta_with(&st, &new)?;
     // A rollback abandons an upgrade that was leaving or entering Secure
-    // Boot.
+    // Boot, and the root of trust it brought.
     new_meta.remove(Tag::SecureBootLeaving);
     new_meta.remove(Tag::SecureBootEntering);
+    new_meta.remove(Tag::TrustRootNext);
     let generation = st.next_generation()?;
     room_for_an_entry(boot, text.len() as u64)?;
     let grub = grubenv::installed(boot)?;
@@ -1200,6 +1219,14 @@ pub fn bless<B: Device, M: Device>(
         .filter(|_| from_version.is_some())
     {
         new_meta.set(Tag::SecureBoot, db.as_bytes());
+    }
+    // One that brought a root of trust succeeded: it is the disk's root.
+    if let Some(root) = st
+        .meta
+        .get(Tag::TrustRootNext)
+        .filter(|_| from_version.is_some())
+    {
+        meta::set_root(&mut new_meta, root.as_bytes());
     }
     let mut redone = None;
     if let Some(counting) = best_entry(&st.entries, booted).filter(|e| e.tries.is_some()) {

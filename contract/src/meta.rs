@@ -54,7 +54,11 @@ pub enum Tag {
     /// Raised only when a slot is blessed; absent: 0.
     SecurityFloor = 0x23,
     /// Public keys (PEM, concatenated) whose signatures the installer
-    /// accepts for upgrades of this disk.
+    /// accepts for upgrades of this disk, one enough: the disk's root of
+    /// trust when it has no [`Tag::TrustRoot`] (version 1, threshold 1,
+    /// these keys). Removed when a root of trust is promoted, so that an
+    /// older runtime rolled back to refuses payloads rather than trust a
+    /// retired key.
     TrustedKeys = 0x30,
     /// The disk boots signed UKIs under Secure Boot: the db certificate
     /// (PEM) its firmware is enrolled with, which every UKI an upgrade
@@ -72,6 +76,16 @@ pub enum Tag {
     /// falls back or is rolled back, this record goes and the disk stays
     /// without Secure Boot.
     SecureBootEntering = 0x33,
+    /// The disk's root of trust (`payload::root`, `root.json`'s canonical
+    /// bytes): its version, its keys, and how many of them must sign a
+    /// payload. Absent: [`Tag::TrustedKeys`] stands for it.
+    TrustRoot = 0x34,
+    /// The root of trust the pending upgrade brings (accepted by the
+    /// current root before the upgrade's first write): once that version
+    /// is blessed it becomes [`Tag::TrustRoot`], in the blessing's META
+    /// write; when it falls back or is rolled back, this record goes and
+    /// the disk keeps its root.
+    TrustRootNext = 0x35,
     /// The node API's cluster CA certificate (PEM): the one root its
     /// clients' certificates must chain to (`imager node provision`).
     NodeCa = 0x40,
@@ -92,7 +106,7 @@ pub enum Tag {
 }
 
 impl Tag {
-    pub const ALL: [Tag; 17] = [
+    pub const ALL: [Tag; 19] = [
         Tag::ImageName,
         Tag::DefaultSlot,
         Tag::SlotA,
@@ -105,6 +119,8 @@ impl Tag {
         Tag::SecureBoot,
         Tag::SecureBootLeaving,
         Tag::SecureBootEntering,
+        Tag::TrustRoot,
+        Tag::TrustRootNext,
         Tag::NodeCa,
         Tag::NodeCert,
         Tag::NodeKey,
@@ -126,6 +142,8 @@ impl Tag {
             Tag::SecureBoot => "secure-boot",
             Tag::SecureBootLeaving => "secure-boot-leaving",
             Tag::SecureBootEntering => "secure-boot-entering",
+            Tag::TrustRoot => "trust-root",
+            Tag::TrustRootNext => "trust-root-next",
             Tag::NodeCa => "node-ca",
             Tag::NodeCert => "node-cert",
             Tag::NodeKey => "node-key",

@@ -147,6 +147,13 @@ pub const PAYLOAD_GRUB_BOOT: &str = "grub-boot.img";
 /// GRUB's `core.img` in the payload, as grub-mkimage made it (the installer
 /// patches its blocklist for the disk it writes).
 pub const PAYLOAD_GRUB_CORE: &str = "grub-core.img";
+/// The trust files a payload may carry beside its manifest and signature
+/// (`payload::trust`; all of them in the installer image's first layer):
+/// more signatures of the manifest ([`output::SIGNATURES`]), the root of
+/// trust the payload brings and its signatures ([`output::ROOT`],
+/// [`output::ROOT_SIGNATURES`]).
+pub const PAYLOAD_TRUST_FILES: [&str; 3] =
+    [output::SIGNATURES, output::ROOT, output::ROOT_SIGNATURES];
 /// Every file a payload directory must have.
 pub const PAYLOAD_FILES: [&str; 4] = [
     PAYLOAD_KERNEL,
@@ -208,6 +215,14 @@ pub mod output {
     pub const MANIFEST: &str = "manifest.json";
     /// The detached signature of [`MANIFEST`].
     pub const SIGNATURE: &str = "manifest.json.sig";
+    /// More signatures of [`MANIFEST`], by the keys of a root of trust
+    /// (`payload::root`'s signature list; `imager sign --add` adds one).
+    pub const SIGNATURES: &str = "manifest.json.sigs";
+    /// The root of trust a build's payload carries (profile
+    /// `signing.root`): a disk whose root is the one before takes it.
+    pub const ROOT: &str = "root.json";
+    /// The signatures of [`ROOT`] (`imager root sign`).
+    pub const ROOT_SIGNATURES: &str = "root.json.sigs";
     /// What each stage of the build was made from, for the next build
     /// (`imager::build::record`).
     pub const RECORD: &str = "build-record.json";

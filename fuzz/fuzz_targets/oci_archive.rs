@@ -23,7 +23,8 @@ fuzz_target!(|data: &[u8]| {
     let _ = std::fs::remove_dir_all(&dest);
     std::fs::create_dir_all(&dest).expect("destination");
     std::fs::write(&archive, data).expect("archive");
-    let accept = |manifest: &[u8], _signature: &[u8]| imager::sign::Manifest::parse(manifest);
+    let accept =
+        |files: &payload::trust::TrustFiles| imager::sign::Manifest::parse(&files.manifest);
     let _ = imager::oci::extract_payload(&archive, &dest, &accept);
     // Nothing beside the archive and the destination.
     for e in std::fs::read_dir(dir).expect("work directory").flatten() {

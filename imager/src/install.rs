@@ -14,7 +14,7 @@
 use crate::artifact::Kind;
 use crate::disk::{self, Layout};
 use crate::io::Window;
-use crate::sign::{self, Manifest, VerifyingKey};
+use crate::sign::{self, Manifest};
 use crate::{boot, oci};
 use anyhow::{Context, Result, bail, ensure};
 use bootstate::disk::{Access, Disk};
@@ -23,7 +23,8 @@ use bootstate::ops::{self, Payload, PayloadFile};
 use contract::meta::Tag;
 use contract::partition::PartitionRole;
 use contract::{Slot, paths};
-use payload::verify::{not_trusted, verify_trusted};
+use payload::root::Root;
+use payload::trust::TrustFiles;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -96,8 +97,11 @@ pub struct VerifiedPayload {
     /// A Secure Boot payload's enrolment files (`PK.auth`, `KEK.auth`,
     /// `db.auth`), checked against their signed digests; empty otherwise.
     pub enrolment: NamedFiles,
-    /// The trusted key that signed it.
-    pub key: VerifyingKey,
+    /// The keys whose signatures counted, by key id.
+    pub signers: Vec<String>,
+    /// The next root of trust it brings, accepted by the disk's root: the
+    /// disk takes it with the payload (an upgrade: once blessed).
+    pub next_root: Option<Root>,
     /// The node API's cluster CA certificate it carries, if any: an
     /// install keeps it in META.
     pub node_ca: Option<String>,
@@ -107,12 +111,9 @@ pub struct VerifiedPayload {
 
 /// Finds the payload directory of `installer`: the directory itself, or
 /// the payload of an OCI archive extracted into a temporary directory. An
-/// archive's signed manifest is verified against `trusted` before anything
+/// archive's signed manifest is verified against `root` before anything
 /// else is read from it (see [`oci::extract_payload`]).
-fn payload_dir(
-    installer: &Path,
-    trusted: &[VerifyingKey],
-) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+fn payload_dir(installer: &Path, root: &Root) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
     if installer.is_dir() {
         return Ok((installer.to_path_buf(), None));
     }
@@ -124,7 +125,7 @@ fn payload_dir(
         );
     }
     let work = tempfile::tempdir().context("creating a temporary directory")?;
-    let verify = |manifest: &[u8], signature: &[u8]| verify_trusted(manifest, signature, trusted);
+    let verify = |files: &TrustFiles| payload::trust::verify(root, files).map(|t| t.manifest);
     let dir = oci::extract_payload(installer, work.path(), &verify).with_context(|| {
         format!(
             "reading {} as an installer image (an OCI archive such as installer.tar; or pass \
@@ -135,50 +136,19 @@ fn payload_dir(
     Ok((dir, Some(work)))
 }
 
-/// Loads the payload of `installer` and verifies it against `trusted`:
-/// the manifest's signature, then every file's size and digest but the
+/// Loads the payload of `installer` and verifies it against the disk's
+/// root of trust `root` ([`payload::trust`]): the manifest's signatures
+/// and the root it may bring, then every file's size and digest but the
 /// images' ([`sign::verify_payload`]: an upgrade from a build's output
-/// directory does not hash its 2 GiB disk). From an archive, the signature
-/// is checked before the payload is unpacked.
-pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<VerifiedPayload> {
-    if trusted.is_empty() {
-        bail!("no trusted key to verify the installer's payload against");
-    }
-    let (dir, work) = payload_dir(installer, trusted)?;
-    let mut errors = Vec::new();
-    let mut verified = None;
-    for key in trusted {
-        match sign::verify_payload(&dir, key) {
-            Ok(report) => {
-                report
-                    .ensure_ok()
-                    .context("the installer's payload does not match its signed manifest")?;
-                verified = Some((*key, report.verified));
-                break;
-            }
-            Err(e) => errors.push(format!("{e:#}")),
-        }
-    }
-    let Some((key, manifest)) = verified else {
-        // Only to explain: the manifest is not trusted here (and may be a
-        // FIFO, which a plain open() would wait on for ever).
-        let claimed = {
-            use std::io::Read;
-            use std::os::unix::fs::OpenOptionsExt;
-            std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(dir.join(sign::MANIFEST_NAME))
-                .ok()
-                .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
-                .and_then(|f| {
-                    let mut b = Vec::new();
-                    f.take(oci::MAX_SMALL).read_to_end(&mut b).ok().map(|_| b)
-                })
-                .and_then(|b| sign::claimed_key_id(&b))
-        };
-        return Err(not_trusted(trusted, claimed, &errors));
-    };
+/// directory does not hash its 2 GiB disk). From an archive, the
+/// signatures are checked before the payload is unpacked.
+pub fn load_payload(installer: &Path, root: &Root) -> Result<VerifiedPayload> {
+    let (dir, work) = payload_dir(installer, root)?;
+    let (report, trusted) = sign::verify_payload(&dir, root)?;
+    report
+        .ensure_ok()
+        .context("the installer's payload does not match its signed manifest")?;
+    let manifest = trusted.manifest;
     // The version goes into a boot entry line and META's records.
     if manifest.version.is_empty()
         || manifest
@@ -224,12 +194,14 @@ pub fn load_payload(installer: &Path, trusted: &[VerifyingKey]) -> Result<Verifi
         initramfs: file(Kind::Initramfs)?,
         ukis,
         secure_boot,
+        next_root: trusted.next_root.as_ref().map(Root::to_bytes),
     };
     Ok(VerifiedPayload {
         payload,
         manifest,
         enrolment,
-        key,
+        signers: trusted.signers,
+        next_root: trusted.next_root,
         node_ca,
         _work: work,
     })
@@ -455,14 +427,8 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Devi
     allowed: Allowed,
 ) -> Result<(ops::Upgraded, VerifiedPayload)> {
     let (meta, _) = bootstate::meta::read(meta_dev).context("reading META")?;
-    let keys = sign::parse_trusted_keys(meta.get(Tag::TrustedKeys).unwrap_or_default())?;
-    if keys.is_empty() {
-        bail!(
-            "META names no trusted key: this disk cannot be upgraded (it was made by an older \
-             imager; reinstall it)"
-        );
-    }
-    let p = load_payload(installer, &keys)?;
+    let root = payload::trust::disk_root(&meta)?;
+    let p = load_payload(installer, &root)?;
     let asked = payload::verify::Asked {
         version: None,
         allow_downgrade: allowed.downgrade,
@@ -518,7 +484,7 @@ pub fn run_upgrade(a: &UpgradeOptions) -> Result<UpgradeReport> {
         to_version: p.payload.version.clone(),
         entry: up.entry.file_name(),
         tries: a.tries,
-        key_id: sign::key_id(&p.key),
+        key_id: p.signers.join(", "),
         boot_bytes_written: up.bytes_written,
         disk_bytes_written: meta.bytes_written(),
         disk_writes: meta.writes(),
@@ -579,7 +545,7 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
              that signed the installer",
         )?,
     };
-    let p = load_payload(installer, &[key])?;
+    let p = load_payload(installer, &payload::trust::key_root(&[key])?)?;
     let exists = std::fs::symlink_metadata(&a.disk).is_ok();
     // An existing disk is locked for the install (and must be a file or a
     // block device): no upgrade may run on it meanwhile.
@@ -642,6 +608,12 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         &[sign::public_key_pem(&key)?],
         "install",
     );
+    // A payload that brings a root of trust the key accepted installs the
+    // disk with it (and `trusted-keys` goes): no blessing is needed on a
+    // new disk, whose slot A counts as good.
+    if let Some(root) = &p.next_root {
+        bootstate::meta::set_root(&mut meta, &root.to_bytes());
+    }
     if let Some(db) = &p.payload.secure_boot {
         meta.set(Tag::SecureBoot, db.as_bytes());
     }
@@ -686,7 +658,7 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         size,
         version: p.payload.version.clone(),
         slot: Slot::A.to_string(),
-        key_id: sign::key_id(&key),
+        key_id: p.signers.join(", "),
         bios_boot: grub.is_some(),
     })
 }
@@ -819,6 +791,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::sign::VerifyingKey;
     // Tests panic on unexpected failures: that is how a test fails.
 
     #[test]
@@ -913,7 +886,8 @@ mod tests {
         let tar = installer_in(t.path(), &signer);
 
         // Not a key the disk trusts: refused before the payload is unpacked.
-        let e = format!("{:#}", load_payload(&tar, &[other]).unwrap_err());
+        let root = |keys: &[VerifyingKey]| payload::trust::key_root(keys).unwrap();
+        let e = format!("{:#}", load_payload(&tar, &root(&[other])).unwrap_err());
         assert!(
             e.contains("refusing the installer image before unpacking its payload")
                 && e.contains(&format!(
@@ -926,8 +900,8 @@ mod tests {
         );
 
         // One of the keys is the right one: the payload, verified.
-        let p = load_payload(&tar, &[other, key]).unwrap();
-        assert_eq!(p.key, key);
+        let p = load_payload(&tar, &root(&[other, key])).unwrap();
+        assert_eq!(p.signers, [sign::key_id(&key)]);
         assert_eq!(p.manifest.version, "0.1.0");
         assert_eq!(
             std::fs::read(&p.payload.kernel.path).unwrap(),
@@ -953,12 +927,8 @@ mod tests {
             .status()
             .unwrap();
         assert!(made.success());
-        let e = format!("{:#}", load_payload(&dir, &[key]).unwrap_err());
-        assert!(e.contains("is not a manifest file"), "{e}");
-
-        // No key at all: refused before the archive is opened.
-        let e = format!("{:#}", load_payload(&tar, &[]).unwrap_err());
-        assert!(e.contains("no trusted key"), "{e}");
+        let e = format!("{:#}", load_payload(&dir, &root(&[key])).unwrap_err());
+        assert!(e.contains("is not a regular file"), "{e}");
     }
 
     #[test]

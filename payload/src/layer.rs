@@ -1,6 +1,7 @@
 //! The layers of an installer image, read as streams (docs/design.md,
 //! "The installer image"): the first holds only the payload's signed
-//! manifest and its signature ([`signed_manifest`]); the second the
+//! manifest, its signature and its trust files ([`signed_manifest`]); the
+//! second the
 //! payload's files, of which [`stage_files`] takes those a slot needs
 //! ([`slot_files`]), each checked against its signed size and digest while
 //! it is written. Both read their layer to its end, so that a reader that
@@ -13,6 +14,7 @@
 use crate::artifact::{Artifact, Kind};
 use crate::manifest::{Manifest, check_path};
 use crate::targuard::TarGuard;
+use crate::trust::TrustFiles;
 use anyhow::{Context, Result, bail, ensure};
 use contract::paths::{self, INSTALLER_PAYLOAD_DIR};
 use sha2::{Digest, Sha256};
@@ -39,13 +41,15 @@ pub struct StagedFile {
     pub len: u64,
 }
 
-/// The payload's manifest and signature from the first layer (a tar that
-/// holds them and nothing else but directories), each bounded.
-pub fn signed_manifest(blob: impl Read) -> Result<(Vec<u8>, Vec<u8>)> {
+/// The payload's signed manifest, its signature and its trust files
+/// ([`TrustFiles`]) from the first layer: a tar that holds them and nothing
+/// else but directories, each at most [`MAX_SMALL`] bytes.
+pub fn signed_manifest(blob: impl Read) -> Result<TrustFiles> {
     let manifest_path = format!("{INSTALLER_PAYLOAD_DIR}/{}", paths::PAYLOAD_MANIFEST);
     let sig_path = format!("{INSTALLER_PAYLOAD_DIR}/{}", paths::PAYLOAD_SIGNATURE);
     let mut archive = tar::Archive::new(TarGuard::new(blob));
     let (mut manifest, mut signature) = (None, None);
+    let mut files = TrustFiles::default();
     for entry in archive.entries().context("reading the first layer")? {
         let mut e = entry.context("reading the first layer")?;
         let path = entry_path(&e)?;
@@ -57,13 +61,20 @@ pub fn signed_manifest(blob: impl Read) -> Result<(Vec<u8>, Vec<u8>)> {
                 contract::text::excerpt(&path)
             ),
         }
+        let name = path
+            .strip_prefix(INSTALLER_PAYLOAD_DIR)
+            .and_then(|p| p.strip_prefix('/'))
+            .unwrap_or_default();
         let slot = if path == manifest_path {
             &mut manifest
         } else if path == sig_path {
             &mut signature
+        } else if let Some(slot) = files.slot(name) {
+            slot
         } else {
             bail!(
-                "the first layer holds {}: it must hold only the signed manifest",
+                "the first layer holds {}: it must hold only the signed manifest and its trust \
+                 files",
                 contract::text::excerpt(&path)
             );
         };
@@ -79,7 +90,11 @@ pub fn signed_manifest(blob: impl Read) -> Result<(Vec<u8>, Vec<u8>)> {
     // The layer's digest is checked at its end: reach it.
     drain(archive.into_inner())?;
     match (manifest, signature) {
-        (Some(m), Some(s)) => Ok((m, s)),
+        (Some(m), Some(s)) => {
+            files.manifest = m;
+            files.signature = s;
+            Ok(files)
+        }
         _ => bail!("the first layer lacks {manifest_path} or {sig_path}"),
     }
 }

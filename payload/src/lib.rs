@@ -5,7 +5,7 @@
 //! tar headers ([`targuard`]), and whether a disk takes a payload as far as
 //! Secure Boot is concerned ([`secureboot`], its signatures checked by the
 //! `authenticode` crate), and the rotating root of trust's format and
-//! rules ([`root`]).
+//! rules ([`root`]), and which payloads a disk trusts ([`trust`]).
 //!
 //! imager writes and verifies manifests with it; machined verifies what
 //! it pulls from a registry with it, against the keys in META, before it
@@ -20,6 +20,7 @@ pub mod manifest;
 pub mod root;
 pub mod secureboot;
 pub mod targuard;
+pub mod trust;
 pub mod verify;
 
 #[cfg(test)]

@@ -35,7 +35,7 @@
 //! than an escaped excerpt (fuzz target `trust_root`).
 
 use crate::keys::key_id;
-use ed25519_dalek::{Signature, Verifier, VerifyingKey};
+use ed25519_dalek::{Signature, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
 /// The format's name, in every root.
@@ -184,7 +184,7 @@ impl Root {
                 let id = key_id(k);
                 sigs.iter().filter(|s| s.key_id == id).any(|s| {
                     decode_signature(&s.signature)
-                        .is_some_and(|sig| k.verify(message, &sig).is_ok())
+                        .is_some_and(|sig| k.verify_strict(message, &sig).is_ok())
                 })
             })
             .copied()

@@ -1,6 +1,6 @@
-//! The signature check of a manifest: against one trusted key
-//! ([`verify_manifest_bytes`]) or against the keys a disk trusts
-//! ([`verify_trusted`], the installer payload's check); and whether a
+//! The signature check of a manifest against one trusted key
+//! ([`verify_manifest_bytes`]; a disk's root of trust is [`crate::trust`]'s);
+//! and whether a
 //! verified payload may go onto a disk ([`check_for_disk`]), the same
 //! check for `imager upgrade` and the node's pull.
 //!
@@ -10,7 +10,6 @@
 
 use anyhow::{Context, Result, bail};
 use contract::meta::{Meta, Tag};
-use contract::paths;
 use ed25519_dalek::{Signature, VerifyingKey};
 
 use crate::keys::key_id;
@@ -88,60 +87,6 @@ pub fn check_signed(
         );
     }
     Ok(manifest)
-}
-
-/// The payload manifest `bytes` with its `signature`, verified against the
-/// `trusted` keys: the manifest decoded from those bytes, or why none of the
-/// keys signed it.
-pub fn verify_trusted(
-    bytes: &[u8],
-    signature: &[u8],
-    trusted: &[VerifyingKey],
-) -> Result<Manifest> {
-    let name = format!(
-        "{}/{}",
-        paths::INSTALLER_PAYLOAD_DIR,
-        paths::PAYLOAD_MANIFEST
-    );
-    let sig_name = format!(
-        "{}/{}",
-        paths::INSTALLER_PAYLOAD_DIR,
-        paths::PAYLOAD_SIGNATURE
-    );
-    let mut errors = Vec::new();
-    for key in trusted {
-        match verify_manifest_bytes(bytes, signature, key, &name, &sig_name) {
-            Ok(m) => return Ok(m),
-            Err(e) => errors.push(format!("{e:#}")),
-        }
-    }
-    Err(not_trusted(trusted, claimed_key_id(bytes), &errors))
-}
-
-/// Why a payload manifest (which says it was signed by `claimed`) is not
-/// trusted: none of `trusted` verified it, for these `errors`.
-pub fn not_trusted(
-    trusted: &[VerifyingKey],
-    claimed: Option<String>,
-    errors: &[String],
-) -> anyhow::Error {
-    let ids: Vec<String> = trusted.iter().map(key_id).collect();
-    let why = match claimed {
-        Some(k) if !ids.contains(&k) => format!(
-            "it says it is signed by {k}; build the installer with the key the disk \
-             trusts (imager build --key), or install the disk afresh with \
-             `imager install --key` for the new key"
-        ),
-        _ => format!(
-            "its signature does not verify: the payload was modified or damaged ({})",
-            errors.join("; ")
-        ),
-    };
-    anyhow::anyhow!(
-        "the installer's payload is not signed by a key this disk trusts ({}): {why}; \
-         nothing was written",
-        ids.join(", ")
-    )
 }
 
 /// What the operator asked of a payload: the version it must be, and

@@ -123,11 +123,7 @@ pub fn pull(
     let reference = registry::Reference::parse(&pull.image)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .context("the image reference")?;
-    let keys = payload::keys::parse_trusted_keys(meta.get(Tag::TrustedKeys).unwrap_or_default())?;
-    ensure!(
-        !keys.is_empty(),
-        "META names no trusted key: this disk cannot be upgraded (reinstall it)"
-    );
+    let root = payload::trust::disk_root(meta)?;
     let host = reference.registry();
     let host = match host.strip_prefix('[') {
         Some(v6) => v6.split(']').next().unwrap_or_default(),
@@ -184,11 +180,11 @@ pub fn pull(
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut quiet = |_| {};
     let blob = Watched::new(blob, pull, first.size, &mut quiet);
-    let (bytes, signature) = payload::layer::signed_manifest(blob)
+    let files = payload::layer::signed_manifest(blob)
         .with_context(|| format!("reading the signed manifest of {reference}"))?;
-    let manifest = payload::verify::verify_trusted(&bytes, &signature, &keys)?;
-    // The key id is part of the signed bytes, and one of `keys` signed them.
-    let key = manifest.key_id.clone();
+    let trusted = payload::trust::verify(&root, &files)?;
+    let key = trusted.signers.join(", ");
+    let manifest = trusted.manifest;
     let asked = payload::verify::Asked {
         version: pull.version.as_deref(),
         allow_downgrade: pull.allow_downgrade,
@@ -206,8 +202,15 @@ pub fn pull(
     say(
         nodeapi::proto::ACCEPTED,
         format!(
-            "{} {} signed by {key}, a key this node trusts: accepted; pulling its payload",
-            manifest.name, manifest.version
+            "{} {} signed by {key}, as this node's root of trust {} asks{}: accepted; pulling \
+             its payload",
+            manifest.name,
+            manifest.version,
+            root.version,
+            match &trusted.next_root {
+                Some(r) => format!(" (it brings root {}, taken once it is blessed)", r.version),
+                None => String::new(),
+            }
         ),
     );
 
@@ -331,6 +334,10 @@ pub fn pull(
             initramfs,
             ukis,
             secure_boot: db,
+            next_root: trusted
+                .next_root
+                .as_ref()
+                .map(payload::root::Root::to_bytes),
         },
         key_id: key,
         digest: image.digest.to_string(),

@@ -87,6 +87,7 @@ fn payload(dir: &std::path::Path, version: &str, size: usize) -> Payload {
         initramfs: file("initramfs", 13),
         ukis: None,
         secure_boot: None,
+        next_root: None,
     }
 }
 
@@ -938,6 +939,119 @@ fn leaving_secure_boot_takes_effect_at_the_blessing_and_not_after_a_fallback() {
     bless(&mut boot, &mut m, slot, "2").unwrap();
     assert_eq!(tag(&mut m, Tag::SecureBoot), None);
     assert_eq!(tag(&mut m, Tag::SecureBootLeaving), None);
+}
+
+/// An upgrade that brings a root of trust (issue 29): META keeps the old
+/// root until the new version is blessed, and the new one from the
+/// blessing's META write; a power cut at every write of the upgrade and of
+/// the blessing leaves exactly one root, and booting on finishes the
+/// change; a fallback or a rollback before the blessing keeps the old root.
+#[test]
+fn a_root_of_trust_changes_at_the_blessing_whatever_the_cut() {
+    crate::device::each_loss(|_| a_root_of_trust_changes_at_the_blessing_under_loss());
+}
+
+fn a_root_of_trust_changes_at_the_blessing_under_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b, mut m0) = disk(16);
+    {
+        let (mut meta, _) = meta::read(&mut m0).unwrap();
+        meta.set(Tag::TrustedKeys, "old keys");
+        meta::write(&mut m0, &meta).unwrap();
+    }
+    let b0 = b;
+    let v2 = Payload {
+        next_root: Some(b"root 2".to_vec()),
+        ..payload(dir.path(), "2", 20_000)
+    };
+    let tag = |m: &mut Dev, t: Tag| meta::read(m).unwrap().0.get(t).map(str::to_string);
+    // Exactly one root at any time: the old keys, or root 2 alone.
+    let one_root = |m: &mut Dev, n: u64| {
+        let roots = (tag(m, Tag::TrustedKeys), tag(m, Tag::TrustRoot));
+        assert!(
+            roots == (Some("old keys".into()), None) || roots == (None, Some("root 2".into())),
+            "cut {n}: {roots:?}"
+        );
+        roots.1.is_some()
+    };
+    let (_, total, ..) = cut_upgrade(&b0, &m0, &v2, None);
+    let mut saw = [false, false];
+    for n in 1..=total + 1 {
+        let (done, _, mut bd, mut md) = cut_upgrade(&b0, &m0, &v2, Some(n));
+        assert_eq!(done, n > total, "cut {n}");
+        assert!(
+            !one_root(&mut md, n),
+            "cut {n}: the root changed before the blessing"
+        );
+        let mut boot = BootFs::new(&mut bd, 0);
+        let slot = firmware_tries(&mut boot);
+        saw[(slot == Slot::B) as usize] = true;
+        assess(&mut boot, &mut md, slot).unwrap();
+        if slot == Slot::A {
+            // Not switched: the root it brought went with the upgrade.
+            assert_eq!(tag(&mut md, Tag::TrustRootNext), None, "cut {n}");
+            assert!(!one_root(&mut md, n));
+            upgrade(&mut boot, &mut md, &v2, 3).unwrap();
+            assert_eq!(firmware_tries(&mut boot), Slot::B, "cut {n}");
+            assess(&mut boot, &mut md, Slot::B).unwrap();
+        }
+        assert_eq!(tag(&mut md, Tag::TrustRootNext).as_deref(), Some("root 2"));
+        if n <= total {
+            bless(&mut boot, &mut md, Slot::B, "2").unwrap();
+            assert!(one_root(&mut md, n), "cut {n}");
+            continue;
+        }
+        // The blessing of the finished upgrade, cut at each of its writes,
+        // then booted again.
+        drop(boot);
+        let blessing = |boot: &mut BootFs<&mut Faulty<Dev>>, m: &mut Faulty<Dev>| {
+            bless(boot, m, Slot::B, "2").map(|_| ())
+        };
+        let writes = {
+            let mut b = Faulty::counting(bd.clone());
+            let mut m = b.share(md.clone());
+            blessing(&mut BootFs::new(&mut b, 0), &mut m).unwrap();
+            b.writes()
+        };
+        for k in 1..=writes {
+            let mut b = Faulty::failing_at(bd.clone(), k);
+            let mut m = b.share(md.clone());
+            assert!(blessing(&mut BootFs::new(&mut b, 0), &mut m).is_err());
+            let (mut bk, mut mk) = (b.into_inner(), m.into_inner());
+            one_root(&mut mk, k);
+            let mut boot = BootFs::new(&mut bk, 0);
+            let slot = firmware_tries(&mut boot);
+            assert_eq!(slot, Slot::B, "cut {n}, then {k}");
+            assess(&mut boot, &mut mk, slot).unwrap();
+            bless(&mut boot, &mut mk, slot, "2").unwrap();
+            assert!(one_root(&mut mk, k), "cut {n}, then {k}");
+            assert_eq!(tag(&mut mk, Tag::TrustRootNext), None);
+        }
+    }
+    assert_eq!(saw, [true, true]);
+
+    // Not blessed: a fallback, or a rollback, keeps the old root.
+    for how in ["fallback", "rollback"] {
+        let (_, _, mut b, mut m) = cut_upgrade(&b0, &m0, &v2, None);
+        let mut boot = BootFs::new(&mut b, 0);
+        if how == "fallback" {
+            for _ in 0..3 {
+                assert_eq!(firmware_tries(&mut boot), Slot::B);
+            }
+            assert_eq!(firmware_tries(&mut boot), Slot::A);
+            assert!(matches!(
+                assess(&mut boot, &mut m, Slot::A).unwrap(),
+                BootOutcome::FellBack { .. }
+            ));
+            // A blessing of the slot fallen back to takes nothing.
+            bless(&mut boot, &mut m, Slot::A, "1").unwrap();
+        } else {
+            rollback(&mut boot, &mut m, false, false).unwrap();
+            assert_eq!(firmware_tries(&mut boot), Slot::A);
+        }
+        assert!(!one_root(&mut m, 0), "{how}");
+        assert_eq!(tag(&mut m, Tag::TrustRootNext), None, "{how}");
+    }
 }
 
 #[test]

@@ -56,6 +56,7 @@ impl PayloadInput<'_> {
                 None => None,
             },
             secure_boot: self.secure_boot.map(|s| s.db_pem.clone()),
+            next_root: None,
         })
     }
 }

@@ -32,7 +32,10 @@ use super::{MEDIA_TYPE_LAYER, MEDIA_TYPE_LAYER_GZIP, MEDIA_TYPE_LAYER_ZSTD};
 use crate::io::HashingReader;
 use crate::sign::{self, Manifest};
 use anyhow::{Context, Result, anyhow, bail};
-use contract::paths::{INSTALLER_PAYLOAD_DIR, PAYLOAD_FILES, PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE};
+use contract::paths::{
+    INSTALLER_PAYLOAD_DIR, PAYLOAD_FILES, PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE, PAYLOAD_TRUST_FILES,
+};
+use payload::trust::TrustFiles;
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -54,11 +57,11 @@ pub(super) const TAR_ALLOWANCE: u64 = 64 << 10;
 const MAX_PAYLOAD_FILE: u64 = 1 << 30;
 
 /// Decides whether the payload's manifest is trusted: given the bytes of
-/// `manifest.json` and of `manifest.json.sig` from the image, returns the
-/// manifest decoded from those very bytes, or why it is not trusted (for
-/// the installer: not signed by a key the disk trusts). Called before
-/// anything large is read.
-pub type Verifier<'a> = &'a dyn Fn(&[u8], &[u8]) -> Result<Manifest>;
+/// `manifest.json`, `manifest.json.sig` and the trust files from the
+/// image, returns the manifest decoded from those very bytes, or why it is
+/// not trusted (for the installer: not signed as the disk's root of trust
+/// asks, `payload::trust`). Called before anything large is read.
+pub type Verifier<'a> = &'a dyn Fn(&TrustFiles) -> Result<Manifest>;
 
 /// What reading an image cost, for tests that show the work is bounded:
 /// the bytes that came out of layers (decompressed) and the layers
@@ -166,7 +169,7 @@ fn extract_from(
     // The signed manifest first, and nothing else until it is trusted.
     let (layer0, diff0) = layer(MANIFEST_LAYER);
     let signed = read_signed(store, layer0, diff0, work)?;
-    let trusted = verify(&signed.manifest, &signed.signature).context(
+    let trusted = verify(&signed).context(
         "refusing the installer image before unpacking its payload: its signed manifest \
          (in the first layer) is not trusted",
     )?;
@@ -191,10 +194,17 @@ fn extract_from(
             check_digest(d, r.finish())?;
         }
     }
-    for (name, bytes) in [
-        (PAYLOAD_MANIFEST, &signed.manifest),
-        (PAYLOAD_SIGNATURE, &signed.signature),
-    ] {
+    let mut signed = signed;
+    let mut written = vec![
+        (PAYLOAD_MANIFEST, std::mem::take(&mut signed.manifest)),
+        (PAYLOAD_SIGNATURE, std::mem::take(&mut signed.signature)),
+    ];
+    for name in PAYLOAD_TRUST_FILES {
+        if let Some(bytes) = signed.slot(name).and_then(Option::take) {
+            written.push((name, bytes));
+        }
+    }
+    for (name, bytes) in written {
         let to = staging.path().join(name);
         std::fs::write(&to, bytes).with_context(|| format!("writing {}", to.display()))?;
     }
@@ -210,16 +220,15 @@ fn extract_from(
     Ok(dest.to_path_buf())
 }
 
-/// The payload's manifest and signature, as read from the first layer.
-struct Signed {
-    manifest: Vec<u8>,
-    signature: Vec<u8>,
-}
-
 /// Reads the first layer, which must hold `manifest.json` and
 /// `manifest.json.sig` of the payload directory: at most [`MAX_SMALL`]
 /// bytes, compressed and unpacked.
-fn read_signed(store: &Store, layer: &Descriptor, diff_id: &str, work: &Work) -> Result<Signed> {
+fn read_signed(
+    store: &Store,
+    layer: &Descriptor,
+    diff_id: &str,
+    work: &Work,
+) -> Result<TrustFiles> {
     let first = "the image's first layer";
     let over = || {
         format!(
@@ -250,13 +259,7 @@ fn read_signed(store: &Store, layer: &Descriptor, diff_id: &str, work: &Work) ->
         Ok(())
     })
     .with_context(|| format!("reading {first} ({})", layer.digest))?;
-    let Some((manifest, signature)) = signed else {
-        bail!("{first} was not read");
-    };
-    Ok(Signed {
-        manifest,
-        signature,
-    })
+    signed.with_context(|| format!("{first} was not read"))
 }
 
 /// The files a trusted payload manifest lists, by name, checked: plain

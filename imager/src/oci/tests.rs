@@ -10,6 +10,7 @@ use contract::paths::{
     INSTALLER_PAYLOAD_DIR, PAYLOAD_BOOT_LOADER, PAYLOAD_FILES, PAYLOAD_INITRAMFS, PAYLOAD_KERNEL,
     PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE,
 };
+use payload::trust::TrustFiles;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -37,8 +38,16 @@ fn key(seed: u8) -> TestKey {
 }
 
 /// A verifier that trusts `key` only, as the installer trusts a disk's keys.
-fn trusting(key: VerifyingKey) -> impl Fn(&[u8], &[u8]) -> anyhow::Result<Manifest> {
-    move |m, s| sign::verify_manifest_bytes(m, s, &key, PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE)
+fn trusting(key: VerifyingKey) -> impl Fn(&TrustFiles) -> anyhow::Result<Manifest> {
+    move |f: &TrustFiles| {
+        sign::verify_manifest_bytes(
+            &f.manifest,
+            &f.signature,
+            &key,
+            PAYLOAD_MANIFEST,
+            PAYLOAD_SIGNATURE,
+        )
+    }
 }
 
 /// The key the payloads of these tests are signed with.

@@ -4,13 +4,15 @@ use anyhow::{Context, Result, bail};
 use ed25519_dalek::{Signature, VerifyingKey};
 use serde::Serialize;
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::manifest::signature_path;
 use crate::artifact::Kind;
 use crate::io::sha256_file;
 use payload::keys::key_id;
 use payload::manifest::{MANIFEST_NAME, Manifest, check_digest, check_path};
+use payload::root::Root;
+use payload::trust::{TrustFiles, Trusted};
 use payload::verify::check_signed;
 
 /// A manifest is a small JSON file; anything larger is not one.
@@ -104,7 +106,9 @@ pub struct VerifyReport {
     pub ok: bool,
     /// The number of artifacts that are not ok.
     pub problems: usize,
-    /// The key that signed the manifest (the trusted key).
+    /// The key that signed the manifest (the trusted key); for a payload
+    /// checked against a root of trust, the keys whose signatures counted,
+    /// `, `-separated.
     pub key_id: String,
     pub name: String,
     pub version: String,
@@ -150,13 +154,40 @@ pub fn verify(manifest_path: &Path, public_key: &VerifyingKey) -> Result<VerifyR
     verify_artifacts(manifest_path, public_key, &|_| true)
 }
 
-/// [`verify`] of what an install or an upgrade reads from a payload
-/// directory: every artifact but the images made for machines (disks, the
-/// ISO, the installer archive, [`Kind::is_image`]), which it never reads
-/// and which would cost a hash of 2 GiB or more. Their entries are left
-/// out of the report; the signature still covers them.
-pub fn verify_payload(manifest_path: &Path, public_key: &VerifyingKey) -> Result<VerifyReport> {
-    verify_artifacts(manifest_path, public_key, &|k| !k.is_image())
+/// What an install or an upgrade reads from a payload directory: the
+/// manifest (a `manifest.json`, or a directory holding one) trusted by the
+/// disk's `root` with the trust files beside it ([`payload::trust`]), and
+/// every artifact but the images made for machines (disks, the ISO, the
+/// installer archive, [`Kind::is_image`]), which it never reads and which
+/// would cost a hash of 2 GiB or more. Their entries are left out of the
+/// report; the signatures still cover them.
+pub fn verify_payload(manifest_path: &Path, root: &Root) -> Result<(VerifyReport, Trusted)> {
+    let manifest_path = manifest_file(manifest_path);
+    let trusted = payload::trust::verify(root, &TrustFiles::read_dir(dir_of(&manifest_path))?)?;
+    let report = report(
+        &manifest_path,
+        trusted.signers.join(", "),
+        trusted.manifest.clone(),
+        &|k| !k.is_image(),
+    );
+    Ok((report, trusted))
+}
+
+/// `path`, or the manifest in it when it is a directory.
+fn manifest_file(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.join(MANIFEST_NAME)
+    } else {
+        path.to_path_buf()
+    }
+}
+
+/// The directory of a manifest's artifacts: the manifest's own.
+fn dir_of(manifest_path: &Path) -> &Path {
+    manifest_path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
 }
 
 fn verify_artifacts(
@@ -164,17 +195,10 @@ fn verify_artifacts(
     public_key: &VerifyingKey,
     wanted: &dyn Fn(Kind) -> bool,
 ) -> Result<VerifyReport> {
-    let joined;
-    let manifest_path = if manifest_path.is_dir() {
-        joined = manifest_path.join(MANIFEST_NAME);
-        joined.as_path()
-    } else {
-        manifest_path
-    };
-    let bytes = read_manifest(manifest_path)?;
-    let sig_path = signature_path(manifest_path);
-    let signature = read_signature(&sig_path, manifest_path)?;
-    let trusted = key_id(public_key);
+    let manifest_path = manifest_file(manifest_path);
+    let bytes = read_manifest(&manifest_path)?;
+    let sig_path = signature_path(&manifest_path);
+    let signature = read_signature(&sig_path, &manifest_path)?;
     let manifest = check_signed(
         &bytes,
         &signature,
@@ -182,11 +206,18 @@ fn verify_artifacts(
         &manifest_path.display().to_string(),
         &sig_path.display().to_string(),
     )?;
+    Ok(report(&manifest_path, key_id(public_key), manifest, wanted))
+}
 
-    let dir = manifest_path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+/// The report on the artifacts of the verified `manifest` (at
+/// `manifest_path`, signed by `signed_by`) that are `wanted`.
+fn report(
+    manifest_path: &Path,
+    signed_by: String,
+    manifest: Manifest,
+    wanted: &dyn Fn(Kind) -> bool,
+) -> VerifyReport {
+    let dir = dir_of(manifest_path);
     let mut seen = BTreeSet::new();
     let artifacts: Vec<ArtifactCheck> = manifest
         .artifacts
@@ -212,18 +243,18 @@ fn verify_artifacts(
         })
         .collect();
     let problems = artifacts.iter().filter(|a| !a.is_ok()).count();
-    Ok(VerifyReport {
+    VerifyReport {
         manifest: manifest_path.display().to_string(),
         ok: problems == 0,
         problems,
-        key_id: trusted,
+        key_id: signed_by,
         name: manifest.name.clone(),
         version: manifest.version.clone(),
         profile: manifest.profile.clone(),
         source_date_epoch: manifest.source_date_epoch,
         artifacts,
         verified: manifest,
-    })
+    }
 }
 
 /// The detached signature `sig_path` of `manifest_path`: a raw 64-byte
