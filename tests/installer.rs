@@ -301,8 +301,14 @@ fn small_image(dir: &Path) -> (PathBuf, imager::sign::VerifyingKey) {
     sign::write_signed_manifest(&payload, &m, &signer).unwrap();
     std::fs::write(dir.join("imager"), b"not really imager").unwrap();
     let names: Vec<&str> = listed.iter().map(|(n, _)| *n).collect();
-    let spec =
-        imager::build::installer_spec(&payload, &names, &dir.join("imager"), TAG, 1_700_000_000);
+    let spec = imager::build::installer_spec(
+        &payload,
+        &names,
+        &[],
+        &dir.join("imager"),
+        TAG,
+        1_700_000_000,
+    );
     let tar = dir.join("installer.tar");
     imager::oci::write_image(&tar, &spec).unwrap();
     (tar, sign::Signer::public_key(&signer))

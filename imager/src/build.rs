@@ -111,6 +111,25 @@ fn build(
             loaded.as_ref()
         }
     };
+    let cosigners = p
+        .signing
+        .cosigners
+        .iter()
+        .map(|k| {
+            sign::open_signer(k).with_context(|| format!("signing.cosigners: {}", k.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let root = match &p.signing.root {
+        Some(r) => Some(sign::RootFiles::load(r).context("signing.root")?),
+        None => None,
+    };
+    let signing = sign::Signing {
+        signer,
+        cosigners: &cosigners,
+        root: root.as_ref(),
+    };
+    check_signing(&signing)?;
+    let trust_files = signing.trust_files();
     let cache = shared_cache(p, opts, signer)?;
     let shared = cache
         .as_ref()
@@ -122,6 +141,7 @@ fn build(
         &[
             &files[..],
             &[names::SIGNATURE, names::MANIFEST, names::RECORD],
+            &paths::PAYLOAD_TRUST_FILES[..],
         ]
         .concat(),
     )?;
@@ -141,6 +161,7 @@ fn build(
         epoch,
         pre,
         signer,
+        signing: &signing,
         sb: sb.as_ref(),
         node_ca: node_ca.as_deref(),
         kernel: &kernel,
@@ -154,10 +175,10 @@ fn build(
     let listed = stages.run(
         "manifest",
         manifest_inputs(&inputs, &artifacts, &boot_info)?,
-        &[names::MANIFEST, names::SIGNATURE],
+        &[&[names::MANIFEST, names::SIGNATURE][..], &trust_files].concat(),
         |dir| {
             step("sign: manifest");
-            sign_manifest(p, dir, &artifacts, boot_info, signer, epoch)?;
+            sign_manifest(p, dir, &artifacts, boot_info, &signing, epoch)?;
             Ok(serde_json::Value::Null)
         },
     )?;
@@ -167,7 +188,7 @@ fn build(
     if stages.nothing_built() {
         step(&format!("nothing changed: {} is up to date", out.display()));
     } else {
-        commit(out, &stage, &files)?;
+        commit(out, &stage, &files, &trust_files)?;
         stages.write_record()?;
     }
     Ok(BuildReport {
@@ -237,6 +258,8 @@ struct BuildInputs<'a> {
     epoch: u64,
     pre: Preflight,
     signer: &'a dyn sign::Signer,
+    /// The signer, co-signers and root of trust of the manifests.
+    signing: &'a sign::Signing<'a>,
     sb: Option<&'a secureboot::SecureBoot>,
     node_ca: Option<&'a str>,
     kernel: &'a KernelFiles,
@@ -260,6 +283,15 @@ impl BuildInputs<'_> {
             .file("profile", &self.p.path)?
             .value("epoch", self.epoch.to_string())
             .value("signer", self.signer.public_key().as_bytes());
+        for c in self.signing.cosigners {
+            i = i.value("cosigner", c.public_key().as_bytes());
+        }
+        if let Some(r) = self.signing.root {
+            i = i.value("root", &r.bytes).value(
+                "root signatures",
+                r.signatures.as_deref().unwrap_or_default(),
+            );
+        }
         if let Some(sb) = self.sb {
             i = i.value("secure-boot db", &sb.db_pem);
             for (name, bytes) in &sb.enrolment {
@@ -447,7 +479,7 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
             inputs = fat_file_inputs(inputs, f)?;
         }
         let done = stages.run("disk", inputs, &outputs, |dir| {
-            write_disk_images(p, dir, layout, esp.clone(), &b.pre, &payload, b.signer)?;
+            write_disk_images(p, dir, layout, esp.clone(), &b.pre, &payload, b.signing)?;
             Ok(serde_json::Value::Null)
         })?;
         for (_, kind, name) in disk::formats::made(p) {
@@ -467,7 +499,7 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
             &[names::INSTALLER],
             |dir| {
                 step("installer: payload manifest and OCI archive");
-                write_installer(p, dir, bin, &payload, b.signer)?;
+                write_installer(p, dir, bin, &payload, b.signing)?;
                 Ok(serde_json::Value::Null)
             },
         )?;
@@ -494,7 +526,7 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
                 .value("hybrid mbr", &eltorito.hybrid_mbr),
             &[names::ISO],
             |dir| {
-                iso::write_iso(p, dir, &payload, &input, b.signer)?;
+                iso::write_iso(p, dir, &payload, &input, b.signing)?;
                 Ok(serde_json::Value::Null)
             },
         )?;
@@ -557,7 +589,7 @@ fn write_disk_images(
     esp: Vec<disk::FatFile>,
     pre: &Preflight,
     payload: &PayloadInput,
-    signer: &dyn sign::Signer,
+    signing: &sign::Signing,
 ) -> Result<()> {
     let bios = pre
         .grub
@@ -567,7 +599,7 @@ fn write_disk_images(
             grub,
             boot_flag: p.disk.bios_boot_flag,
         });
-    let (raw, disk_guid) = write_disk(p, dir, layout, esp, bios, payload, signer)?;
+    let (raw, disk_guid) = write_disk(p, dir, layout, esp, bios, payload, signing)?;
     disk::formats::write(p, &raw, dir, *disk_guid.as_bytes(), payload.epoch)?;
     // Without the output raw, the disk stays in the staging directory.
     Ok(())
@@ -620,15 +652,15 @@ fn describe_build(p: &Profile, out: &Path) -> Result<u64> {
 /// first (from then on the directory says "no complete build" until the new
 /// manifest is in), the artifacts `names`, the signature, the manifest
 /// last. Everything in the way is checked before the first change.
-fn commit(out: &Path, stage: &Staging, names: &[&str]) -> Result<()> {
-    let signed = [names::SIGNATURE, names::MANIFEST];
-    stage.check_destinations(&[names, &signed[..]].concat())?;
+fn commit(out: &Path, stage: &Staging, names: &[&str], trust: &[&str]) -> Result<()> {
+    let signed = [&[names::SIGNATURE][..], trust].concat();
+    stage.check_destinations(&[names, &signed[..], &[names::MANIFEST]].concat())?;
     step(&format!("commit: moving the build into {}", out.display()));
     record::remove_record(out)?;
     remove_old_manifest(out)?;
     stage.commit(names)?;
-    stage.commit(&signed[..1])?;
-    stage.commit(&signed[1..])
+    stage.commit(&signed)?;
+    stage.commit(&[names::MANIFEST])
 }
 
 /// The cheap checks, before anything is built or written: the disk layout
@@ -747,6 +779,56 @@ fn too_small_hint(size: u64, ss: u64, sizes: &std::collections::BTreeMap<String,
     hints.concat()
 }
 
+/// The build's keys against the root of trust it carries: every key that
+/// signs must be in it (a signature by another counts for nothing on the
+/// disks it makes); fewer signatures than its threshold is said, as
+/// `imager sign --add` may add them on other machines.
+fn check_signing(signing: &sign::Signing) -> Result<()> {
+    let Some(r) = signing.root else {
+        if !signing.cosigners.is_empty() {
+            step(
+                "WARNING: signing.cosigners without signing.root: the disks this build makes \
+                 trust the signing key alone, and the co-signatures count only on disks whose \
+                 root of trust holds their keys",
+            );
+        }
+        return Ok(());
+    };
+    let mut keys = vec![signing.signer.public_key()];
+    for c in signing.cosigners {
+        keys.push(c.public_key());
+    }
+    for k in &keys {
+        if !r.root.keys.contains(k) {
+            bail!(
+                "the key {} signs this build but is not in its root of trust (signing.root, \
+                 version {}): sign with the root's keys ({}), or make a root that holds it \
+                 (imager root init)",
+                sign::key_id(k),
+                r.root.version,
+                r.root
+                    .keys
+                    .iter()
+                    .map(sign::key_id)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    keys.sort_by_key(|k| k.to_bytes());
+    keys.dedup();
+    if keys.len() < r.root.threshold {
+        step(&format!(
+            "WARNING: root of trust {} needs {} signatures and this build makes {}: add \
+             signing.cosigners, or add signatures to the output with `imager sign --add`",
+            r.root.version,
+            r.root.threshold,
+            keys.len()
+        ));
+    }
+    Ok(())
+}
+
 /// The signing key: `--key`, the profile's, or the development key
 /// (created on first use).
 fn load_signer(p: &Profile, opts: &BuildOptions) -> Result<Box<dyn sign::Signer>> {
@@ -822,10 +904,16 @@ fn kernel_files(
     })
 }
 
-/// Removes the old manifest and its signature (the manifest first: a
-/// signature without a manifest is no build) and flushes the directory.
+/// Removes the old manifest, its signature and its trust files (the
+/// manifest first: a signature without a manifest is no build) and flushes
+/// the directory.
 fn remove_old_manifest(out: &Path) -> Result<()> {
-    for old in [names::MANIFEST, names::SIGNATURE] {
+    for old in [
+        &[names::MANIFEST, names::SIGNATURE][..],
+        &paths::PAYLOAD_TRUST_FILES,
+    ]
+    .concat()
+    {
         let old = out.join(old);
         match std::fs::remove_file(&old) {
             Ok(()) => {}
@@ -962,7 +1050,7 @@ fn write_disk(
     esp: Vec<disk::FatFile>,
     bios: Option<disk::BiosBoot>,
     payload: &PayloadInput,
-    signer: &dyn sign::Signer,
+    signing: &sign::Signing,
 ) -> Result<(PathBuf, contract::Guid)> {
     step("disk: raw GPT image");
     let slot_payload = payload.slot_payload(&p.version, p.security_version)?;
@@ -977,9 +1065,12 @@ fn write_disk(
         &p.name,
         &p.version,
         p.security_version,
-        &[sign::public_key_pem(&signer.public_key())?],
+        &[sign::public_key_pem(&signing.signer.public_key())?],
         "build",
     );
+    if let Some(r) = signing.root {
+        bootstate::meta::set_root(&mut meta, &r.bytes);
+    }
     if let Some(sb) = payload.secure_boot {
         meta.set(contract::meta::Tag::SecureBoot, sb.db_pem.as_bytes());
     }
@@ -1020,9 +1111,10 @@ fn sign_manifest(
     out: &Path,
     artifacts: &[Made],
     boot_info: sign::Boot,
-    signer: &dyn sign::Signer,
+    signing: &sign::Signing,
     epoch: u64,
 ) -> Result<()> {
+    let signer = signing.signer;
     let manifest = sign::Manifest {
         format: 1,
         name: p.name.clone(),
@@ -1042,7 +1134,7 @@ fn sign_manifest(
             })
             .collect(),
     };
-    sign::write_signed_manifest(out, &manifest, signer)?;
+    sign::write_signed_manifest_with(out, &manifest, signing)?;
     Ok(())
 }
 

@@ -73,8 +73,15 @@ pub struct SlotsInfo {
     pub slots: Vec<SlotInfo>,
     /// Upgrade and rollback history, oldest first.
     pub history: Vec<String>,
-    /// Key ids of the keys the installer accepts for this disk.
+    /// Key ids of the keys of the disk's root of trust
+    /// (`payload::trust::disk_root`: META's `trust-root`, or its
+    /// `trusted-keys` as root 1 with threshold 1).
     pub trusted_keys: Vec<String>,
+    /// The root of trust's version and how many of its keys must sign.
+    pub trust_root: Option<(u64, usize)>,
+    /// The version of the root a pending upgrade brings, taken when it is
+    /// blessed.
+    pub trust_root_next: Option<u64>,
     /// Why the slot model could not be read, if it could not.
     pub error: Option<String>,
 }
@@ -205,7 +212,10 @@ pub fn inspect(image: &Path, key: Option<&Path>) -> Result<Report> {
                 keys: m
                     .entries()
                     .into_iter()
-                    .filter(|(k, _)| k != "history" && k != "trusted-keys")
+                    .filter(|(k, _)| {
+                        !["history", "trusted-keys", "trust-root", "trust-root-next"]
+                            .contains(&k.as_str())
+                    })
                     .collect(),
             },
             Some(m),
@@ -310,6 +320,8 @@ fn slots_info(meta: Option<&Meta>, entries: &[EntryInfo]) -> SlotsInfo {
         slots: Vec::new(),
         history: Vec::new(),
         trusted_keys: Vec::new(),
+        trust_root: None,
+        trust_root_next: None,
         error: None,
     };
     let Some(meta) = meta else {
@@ -333,12 +345,14 @@ fn slots_info(meta: Option<&Meta>, entries: &[EntryInfo]) -> SlotsInfo {
     info.boots_next = next.map(|s| s.to_string());
     info.pending_upgrade = state.pending.as_ref().map(|p| p.render());
     info.history = state.history.clone();
-    info.trusted_keys = sign::parse_trusted_keys(
-        meta.get(contract::meta::Tag::TrustedKeys)
-            .unwrap_or_default(),
-    )
-    .map(|ks| ks.iter().map(sign::key_id).collect())
-    .unwrap_or_default();
+    if let Ok(root) = payload::trust::disk_root(meta) {
+        info.trusted_keys = root.keys.iter().map(sign::key_id).collect();
+        info.trust_root = Some((root.version, root.threshold));
+    }
+    info.trust_root_next = meta
+        .get(contract::meta::Tag::TrustRootNext)
+        .and_then(|r| payload::root::Root::parse(r.as_bytes()).ok())
+        .map(|r| r.version);
     for slot in Slot::ALL {
         let best = best_entry(&names, slot);
         info.slots.push(SlotInfo {
@@ -452,7 +466,18 @@ pub fn run(image: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
         "  pending upgrade: {}",
         sl.pending_upgrade.as_deref().unwrap_or("none")
     );
-    println!("  trusted keys: {}", sl.trusted_keys.join(", "));
+    match sl.trust_root {
+        Some((version, threshold)) => println!(
+            "  root of trust: version {version}, {threshold} of {}: {}{}",
+            sl.trusted_keys.len(),
+            sl.trusted_keys.join(", "),
+            match sl.trust_root_next {
+                Some(n) => format!(" (root {n} once the pending upgrade is blessed)"),
+                None => String::new(),
+            }
+        ),
+        None => println!("  root of trust: none (META names no trusted key)"),
+    }
     println!("  history:");
     for h in &sl.history {
         println!("    {h}");

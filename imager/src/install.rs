@@ -863,6 +863,7 @@ mod tests {
         let spec = crate::build::installer_spec(
             &payload,
             &[paths::PAYLOAD_KERNEL, paths::PAYLOAD_INITRAMFS],
+            &[],
             &dir.join("imager"),
             "localhost/metal/installer:0.1.0",
             1_700_000_000,

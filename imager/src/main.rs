@@ -33,6 +33,14 @@ enum Command {
     Keygen(cli::sign::KeygenArgs),
     /// Check a manifest's signature and the digests of its artifacts.
     Verify(cli::sign::VerifyArgs),
+    /// Add a key's signature to a manifest (`manifest.json.sigs`), for a
+    /// root of trust whose threshold asks for more than one.
+    Sign(cli::root::SignArgs),
+    /// A root of trust: the keys a disk trusts and how many must sign.
+    Root {
+        #[command(subcommand)]
+        command: cli::root::RootCommand,
+    },
     /// Run by QEMU for each connection of the guest to a `--guest-forward`:
     /// copies stdin and stdout to and from HOST:PORT (loopback only).
     #[command(hide = true)]
@@ -530,6 +538,8 @@ fn run() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Verify(a) => Ok(exit(sign::run_verify(&a.options())?)),
+        Command::Sign(a) => cli::root::run_sign(&a),
+        Command::Root { command } => cli::root::run_root(&command),
         Command::Secureboot { command } => cli::secureboot::run(&command),
         Command::Node { command } => cli::node::run(&command),
         Command::Push(a) => cli::registry::push(&a),

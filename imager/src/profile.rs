@@ -85,6 +85,9 @@ fn default_outputs() -> Vec<Output> {
     vec![Output::Raw]
 }
 
+/// The most keys `signing.cosigners` names.
+pub const MAX_COSIGNERS: usize = 8;
+
 impl Profile {
     /// Finds a profile by name (`profiles/NAME.yaml` in this directory or a
     /// parent) or by path. A path that exists but cannot be used (a
@@ -221,6 +224,12 @@ impl Profile {
         if let Some(k) = self.signing.key.as_mut() {
             key_ref(k);
         }
+        for k in &mut self.signing.cosigners {
+            key_ref(k);
+        }
+        if let Some(r) = self.signing.root.as_mut() {
+            abs(r);
+        }
         if let Some(ca) = self.node_api.as_mut().and_then(|n| n.ca.as_mut()) {
             abs(ca);
         }
@@ -268,6 +277,16 @@ impl Profile {
             );
         }
         check_version(&self.version).map_err(|msg| Invalid::new("version", msg))?;
+        if self.signing.cosigners.len() > MAX_COSIGNERS {
+            return Err(Invalid::new(
+                "signing.cosigners",
+                format!(
+                    "{} co-signers: at most {MAX_COSIGNERS} (a root of trust's threshold is \
+                     rarely more than 3)",
+                    self.signing.cosigners.len()
+                ),
+            ));
+        }
         match (&self.kernel.source, &self.kernel.prebuilt) {
             (None, None) => return invalid("kernel", "give either source or prebuilt"),
             (Some(_), Some(_)) => {

@@ -75,13 +75,20 @@ pub fn write_installer(
     out: &Path,
     binary: &Path,
     payload: &PayloadInput,
-    signer: &dyn sign::Signer,
+    signing: &sign::Signing,
 ) -> Result<PathBuf> {
     let stage = crate::io::Staging::create(out, "installer-payload")?;
     let dir = stage.path();
-    let manifest = write_payload(p, dir, payload, signer)?;
+    let manifest = write_payload(p, dir, payload, signing)?;
     let listed: Vec<&str> = manifest.artifacts.iter().map(|a| a.path.as_str()).collect();
-    let spec = installer_spec(dir, &listed, binary, &p.installer_image(), payload.epoch);
+    let spec = installer_spec(
+        dir,
+        &listed,
+        &signing.trust_files(),
+        binary,
+        &p.installer_image(),
+        payload.epoch,
+    );
     let dest = out.join(names::INSTALLER);
     oci::write_image(&dest, &spec).with_context(|| format!("writing {}", dest.display()))?;
     Ok(dest)
@@ -95,7 +102,7 @@ pub fn write_payload(
     p: &Profile,
     dir: &Path,
     payload: &PayloadInput,
-    signer: &dyn sign::Signer,
+    signing: &sign::Signing,
 ) -> Result<sign::Manifest> {
     crate::io::link_or_copy(payload.kernel, &dir.join(paths::PAYLOAD_KERNEL))?;
     crate::io::link_or_copy(payload.initramfs, &dir.join(paths::PAYLOAD_INITRAMFS))?;
@@ -149,20 +156,21 @@ pub fn write_payload(
         security_version: p.security_version,
         ..sign::Manifest::new(&p.name, &p.version, profile_name(p), payload.epoch, listed)
     };
-    sign::write_signed_manifest(dir, &manifest, signer)
+    sign::write_signed_manifest_with(dir, &manifest, signing)
         .context("signing the installer's payload manifest")?;
     Ok(manifest)
 }
 
-/// The image of an installer: the signed payload in `dir` (its manifest and
-/// signature, and the files `listed` in the manifest) and the installer
-/// `binary`, named `ref_name`. Three layers, in the order the reader expects
-/// (docs/design.md, "The installer image"): the signed manifest alone
-/// ([`oci::MANIFEST_LAYER`]), the files it lists ([`oci::PAYLOAD_LAYER`]),
-/// the installer.
+/// The image of an installer: the signed payload in `dir` (its manifest,
+/// signature and `trust` files, and the files `listed` in the manifest)
+/// and the installer `binary`, named `ref_name`. Three layers, in the order
+/// the reader expects (docs/design.md, "The installer image"): the signed
+/// manifest with its trust files alone ([`oci::MANIFEST_LAYER`]), the files
+/// it lists ([`oci::PAYLOAD_LAYER`]), the installer.
 pub fn installer_spec(
     dir: &Path,
     listed: &[&str],
+    trust: &[&str],
     binary: &Path,
     ref_name: &str,
     epoch: u64,
@@ -172,10 +180,11 @@ pub fn installer_spec(
         source: dir.join(name),
         mode: 0o644,
     };
-    let signed = vec![
+    let mut signed = vec![
         in_payload(paths::PAYLOAD_MANIFEST),
         in_payload(paths::PAYLOAD_SIGNATURE),
     ];
+    signed.extend(trust.iter().map(|name| in_payload(name)));
     let payload = listed.iter().map(|name| in_payload(name)).collect();
     let installer = vec![
         oci::Entry::File {

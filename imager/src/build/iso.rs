@@ -62,14 +62,15 @@ pub fn write_iso(
     out: &Path,
     payload: &PayloadInput,
     input: &IsoInput,
-    signer: &dyn sign::Signer,
+    signing: &sign::Signing,
 ) -> Result<PathBuf> {
+    let signer = signing.signer;
     let stage = crate::io::Staging::create(out, "iso")?;
     let work = stage.path();
     step("iso: payload, live initramfs");
     let payload_dir = work.join("payload");
     std::fs::create_dir(&payload_dir).context("creating the payload directory")?;
-    let manifest = write_payload(p, &payload_dir, payload, signer)?;
+    let manifest = write_payload(p, &payload_dir, payload, signing)?;
     let manifest_bytes = std::fs::read(payload_dir.join(paths::PAYLOAD_MANIFEST))
         .context("reading the payload manifest")?;
     let id = hex::encode_upper(Sha256::digest(&manifest_bytes))[..32].to_string();
@@ -80,6 +81,7 @@ pub fn write_iso(
         paths::PAYLOAD_MANIFEST.to_string(),
         paths::PAYLOAD_SIGNATURE.to_string(),
     ];
+    payload_files.extend(signing.trust_files().iter().map(|n| n.to_string()));
     payload_files.extend(manifest.artifacts.iter().map(|a| a.path.clone()));
     let live_initramfs = work.join("initramfs.zst");
     let mut entries = initramfs::entries(input.machined, input.rootfs, Some(input.rootfs_verity));

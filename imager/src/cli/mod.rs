@@ -4,6 +4,7 @@
 pub mod kernel;
 pub mod node;
 pub mod registry;
+pub mod root;
 pub mod secureboot;
 pub mod sign;
 

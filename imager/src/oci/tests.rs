@@ -113,7 +113,7 @@ const DECLARED: u64 = 5000 + 5077 + 3000;
 fn layers_in(dir: &Path) -> Vec<Vec<Entry>> {
     let payload = payload_in(dir);
     std::fs::write(dir.join("imager"), b"\x7fELF not really").unwrap();
-    crate::build::installer_spec(&payload, &LISTED, &dir.join("imager"), "0.1.0", EPOCH).layers
+    crate::build::installer_spec(&payload, &LISTED, &[], &dir.join("imager"), "0.1.0", EPOCH).layers
 }
 
 fn spec_in(dir: &Path) -> ImageSpec {

@@ -248,6 +248,18 @@ pub struct SigningSection {
     /// [`crate::sign::KeyRef`]. Without it a development key is used.
     #[serde(default)]
     pub key: Option<PathBuf>,
+    /// More keys that sign the manifests (`manifest.json.sigs`), named as
+    /// `key` is: with it, the signatures a root of trust's threshold asks
+    /// for (docs/signing.md, "The root of trust"). At most 8.
+    #[serde(default)]
+    pub cosigners: Vec<PathBuf>,
+    /// The root of trust the build's disks start with and its payloads
+    /// carry (`root.json` from `imager root init`; its signatures, from
+    /// `imager root sign`, in `root.json.sigs` beside it). A disk whose
+    /// root is the version before takes it when the upgrade is blessed.
+    /// Without it, disks trust the signing key alone.
+    #[serde(default)]
+    pub root: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]

@@ -7,8 +7,10 @@ use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 
 use super::keys::Signer;
+use super::trust::Signing;
 use crate::artifact::{Artifact, Kind};
 use crate::io::{sha256_file, write_atomic};
+use contract::paths::output;
 use payload::manifest::{MANIFEST_NAME, Manifest, SIGNATURE_NAME, check_path};
 
 /// Describes the file `dir/path` as an artifact, hashing it (streamed).
@@ -54,6 +56,25 @@ pub fn write_signed_manifest(
     manifest: &Manifest,
     signer: &dyn Signer,
 ) -> Result<(PathBuf, PathBuf)> {
+    let signing = Signing {
+        signer,
+        cosigners: &[],
+        root: None,
+    };
+    write_signed_manifest_with(dir, manifest, &signing)
+}
+
+/// [`write_signed_manifest`] by `signing`: the key's signature, and the
+/// trust files ([`contract::paths::PAYLOAD_TRUST_FILES`]) written before
+/// `manifest.json` too, each replaced or (when there is none this time)
+/// removed: the co-signers' `manifest.json.sigs`, the root and its
+/// signatures.
+pub fn write_signed_manifest_with(
+    dir: &Path,
+    manifest: &Manifest,
+    signing: &Signing,
+) -> Result<(PathBuf, PathBuf)> {
+    let signer = signing.signer;
     let mut m = manifest.clone();
     m.key_id = signer.key_id();
     let bytes = m.to_bytes()?;
@@ -87,6 +108,8 @@ pub fn write_signed_manifest(
         .verify_strict(&bytes, &signature)
         .context("the signer produced a signature that does not verify with its own public key")?;
 
+    let cosigned = super::trust::cosign(&bytes, signing.cosigners)?;
+
     let manifest_path = dir.join(MANIFEST_NAME);
     let sig_path = dir.join(SIGNATURE_NAME);
     match std::fs::remove_file(&manifest_path) {
@@ -97,6 +120,29 @@ pub fn write_signed_manifest(
         }
     }
     write_atomic(&sig_path, &signature.to_bytes(), 0o644)?;
+    let trust = [
+        (output::SIGNATURES, cosigned),
+        (output::ROOT, signing.root.map(|r| r.bytes.clone())),
+        (
+            output::ROOT_SIGNATURES,
+            signing.root.and_then(|r| r.signatures.clone()),
+        ),
+    ];
+    for (name, bytes) in trust {
+        let path = dir.join(name);
+        match bytes {
+            Some(b) => {
+                write_atomic(&path, &b, 0o644)?;
+            }
+            None => match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(e).with_context(|| format!("removing the old {}", path.display()));
+                }
+            },
+        }
+    }
     sync_dir(dir)?;
     write_atomic(&manifest_path, &bytes, 0o644)?;
     sync_dir(dir)?;

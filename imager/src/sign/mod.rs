@@ -17,6 +17,7 @@ mod keys;
 mod manifest;
 mod pkcs11;
 pub mod pkcs11_uri;
+pub mod trust;
 mod verify;
 
 #[cfg(test)]
@@ -33,8 +34,9 @@ pub use keys::{
     DEV_KEY, DEV_PUB, FileSigner, Signer, keygen, load_or_create_dev_key, load_public_key,
     public_key_pem,
 };
-pub use manifest::{describe, signature_path, write_signed_manifest};
+pub use manifest::{describe, signature_path, write_signed_manifest, write_signed_manifest_with};
 pub use pkcs11::Pkcs11Key;
+pub use trust::{RootFiles, Signing};
 // The format, key ids and signature check are the payload crate's, which
 // machined shares.
 pub use payload::keys::{key_id, parse_trusted_keys};
