@@ -1160,6 +1160,37 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
         .unwrap()
         .to_string();
 
+    // A CA rollover with the node reachable throughout (issue 29): a new
+    // CA issues; the admin gives the node both CAs and a certificate of the
+    // new one over the API; clients of either CA reach it, and still do
+    // after the reboot below (the credentials are in META).
+    let creds_cmd = |args: &[&str]| {
+        ok(imager()
+            .args(["node", "credentials"])
+            .arg(&creds)
+            .args(args))
+    };
+    creds_cmd(&["--rollover-ca"]);
+    creds_cmd(&[
+        "--node",
+        "node1",
+        "--address",
+        "10.0.2.15",
+        "--address",
+        "127.0.0.1",
+        "--force",
+    ]);
+    creds_cmd(&["--role", "reader", "--name", "fresh"]);
+    let err = refused(&node_cmd(&vm, &creds, "fresh", &["status"]));
+    assert!(err.contains("refused this client's certificate"), "{err}");
+    status(&vm, &creds, "watcher");
+    let set = ["set-credentials", "--node-name", "node1"];
+    let err = refused(&node_cmd(&vm, &creds, "ops", &set));
+    assert!(err.contains("forbidden"), "{err}");
+    succeeded(&vm, "set-credentials", node_cmd(&vm, &creds, "root", &set));
+    status(&vm, &creds, "fresh");
+    status(&vm, &creds, "watcher");
+
     // A reboot, followed: the same slot, a new boot id.
     let out = node_cmd(&vm, &creds, "ops", &["reboot", "--wait", "--json"]);
     assert!(
@@ -1177,6 +1208,23 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     assert_eq!(back["booted_slot"], "B");
     assert_ne!(back["boot_id"], boot4.as_str());
     assert_ne!(boot4, boot3);
+
+    // The rollover ends: an admin of the old CA may not give the node the
+    // new CA alone (it would lock itself out); renewed, it may, and then
+    // the old CA's clients are refused and the new ones are not.
+    status(&vm, &creds, "fresh");
+    creds_cmd(&["--end-rollover"]);
+    let err = refused(&node_cmd(&vm, &creds, "root", &set));
+    assert!(
+        err.contains("would not be trusted under the new CA certificates")
+            && err.contains("nothing was written"),
+        "{err}"
+    );
+    creds_cmd(&["--role", "admin", "--name", "root", "--renew"]);
+    succeeded(&vm, "set-credentials", node_cmd(&vm, &creds, "root", &set));
+    let err = refused(&node_cmd(&vm, &creds, "watcher", &["status"]));
+    assert!(err.contains("refused this client's certificate"), "{err}");
+    status(&vm, &creds, "fresh");
 
     // Power-off, by the admin: QEMU exits after a clean shutdown.
     vm.power_off(&creds);

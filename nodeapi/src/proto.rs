@@ -158,6 +158,30 @@ pub enum Request {
     },
     Reboot {},
     PowerOff {},
+    /// Replace the node's own credentials (admin only), for the
+    /// connections after this one: `ca`, the CA certificates its clients
+    /// must chain to (during a CA rollover the new and the old one,
+    /// docs/node-api.md "Credentials that expire and renew"), `cert` its
+    /// certificate (valid under `ca` for every name and address the one it
+    /// replaces is) and `key` its key. Refused when the client asking would
+    /// not be trusted under `ca`; written to META in one write.
+    Credentials {
+        ca: String,
+        cert: String,
+        key: NodeKey,
+    },
+}
+
+/// A node's private key (PEM) on its way to the node: `Debug` never shows
+/// it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct NodeKey(pub String);
+
+impl std::fmt::Debug for NodeKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NodeKey(hidden)")
+    }
 }
 
 /// The longest user name, password or token a request may carry (ECR's
@@ -240,6 +264,7 @@ impl Request {
             },
             Request::Reboot {} => Op::Reboot,
             Request::PowerOff {} => Op::PowerOff,
+            Request::Credentials { .. } => Op::Credentials,
         }
     }
 
@@ -253,11 +278,22 @@ impl Request {
             Request::Cancel {} => "cancel",
             Request::Reboot {} => "reboot",
             Request::PowerOff {} => "power-off",
+            Request::Credentials { .. } => "credentials",
         }
     }
 
     /// Checks the values a request carries (beyond their types).
     pub fn check(&self) -> Result<()> {
+        if let Request::Credentials { ca, cert, key } = self {
+            for (what, text) in [("CA", ca), ("certificate", cert), ("key", &key.0)] {
+                if text.is_empty() || text.len() > crate::tls::MAX_PEM {
+                    bail!(
+                        "the node's {what} must be 1 to {} bytes of PEM",
+                        crate::tls::MAX_PEM
+                    );
+                }
+            }
+        }
         if let Request::Upgrade {
             image,
             tries,

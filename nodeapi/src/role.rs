@@ -9,7 +9,7 @@
 //! |---|---|---|---|
 //! | status | yes | yes | yes |
 //! | upgrade, stage, arm, cancel, rollback, reboot | no | yes | yes |
-//! | an upgrade that wipes EPHEMERAL (`--preserve=false`), an upgrade or rollback below the security floor (`--allow-downgrade`), power-off | no | no | yes |
+//! | an upgrade that wipes EPHEMERAL (`--preserve=false`), an upgrade or rollback below the security floor (`--allow-downgrade`), power-off, replacing the node's credentials | no | no | yes |
 
 use anyhow::{Result, bail};
 
@@ -83,7 +83,9 @@ impl Role {
             | Op::Cancel
             | Op::Rollback { downgrade: false }
             | Op::Reboot => Role::Operator,
-            Op::Upgrade { .. } | Op::Rollback { .. } | Op::PowerOff => Role::Admin,
+            Op::Upgrade { .. } | Op::Rollback { .. } | Op::PowerOff | Op::Credentials => {
+                Role::Admin
+            }
         };
         self >= needs
     }
@@ -109,6 +111,9 @@ pub enum Op {
     },
     Reboot,
     PowerOff,
+    /// Replaces the node's own credentials (its CA certificates, its
+    /// certificate and key).
+    Credentials,
 }
 
 #[cfg(test)]
@@ -151,6 +156,7 @@ mod tests {
             ),
             (Op::Rollback { downgrade: true }, [false, false, true]),
             (Op::PowerOff, [false, false, true]),
+            (Op::Credentials, [false, false, true]),
         ];
         for (op, allowed) in table {
             for (r, want) in Role::ALL.into_iter().zip(allowed) {

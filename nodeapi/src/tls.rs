@@ -267,6 +267,64 @@ pub fn check_node(ca_pem: &[u8], cert_pem: &[u8], key_pem: &[u8], name: &str) ->
     Ok(())
 }
 
+/// The names and addresses a node's certificate (the first of `cert_pem`)
+/// is for: its subject alternative names, DNS names and IP addresses, as
+/// text. What replaces it must be valid for each ([`check_node`]).
+pub fn server_names(cert_pem: &[u8]) -> Result<Vec<String>> {
+    use der::Decode;
+    use x509_cert::ext::pkix::SubjectAltName;
+    use x509_cert::ext::pkix::name::GeneralName;
+    let chain = certs(cert_pem, "node certificate")?;
+    let cert = x509_cert::Certificate::from_der(&chain[0])
+        .map_err(|_| anyhow::anyhow!("the node certificate does not decode"))?;
+    let san = cert
+        .tbs_certificate
+        .get::<SubjectAltName>()
+        .map_err(|_| anyhow::anyhow!("the node certificate's names do not decode"))?;
+    let mut names = Vec::new();
+    for n in san.map(|(_, s)| s.0).unwrap_or_default() {
+        match n {
+            GeneralName::DnsName(d) => names.push(d.to_string()),
+            GeneralName::IpAddress(ip) => match ip.as_bytes().len() {
+                4 => {
+                    let b: [u8; 4] = ip.as_bytes().try_into().unwrap_or_default();
+                    names.push(std::net::Ipv4Addr::from(b).to_string());
+                }
+                16 => {
+                    let b: [u8; 16] = ip.as_bytes().try_into().unwrap_or_default();
+                    names.push(std::net::Ipv6Addr::from(b).to_string());
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+    Ok(names)
+}
+
+/// Whether a client presenting `chain` (its certificate first) would be
+/// trusted by a server whose CA text is `ca_pem`: what a node checks of
+/// the client that replaces its CA, which must not lock itself out.
+pub fn check_client(ca_pem: &[u8], chain: &[CertificateDer<'_>]) -> Result<()> {
+    let Some((leaf, rest)) = chain.split_first() else {
+        bail!("the client presented no certificate");
+    };
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots(ca_pem)?, provider())
+            .build()
+            .context("building the client certificate verifier")?;
+    verifier
+        .verify_client_cert(leaf, rest, rustls::pki_types::UnixTime::now())
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "the certificate of the client asking would not be trusted under the new CA \
+                 certificates ({e}): keep the CA that issued it among them until every client \
+                 is renewed (a CA rollover, docs/node-api.md)"
+            )
+        })?;
+    Ok(())
+}
+
 /// When a certificate (DER) stops being valid: its notAfter, seconds since
 /// 1970 (`None`: it does not decode).
 pub fn not_after(der: &[u8]) -> Option<u64> {

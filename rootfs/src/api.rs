@@ -55,7 +55,9 @@ pub struct Node {
 
 struct Server {
     node: Node,
-    config: Arc<rustls::ServerConfig>,
+    /// The TLS configuration of new connections: replaced when the node's
+    /// credentials are (`credentials`).
+    config: Mutex<Arc<rustls::ServerConfig>>,
     /// The operation in progress, if any, and what it is doing.
     operation: Mutex<Option<OpState>>,
     /// Set by `cancel`: the upgrade in progress stops pulling.
@@ -139,7 +141,7 @@ pub fn start(meta: &Meta, node: Node) -> Result<()> {
     ));
     let server = Arc::new(Server {
         node,
-        config,
+        config: Mutex::new(config),
         operation: Mutex::new(None),
         cancel: Arc::new(AtomicBool::new(false)),
         pulling: Arc::new(AtomicUsize::new(0)),
@@ -310,7 +312,12 @@ type Tls = rustls::StreamOwned<rustls::ServerConnection, Sock>;
 fn serve(server: &Server, stream: TcpStream, id: u64, peer: &str) -> Result<(), Refusal> {
     let unauthenticated = Refusal::Unauthenticated;
     stream.set_write_timeout(Some(IO_TIMEOUT))?;
-    let conn = rustls::ServerConnection::new(server.config.clone()).context("TLS")?;
+    let config = server
+        .config
+        .lock()
+        .map_err(|_| anyhow::anyhow!("the TLS configuration's lock is poisoned"))?
+        .clone();
+    let conn = rustls::ServerConnection::new(config).context("TLS")?;
     let sock = Sock {
         stream,
         deadline: Some(Instant::now() + HANDSHAKE_TIMEOUT),
@@ -604,11 +611,65 @@ fn operate(
             );
             return switch(server, s.staged, s.tries, s.preserve, &mut progress);
         }
+        Request::Credentials { ca, cert, key } => {
+            let peer: Vec<_> = tls.conn.peer_certificates().unwrap_or_default().to_vec();
+            match replace_credentials(server, ca, cert, &key.0, &peer) {
+                Ok(message) => {
+                    say(format!("api: {message}"));
+                    (done(&message, status(server)?, false), None)
+                }
+                Err(e) => (failed(ErrorCode::Refused, format!("{e:#}")), None),
+            }
+        }
         Request::Status {} => (done("status", status(server)?, false), None),
         // Answered before the operation slot is taken (it stops the
         // operation that holds it).
         Request::Cancel {} => (cancel(server), None),
     })
+}
+
+/// Replaces the node's credentials with `ca`, `cert` and `key` once they
+/// are checked: the certificate valid under `ca` for every name and
+/// address the current one is for, the key its key, and the client asking
+/// (`peer`, its chain) still trusted under `ca`. Written to META in one
+/// write (a cut keeps the old credentials or the new), then taken by the
+/// connections after this one; the revocations and the clock's floor stay.
+fn replace_credentials(
+    server: &Server,
+    ca: &str,
+    cert: &str,
+    key: &str,
+    peer: &[rustls::pki_types::CertificateDer<'static>],
+) -> Result<String> {
+    let meta = server.node.disk.status()?.meta;
+    let (_, old_cert, _) = credentials(&meta).context("the node has no credentials to replace")?;
+    let names = nodeapi::tls::server_names(old_cert.as_bytes())?;
+    anyhow::ensure!(
+        !names.is_empty(),
+        "the node's certificate names no DNS name or address"
+    );
+    for name in &names {
+        nodeapi::tls::check_node(ca.as_bytes(), cert.as_bytes(), key.as_bytes(), name)
+            .with_context(|| "the new credentials; nothing was written".to_string())?;
+    }
+    nodeapi::tls::check_client(ca.as_bytes(), peer).context("nothing was written")?;
+    let config = nodeapi::tls::server_config(
+        ca.as_bytes(),
+        cert.as_bytes(),
+        key.as_bytes(),
+        &tls_policy(&meta),
+    )?;
+    server.node.disk.set_credentials(ca, cert, key)?;
+    *server
+        .config
+        .lock()
+        .map_err(|_| anyhow::anyhow!("the TLS configuration's lock is poisoned"))? = config;
+    let cas = nodeapi::tls::certs(ca.as_bytes(), "CA certificates")?.len();
+    Ok(format!(
+        "credentials replaced: a certificate for {} under {cas} CA certificate(s), taken from \
+         the next connection",
+        names.join(", ")
+    ))
 }
 
 /// An upgrade from a registry ([`pull`]): pulled and verified before the

@@ -188,6 +188,21 @@ impl Disk {
         })
     }
 
+    /// The node's credentials (the CA certificates its clients must chain
+    /// to, its certificate and key) in META, replaced in one write.
+    pub fn set_credentials(&self, ca: &str, cert: &str, key: &str) -> Result<()> {
+        use contract::meta::Tag;
+        self.with(|_, meta_dev| {
+            let (mut meta, _) = bootstate::meta::read(meta_dev)?;
+            meta.set(Tag::NodeCa, ca);
+            meta.set(Tag::NodeCert, cert);
+            meta.set(Tag::NodeKey, key);
+            meta.encode_block()
+                .map_err(|e| anyhow::anyhow!("META has no room for the credentials ({e})"))?;
+            bootstate::meta::write(meta_dev, &meta)
+        })
+    }
+
     /// Blesses the trial boot of `booted`.
     pub fn bless(&mut self, booted: Slot, version: &str) -> Result<()> {
         let b = self

@@ -44,6 +44,21 @@ pub enum NodeCommand {
     Reboot(PowerArgs),
     /// Power the node off (admin).
     Poweroff(PowerArgs),
+    /// Replace the node's credentials over the API (admin): the CA
+    /// certificates of the credentials directory (both during a CA
+    /// rollover) and the node's NAME.node.crt and NAME.node.key from it.
+    /// Taken from the node's next connection; kept in META.
+    SetCredentials(SetCredentialsArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SetCredentialsArgs {
+    #[command(flatten)]
+    pub power: PowerArgs,
+    /// The node's name in the credentials directory (NAME.node.crt,
+    /// NAME.node.key, made by `imager node credentials DIR --node NAME`).
+    #[arg(long, value_name = "NAME")]
+    pub node_name: String,
 }
 
 /// How to reach a node and who is asking.
@@ -347,6 +362,14 @@ pub struct CredentialsArgs {
     #[arg(long, value_name = "DAYS", default_value_t = imager::node::credentials::HOLDER_DAYS,
           value_parser = clap::value_parser!(u64).range(1..=36500))]
     pub days: u64,
+    /// Start a CA rollover: a new CA issues from now on, the old one
+    /// (`ca.old.crt`) is still trusted until --end-rollover
+    /// (docs/node-api.md, "Credentials that expire and renew").
+    #[arg(long, conflicts_with_all = ["role", "node", "end_rollover", "renew", "force"])]
+    pub rollover_ca: bool,
+    /// End a CA rollover: the old CA is trusted no more.
+    #[arg(long, conflicts_with_all = ["role", "node", "renew", "force"])]
+    pub end_rollover: bool,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -472,6 +495,38 @@ pub fn run(cmd: &NodeCommand) -> anyhow::Result<ExitCode> {
         ),
         NodeCommand::Reboot(a) => operate(a, &Request::Reboot {}),
         NodeCommand::Poweroff(a) => operate(a, &Request::PowerOff {}),
+        NodeCommand::SetCredentials(a) => {
+            let c = imager::node::provision::read_credentials(
+                &a.power.connect.credentials,
+                &a.node_name,
+            )?;
+            let request = Request::Credentials {
+                ca: c.ca,
+                cert: c.cert,
+                key: nodeapi::proto::NodeKey(c.key),
+            };
+            operate(&a.power, &request)
+        }
+        NodeCommand::Credentials(a) if a.rollover_ca => {
+            let made = credentials::rollover_ca(&a.dir, nodeapi::tls::now())?;
+            println!(
+                "{}: a new CA issues from now on; the old one ({}) is trusted until \
+                 --end-rollover: give every node the new certificates (imager node \
+                 set-credentials), renew every client, then end the rollover",
+                made.dir.display(),
+                credentials::CA_OLD_CERT
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        NodeCommand::Credentials(a) if a.end_rollover => {
+            credentials::end_rollover(&a.dir)?;
+            println!(
+                "{}: the old CA is trusted no more here; give the nodes the CA certificate \
+                 alone (imager node set-credentials)",
+                a.dir.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         NodeCommand::Credentials(a) => {
             let holder = match (&a.role, &a.name, &a.node) {
                 (Some(role), Some(name), None) => Some(Holder::Client {

@@ -2,7 +2,7 @@
 //! the last ([`nodeapi::proto`]), and the wait for a node coming back from
 //! a reboot.
 
-use super::credentials::{CA_CERT, read_small};
+use super::credentials::read_small;
 use anyhow::{Context, Result, anyhow, bail};
 use nodeapi::proto::{self, Event, Outcome, Request, Status};
 use rustls::pki_types::ServerName;
@@ -77,7 +77,7 @@ impl Client {
             );
         }
         crate::secret::refuse_readable_by_others(&key_path)?;
-        let ca = read_small(&dir.join(CA_CERT), "CA certificate")?;
+        let ca = super::credentials::trust_bundle(dir)?;
         let cert = read_small(&cert_path, "client certificate")?;
         let key = read_small(&key_path, "client key")?;
         let config = nodeapi::tls::client_config(ca.as_bytes(), cert.as_bytes(), key.as_bytes())?;

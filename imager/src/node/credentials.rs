@@ -9,6 +9,7 @@
 //! | `ca.crt`, `ca.key` | the cluster CA (self-signed; the image and META carry `ca.crt`) |
 //! | `NAME.crt`, `NAME.key` | a client (`O=imager:<role>`, extended key usage clientAuth) |
 //! | `NAME.node.crt`, `NAME.node.key` | a node (subject alternative names: its name and addresses; serverAuth) |
+//! | `ca.old.crt` | during a CA rollover ([`rollover_ca`]), the CA before: still trusted ([`trust_bundle`]), no longer issuing |
 //!
 //! Keys are ECDSA P-256 (what every TLS 1.3 stack takes), PKCS#8 PEM, mode
 //! 0600, written atomically and never printed. Nothing is replaced without
@@ -34,6 +35,8 @@ use std::path::{Path, PathBuf};
 
 pub const CA_CERT: &str = "ca.crt";
 pub const CA_KEY: &str = "ca.key";
+/// The CA before a rollover's new one, trusted until [`end_rollover`].
+pub const CA_OLD_CERT: &str = "ca.old.crt";
 /// A new CA's validity: ten years.
 pub const CA_DAYS: u64 = 3650;
 /// A client's or node's validity by default: one year.
@@ -205,6 +208,78 @@ pub fn make_with(
         files: names.iter().map(|n| n.to_string()).collect(),
         ca_created,
     })
+}
+
+/// The CA certificates the credentials of `dir` trust: the CA's, and
+/// during a rollover the one before it (PEM, the issuing CA first). What
+/// clients trust a node's certificate by, and what a node is given to
+/// trust its clients by.
+pub fn trust_bundle(dir: &Path) -> Result<String> {
+    let mut pem = read_small(&dir.join(CA_CERT), "CA certificate")?;
+    if dir.join(CA_OLD_CERT).symlink_metadata().is_ok() {
+        let old = read_small(&dir.join(CA_OLD_CERT), "previous CA certificate")?;
+        if !pem.ends_with('\n') {
+            pem.push('\n');
+        }
+        pem.push_str(&old);
+    }
+    Ok(pem)
+}
+
+/// Starts a CA rollover in `dir`: its CA becomes `ca.old.crt` (its key is
+/// removed: it issues nothing more) and a new CA is made, valid for
+/// [`CA_DAYS`] from `from`. Both are trusted until [`end_rollover`]; in
+/// between, nodes get the two ([`trust_bundle`]) and new certificates
+/// (`imager node set-credentials`), and clients are renewed. Refused
+/// while a rollover is under way. The files change together or not at
+/// all.
+pub fn rollover_ca(dir: &Path, from: u64) -> Result<Made> {
+    if dir.join(CA_OLD_CERT).symlink_metadata().is_ok() {
+        bail!(
+            "{} has a CA rollover under way ({CA_OLD_CERT}): end it first (`imager node \
+             credentials {} --end-rollover`, once every node and client has the new CA's \
+             certificates)",
+            dir.display(),
+            dir.display()
+        );
+    }
+    let old = read_small(&dir.join(CA_CERT), "CA certificate")
+        .with_context(|| format!("{} has no CA to roll over", dir.display()))?;
+    crate::secret::refuse_readable_by_others(&dir.join(CA_KEY))?;
+    let (pem, key) = new_ca(Validity {
+        from,
+        days: CA_DAYS,
+    })?;
+    let files = [
+        (CA_OLD_CERT, old, 0o644),
+        (CA_CERT, pem, 0o644),
+        (CA_KEY, key, 0o600),
+    ];
+    let staging = crate::io::Staging::create(dir, "node-credentials")?;
+    for (name, text, mode) in &files {
+        crate::io::write_atomic(staging.join(name), text.as_bytes(), *mode)?;
+    }
+    let names: Vec<&str> = files.iter().map(|(n, ..)| *n).collect();
+    staging.commit(&names)?;
+    Ok(Made {
+        dir: dir.to_path_buf(),
+        files: names.iter().map(|n| n.to_string()).collect(),
+        ca_created: true,
+    })
+}
+
+/// Ends a CA rollover in `dir`: the previous CA is trusted no more (give
+/// the nodes the new [`trust_bundle`] afterwards).
+pub fn end_rollover(dir: &Path) -> Result<()> {
+    let old = dir.join(CA_OLD_CERT);
+    std::fs::remove_file(&old).with_context(|| {
+        format!(
+            "{} has no CA rollover under way ({} is missing)",
+            dir.display(),
+            old.display()
+        )
+    })?;
+    crate::io::sync_dir(dir)
 }
 
 fn new_key() -> Result<KeyPair> {

@@ -173,14 +173,20 @@ fn merge(on_disk: Option<&str>, given: &Settings) -> Result<Settings> {
 }
 
 /// A node's credentials, read and checked.
-struct Credentials {
-    dir: PathBuf,
-    ca: String,
-    cert: String,
-    key: String,
+pub struct Credentials {
+    pub dir: PathBuf,
+    /// The CA certificates its clients must chain to
+    /// ([`super::credentials::trust_bundle`]).
+    pub ca: String,
+    pub cert: String,
+    pub key: String,
 }
 
-fn read_credentials(dir: &Path, name: &str) -> Result<Credentials> {
+/// The credentials of node `name` in `dir`, checked: its certificate valid
+/// for `name` under the CA certificates, its key its key (mode 0600 or
+/// stricter). What `provision` writes to a disk and `imager node
+/// set-credentials` sends to a node.
+pub fn read_credentials(dir: &Path, name: &str) -> Result<Credentials> {
     let (cert_file, key_file) = Holder::Node {
         name: name.to_string(),
         addresses: Vec::new(),
@@ -196,7 +202,7 @@ fn read_credentials(dir: &Path, name: &str) -> Result<Credentials> {
         );
     }
     crate::secret::refuse_readable_by_others(&key_path)?;
-    let ca = read_small(&dir.join(CA_CERT), "CA certificate")?;
+    let ca = super::credentials::trust_bundle(dir)?;
     let cert = read_small(&cert_path, "node certificate")?;
     let key = read_small(&key_path, "node key")?;
     nodeapi::tls::check_node(ca.as_bytes(), cert.as_bytes(), key.as_bytes(), name)?;

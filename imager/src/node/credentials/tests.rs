@@ -311,3 +311,63 @@ fn certificates_carry_their_validity_periods() {
     assert!(!ends_within(364));
     assert!(ends_within(366));
 }
+
+/// A CA rollover: the new CA issues, both are trusted until the rollover
+/// ends; a node's new certificate is valid for its names under both, a
+/// client of the old CA stays trusted until the end, one of the new CA
+/// from the start; openssl agrees on the chains.
+#[test]
+fn a_ca_rollover_trusts_both_cas_until_it_ends() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("creds");
+    make(&dir, Some(&client("old", Role::Admin)), false).unwrap();
+    make(&dir, Some(&node()), false).unwrap();
+    let chain = |name: &str| nodeapi::tls::certs(&read(&dir, name), "cert").unwrap();
+    let old_client = chain("old.crt");
+    let old_ca = read(&dir, CA_CERT);
+
+    let e = format!("{:#}", end_rollover(&dir).unwrap_err());
+    assert!(e.contains("no CA rollover under way"), "{e}");
+    let made = rollover_ca(&dir, nodeapi::tls::now()).unwrap();
+    assert_eq!(made.files, [CA_OLD_CERT, CA_CERT, CA_KEY]);
+    assert_eq!(read(&dir, CA_OLD_CERT), old_ca);
+    assert_ne!(read(&dir, CA_CERT), old_ca);
+    let mode = std::fs::metadata(dir.join(CA_KEY))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+    let e = format!("{:#}", rollover_ca(&dir, nodeapi::tls::now()).unwrap_err());
+    assert!(e.contains("rollover under way"), "{e}");
+
+    let bundle = trust_bundle(&dir).unwrap();
+    assert_eq!(
+        nodeapi::tls::certs(bundle.as_bytes(), "b").unwrap().len(),
+        2
+    );
+    make(&dir, Some(&node()), true).unwrap();
+    make(&dir, Some(&client("new", Role::Admin)), false).unwrap();
+    assert!(openssl_verify(&dir, "new.crt", "sslclient"));
+    assert!(!openssl_verify(&dir, "old.crt", "sslclient"));
+    let (cert, key) = (read(&dir, "node1.node.crt"), read(&dir, "node1.node.key"));
+    let names = nodeapi::tls::server_names(&cert).unwrap();
+    assert_eq!(names, ["node1", "127.0.0.1"]);
+    for n in &names {
+        nodeapi::tls::check_node(bundle.as_bytes(), &cert, &key, n).unwrap();
+    }
+    nodeapi::tls::check_client(bundle.as_bytes(), &old_client).unwrap();
+    nodeapi::tls::check_client(bundle.as_bytes(), &chain("new.crt")).unwrap();
+    // The old CA alone does not take the new node certificate.
+    assert!(nodeapi::tls::check_node(&old_ca, &cert, &key, "node1").is_err());
+
+    end_rollover(&dir).unwrap();
+    let only = trust_bundle(&dir).unwrap();
+    assert_eq!(nodeapi::tls::certs(only.as_bytes(), "b").unwrap().len(), 1);
+    let e = format!(
+        "{:#}",
+        nodeapi::tls::check_client(only.as_bytes(), &old_client).unwrap_err()
+    );
+    assert!(e.contains("would not be trusted under the new CA"), "{e}");
+    nodeapi::tls::check_client(only.as_bytes(), &chain("new.crt")).unwrap();
+}
