@@ -48,16 +48,18 @@ pub struct RootSignArgs {
     pub key: PathBuf,
 }
 
-/// `imager sign --add KEY DIR`.
+/// `imager sign --add KEY TARGET`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct SignArgs {
     /// The key whose signature of the manifest is added to
     /// `manifest.json.sigs`: a key file, `pkcs11:…` or `exec:PROGRAM`.
     #[arg(long, value_name = "KEY")]
     pub add: PathBuf,
-    /// A build's output directory or a payload directory.
-    #[arg(value_name = "DIR")]
-    pub dir: PathBuf,
+    /// A build's output directory, a payload directory, or an installer
+    /// archive (`installer.tar` as the build wrote it: its first layer is
+    /// written again).
+    #[arg(value_name = "TARGET")]
+    pub target: PathBuf,
 }
 
 /// A root's key: a public key file, or a signer's public half (a private
@@ -110,11 +112,10 @@ pub fn run_root(command: &RootCommand) -> Result<ExitCode> {
 
 pub fn run_sign(a: &SignArgs) -> Result<ExitCode> {
     let signer = sign::open_signer(&a.add)?;
-    let sigs = trust::add_manifest_signature(&a.dir, signer.as_ref())?;
+    let changed = trust::add_signature_to(&a.target, signer.as_ref())?;
     println!(
-        "sign: added the signature of {} to {}",
-        signer.key_id(),
-        sigs.display()
+        "sign: added the signature of {} to {changed}",
+        signer.key_id()
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -19,6 +19,7 @@
 
 mod push;
 mod reader;
+pub mod resign;
 mod store;
 mod writer;
 

@@ -223,7 +223,7 @@ fn extract_from(
 /// Reads the first layer, which must hold `manifest.json` and
 /// `manifest.json.sig` of the payload directory: at most [`MAX_SMALL`]
 /// bytes, compressed and unpacked.
-fn read_signed(
+pub(super) fn read_signed(
     store: &Store,
     layer: &Descriptor,
     diff_id: &str,

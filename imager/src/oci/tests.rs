@@ -1294,3 +1294,81 @@ fn rfc3339_dates() {
     assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
     assert_eq!(rfc3339(4_107_542_399), "2100-02-28T23:59:59Z");
 }
+
+/// `imager sign --add KEY installer.tar`: the archive with the signature
+/// added is byte for byte the archive a build that co-signed with the key
+/// writes; its payload then passes a root that needs both keys, which the
+/// archive before did not; adding the same signature again changes
+/// nothing; an archive whose documents a build would not write is
+/// refused untouched.
+#[test]
+fn a_signature_added_to_an_archive_gives_the_archive_a_cosigning_build_writes() {
+    let t = tempfile::tempdir().unwrap();
+    let (one, two) = (t.path().join("one"), t.path().join("two"));
+    for d in [&one, &two] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let (a, b) = (one.join("installer.tar"), two.join("installer.tar"));
+    write_image(&a, &spec_in(&one)).unwrap();
+    // The same payload, signed in its build by the key and a co-signer.
+    let payload = payload_in(&two);
+    let cosigners: [Box<dyn Signer>; 1] = [Box::new(key(2))];
+    let m = Manifest::parse(&std::fs::read(payload.join(PAYLOAD_MANIFEST)).unwrap()).unwrap();
+    let signer = signer();
+    sign::write_signed_manifest_with(
+        &payload,
+        &m,
+        &sign::Signing {
+            signer: &signer,
+            cosigners: &cosigners,
+            root: None,
+        },
+    )
+    .unwrap();
+    std::fs::write(two.join("imager"), b"\x7fELF not really").unwrap();
+    let trust = [contract::paths::output::SIGNATURES];
+    let spec = ImageSpec {
+        layers: crate::build::installer_spec(
+            &payload,
+            &LISTED,
+            &trust,
+            &two.join("imager"),
+            "0.1.0",
+            EPOCH,
+        )
+        .layers,
+        ..spec_in(&one)
+    };
+    write_image(&b, &spec).unwrap();
+
+    let both = payload::trust::key_root(&[signer.public_key(), key(2).public_key()]).unwrap();
+    let both = payload::root::Root::new(1, 2, both.keys).unwrap();
+    let verify = |f: &TrustFiles| payload::trust::verify(&both, f).map(|t| t.manifest);
+    assert!(extract_payload(&a, &t.path().join("x1"), &verify).is_err());
+    super::resign::add_signature(&a, &key(2)).unwrap();
+    assert!(
+        std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(),
+        "the re-signed archive is not the co-signed build's"
+    );
+    extract_payload(&a, &t.path().join("x2"), &verify).unwrap();
+    super::resign::add_signature(&a, &key(2)).unwrap();
+    assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap());
+
+    // Documents a build would not write for this payload (another epoch
+    // than its manifest's; a registry copy with compressed layers is
+    // refused by the same check): refused, nothing written.
+    let gz = t.path().join("gz.tar");
+    let mut spec = spec_in(&one);
+    spec.epoch = EPOCH + 1;
+    write_image(&gz, &spec).unwrap();
+    let before = std::fs::read(&gz).unwrap();
+    let e = format!(
+        "{:#}",
+        super::resign::add_signature(&gz, &key(2)).unwrap_err()
+    );
+    assert!(
+        e.contains("not an installer archive as `imager build` writes it"),
+        "{e}"
+    );
+    assert!(std::fs::read(&gz).unwrap() == before);
+}

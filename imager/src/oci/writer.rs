@@ -258,18 +258,18 @@ pub(super) fn assemble(dest: &Path, layers: &[LayerFile], spec: &ImageSpec) -> R
 
 /// The JSON documents of an image around its layer, serialized: config,
 /// manifest (with their digests), index and `oci-layout`.
-struct Documents {
+pub(super) struct Documents {
     config: Vec<u8>,
     config_digest: String,
     manifest: Vec<u8>,
-    manifest_digest: String,
+    pub(super) manifest_digest: String,
     index: Vec<u8>,
     layout: Vec<u8>,
 }
 
 /// The documents of `spec`'s image of the uncompressed `layers` (digest
 /// `sha256:<hex>` and size each, bottom first).
-fn documents(spec: &ImageSpec, layers: &[(String, u64)]) -> Result<Documents> {
+pub(super) fn documents(spec: &ImageSpec, layers: &[(String, u64)]) -> Result<Documents> {
     let created = rfc3339(spec.epoch);
     // Uncompressed: a layer's diff_id is its digest.
     let diff_ids: Vec<&str> = layers.iter().map(|(d, _)| d.as_str()).collect();
@@ -414,7 +414,7 @@ pub(crate) fn header(kind: tar::EntryType, mode: u32, size: u64, epoch: u64) -> 
 
 /// A temporary file beside `dest`, named so that a later build sweeps it if
 /// this one is killed ([`crate::io::remove_stale_partials`]).
-fn temp_beside(dest: &Path, what: &str) -> Result<tempfile::NamedTempFile> {
+pub(super) fn temp_beside(dest: &Path, what: &str) -> Result<tempfile::NamedTempFile> {
     let dir = dest
         .parent()
         .filter(|p| !p.as_os_str().is_empty())

@@ -94,7 +94,7 @@ impl RootFiles {
 
 /// The signature list `list` (or an empty one) with `signer`'s signature
 /// of `message` added, verified first.
-fn add_signed(list: Option<&[u8]>, message: &[u8], signer: &dyn Signer) -> Result<Vec<u8>> {
+pub fn add_signed(list: Option<&[u8]>, message: &[u8], signer: &dyn Signer) -> Result<Vec<u8>> {
     let list = parse_signatures(list.unwrap_or(b"[]")).map_err(|e| anyhow!("{e}"))?;
     let signature = signer.sign(message).context("signing")?;
     signer
@@ -154,6 +154,24 @@ pub fn root_sign(path: &Path, signer: &dyn Signer) -> Result<PathBuf> {
     let sigs = signatures_path(path);
     write_atomic(&sigs, &list, 0o644)?;
     Ok(sigs)
+}
+
+/// `imager sign --add KEY TARGET`: `signer`'s signature added to the
+/// manifest of `target`, a directory ([`add_manifest_signature`]) or an
+/// installer archive (`oci::resign`, which writes its first layer
+/// again). Says what it changed.
+pub fn add_signature_to(target: &Path, signer: &dyn Signer) -> Result<String> {
+    if target.is_file() {
+        let digest = crate::oci::resign::add_signature(target, signer)?;
+        Ok(format!(
+            "{} (its image manifest is now {digest})",
+            target.display()
+        ))
+    } else {
+        Ok(add_manifest_signature(target, signer)?
+            .display()
+            .to_string())
+    }
 }
 
 /// `imager sign --add`: `signer`'s signature of the payload directory's
