@@ -40,7 +40,7 @@ pub fn add_signature(archive: &Path, signer: &dyn Signer) -> Result<String> {
              sign in the build with signing.cosigners; nothing was written"
         )
     };
-    if manifest.layers.len() <= MANIFEST_LAYER
+    if manifest.layers.len() <= super::PAYLOAD_LAYER
         || manifest
             .layers
             .iter()
