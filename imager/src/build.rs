@@ -128,7 +128,7 @@ fn build(
         cosigners: &cosigners,
         root: root.as_ref(),
     };
-    check_signing(&signing)?;
+    check_signing(p, &signing)?;
     let trust_files = signing.trust_files();
     let cache = shared_cache(p, opts, signer)?;
     let shared = cache
@@ -781,9 +781,20 @@ fn too_small_hint(size: u64, ss: u64, sizes: &std::collections::BTreeMap<String,
 
 /// The build's keys against the root of trust it carries: every key that
 /// signs must be in it (a signature by another counts for nothing on the
-/// disks it makes); fewer signatures than its threshold is said, as
-/// `imager sign --add` may add them on other machines.
-fn check_signing(signing: &sign::Signing) -> Result<()> {
+/// disks it makes), and a root after the first must carry its own
+/// threshold's signatures (upgrades refuse it otherwise). Fewer manifest
+/// signatures than its threshold fails a build that makes an ISO (whose
+/// payload cannot be signed later) and is said otherwise (`imager sign
+/// --add` adds them to the output directory and to `installer.tar`).
+fn check_signing(p: &Profile, signing: &sign::Signing) -> Result<()> {
+    if !signing.trust_files().is_empty() {
+        step(
+            "WARNING: this build's payloads carry trust files (signing.root or \
+             signing.cosigners): a node running a release made before them refuses such an \
+             installer image over the node API; upgrade older nodes first to a release built \
+             without them (docs/signing.md, \"The root of trust\")",
+        );
+    }
     let Some(r) = signing.root else {
         if !signing.cosigners.is_empty() {
             step(
@@ -815,15 +826,44 @@ fn check_signing(signing: &sign::Signing) -> Result<()> {
             );
         }
     }
+    let sigs = payload::root::parse_signatures(r.signatures.as_deref().unwrap_or(b"[]"))
+        .map_err(|e| anyhow::anyhow!("signing.root's signatures: {e}"))?;
+    let own = r.root.check(
+        &payload::root::root_message(&r.bytes),
+        &sigs,
+        &format!("root {}", r.root.version),
+    );
+    match own {
+        Err(e) if r.root.version > 1 => bail!(
+            "signing.root: {e} (`imager root sign`): disks of root {} would refuse it",
+            r.root.version - 1
+        ),
+        Err(_) => step(&format!(
+            "WARNING: root of trust {} is not signed by {} of its keys (`imager root sign`): \
+             the disks this build makes start with it, but an install from its installer or \
+             ISO trusts the installing key alone",
+            r.root.version, r.root.threshold
+        )),
+        Ok(()) => {}
+    }
     keys.sort_by_key(|k| k.to_bytes());
     keys.dedup();
     if keys.len() < r.root.threshold {
-        step(&format!(
-            "WARNING: root of trust {} needs {} signatures and this build makes {}: add \
-             signing.cosigners, or add signatures to the output with `imager sign --add`",
+        let short = format!(
+            "root of trust {} needs {} signatures of a payload and this build makes {}",
             r.root.version,
             r.root.threshold,
             keys.len()
+        );
+        if p.outputs.contains(&Output::Iso) {
+            bail!(
+                "{short}: the ISO's payload cannot be signed after the build; add \
+                 signing.cosigners"
+            );
+        }
+        step(&format!(
+            "WARNING: {short}: add signing.cosigners, or add signatures to the output \
+             directory and installer.tar with `imager sign --add`"
         ));
     }
     Ok(())

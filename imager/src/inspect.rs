@@ -82,6 +82,8 @@ pub struct SlotsInfo {
     /// The version of the root a pending upgrade brings, taken when it is
     /// blessed.
     pub trust_root_next: Option<u64>,
+    /// Why the disk's root of trust could not be read, if it could not.
+    pub trust_root_error: Option<String>,
     /// Why the slot model could not be read, if it could not.
     pub error: Option<String>,
 }
@@ -322,6 +324,7 @@ fn slots_info(meta: Option<&Meta>, entries: &[EntryInfo]) -> SlotsInfo {
         trusted_keys: Vec::new(),
         trust_root: None,
         trust_root_next: None,
+        trust_root_error: None,
         error: None,
     };
     let Some(meta) = meta else {
@@ -345,9 +348,12 @@ fn slots_info(meta: Option<&Meta>, entries: &[EntryInfo]) -> SlotsInfo {
     info.boots_next = next.map(|s| s.to_string());
     info.pending_upgrade = state.pending.as_ref().map(|p| p.render());
     info.history = state.history.clone();
-    if let Ok(root) = payload::trust::disk_root(meta) {
-        info.trusted_keys = root.keys.iter().map(sign::key_id).collect();
-        info.trust_root = Some((root.version, root.threshold));
+    match payload::trust::disk_root(meta) {
+        Ok(root) => {
+            info.trusted_keys = root.keys.iter().map(sign::key_id).collect();
+            info.trust_root = Some((root.version, root.threshold));
+        }
+        Err(e) => info.trust_root_error = Some(format!("{e:#}")),
     }
     info.trust_root_next = meta
         .get(contract::meta::Tag::TrustRootNext)
@@ -476,7 +482,10 @@ pub fn run(image: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
                 None => String::new(),
             }
         ),
-        None => println!("  root of trust: none (META names no trusted key)"),
+        None => println!(
+            "  root of trust: none ({})",
+            contract::text::escape(sl.trust_root_error.as_deref().unwrap_or("unknown"))
+        ),
     }
     println!("  history:");
     for h in &sl.history {

@@ -99,6 +99,9 @@ pub struct VerifiedPayload {
     pub enrolment: NamedFiles,
     /// The keys whose signatures counted, by key id.
     pub signers: Vec<String>,
+    /// The root of trust it was checked against (before the one it
+    /// brings).
+    pub root: Root,
     /// The next root of trust it brings, accepted by the disk's root: the
     /// disk takes it with the payload (an upgrade: once blessed).
     pub next_root: Option<Root>,
@@ -113,7 +116,7 @@ pub struct VerifiedPayload {
 /// the payload of an OCI archive extracted into a temporary directory. An
 /// archive's signed manifest is verified against `root` before anything
 /// else is read from it (see [`oci::extract_payload`]).
-fn payload_dir(installer: &Path, root: &Root) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+fn payload_dir(installer: &Path, anchor: Anchor) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
     if installer.is_dir() {
         return Ok((installer.to_path_buf(), None));
     }
@@ -125,7 +128,8 @@ fn payload_dir(installer: &Path, root: &Root) -> Result<(PathBuf, Option<tempfil
         );
     }
     let work = tempfile::tempdir().context("creating a temporary directory")?;
-    let verify = |files: &TrustFiles| payload::trust::verify(root, files).map(|t| t.manifest);
+    let verify =
+        |files: &TrustFiles| payload::trust::verify(&anchor(files)?, files).map(|t| t.manifest);
     let dir = oci::extract_payload(installer, work.path(), &verify).with_context(|| {
         format!(
             "reading {} as an installer image (an OCI archive such as installer.tar; or pass \
@@ -136,15 +140,21 @@ fn payload_dir(installer: &Path, root: &Root) -> Result<(PathBuf, Option<tempfil
     Ok((dir, Some(work)))
 }
 
-/// Loads the payload of `installer` and verifies it against the disk's
-/// root of trust `root` ([`payload::trust`]): the manifest's signatures
+/// The root of trust a payload is checked against, given its trust files:
+/// a disk's ([`payload::trust::disk_root`]), or a fresh install's
+/// ([`payload::trust::install_root`]).
+pub type Anchor<'a> = &'a dyn Fn(&TrustFiles) -> Result<Root>;
+
+/// Loads the payload of `installer` and verifies it against the root of
+/// trust `anchor` gives ([`payload::trust`]): the manifest's signatures
 /// and the root it may bring, then every file's size and digest but the
 /// images' ([`sign::verify_payload`]: an upgrade from a build's output
 /// directory does not hash its 2 GiB disk). From an archive, the
 /// signatures are checked before the payload is unpacked.
-pub fn load_payload(installer: &Path, root: &Root) -> Result<VerifiedPayload> {
-    let (dir, work) = payload_dir(installer, root)?;
-    let (report, trusted) = sign::verify_payload(&dir, root)?;
+pub fn load_payload(installer: &Path, anchor: Anchor) -> Result<VerifiedPayload> {
+    let (dir, work) = payload_dir(installer, anchor)?;
+    let root = anchor(&TrustFiles::read_dir(&dir)?)?;
+    let (report, trusted) = sign::verify_payload(&dir, &root)?;
     report
         .ensure_ok()
         .context("the installer's payload does not match its signed manifest")?;
@@ -202,6 +212,7 @@ pub fn load_payload(installer: &Path, root: &Root) -> Result<VerifiedPayload> {
         enrolment,
         signers: trusted.signers,
         next_root: trusted.next_root,
+        root,
         node_ca,
         _work: work,
     })
@@ -428,7 +439,7 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Devi
 ) -> Result<(ops::Upgraded, VerifiedPayload)> {
     let (meta, _) = bootstate::meta::read(meta_dev).context("reading META")?;
     let root = payload::trust::disk_root(&meta)?;
-    let p = load_payload(installer, &root)?;
+    let p = load_payload(installer, &|_| Ok(root.clone()))?;
     let asked = payload::verify::Asked {
         version: None,
         allow_downgrade: allowed.downgrade,
@@ -545,7 +556,9 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
              that signed the installer",
         )?,
     };
-    let p = load_payload(installer, &payload::trust::key_root(&[key])?)?;
+    let p = load_payload(installer, &|files| {
+        payload::trust::install_root(&key, files)
+    })?;
     let exists = std::fs::symlink_metadata(&a.disk).is_ok();
     // An existing disk is locked for the install (and must be a file or a
     // block device): no upgrade may run on it meanwhile.
@@ -608,10 +621,12 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         &[sign::public_key_pem(&key)?],
         "install",
     );
-    // A payload that brings a root of trust the key accepted installs the
-    // disk with it (and `trusted-keys` goes): no blessing is needed on a
-    // new disk, whose slot A counts as good.
-    if let Some(root) = &p.next_root {
+    // A payload whose own root holds the key, or that brings one the key
+    // accepted, installs the disk with that root (and `trusted-keys`
+    // goes): no blessing is needed on a new disk, whose slot A counts as
+    // good.
+    let root = p.next_root.as_ref().unwrap_or(&p.root);
+    if *root != payload::trust::key_root(&[key])? {
         bootstate::meta::set_root(&mut meta, &root.to_bytes());
     }
     if let Some(db) = &p.payload.secure_boot {
@@ -887,7 +902,11 @@ mod tests {
         let tar = installer_in(t.path(), &signer);
 
         // Not a key the disk trusts: refused before the payload is unpacked.
-        let root = |keys: &[VerifyingKey]| payload::trust::key_root(keys).unwrap();
+        let roots = |keys: &[VerifyingKey]| payload::trust::key_root(keys).unwrap();
+        let root = |keys: &[VerifyingKey]| {
+            let r = roots(keys);
+            move |_: &TrustFiles| Ok(r.clone())
+        };
         let e = format!("{:#}", load_payload(&tar, &root(&[other])).unwrap_err());
         assert!(
             e.contains("refusing the installer image before unpacking its payload")

@@ -249,14 +249,14 @@ pub fn check_node(ca_pem: &[u8], cert_pem: &[u8], key_pem: &[u8], name: &str) ->
         rustls::client::WebPkiServerVerifier::builder_with_provider(roots(ca_pem)?, provider())
             .build()
             .context("building the server certificate verifier")?;
+    // The chain and the names are checked, not the clock of the machine
+    // checking (a node's may be behind, or floored at its build's time):
+    // at the certificate's own start, which its clients judge by theirs.
+    let at = not_before(&chain[0]).map_or_else(rustls::pki_types::UnixTime::now, |t| {
+        rustls::pki_types::UnixTime::since_unix_epoch(std::time::Duration::from_secs(t))
+    });
     verifier
-        .verify_server_cert(
-            &chain[0],
-            &chain[1..],
-            &server_name,
-            &[],
-            rustls::pki_types::UnixTime::now(),
-        )
+        .verify_server_cert(&chain[0], &chain[1..], &server_name, &[], at)
         .map_err(|e| {
             anyhow::anyhow!(
                 "the node certificate is not valid for {name} under this CA ({e}): make it \
@@ -323,6 +323,28 @@ pub fn check_client(ca_pem: &[u8], chain: &[CertificateDer<'_>]) -> Result<()> {
             )
         })?;
     Ok(())
+}
+
+/// When a certificate (DER) starts being valid: its notBefore, seconds
+/// since 1970 (`None`: it does not decode).
+pub fn not_before(der: &[u8]) -> Option<u64> {
+    use der::Decode;
+    let cert = x509_cert::Certificate::from_der(der).ok()?;
+    Some(
+        cert.tbs_certificate
+            .validity
+            .not_before
+            .to_unix_duration()
+            .as_secs(),
+    )
+}
+
+/// The DER of a certificate's subject public key info (`None`: it does
+/// not decode): what its key's `public_key_der` must be.
+pub fn public_key_der(der: &[u8]) -> Option<Vec<u8>> {
+    use der::{Decode, Encode};
+    let cert = x509_cert::Certificate::from_der(der).ok()?;
+    cert.tbs_certificate.subject_public_key_info.to_der().ok()
 }
 
 /// When a certificate (DER) stops being valid: its notAfter, seconds since

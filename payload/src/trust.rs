@@ -68,6 +68,15 @@ impl TrustFiles {
         }
     }
 
+    /// The trust files present, by name, taken out (the manifest and its
+    /// signature stay): what is written beside the manifest.
+    pub fn take_named(&mut self) -> Vec<(&'static str, Vec<u8>)> {
+        paths::PAYLOAD_TRUST_FILES
+            .into_iter()
+            .filter_map(|name| Some((name, self.slot(name)?.take()?)))
+            .collect()
+    }
+
     /// The trust files of the payload directory `dir`: the manifest and
     /// its signature, which must be there, and those of the others that
     /// are. Each must be a regular file (a FIFO is not waited on) of at
@@ -125,6 +134,31 @@ fn read_small(path: &Path) -> Result<Option<Vec<u8>>> {
 /// with only `trusted-keys`, or `imager install --key`, trusts.
 pub fn key_root(keys: &[VerifyingKey]) -> Result<Root> {
     Root::new(1, 1, keys.to_vec()).map_err(|e| anyhow!("the trusted keys: {e}"))
+}
+
+/// What a fresh install (`imager install --key K`, the live ISO's
+/// installer) trusts a payload by: the root the payload carries when `key`
+/// is one of its keys and the root's own threshold signed it (a new disk
+/// takes its build's root, whatever its version), else `key` alone as root
+/// 1 ([`key_root`]).
+pub fn install_root(key: &VerifyingKey, files: &TrustFiles) -> Result<Root> {
+    if let Some(bytes) = &files.root {
+        let root = Root::parse(bytes)
+            .map_err(|e| anyhow!("the payload's {}: {e}; nothing was written", output::ROOT))?;
+        let sigs = match &files.root_signatures {
+            Some(b) => parse_signatures(b)
+                .map_err(|e| anyhow!("{}: {e}; nothing was written", output::ROOT_SIGNATURES))?,
+            None => Vec::new(),
+        };
+        if root.keys.contains(key)
+            && root
+                .check(&crate::root::root_message(bytes), &sigs, "the root")
+                .is_ok()
+        {
+            return Ok(root);
+        }
+    }
+    key_root(&[*key])
 }
 
 /// The root of trust of the disk whose META is `meta` (see the module's
@@ -188,7 +222,14 @@ pub fn verify(current: &Root, files: &TrustFiles) -> Result<Trusted> {
     }
     let good = root.signers(&files.manifest, &sigs);
     if good.len() < root.threshold {
-        return Err(not_trusted(root, claimed, &good, files.signature.len()));
+        let brought = next.as_ref().map(|_| current.version);
+        return Err(not_trusted(
+            root,
+            brought,
+            claimed,
+            &good,
+            files.signature.len(),
+        ));
     }
     let manifest = Manifest::parse(&files.manifest)
         .context("the payload's manifest is correctly signed but unusable")?;
@@ -224,24 +265,32 @@ fn next_root(current: &Root, files: &TrustFiles) -> Result<Option<Root>> {
 }
 
 /// Why a manifest (which says `claimed` signed it, with a
-/// `manifest.json.sig` of `sig_len` bytes) is not trusted by `root`, whose
-/// keys `good` signed it validly, too few.
+/// `manifest.json.sig` of `sig_len` bytes) is not trusted by `root` (the
+/// disk's, or the one the payload brings, accepted by the disk's root of
+/// version `brought`), whose keys `good` signed it validly, too few.
 fn not_trusted(
     root: &Root,
+    brought: Option<u64>,
     claimed: Option<String>,
     good: &[VerifyingKey],
     sig_len: usize,
 ) -> anyhow::Error {
     let ids: Vec<String> = root.keys.iter().map(key_id).collect();
-    let what = if root.threshold == 1 {
-        format!("a key this disk trusts ({})", ids.join(", "))
-    } else {
-        format!(
+    let what = match brought {
+        Some(disk) => format!(
+            "{} key(s) of the root of trust it brings (version {}, accepted by this disk's root \
+             {disk}: {})",
+            root.threshold,
+            root.version,
+            ids.join(", ")
+        ),
+        None if root.threshold == 1 => format!("a key this disk trusts ({})", ids.join(", ")),
+        None => format!(
             "{} keys of this disk's root of trust (version {}: {})",
             root.threshold,
             root.version,
             ids.join(", ")
-        )
+        ),
     };
     let why = if !good.is_empty() {
         let named: Vec<String> = good.iter().map(key_id).collect();
@@ -340,11 +389,13 @@ mod tests {
         assert_eq!(t.root(&root1), &root2);
         let e = format!("{:#}", verify(&root1, &bring(&[&a])).unwrap_err());
         assert!(
-            e.contains("is not signed by 2 keys of this disk's root of trust (version 2")
-                && e.contains(&format!(
-                    "it says it is signed by {}",
-                    key_id(&a.verifying_key())
-                )),
+            e.contains(
+                "is not signed by 2 key(s) of the root of trust it brings (version 2, accepted \
+                 by this disk's root 1"
+            ) && e.contains(&format!(
+                "it says it is signed by {}",
+                key_id(&a.verifying_key())
+            )),
             "{e}"
         );
         // Root 2 signed by C alone: root 1 did not approve it.
@@ -370,7 +421,8 @@ mod tests {
         );
         // A signature twice, or by a stranger, counts once or not at all.
         let twice = payload(&[&b, &b, &key(9)], None);
-        assert!(verify(&root2, &twice).is_err());
+        let e = format!("{:#}", verify(&root2, &twice).unwrap_err());
+        assert!(e.contains("it carries 1 valid signature(s)"), "{e}");
         let t = verify(&root2, &bring(&[&c, &b])).unwrap();
         assert!(t.next_root.is_none());
         assert_eq!(t.signers.len(), 2);
@@ -384,6 +436,30 @@ mod tests {
             verify(&root1, &payload(&[&c], Some((&root3, &[&a, &c])))).unwrap_err()
         );
         assert!(e.contains("roots go up one version at a time"), "{e}");
+    }
+
+    /// A fresh install by key A takes the payload's root when A is in it
+    /// and the root signed itself (root 3 here: an install never climbs
+    /// from root 1), else A alone.
+    #[test]
+    fn an_install_takes_the_payloads_own_root_when_its_key_is_in_it() {
+        let (a, b, c) = (key(1), key(2), key(3));
+        let root3 = Root::new(3, 2, vec![a.verifying_key(), b.verifying_key()]).unwrap();
+        let signed = payload(&[&a, &b], Some((&root3, &[&a, &b])));
+        let r = install_root(&a.verifying_key(), &signed).unwrap();
+        assert_eq!(r, root3);
+        assert!(verify(&r, &signed).unwrap().next_root.is_none());
+        // Not self-signed to its threshold, or without the key: A alone.
+        let half = payload(&[&a, &b], Some((&root3, &[&a])));
+        assert_eq!(
+            install_root(&a.verifying_key(), &half).unwrap(),
+            key_root(&[a.verifying_key()]).unwrap()
+        );
+        let other = payload(&[&a, &b], Some((&root3, &[&a, &b])));
+        assert_eq!(
+            install_root(&c.verifying_key(), &other).unwrap(),
+            key_root(&[c.verifying_key()]).unwrap()
+        );
     }
 
     #[test]

@@ -37,6 +37,10 @@ pub const CA_CERT: &str = "ca.crt";
 pub const CA_KEY: &str = "ca.key";
 /// The CA before a rollover's new one, trusted until [`end_rollover`].
 pub const CA_OLD_CERT: &str = "ca.old.crt";
+/// How far back a certificate's validity starts before the time it is
+/// made (`Validity::from`): the clocks of the issuing machine, the nodes and
+/// the clients are never quite the same.
+pub const CLOCK_SKEW: u64 = 300;
 /// A new CA's validity: ten years.
 pub const CA_DAYS: u64 = 3650;
 /// A client's or node's validity by default: one year.
@@ -66,7 +70,10 @@ impl Validity {
                 .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
                 .context("a certificate time past year 9999")
         };
-        p.not_before = at(self.from)?;
+        // Backdated a little: a node or client whose clock is a few
+        // seconds or minutes behind the issuing machine's would otherwise
+        // find a new certificate "not yet valid".
+        p.not_before = at(self.from.saturating_sub(CLOCK_SKEW))?;
         p.not_after = at(self.from.saturating_add(self.days.saturating_mul(86400)))?;
         Ok(())
     }
@@ -314,6 +321,19 @@ fn issue(
     // (The key's own parse errors would quote nothing, but say it plainly.)
     let ca_key = KeyPair::from_pem(ca_key)
         .map_err(|_| anyhow::anyhow!("{CA_KEY} is not a PEM private key"))?;
+    // A rollover cut between its renames could leave a certificate with
+    // the other CA's key: never issue certificates no one can verify.
+    let ca_spki = nodeapi::tls::certs(ca_pem.as_bytes(), "CA certificate")
+        .ok()
+        .and_then(|c| nodeapi::tls::public_key_der(&c[0]));
+    if ca_spki.as_deref() != Some(rcgen::PublicKeyData::subject_public_key_info(&ca_key).as_slice())
+    {
+        bail!(
+            "{CA_KEY} does not go with {CA_CERT} (a CA rollover cut short?): if {CA_OLD_CERT} \
+             exists, move it back to {CA_CERT} and run --rollover-ca again; else restore the \
+             pair from a backup"
+        );
+    }
     let issuer = Issuer::from_ca_cert_pem(ca_pem, ca_key)
         .map_err(|e| anyhow::anyhow!("{CA_CERT} is not a CA certificate: {e}"))?;
     let key = new_key()?;

@@ -226,8 +226,15 @@ fn set_credentials(
     let (ca, cert, key, dir) = (&c.ca, &c.cert, &c.key, &c.dir);
     // The image's CA (profile `node_api.ca`), when it carries one, is the
     // cluster's: credentials of another CA would lock its clients out.
+    // (During a CA rollover the directory trusts the image's CA and the
+    // new one: that keeps its clients.)
+    let within = |theirs: &str| -> bool {
+        let ours = nodeapi::tls::certs(ca.as_bytes(), "CA certificates").unwrap_or_default();
+        nodeapi::tls::certs(theirs.as_bytes(), "CA certificates")
+            .is_ok_and(|t| t.iter().all(|c| ours.contains(c)))
+    };
     if let Some(theirs) = meta.get(Tag::NodeCa)
-        && theirs != ca.as_str()
+        && !within(theirs)
         && !force
     {
         bail!(

@@ -32,9 +32,7 @@ use super::{MEDIA_TYPE_LAYER, MEDIA_TYPE_LAYER_GZIP, MEDIA_TYPE_LAYER_ZSTD};
 use crate::io::HashingReader;
 use crate::sign::{self, Manifest};
 use anyhow::{Context, Result, anyhow, bail};
-use contract::paths::{
-    INSTALLER_PAYLOAD_DIR, PAYLOAD_FILES, PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE, PAYLOAD_TRUST_FILES,
-};
+use contract::paths::{INSTALLER_PAYLOAD_DIR, PAYLOAD_FILES, PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE};
 use payload::trust::TrustFiles;
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -199,11 +197,7 @@ fn extract_from(
         (PAYLOAD_MANIFEST, std::mem::take(&mut signed.manifest)),
         (PAYLOAD_SIGNATURE, std::mem::take(&mut signed.signature)),
     ];
-    for name in PAYLOAD_TRUST_FILES {
-        if let Some(bytes) = signed.slot(name).and_then(Option::take) {
-            written.push((name, bytes));
-        }
-    }
+    written.extend(signed.take_named());
     for (name, bytes) in written {
         let to = staging.path().join(name);
         std::fs::write(&to, bytes).with_context(|| format!("writing {}", to.display()))?;
@@ -233,7 +227,7 @@ pub(super) fn read_signed(
     let over = || {
         format!(
             "{first} is larger than {MAX_SMALL} bytes, but it must hold only the payload's signed \
-             manifest and signature: refusing the image before its signature is checked (not \
+             manifest, its signature and trust files: refusing the image before its signature is checked (not \
              an installer image, or one made by an older imager: rebuild it)"
         )
     };
@@ -248,8 +242,8 @@ pub(super) fn read_signed(
             let e = layer_error(e, "the layer");
             if format!("{e:#}").contains("lacks") {
                 e.context(
-                    "an installer image keeps its payload's signed manifest and signature in \
-                     its first layer, alone (not an installer image, or one made by an older \
+                    "an installer image keeps its payload's signed manifest, signature and \
+                     trust files in its first layer, alone (not an installer image, or one made by an older \
                      imager: rebuild it with `imager build --profile installer`)",
                 )
             } else {

@@ -108,10 +108,8 @@ pub fn add_signature(archive: &Path, signer: &dyn Signer) -> Result<String> {
     };
     put(paths::PAYLOAD_MANIFEST, &files.manifest)?;
     put(paths::PAYLOAD_SIGNATURE, &files.signature)?;
-    for name in paths::PAYLOAD_TRUST_FILES {
-        if let Some(bytes) = files.slot(name).and_then(|b| b.take()) {
-            put(name, &bytes)?;
-        }
+    for (name, bytes) in files.take_named() {
+        put(name, &bytes)?;
     }
     let mut temps = Vec::new();
     for (i, d) in manifest.layers.iter().enumerate() {

@@ -138,6 +138,12 @@ pub fn root_init(
         );
     }
     write_atomic(out, &root.to_bytes(), 0o644)?;
+    // Signatures of what the file held before are of another root.
+    match std::fs::remove_file(signatures_path(out)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).context("removing the old root's signatures"),
+    }
     Ok(root)
 }
 
