@@ -22,6 +22,19 @@ fn cut_upgrade(b0: &Dev, m0: &Dev, to: &Payload, fail_at: Option<u64>) -> (bool,
     (r.is_ok(), b.writes(), b.into_inner(), m.into_inner())
 }
 
+/// Slot B's three tries run out under the firmware, slot A boots, and the
+/// runtime finds it fell back.
+fn falls_back(boot: &mut BootFs<&mut Dev>, m: &mut Dev) {
+    for _ in 0..3 {
+        assert_eq!(firmware_tries(boot), Slot::B);
+    }
+    assert_eq!(firmware_tries(boot), Slot::A);
+    assert!(matches!(
+        assess(boot, m, Slot::A).unwrap(),
+        BootOutcome::FellBack { .. }
+    ));
+}
+
 /// A BOOT filesystem with slot A installed (version 1) and its META.
 fn disk(boot_mib: usize) -> (Dev, Dev) {
     let mut dev = Cursor::new(vec![0u8; boot_mib << 20]);
@@ -1035,14 +1048,7 @@ fn a_root_of_trust_changes_at_the_blessing_under_loss() {
         let (_, _, mut b, mut m) = cut_upgrade(&b0, &m0, &v2, None);
         let mut boot = BootFs::new(&mut b, 0);
         if how == "fallback" {
-            for _ in 0..3 {
-                assert_eq!(firmware_tries(&mut boot), Slot::B);
-            }
-            assert_eq!(firmware_tries(&mut boot), Slot::A);
-            assert!(matches!(
-                assess(&mut boot, &mut m, Slot::A).unwrap(),
-                BootOutcome::FellBack { .. }
-            ));
+            falls_back(&mut boot, &mut m);
             // A blessing of the slot fallen back to takes nothing.
             bless(&mut boot, &mut m, Slot::A, "1").unwrap();
         } else {
@@ -1356,14 +1362,7 @@ fn entering_secure_boot_cut_at_any_write_finishes_and_takes_effect_at_the_blessi
         r.unwrap();
         let mut boot = BootFs::new(&mut b, 0);
         if how == "fallback" {
-            for _ in 0..3 {
-                assert_eq!(firmware_tries(&mut boot), Slot::B);
-            }
-            assert_eq!(firmware_tries(&mut boot), Slot::A);
-            assert!(matches!(
-                assess(&mut boot, &mut m, Slot::A).unwrap(),
-                BootOutcome::FellBack { .. }
-            ));
+            falls_back(&mut boot, &mut m);
         } else {
             rollback(&mut boot, &mut m, false, false).unwrap();
             assert_eq!(firmware_tries(&mut boot), Slot::A);

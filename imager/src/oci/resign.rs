@@ -11,11 +11,11 @@
 use super::MEDIA_TYPE_LAYER;
 use super::reader::{Work, read_signed};
 use super::store::{Store, check_digest, select_image};
-use super::writer::{Entry, ImageSpec, LayerFile, assemble, documents, temp_beside, write_layer};
+use super::writer::{Entry, ImageSpec, assemble_temps, documents, temp_beside, write_layer};
 use super::{MANIFEST_LAYER, REF_NAME};
 use crate::io::HashingReader;
 use crate::sign::Signer;
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use contract::paths::{self, INSTALLER_PAYLOAD_DIR};
 use std::io::{self, Seek, SeekFrom};
 use std::path::Path;
@@ -127,16 +127,5 @@ pub fn add_signature(archive: &Path, signer: &dyn Signer) -> Result<String> {
         };
         temps.push((t, hex, size));
     }
-    let layers: Vec<LayerFile> = temps
-        .iter()
-        .map(|(t, hex, size)| LayerFile {
-            file: t.as_file(),
-            hex: hex.clone(),
-            size: *size,
-        })
-        .collect();
-    if layers.is_empty() {
-        bail!("{what} has no layers");
-    }
-    Ok(assemble(archive, &layers, &spec)?.manifest_digest)
+    Ok(assemble_temps(archive, &temps, &spec)?.manifest_digest)
 }

@@ -83,6 +83,19 @@ pub fn write_image(dest: &Path, spec: &ImageSpec) -> Result<ImageInfo> {
             .with_context(|| format!("writing layer {i} of {}", dest.display()))?;
         temps.push((t, hex, size));
     }
+    assemble_temps(dest, &temps, spec)
+}
+
+/// A layer in a temporary file beside the archive: the file, its hex
+/// SHA-256 and its size.
+pub(super) type TempLayer = (tempfile::NamedTempFile, String, u64);
+
+/// [`assemble`] of layers in temporary files.
+pub(super) fn assemble_temps(
+    dest: &Path,
+    temps: &[TempLayer],
+    spec: &ImageSpec,
+) -> Result<ImageInfo> {
     let layers: Vec<LayerFile> = temps
         .iter()
         .map(|(t, hex, size)| LayerFile {
