@@ -95,14 +95,7 @@ fn credentials() -> &'static std::path::PathBuf {
         for args in [
             &["--role", "reader", "--name", "watcher"][..],
             &["--role", "admin", "--name", "root"],
-            &[
-                "--node",
-                "node1",
-                "--address",
-                "10.0.2.15",
-                "--address",
-                "127.0.0.1",
-            ],
+            &NODE1,
         ] {
             ok(imager().args(["node", "credentials"]).arg(&dir).args(args));
         }

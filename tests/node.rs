@@ -55,17 +55,7 @@ fn credentials(dir: &Path) -> (PathBuf, PathBuf) {
         (&creds, vec!["--role", "reader", "--name", "watcher"]),
         (&creds, vec!["--role", "operator", "--name", "ops"]),
         (&creds, vec!["--role", "admin", "--name", "root"]),
-        (
-            &creds,
-            vec![
-                "--node",
-                "node1",
-                "--address",
-                "10.0.2.15",
-                "--address",
-                "127.0.0.1",
-            ],
-        ),
+        (&creds, NODE1.to_vec()),
         (&other, vec!["--role", "admin", "--name", "mallory"]),
         (&other, vec!["--node", "node1", "--address", "127.0.0.1"]),
     ] {
@@ -1171,15 +1161,7 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
             .args(args))
     };
     creds_cmd(&["--rollover-ca"]);
-    creds_cmd(&[
-        "--node",
-        "node1",
-        "--address",
-        "10.0.2.15",
-        "--address",
-        "127.0.0.1",
-        "--force",
-    ]);
+    creds_cmd(&[&NODE1[..], &["--force"]].concat());
     creds_cmd(&["--role", "reader", "--name", "fresh"]);
     let err = refused(&node_cmd(&vm, &creds, "fresh", &["status"]));
     assert!(err.contains("refused this client's certificate"), "{err}");

@@ -29,6 +29,18 @@ pub const EPOCH: &str = "1700000000";
 pub const DHCP_UP: &str = "machined: net: eth0 10.0.2.15/24 no gateway by DHCP from 10.0.2.2 \
                            (lease 86400 s, renewal in 43200 s)";
 
+/// `imager node credentials` arguments of the test node's certificate: its
+/// name, and the addresses it is reached at (QEMU's guest address and the
+/// host's forward).
+pub const NODE1: [&str; 6] = [
+    "--node",
+    "node1",
+    "--address",
+    "10.0.2.15",
+    "--address",
+    "127.0.0.1",
+];
+
 pub fn repo() -> PathBuf {
     let r = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     r.canonicalize().unwrap_or(r)
