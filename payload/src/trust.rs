@@ -102,8 +102,10 @@ impl TrustFiles {
 }
 
 /// The file `path` when it exists: a regular file of at most
-/// [`MAX_TRUST_FILE`] bytes, opened without waiting on a FIFO.
-fn read_small(path: &Path) -> Result<Option<Vec<u8>>> {
+/// [`MAX_TRUST_FILE`] bytes, opened without waiting on a FIFO. The one
+/// reader of trust files (payloads, and `imager root`'s and `sign --add`'s
+/// files).
+pub fn read_small(path: &Path) -> Result<Option<Vec<u8>>> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = match std::fs::OpenOptions::new()
         .read(true)

@@ -10,7 +10,7 @@ use crate::io::write_atomic;
 use anyhow::{Context, Result, anyhow, bail};
 use contract::paths::output;
 use payload::root::{Root, add_signature, entry, parse_signatures, root_message};
-use payload::trust::MAX_TRUST_FILE;
+use payload::trust::read_small;
 use std::path::{Path, PathBuf};
 
 /// What signs a build's manifests: its key (`manifest.json.sig`), more
@@ -55,24 +55,11 @@ pub fn signatures_path(path: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// A file of at most [`MAX_TRUST_FILE`] bytes, `None` when it does not
-/// exist.
-fn read_bounded(path: &Path) -> Result<Option<Vec<u8>>> {
-    match crate::input::read_head(path, "trust file", MAX_TRUST_FILE + 1) {
-        Ok(b) if b.len() as u64 > MAX_TRUST_FILE => {
-            bail!("{} is over {MAX_TRUST_FILE} bytes", path.display())
-        }
-        Ok(b) => Ok(Some(b)),
-        Err(_) if !path.exists() => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
 impl RootFiles {
     /// Reads the root `path` and its signatures, if any (checked as a
     /// disk checks them, without their count).
     pub fn load(path: &Path) -> Result<RootFiles> {
-        let bytes = read_bounded(path)?.with_context(|| {
+        let bytes = read_small(path)?.with_context(|| {
             format!(
                 "root of trust {} not found: make one with `imager root init`",
                 path.display()
@@ -80,7 +67,7 @@ impl RootFiles {
         })?;
         let root = Root::parse(&bytes).map_err(|e| anyhow!("{}: {e}", path.display()))?;
         let sigs_path = signatures_path(path);
-        let signatures = read_bounded(&sigs_path)?;
+        let signatures = read_small(&sigs_path)?;
         if let Some(s) = &signatures {
             parse_signatures(s).map_err(|e| anyhow!("{}: {e}", sigs_path.display()))?;
         }
@@ -184,7 +171,7 @@ pub fn add_signature_to(target: &Path, signer: &dyn Signer) -> Result<String> {
 /// (or build output's) `manifest.json` added to its `manifest.json.sigs`.
 pub fn add_manifest_signature(dir: &Path, signer: &dyn Signer) -> Result<PathBuf> {
     let manifest = dir.join(output::MANIFEST);
-    let bytes = read_bounded(&manifest)?.with_context(|| {
+    let bytes = read_small(&manifest)?.with_context(|| {
         format!(
             "{} not found: pass a build's output directory or a payload directory",
             manifest.display()
@@ -193,7 +180,7 @@ pub fn add_manifest_signature(dir: &Path, signer: &dyn Signer) -> Result<PathBuf
     payload::manifest::Manifest::parse(&bytes)
         .with_context(|| format!("{} is not a signed manifest", manifest.display()))?;
     let sigs = dir.join(output::SIGNATURES);
-    let list = add_signed(read_bounded(&sigs)?.as_deref(), &bytes, signer)?;
+    let list = add_signed(read_small(&sigs)?.as_deref(), &bytes, signer)?;
     write_atomic(&sigs, &list, 0o644)?;
     Ok(sigs)
 }
