@@ -231,6 +231,24 @@ fn check(e: &Embedded, actual: [u8; 32], cert: &Certificate) -> Result<Verified>
     })
 }
 
+/// The Authenticode SHA-256 digest of the PE file at `path`, signed or
+/// not, streamed (its headers bounded by [`MAX_HEADERS`]): what a dbx
+/// entry revoking that image holds.
+pub fn file_digest(path: &Path) -> Result<[u8; 32]> {
+    use std::io::Read;
+    let within = || format!("{}", path.display());
+    let mut f = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let len = f.metadata().with_context(within)?.len();
+    let ulen = usize::try_from(len).context("the image is too large")?;
+    let mut head = Vec::new();
+    (&mut f)
+        .take(MAX_HEADERS as u64)
+        .read_to_end(&mut head)
+        .with_context(within)?;
+    let layout = layout_of(&head, ulen).with_context(within)?;
+    digest_file(&mut f, &head, len, &layout).with_context(within)
+}
+
 /// [`verify`] on a file, streamed: its headers and its signature are read
 /// (each bounded: [`MAX_HEADERS`], [`MAX_TABLE`]), its sections hashed a
 /// buffer at a time, so that checking a UKI of tens of MiB costs a few

@@ -5,7 +5,8 @@
 //! tar headers ([`targuard`]), and whether a disk takes a payload as far as
 //! Secure Boot is concerned ([`secureboot`], its signatures checked by the
 //! `authenticode` crate), and the rotating root of trust's format and
-//! rules ([`root`]), and which payloads a disk trusts ([`trust`]).
+//! rules ([`root`]), and which payloads a disk trusts ([`trust`]), and
+//! Secure Boot's db and dbx and the signed appends to them ([`efivar`]).
 //!
 //! imager writes and verifies manifests with it; machined verifies what
 //! it pulls from a registry with it, against the keys in META, before it
@@ -14,6 +15,7 @@
 //! describes the formats.
 
 pub mod artifact;
+pub mod efivar;
 pub mod keys;
 pub mod layer;
 pub mod manifest;

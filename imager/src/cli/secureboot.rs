@@ -2,7 +2,7 @@
 //! calls of `imager::secureboot` (keys come from `imager keygen
 //! --secure-boot DIR`).
 
-use imager::secureboot::{SecureBootKeys, authenticode, keys, write_enrolment};
+use imager::secureboot::{SecureBootKeys, auth, authenticode, keys, write_enrolment};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -13,7 +13,9 @@ pub enum SecurebootCommand {
     /// Check a signed PE against a certificate (exit 1 if it does not verify).
     Verify(VerifyArgs),
     /// Write PK.auth, KEK.auth and db.auth (signed variable updates,
-    /// time-stamped with SOURCE_DATE_EPOCH) for enrolling the keys.
+    /// time-stamped with SOURCE_DATE_EPOCH) for enrolling the keys; with
+    /// --add-db or --revoke, the KEK-signed appends db.append.auth and
+    /// dbx.append.auth instead (a profile's secure_boot.updates).
     EnrolFiles(EnrolArgs),
 }
 
@@ -48,6 +50,15 @@ pub struct EnrolArgs {
     /// ESP/loader/keys/auto).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
+    /// A db certificate (PEM or DER) to add to firmware's db: written to
+    /// db.append.auth, signed by the KEK (a db key's rotation; repeatable).
+    #[arg(long, value_name = "CRT")]
+    pub add_db: Vec<PathBuf>,
+    /// A signed PE (a UKI, systemd-boot) whose Authenticode digest firmware
+    /// must refuse: written to dbx.append.auth, signed by the KEK
+    /// (repeatable).
+    #[arg(long, value_name = "PE")]
+    pub revoke: Vec<PathBuf>,
 }
 
 pub fn run(cmd: &SecurebootCommand) -> anyhow::Result<ExitCode> {
@@ -90,7 +101,21 @@ pub fn run(cmd: &SecurebootCommand) -> anyhow::Result<ExitCode> {
         SecurebootCommand::EnrolFiles(a) => {
             let keys = SecureBootKeys::load(&a.keys)?;
             let epoch = imager::build::source_date_epoch(&a.keys)?;
-            for p in write_enrolment(&keys, epoch, &a.out)? {
+            let written = if a.add_db.is_empty() && a.revoke.is_empty() {
+                write_enrolment(&keys, epoch, &a.out)?
+            } else {
+                let mut changes = auth::Changes::default();
+                for c in &a.add_db {
+                    changes
+                        .add_db
+                        .push(der::Encode::to_der(&keys::load_cert(c)?)?);
+                }
+                for pe in &a.revoke {
+                    changes.revoke.push(authenticode::file_digest(pe)?);
+                }
+                auth::write_files(&auth::update_files(&keys, epoch, &changes)?, &a.out)?
+            };
+            for p in written {
                 println!("wrote {}", p.display());
             }
             Ok(ExitCode::SUCCESS)

@@ -18,6 +18,10 @@
 //!   one entry, our owner GUID and the DER certificate.
 //!
 //! `PK.auth` and `KEK.auth` are signed by the PK, `db.auth` by the KEK.
+//!
+//! A rotation's appends, `db.append.auth` and `dbx.append.auth`
+//! ([`update_files`]), are signed by the KEK for
+//! `EFI_VARIABLE_APPEND_WRITE`; `payload::efivar` reads them back.
 
 use anyhow::{Context, Result, ensure};
 use der::Encode;
@@ -92,13 +96,19 @@ pub fn efi_time(epoch: u64) -> Result<[u8; 16]> {
 /// The bytes an update of variable `name` (vendor `vendor`) is signed
 /// over: `VariableName ‖ VendorGuid ‖ Attributes ‖ TimeStamp ‖ Data`, the
 /// name in UCS-2 without its terminating NUL.
-pub fn signed_payload(name: &str, vendor: &Uuid, time: &[u8; 16], data: &[u8]) -> Vec<u8> {
+pub fn signed_payload(
+    name: &str,
+    vendor: &Uuid,
+    attributes: u32,
+    time: &[u8; 16],
+    data: &[u8],
+) -> Vec<u8> {
     let mut v = Vec::new();
     for u in name.encode_utf16() {
         v.extend_from_slice(&u.to_le_bytes());
     }
     v.extend_from_slice(&guid_bytes(vendor));
-    v.extend_from_slice(&ATTRIBUTES.to_le_bytes());
+    v.extend_from_slice(&attributes.to_le_bytes());
     v.extend_from_slice(time);
     v.extend_from_slice(data);
     v
@@ -113,8 +123,22 @@ pub fn signed_update(
     epoch: u64,
     signer: &SbKey,
 ) -> Result<Vec<u8>> {
+    signed_write(name, vendor, ATTRIBUTES, data, epoch, signer)
+}
+
+/// [`signed_update`] with the attributes the update is signed for (an
+/// append adds `EFI_VARIABLE_APPEND_WRITE`: firmware checks the signature
+/// over the attributes it is called with).
+fn signed_write(
+    name: &str,
+    vendor: &Uuid,
+    attributes: u32,
+    data: &[u8],
+    epoch: u64,
+    signer: &SbKey,
+) -> Result<Vec<u8>> {
     let time = efi_time(epoch)?;
-    let payload = signed_payload(name, vendor, &time, data);
+    let payload = signed_payload(name, vendor, attributes, &time, data);
     let digest = Sha256::digest(&payload);
     let ci = signed_data(signer, ID_DATA, None, Some(&digest))?;
     // The bare SignedData: ContentInfo's [0] content.
@@ -130,6 +154,95 @@ pub fn signed_update(
     v.extend_from_slice(&sd);
     v.extend_from_slice(data);
     Ok(v)
+}
+
+/// `EFI_CERT_SHA256_GUID`: a signature list of SHA-256 digests.
+pub const EFI_CERT_SHA256: Uuid = Uuid::from_u128(0xc1c41626_504c_4092_aca9_41f936934328);
+
+/// An `EFI_SIGNATURE_LIST` of type `EFI_CERT_SHA256_GUID`: one entry per
+/// digest, each with `owner`.
+pub fn sha256_signature_list(owner: &Uuid, digests: &[[u8; 32]]) -> Vec<u8> {
+    let entry = 16 + 32;
+    let mut v = Vec::with_capacity(28 + entry * digests.len());
+    v.extend_from_slice(&guid_bytes(&EFI_CERT_SHA256));
+    v.extend_from_slice(&((28 + entry * digests.len()) as u32).to_le_bytes());
+    v.extend_from_slice(&0u32.to_le_bytes());
+    v.extend_from_slice(&(entry as u32).to_le_bytes());
+    for d in digests {
+        v.extend_from_slice(&guid_bytes(owner));
+        v.extend_from_slice(d);
+    }
+    v
+}
+
+/// What a rotation asks of firmware: certificates to add to db, images to
+/// forbid through dbx (their Authenticode digests).
+#[derive(Debug, Clone, Default)]
+pub struct Changes {
+    /// DER certificates.
+    pub add_db: Vec<Vec<u8>>,
+    /// Authenticode SHA-256 digests.
+    pub revoke: Vec<[u8; 32]>,
+}
+
+/// The signed appends of `changes`, `(file name, bytes)`: `db.append.auth`
+/// (one X.509 list per certificate) when certificates are added,
+/// `dbx.append.auth` (one SHA-256 list) when images are revoked; each
+/// signed by the KEK for `EFI_VARIABLE_APPEND_WRITE`, time-stamped `epoch`
+/// (firmware takes an append whatever its time, and adds only what the
+/// variable lacks). Sorted and deduplicated: the same changes give the
+/// same bytes.
+pub fn update_files(
+    keys: &SecureBootKeys,
+    epoch: u64,
+    changes: &Changes,
+) -> Result<Vec<(&'static str, Vec<u8>)>> {
+    use payload::efivar::{APPEND_WRITE, Var};
+    let attributes = ATTRIBUTES | APPEND_WRITE;
+    let mut out = Vec::new();
+    let mut certs = changes.add_db.clone();
+    certs.sort();
+    certs.dedup();
+    if !certs.is_empty() {
+        let mut data = Vec::new();
+        for c in &certs {
+            data.extend(x509_signature_list(&keys.owner, c)?);
+        }
+        out.push((
+            Var::Db.file_name(),
+            signed_write(
+                "db",
+                &EFI_IMAGE_SECURITY_DATABASE,
+                attributes,
+                &data,
+                epoch,
+                &keys.kek,
+            )?,
+        ));
+    }
+    let mut digests = changes.revoke.clone();
+    digests.sort();
+    digests.dedup();
+    if !digests.is_empty() {
+        let data = sha256_signature_list(&keys.owner, &digests);
+        out.push((
+            Var::Dbx.file_name(),
+            signed_write(
+                "dbx",
+                &EFI_IMAGE_SECURITY_DATABASE,
+                attributes,
+                &data,
+                epoch,
+                &keys.kek,
+            )?,
+        ));
+    }
+    ensure!(
+        !out.is_empty(),
+        "nothing to write: name a certificate to add to db (--add-db) or an image to revoke \
+         (--revoke)"
+    );
+    Ok(out)
 }
 
 /// The three enrolment files, `(file name, bytes)`, in the order firmware
@@ -175,12 +288,17 @@ pub fn enrolment_files(keys: &SecureBootKeys, epoch: u64) -> Result<Vec<(&'stati
 /// none (staged in `dir`, moved in together); the same keys and epoch give
 /// the same bytes.
 pub fn write_enrolment(keys: &SecureBootKeys, epoch: u64, dir: &Path) -> Result<Vec<PathBuf>> {
-    let files = enrolment_files(keys, epoch)?;
+    write_files(&enrolment_files(keys, epoch)?, dir)
+}
+
+/// Writes `files` into `dir`, all or none (staged in `dir`, moved in
+/// together).
+pub fn write_files(files: &[(&'static str, Vec<u8>)], dir: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let staging = crate::io::Staging::create(dir, "secure-boot-auth")?;
     let names: Vec<&str> = files.iter().map(|(n, _)| *n).collect();
     staging.check_destinations(&names)?;
-    for (name, bytes) in &files {
+    for (name, bytes) in files {
         crate::io::write_atomic(staging.join(name), bytes, 0o644)?;
     }
     staging.commit(&names)?;

@@ -16,7 +16,7 @@ use x509_cert::spki::AlgorithmIdentifierOwned;
 pub use ::authenticode::{
     Embedded, MAX_HEADERS, MAX_TABLE, PeLayout, SHA256, SPC_INDIRECT_DATA, SPC_PE_IMAGE_DATA,
     Verified, WIN_CERT_REVISION_2_0, WIN_CERT_TYPE_PKCS_SIGNED_DATA, digest, digest_file,
-    digest_with, layout, layout_of, parse_embedded, verify, verify_file,
+    digest_with, file_digest, layout, layout_of, parse_embedded, verify, verify_file,
 };
 
 use super::keys::SbKey;

@@ -373,3 +373,55 @@ fn the_secure_boot_decision_for_each_disk_and_payload() {
         "{e}"
     );
 }
+
+#[test]
+fn rotation_appends_are_read_back_as_what_they_add_and_are_deterministic() {
+    use crate::secureboot::auth::{Changes, EFI_CERT_SHA256, update_files};
+    use payload::efivar::{self, Entry, Var};
+    // One GUID table: the reader's constants are the writer's.
+    assert_eq!(guid_bytes(&EFI_CERT_SHA256), efivar::CERT_SHA256);
+    assert_eq!(guid_bytes(&EFI_CERT_X509), efivar::CERT_X509);
+    assert_eq!(
+        guid_bytes(&EFI_IMAGE_SECURITY_DATABASE),
+        efivar::IMAGE_SECURITY_DATABASE
+    );
+    let changes = Changes {
+        add_db: vec![keys().kek.cert_der.clone(), keys().db.cert_der.clone()],
+        revoke: vec![[2; 32], [1; 32], [2; 32]],
+    };
+    let files = update_files(keys(), 1_700_000_000, &changes).unwrap();
+    assert_eq!(
+        files,
+        update_files(keys(), 1_700_000_000, &changes).unwrap()
+    );
+    let names: Vec<&str> = files.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, ["db.append.auth", "dbx.append.auth"]);
+    let db = efivar::parse_update(files[0].0, &files[0].1).unwrap();
+    assert_eq!(db.var, Var::Db);
+    let mut certs = vec![
+        Entry::X509(keys().kek.cert_der.clone()),
+        Entry::X509(keys().db.cert_der.clone()),
+    ];
+    certs.sort();
+    assert_eq!(db.entries, certs);
+    let dbx = efivar::parse_update(files[1].0, &files[1].1).unwrap();
+    assert_eq!(
+        dbx.entries,
+        [Entry::Sha256([1; 32]), Entry::Sha256([2; 32])]
+    );
+    // Laid out as the enrolment files are: EFI_TIME, then the PKCS#7.
+    for (name, bytes) in &files {
+        assert_eq!(&bytes[..16], &efi_time(1_700_000_000).unwrap(), "{name}");
+        assert_eq!(&bytes[20..24], &[0x00, 0x02, 0xf1, 0x0e], "{name}");
+        assert_eq!(&bytes[24..40], &guid_bytes(&EFI_CERT_TYPE_PKCS7), "{name}");
+    }
+    // Only what is asked is written; nothing asked is refused.
+    let only_dbx = Changes {
+        revoke: vec![[3; 32]],
+        ..Changes::default()
+    };
+    let f = update_files(keys(), 1_700_000_000, &only_dbx).unwrap();
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].0, "dbx.append.auth");
+    assert!(update_files(keys(), 1_700_000_000, &Changes::default()).is_err());
+}
