@@ -445,11 +445,26 @@ fn openssl_verifies_each_auth_file_against_its_signer_only() {
     let d = dir().join("auth-openssl");
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    for (file, bytes) in enrolment_files(k, epoch).unwrap() {
+    // And a rotation's appends, signed by the KEK over attributes with
+    // EFI_VARIABLE_APPEND_WRITE.
+    let changes = Changes {
+        add_db: vec![k.kek.cert_der.clone()],
+        revoke: vec![[7; 32]],
+    };
+    let mut files = enrolment_files(k, epoch).unwrap();
+    files.extend(update_files(k, epoch, &changes).unwrap());
+    assert_eq!(files.len(), 5);
+    for (file, bytes) in files {
         let (var, vendor, signer, other) = match file {
-            "db.auth" => ("db", EFI_IMAGE_SECURITY_DATABASE, "KEK", "PK"),
+            "db.auth" | "db.append.auth" => ("db", EFI_IMAGE_SECURITY_DATABASE, "KEK", "PK"),
+            "dbx.append.auth" => ("dbx", EFI_IMAGE_SECURITY_DATABASE, "KEK", "db"),
             "KEK.auth" => ("KEK", EFI_GLOBAL_VARIABLE, "PK", "KEK"),
             _ => ("PK", EFI_GLOBAL_VARIABLE, "PK", "db"),
+        };
+        let attributes = if file.contains(".append.") {
+            ATTRIBUTES | payload::efivar::APPEND_WRITE
+        } else {
+            ATTRIBUTES
         };
         let time: [u8; 16] = bytes[..16].try_into().unwrap();
         let len = u32::from_le_bytes(bytes[16..20].try_into().unwrap()) as usize;
@@ -466,10 +481,14 @@ fn openssl_verifies_each_auth_file_against_its_signer_only() {
         ci.extend(der_len(oid.len() + explicit.len()));
         ci.extend_from_slice(&oid);
         ci.extend(explicit);
-        let p7 = d.join(format!("{var}.p7"));
+        let p7 = d.join(format!("{file}.p7"));
         std::fs::write(&p7, ci).unwrap();
-        let payload = d.join(format!("{var}.payload"));
-        std::fs::write(&payload, signed_payload(var, &vendor, &time, data)).unwrap();
+        let payload = d.join(format!("{file}.payload"));
+        std::fs::write(
+            &payload,
+            signed_payload(var, &vendor, attributes, &time, data),
+        )
+        .unwrap();
         let check = |anchor: &str| {
             run(tool("openssl")
                 .args([

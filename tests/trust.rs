@@ -4,7 +4,7 @@
 //! `signing.cosigners`), `imager sign --add`, `imager upgrade` and a real
 //! boot of the upgraded disk under OVMF, whose blessing moves META to the
 //! new root. (A power cut at every write of the root change is
-//! `bootstate`'s test `a_root_of_trust_changes_at_the_blessing_whatever_the_cut`.)
+//! `bootstate`'s test `a_root_of_trust_and_secure_boot_updates_change_at_the_blessing_whatever_the_cut`.)
 // Tests panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
 

@@ -23,6 +23,13 @@ pub fn parse_cert(bytes: &[u8]) -> Result<Certificate> {
     Ok(cert)
 }
 
+/// A certificate as PEM (LF line ends).
+pub fn cert_pem(cert: &Certificate) -> Result<String> {
+    use der::EncodePem;
+    cert.to_pem(der::pem::LineEnding::LF)
+        .map_err(|e| anyhow::anyhow!("encoding a certificate as PEM: {e}"))
+}
+
 /// The RSA public key of a certificate (RSA is all Secure Boot firmware
 /// takes).
 pub fn cert_public_key(cert: &Certificate) -> Result<RsaPublicKey> {

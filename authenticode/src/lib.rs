@@ -30,7 +30,7 @@ mod cert;
 mod pe;
 mod verify;
 
-pub use cert::{cert_public_key, parse_cert};
+pub use cert::{cert_pem, cert_public_key, parse_cert};
 pub use pe::{
     MAX_HEADERS, PeLayout, SHA256, SPC_INDIRECT_DATA, SPC_PE_IMAGE_DATA, WIN_CERT_REVISION_2_0,
     WIN_CERT_TYPE_PKCS_SIGNED_DATA, digest, digest_file, digest_with, layout, layout_of,

@@ -212,6 +212,7 @@ fn meta_with(st: &Status, new: &BootState) -> Result<Meta> {
         m.remove(Tag::SecureBootLeaving);
         m.remove(Tag::SecureBootEntering);
         m.remove(Tag::TrustRootNext);
+        m.remove(Tag::SecureBootUpdatesNext);
     }
     m.encode_block().map_err(|e| {
         anyhow::anyhow!(
@@ -294,6 +295,14 @@ pub struct Payload {
     /// disk's root ([`Tag::TrustRoot`]) in the blessing's and goes with a
     /// fallback or a rollback. Checking it is the caller's, before.
     pub next_root: Option<Vec<u8>>,
+    /// The Secure Boot updates of the payload's version
+    /// (`payload::efivar::Record`, as META keeps it): kept as
+    /// [`Tag::SecureBootUpdatesNext`] by the upgrade's META write, they
+    /// become [`Tag::SecureBootUpdates`] in the blessing's (none: that
+    /// record goes) and go with a fallback or a rollback. An install keeps
+    /// them as [`Tag::SecureBootUpdates`] at once. Checking them is the
+    /// caller's, before.
+    pub secure_boot_updates: Option<String>,
 }
 
 /// The UKIs of a payload, one per slot.
@@ -491,6 +500,10 @@ fn plan_upgrade<B: Device, M: Device>(
     match &payload.next_root {
         Some(root) => new_meta.set(Tag::TrustRootNext, root.as_slice()),
         None => new_meta.remove(Tag::TrustRootNext),
+    }
+    match &payload.secure_boot_updates {
+        Some(u) => new_meta.set(Tag::SecureBootUpdatesNext, u.as_bytes()),
+        None => new_meta.remove(Tag::SecureBootUpdatesNext),
     }
     new_meta.encode_block().map_err(|e| {
         anyhow::anyhow!(
@@ -968,6 +981,7 @@ pub fn rollback<B: Device, M: Device>(
     new_meta.remove(Tag::SecureBootLeaving);
     new_meta.remove(Tag::SecureBootEntering);
     new_meta.remove(Tag::TrustRootNext);
+    new_meta.remove(Tag::SecureBootUpdatesNext);
     let generation = st.next_generation()?;
     room_for_an_entry(boot, text.len() as u64)?;
     let grub = grubenv::installed(boot)?;
@@ -1227,6 +1241,14 @@ pub fn bless<B: Device, M: Device>(
         .filter(|_| from_version.is_some())
     {
         meta::set_root(&mut new_meta, root.as_bytes());
+    }
+    // The Secure Boot updates are the blessed version's: its own, or none.
+    if from_version.is_some() {
+        match st.meta.tags.get(&(Tag::SecureBootUpdatesNext as u32)) {
+            Some(u) => new_meta.set(Tag::SecureBootUpdates, u.clone()),
+            None => new_meta.remove(Tag::SecureBootUpdates),
+        }
+        new_meta.remove(Tag::SecureBootUpdatesNext);
     }
     let mut redone = None;
     if let Some(counting) = best_entry(&st.entries, booted).filter(|e| e.tries.is_some()) {

@@ -60,9 +60,11 @@ pub enum Tag {
     /// older runtime rolled back to refuses payloads rather than trust a
     /// retired key.
     TrustedKeys = 0x30,
-    /// The disk boots signed UKIs under Secure Boot: the db certificate
-    /// (PEM) its firmware is enrolled with, which every UKI an upgrade
-    /// installs must be signed for. Absent: no Secure Boot.
+    /// The disk boots signed UKIs under Secure Boot: the db certificates
+    /// (PEM, one or more) its firmware is known to trust, one of which
+    /// every UKI an upgrade installs must be signed for: the one it was
+    /// enrolled with, and those the runtime added to firmware's db since
+    /// ([`Tag::SecureBootUpdates`]). Absent: no Secure Boot.
     SecureBoot = 0x31,
     /// The pending upgrade leaves Secure Boot (`imager upgrade
     /// --change-secure-boot` to a version without it): once that version is
@@ -86,6 +88,16 @@ pub enum Tag {
     /// write; when it falls back or is rolled back, this record goes and
     /// the disk keeps its root.
     TrustRootNext = 0x35,
+    /// The Secure Boot updates (signed appends to db and dbx) the blessed
+    /// version wants in firmware (`payload::efivar::Record`: the version,
+    /// then the update files): the runtime of that version writes what
+    /// firmware lacks. Replaced when an upgrade is blessed.
+    SecureBootUpdates = 0x36,
+    /// The Secure Boot updates of the pending upgrade's version: once it
+    /// is blessed they become [`Tag::SecureBootUpdates`] (and with none,
+    /// that record goes); when it falls back or is rolled back, this
+    /// record goes.
+    SecureBootUpdatesNext = 0x37,
     /// The node API's cluster CA certificate (PEM): the one root its
     /// clients' certificates must chain to (`imager node provision`).
     NodeCa = 0x40,
@@ -106,7 +118,7 @@ pub enum Tag {
 }
 
 impl Tag {
-    pub const ALL: [Tag; 19] = [
+    pub const ALL: [Tag; 21] = [
         Tag::ImageName,
         Tag::DefaultSlot,
         Tag::SlotA,
@@ -121,6 +133,8 @@ impl Tag {
         Tag::SecureBootEntering,
         Tag::TrustRoot,
         Tag::TrustRootNext,
+        Tag::SecureBootUpdates,
+        Tag::SecureBootUpdatesNext,
         Tag::NodeCa,
         Tag::NodeCert,
         Tag::NodeKey,
@@ -144,6 +158,8 @@ impl Tag {
             Tag::SecureBootEntering => "secure-boot-entering",
             Tag::TrustRoot => "trust-root",
             Tag::TrustRootNext => "trust-root-next",
+            Tag::SecureBootUpdates => "secure-boot-updates",
+            Tag::SecureBootUpdatesNext => "secure-boot-updates-next",
             Tag::NodeCa => "node-ca",
             Tag::NodeCert => "node-cert",
             Tag::NodeKey => "node-key",

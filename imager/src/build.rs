@@ -297,6 +297,9 @@ impl BuildInputs<'_> {
             for (name, bytes) in &sb.enrolment {
                 i = i.value(name, bytes);
             }
+            for (name, _, bytes) in &sb.updates {
+                i = i.value(name, bytes);
+            }
         }
         if let Some(ca) = self.node_ca {
             i = i.value("node ca", ca);
@@ -1113,6 +1116,9 @@ fn write_disk(
     }
     if let Some(sb) = payload.secure_boot {
         meta.set(contract::meta::Tag::SecureBoot, sb.db_pem.as_bytes());
+        if let Some(r) = sb.updates_record(&p.version, payload.ukis, payload.boot_loader)? {
+            meta.set(contract::meta::Tag::SecureBootUpdates, r);
+        }
     }
     if let Some(ca) = payload.node_ca {
         meta.set(contract::meta::Tag::NodeCa, ca.as_bytes());

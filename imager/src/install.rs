@@ -195,6 +195,7 @@ pub fn load_payload(installer: &Path, anchor: Anchor) -> Result<VerifiedPayload>
         secure_boot.is_none() || ukis.is_some(),
         "the payload has a Secure Boot db certificate but no UKIs to boot: rebuild the installer"
     );
+    let secure_boot_updates = updates_of(&manifest, &dir, ukis.as_ref())?;
     let payload = Payload {
         version: manifest.version.clone(),
         security_version: manifest.security_version,
@@ -205,6 +206,7 @@ pub fn load_payload(installer: &Path, anchor: Anchor) -> Result<VerifiedPayload>
         ukis,
         secure_boot,
         next_root: trusted.next_root.as_ref().map(Root::to_bytes),
+        secure_boot_updates,
     };
     Ok(VerifiedPayload {
         payload,
@@ -216,6 +218,62 @@ pub fn load_payload(installer: &Path, anchor: Anchor) -> Result<VerifiedPayload>
         node_ca,
         _work: work,
     })
+}
+
+/// The small payload file `a` (at most `max` bytes), read whole and
+/// checked against its signed size and digest.
+fn read_signed(dir: &Path, a: &crate::artifact::Artifact, max: u64, what: &str) -> Result<Vec<u8>> {
+    let path = dir.join(&a.path);
+    let bytes = crate::input::read_head(&path, what, max + 1)?;
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+    ensure!(
+        bytes.len() as u64 == a.size && a.size <= max && sha == a.sha256,
+        "{} in the payload is not the signed file ({} bytes, sha256 {sha}; signed: {} \
+         bytes, {}): the installer image was changed; nothing was written",
+        a.path,
+        bytes.len(),
+        a.size,
+        a.sha256
+    );
+    Ok(bytes)
+}
+
+/// META's record of the Secure Boot updates a payload carries, checked
+/// against its own boot loader and UKIs (`payload::secureboot::updates`).
+fn updates_of(
+    manifest: &Manifest,
+    dir: &Path,
+    ukis: Option<&bootstate::ops::SlotUkis>,
+) -> Result<Option<String>> {
+    let mut files = Vec::new();
+    for a in &manifest.artifacts {
+        if a.kind == Kind::SecureBootUpdate {
+            let bytes = read_signed(
+                dir,
+                a,
+                payload::efivar::MAX_LEN as u64,
+                "Secure Boot update",
+            )?;
+            files.push((a.path.clone(), bytes));
+        }
+    }
+    if files.is_empty() {
+        return Ok(None);
+    }
+    let mut own: Vec<(&str, PathBuf)> = manifest
+        .artifacts
+        .iter()
+        .filter(|a| a.kind == Kind::BootLoader)
+        .map(|a| ("boot loader", dir.join(&a.path)))
+        .collect();
+    if let Some(u) = ukis {
+        own.push(("UKI of slot A", u.a.path.clone()));
+        own.push(("UKI of slot B", u.b.path.clone()));
+    }
+    let own: Vec<(&str, &Path)> = own.iter().map(|(n, p)| (*n, p.as_path())).collect();
+    let r = payload::secureboot::updates(&manifest.version, files, &own)
+        .context("the payload's Secure Boot updates")?;
+    Ok(r.map(|r| r.to_meta()))
 }
 
 /// The slots' UKIs a payload lists, when its slots boot them: both, or
@@ -256,22 +314,7 @@ fn secure_boot_parts(
     manifest: &Manifest,
     dir: &Path,
 ) -> Result<(Option<String>, NamedFiles, Option<String>)> {
-    const SMALL: u64 = 64 * 1024;
-    let read = |a: &crate::artifact::Artifact| -> Result<Vec<u8>> {
-        let path = dir.join(&a.path);
-        let bytes = crate::input::read_head(&path, "payload file", SMALL + 1)?;
-        let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
-        ensure!(
-            bytes.len() as u64 == a.size && a.size <= SMALL && sha == a.sha256,
-            "{} in the payload is not the signed file ({} bytes, sha256 {sha}; signed: {} \
-             bytes, {}): the installer image was changed; nothing was written",
-            a.path,
-            bytes.len(),
-            a.size,
-            a.sha256
-        );
-        Ok(bytes)
-    };
+    let read = |a: &crate::artifact::Artifact| read_signed(dir, a, 64 * 1024, "payload file");
     let mut db = None;
     let mut enrolment = Vec::new();
     let mut node_ca = None;
@@ -631,6 +674,9 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     }
     if let Some(db) = &p.payload.secure_boot {
         meta.set(Tag::SecureBoot, db.as_bytes());
+        if let Some(u) = &p.payload.secure_boot_updates {
+            meta.set(Tag::SecureBootUpdates, u.as_bytes());
+        }
     }
     if let Some(ca) = &p.node_ca {
         meta.set(Tag::NodeCa, ca.as_bytes());

@@ -220,6 +220,7 @@ impl Profile {
             for k in sb.signers.values_mut() {
                 key_ref(k);
             }
+            sb.updates.iter_mut().for_each(abs);
         }
         if let Some(k) = self.signing.key.as_mut() {
             key_ref(k);

@@ -49,6 +49,10 @@ pub enum Kind {
     /// A signed EFI variable update (`PK.auth`, `KEK.auth`, `db.auth`)
     /// that systemd-boot enrols from the ESP.
     SecureBootAuth,
+    /// A signed append to firmware's db or dbx (`db.append.auth`,
+    /// `dbx.append.auth`) the version wants in firmware: the runtime
+    /// writes it once the version is blessed (`efivar`).
+    SecureBootUpdate,
     Manifest,
     Signature,
     PublicKey,
@@ -104,6 +108,7 @@ impl Kind {
             Kind::SecureBootDb => "secure-boot-db",
             Kind::NodeCa => "node-ca",
             Kind::SecureBootAuth => "secure-boot-auth",
+            Kind::SecureBootUpdate => "secure-boot-update",
             Kind::Manifest => "manifest",
             Kind::Signature => "signature",
             Kind::PublicKey => "public-key",

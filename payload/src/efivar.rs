@@ -215,7 +215,7 @@ pub fn parse_update(name: &str, bytes: &[u8]) -> Result<Update> {
         bytes[20..22] == 0x0200u16.to_le_bytes() && bytes[22..24] == 0x0ef1u16.to_le_bytes(),
         "{name} is not a time-based authenticated variable update (WIN_CERTIFICATE_UEFI_GUID)"
     );
-    let entries = parse_lists(&bytes[16 + len..]).with_context(|| format!("{name}"))?;
+    let entries = parse_lists(&bytes[16 + len..]).with_context(|| name.to_string())?;
     if entries.is_empty() {
         bail!("{name} adds nothing");
     }

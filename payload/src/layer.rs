@@ -132,9 +132,22 @@ pub fn slot_files(m: &Manifest) -> Result<Vec<(String, Artifact)>> {
                 a.size
             );
         }
+        if a.kind == Kind::SecureBootUpdate {
+            ensure!(
+                a.size <= crate::efivar::MAX_LEN as u64,
+                "the payload's {} is {} bytes, more than {}",
+                contract::text::escape(&a.path),
+                a.size,
+                crate::efivar::MAX_LEN
+            );
+        }
         if matches!(
             a.kind,
-            Kind::Kernel | Kind::Initramfs | Kind::Uki | Kind::SecureBootDb
+            Kind::Kernel
+                | Kind::Initramfs
+                | Kind::Uki
+                | Kind::SecureBootDb
+                | Kind::SecureBootUpdate
         ) {
             check_path(&a.path).map_err(|e| anyhow::anyhow!("{}: {e}", a.path))?;
             ensure!(

@@ -98,17 +98,19 @@ pub fn check(disk_db: Option<&str>, payload: Signed, change: bool) -> Result<Mov
         }
         (None, Some(_)) => bail!(NOT_A_SECURE_BOOT_DISK),
         (Some(db), Some(payload_db)) => {
-            let cert = authenticode::parse_cert(db.as_bytes())
-                .context("META's secure-boot record is not a certificate: reinstall the disk")?;
+            let trusted = disk_certs(db)?;
             let theirs = authenticode::parse_cert(payload_db.as_bytes())
                 .context("the payload's db certificate")?;
-            ensure!(
-                theirs == cert,
-                "the payload is signed for another db certificate than the one this disk \
-                 trusts (an upgrade does not change the db key): nothing was written. Build it \
-                 with the key directory this disk was built with (secure_boot.keys), or \
-                 reinstall the disk"
-            );
+            let Some(cert) = trusted.into_iter().find(|c| *c == theirs) else {
+                bail!(
+                    "the payload is signed for another db certificate than the ones this \
+                     disk's firmware trusts: nothing was written. Build it with the key \
+                     directory this disk was built with (secure_boot.keys), or first upgrade to \
+                     a version that adds the new db certificate to firmware \
+                     (secure_boot.updates: docs/secureboot.md, \"Rotating the db key\") and \
+                     boot it until its runtime says it did"
+                );
+            };
             let [a, b] = payload
                 .ukis
                 .context("the payload has a db certificate but no UKIs: rebuild the installer")?;
@@ -122,6 +124,108 @@ pub fn check(disk_db: Option<&str>, payload: Signed, change: bool) -> Result<Mov
             Ok(Move::Keep)
         }
     }
+}
+
+/// The most db certificates META's `secure-boot` record holds.
+pub const MAX_DB_CERTS: usize = 16;
+
+/// The db certificates of META's `secure-boot` record (PEM, one or more).
+pub fn disk_certs(pem: &str) -> Result<Vec<authenticode::Certificate>> {
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut out = Vec::new();
+    for part in pem.split_inclusive(END).filter(|p| p.contains(END)) {
+        ensure!(
+            out.len() < MAX_DB_CERTS,
+            "META's secure-boot record holds more than {MAX_DB_CERTS} certificates"
+        );
+        out.push(
+            authenticode::parse_cert(part.trim().as_bytes())
+                .context("META's secure-boot record is not a certificate: reinstall the disk")?,
+        );
+    }
+    ensure!(
+        !out.is_empty(),
+        "META's secure-boot record holds no certificate: reinstall the disk"
+    );
+    Ok(out)
+}
+
+/// META's `secure-boot` record with the certificates `added` (DER) that it
+/// lacks; `None` when it holds them all.
+pub fn with_db_certs(pem: &str, added: &[&[u8]]) -> Result<Option<String>> {
+    let held = disk_certs(pem)?;
+    let mut out = pem.to_string();
+    let mut changed = false;
+    for der in added {
+        let c = authenticode::parse_cert(der).context("a certificate added to db")?;
+        if !held.contains(&c) {
+            if !out.ends_with('\n') {
+                out.push('\n');
+            }
+            out.push_str(&authenticode::cert_pem(&c)?);
+            changed = true;
+        }
+    }
+    if changed {
+        disk_certs(&out)?;
+    }
+    Ok(changed.then_some(out))
+}
+
+/// A payload's Secure Boot updates (`files`: its artifacts of kind
+/// `secure-boot-update`, by name, read and checked against their signed
+/// digests by the caller) checked before anything is written: at most one per variable, and no digest in dbx of the
+/// payload's own boot chain (`own`: its UKIs, its boot loader), which
+/// would make the version refuse itself once its runtime wrote them. A
+/// certificate in dbx is refused: the ESP's boot loader may be signed by
+/// it (docs/secureboot.md). Returns META's record for `version`, `None`
+/// without updates.
+pub fn updates(
+    version: &str,
+    files: Vec<(String, Vec<u8>)>,
+    own: &[(&str, &Path)],
+) -> Result<Option<crate::efivar::Record>> {
+    use crate::efivar::{Entry, parse_update};
+    if files.is_empty() {
+        return Ok(None);
+    }
+    let mut read = Vec::new();
+    let mut digests = Vec::new();
+    for &(what, path) in own {
+        digests.push((
+            what,
+            authenticode::file_digest(path).with_context(|| format!("its {what}"))?,
+        ));
+    }
+    for (name, bytes) in files {
+        let name = name.as_str();
+        let u = parse_update(name, &bytes)?;
+        ensure!(
+            !read.iter().any(|(n, _)| n == name),
+            "the payload carries {} twice",
+            contract::text::escape(name)
+        );
+        for e in &u.entries {
+            match e {
+                Entry::Sha256(d) => {
+                    if let Some((what, _)) = digests.iter().find(|(_, own)| own == d) {
+                        bail!(
+                            "{name} revokes the payload's own {what}: the version would refuse \
+                             itself once it wrote it; nothing was written"
+                        );
+                    }
+                }
+                Entry::X509(_) if u.var == crate::efivar::Var::Dbx => bail!(
+                    "{name} revokes a certificate: not supported (the ESP's boot loader may be \
+                     signed by it and no upgrade replaces it); revoke images by digest (imager \
+                     secureboot enrol-files --revoke)"
+                ),
+                Entry::X509(_) => {}
+            }
+        }
+        read.push((name.to_string(), bytes));
+    }
+    crate::efivar::Record::new(version, read).map(Some)
 }
 
 /// The boot loader and both UKIs, named.

@@ -106,6 +106,11 @@ impl TrustFiles {
 /// reader of trust files (payloads, and `imager root`'s and `sign --add`'s
 /// files).
 pub fn read_small(path: &Path) -> Result<Option<Vec<u8>>> {
+    read_bounded(path, MAX_TRUST_FILE)
+}
+
+/// [`read_small`] with another bound: at most `max` bytes.
+pub fn read_bounded(path: &Path, max: u64) -> Result<Option<Vec<u8>>> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = match std::fs::OpenOptions::new()
         .read(true)
@@ -123,11 +128,11 @@ pub fn read_small(path: &Path) -> Result<Option<Vec<u8>>> {
         bail!("{} is not a regular file", path.display());
     }
     let mut bytes = Vec::new();
-    f.take(MAX_TRUST_FILE + 1)
+    f.take(max + 1)
         .read_to_end(&mut bytes)
         .with_context(|| format!("reading {}", path.display()))?;
-    if bytes.len() as u64 > MAX_TRUST_FILE {
-        bail!("{} is over {MAX_TRUST_FILE} bytes", path.display());
+    if bytes.len() as u64 > max {
+        bail!("{} is over {max} bytes", path.display());
     }
     Ok(Some(bytes))
 }

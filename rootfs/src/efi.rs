@@ -33,14 +33,26 @@ fn mounted() -> bool {
     r == 0 && st.f_type as i64 == EFIVARFS_MAGIC
 }
 
+const MOUNT_FLAGS: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+
+fn mount_read_only() -> Result<()> {
+    if !mounted() {
+        mount::fs("efivarfs", EFIVARS, libc::MS_RDONLY | MOUNT_FLAGS, None)
+            .context("mounting efivarfs (is CONFIG_EFIVAR_FS on?)")?;
+    }
+    Ok(())
+}
+
 /// The variable `name-GUID` (attributes and value); `None` when the
 /// firmware has no such variable. Mounts efivarfs first if need be.
 pub fn read(name_guid: &str) -> Result<Option<Vec<u8>>> {
-    if !mounted() {
-        let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-        mount::fs("efivarfs", EFIVARS, flags, None)
-            .context("mounting efivarfs (is CONFIG_EFIVAR_FS on?)")?;
-    }
+    read_up_to(name_guid, MAX_VAR)
+}
+
+/// [`read`] of a variable of up to `max` bytes (attributes included): db
+/// and dbx are longer than [`MAX_VAR`].
+pub fn read_up_to(name_guid: &str, max: u64) -> Result<Option<Vec<u8>>> {
+    mount_read_only()?;
     let path = Path::new(EFIVARS).join(name_guid);
     let f = match std::fs::File::open(&path) {
         Ok(f) => f,
@@ -48,11 +60,99 @@ pub fn read(name_guid: &str) -> Result<Option<Vec<u8>>> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     let mut bytes = Vec::new();
-    f.take(MAX_VAR + 1)
+    f.take(max + 1)
         .read_to_end(&mut bytes)
         .with_context(|| format!("reading {}", path.display()))?;
-    if bytes.len() as u64 > MAX_VAR {
-        bail!("{} is longer than {MAX_VAR} bytes", path.display());
+    if bytes.len() as u64 > max {
+        bail!("{} is longer than {max} bytes", path.display());
     }
     Ok(Some(bytes))
+}
+
+/// Appends to the variable `name-GUID` through efivarfs: `update` is a
+/// time-based authenticated update (`EFI_VARIABLE_AUTHENTICATION_2` and
+/// the data), written after the attributes `attributes` in one `write`,
+/// which the kernel passes to firmware's `SetVariable` with
+/// `EFI_VARIABLE_APPEND_WRITE` (the file is opened `O_APPEND`). Firmware
+/// checks the signature and refuses what its KEK did not sign (the write
+/// then fails). efivarfs is remounted writable for the write only, and
+/// the variable's immutable flag (efivarfs sets it on db and dbx) cleared
+/// for it and set again.
+pub fn append(name_guid: &str, attributes: u32, update: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    mount_read_only()?;
+    let remount = |flags: libc::c_ulong| {
+        mount::mount(
+            None,
+            EFIVARS,
+            None,
+            libc::MS_REMOUNT | MOUNT_FLAGS | flags,
+            None,
+        )
+        .context("remounting efivarfs")
+    };
+    remount(0)?;
+    let path = Path::new(EFIVARS).join(name_guid);
+    let result = (|| -> Result<()> {
+        let existed = path.exists();
+        if existed {
+            set_immutable(&path, false)?;
+        }
+        let mut buf = Vec::with_capacity(4 + update.len());
+        buf.extend_from_slice(&attributes.to_le_bytes());
+        buf.extend_from_slice(update);
+        let written = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .and_then(|mut f| f.write(&buf))
+            .with_context(|| {
+                format!(
+                    "writing {} (firmware refused the update: not signed by its KEK?)",
+                    path.display()
+                )
+            })?;
+        if written != buf.len() {
+            bail!(
+                "{}: {written} of {} bytes written",
+                path.display(),
+                buf.len()
+            );
+        }
+        if existed {
+            set_immutable(&path, true)?;
+        }
+        Ok(())
+    })();
+    let back = remount(libc::MS_RDONLY);
+    result.and(back)
+}
+
+/// Sets or clears a file's immutable flag (chattr +i / -i).
+fn set_immutable(path: &Path, on: bool) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    const FS_IMMUTABLE_FL: libc::c_uint = 0x10;
+    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut flags: libc::c_uint = 0;
+    // SAFETY: the ioctls read and write one unsigned int through the
+    // pointer, on an open descriptor.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("reading the flags of {}", path.display()));
+    }
+    flags = if on {
+        flags | FS_IMMUTABLE_FL
+    } else {
+        flags & !FS_IMMUTABLE_FL
+    };
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::FS_IOC_SETFLAGS, &flags) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("setting the flags of {}", path.display()));
+    }
+    Ok(())
 }

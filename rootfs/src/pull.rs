@@ -318,6 +318,26 @@ pub fn pull(
     };
     let decided = payload::secureboot::check(disk_db, signed, false)
         .with_context(|| reference.to_string())?;
+    // Its Secure Boot updates, which must not revoke its own UKIs.
+    let mut updates = Vec::new();
+    for (name, a) in wanted
+        .iter()
+        .filter(|(_, a)| a.kind == Kind::SecureBootUpdate)
+    {
+        let f = staged
+            .remove(name)
+            .with_context(|| format!("{name} was not staged"))?;
+        let bytes = payload::trust::read_bounded(&f.path, a.size)?
+            .with_context(|| format!("{name} was not staged"))?;
+        updates.push((name.clone(), bytes));
+    }
+    let own: Vec<(&str, &std::path::Path)> = match &ukis {
+        Some(u) => vec![("UKI of slot A", &u.a.path), ("UKI of slot B", &u.b.path)],
+        None => Vec::new(),
+    };
+    let secure_boot_updates = payload::secureboot::updates(&manifest.version, updates, &own)
+        .with_context(|| format!("{reference}'s Secure Boot updates; nothing was written"))?
+        .map(|r| r.to_meta());
     if decided == payload::secureboot::Move::Keep {
         say(
             "verify",
@@ -338,6 +358,7 @@ pub fn pull(
                 .next_root
                 .as_ref()
                 .map(payload::root::Root::to_bytes),
+            secure_boot_updates,
         },
         key_id: key,
         digest: image.digest.to_string(),

@@ -40,6 +40,97 @@ pub fn state() -> SecureBoot {
     }
 }
 
+/// Writes to firmware what its db and dbx lack of the Secure Boot updates
+/// of `version`, the blessed version running (META's
+/// `secure-boot-updates`, docs/secureboot.md "Rotating the db key and
+/// revoking UKIs"), and adds to META's `secure-boot` record the db
+/// certificates firmware then holds. Only with Secure Boot on, and only
+/// the running version's updates (a slot rolled back to leaves a newer
+/// version's alone). Never a failure of the boot: what went wrong is said
+/// on the console.
+pub fn apply_updates(disk: &crate::slots::Disk, version: &str) {
+    if let Err(e) = try_apply(disk, version) {
+        say(format!("secure boot: warning: {e:#}"));
+    }
+}
+
+fn try_apply(disk: &crate::slots::Disk, version: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use contract::meta::Tag;
+    use payload::efivar::{self, Entry, Record, Var};
+    let meta = disk.meta()?;
+    let Some(text) = meta.get(Tag::SecureBootUpdates) else {
+        return Ok(());
+    };
+    let record = Record::from_meta(text).context("META's secure-boot-updates")?;
+    if record.version != version {
+        say(format!(
+            "secure boot: the updates in META are version {}'s, not this version's: left alone",
+            contract::text::escape(&record.version)
+        ));
+        return Ok(());
+    }
+    if state() != SecureBoot::On {
+        say("secure boot: not on: this version's db and dbx updates wait until it is");
+        return Ok(());
+    }
+    for (name, bytes) in &record.updates {
+        let u = efivar::parse_update(name, bytes)?;
+        let var = u.var.efivarfs_name();
+        let lacking = efivar::missing(&held(&var)?, &u).len();
+        if lacking == 0 {
+            say(format!(
+                "secure boot: {} holds the {} entries of {name}",
+                u.var.name(),
+                u.entries.len()
+            ));
+        } else {
+            efi::append(&var, efivar::ATTRIBUTES, bytes)
+                .with_context(|| format!("appending {name} to {}", u.var.name()))?;
+            let still = efivar::missing(&held(&var)?, &u);
+            anyhow::ensure!(
+                still.is_empty(),
+                "firmware took {name}, and its {} still lacks {}",
+                u.var.name(),
+                still[0].describe()
+            );
+            say(format!(
+                "secure boot: {name}: firmware's {} took {lacking} entries",
+                u.var.name()
+            ));
+        }
+        if u.var == Var::Db {
+            let certs: Vec<&[u8]> = u
+                .entries
+                .iter()
+                .filter_map(|e| match e {
+                    Entry::X509(der) => Some(der.as_slice()),
+                    Entry::Sha256(_) => None,
+                })
+                .collect();
+            let pem = meta.get(Tag::SecureBoot).unwrap_or_default();
+            if let Some(new) = payload::secureboot::with_db_certs(pem, &certs)? {
+                disk.set_secure_boot(&new)
+                    .context("adding firmware's new db certificates to META")?;
+                say(format!(
+                    "secure boot: META trusts the {} db certificates firmware holds",
+                    payload::secureboot::disk_certs(&new)?.len()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The entries firmware's variable `var` holds (none when it has none).
+fn held(var: &str) -> anyhow::Result<Vec<payload::efivar::Entry>> {
+    let max = payload::efivar::MAX_LEN as u64 + 4;
+    match efi::read_up_to(var, max)? {
+        Some(bytes) if bytes.len() >= 4 => payload::efivar::parse_lists(&bytes[4..]),
+        Some(_) | None => Ok(Vec::new()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

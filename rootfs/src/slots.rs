@@ -203,6 +203,25 @@ impl Disk {
         })
     }
 
+    /// META as it is now.
+    pub fn meta(&self) -> Result<contract::meta::Meta> {
+        self.with(|_, meta_dev| Ok(bootstate::meta::read(meta_dev)?.0))
+    }
+
+    /// META's `secure-boot` record (the db certificates firmware trusts)
+    /// replaced by `pem`, in one write: the runtime adds a certificate once
+    /// firmware's db holds it.
+    pub fn set_secure_boot(&self, pem: &str) -> Result<()> {
+        use contract::meta::Tag;
+        self.with(|_, meta_dev| {
+            let (mut meta, _) = bootstate::meta::read(meta_dev)?;
+            meta.set(Tag::SecureBoot, pem);
+            meta.encode_block()
+                .map_err(|e| anyhow::anyhow!("META has no room for the db certificates ({e})"))?;
+            bootstate::meta::write(meta_dev, &meta)
+        })
+    }
+
     /// Blesses the trial boot of `booted`.
     pub fn bless(&mut self, booted: Slot, version: &str) -> Result<()> {
         let b = self

@@ -79,6 +79,7 @@ pub fn run() -> Result<Infallible> {
     if trial {
         disk.bless(slot, &version)?;
     }
+    secureboot::apply_updates(&disk, &version);
     failure::ready();
     let supervisor = power::prepare()?;
     // After the supervisor exists: a reboot asked over the API is a signal

@@ -101,6 +101,7 @@ fn payload(dir: &std::path::Path, version: &str, size: usize) -> Payload {
         ukis: None,
         secure_boot: None,
         next_root: None,
+        secure_boot_updates: None,
     }
 }
 
@@ -954,13 +955,14 @@ fn leaving_secure_boot_takes_effect_at_the_blessing_and_not_after_a_fallback() {
     assert_eq!(tag(&mut m, Tag::SecureBootLeaving), None);
 }
 
-/// An upgrade that brings a root of trust (issue 29): META keeps the old
-/// root until the new version is blessed, and the new one from the
-/// blessing's META write; a power cut at every write of the upgrade and of
-/// the blessing leaves exactly one root, and booting on finishes the
-/// change; a fallback or a rollback before the blessing keeps the old root.
+/// An upgrade that brings a root of trust and Secure Boot updates (issue
+/// 29): META keeps the old root and updates until the new version is
+/// blessed, and the new ones from the blessing's META write; a power cut
+/// at every write of the upgrade and of the blessing leaves exactly one
+/// root with its version's updates, and booting on finishes the change; a
+/// fallback or a rollback before the blessing keeps the old ones.
 #[test]
-fn a_root_of_trust_changes_at_the_blessing_whatever_the_cut() {
+fn a_root_of_trust_and_secure_boot_updates_change_at_the_blessing_whatever_the_cut() {
     crate::device::each_loss(|_| a_root_of_trust_changes_at_the_blessing_under_loss());
 }
 
@@ -970,22 +972,39 @@ fn a_root_of_trust_changes_at_the_blessing_under_loss() {
     {
         let (mut meta, _) = meta::read(&mut m0).unwrap();
         meta.set(Tag::TrustedKeys, "old keys");
+        meta.set(Tag::SecureBootUpdates, "updates 1");
         meta::write(&mut m0, &meta).unwrap();
     }
     let b0 = b;
     let v2 = Payload {
         next_root: Some(b"root 2".to_vec()),
+        secure_boot_updates: Some("updates 2".into()),
         ..payload(dir.path(), "2", 20_000)
     };
     let tag = |m: &mut Dev, t: Tag| meta::read(m).unwrap().0.get(t).map(str::to_string);
-    // Exactly one root at any time: the old keys, or root 2 alone.
+    // Exactly one root at any time: the old keys, or root 2 alone; and
+    // the updates of the same version.
     let one_root = |m: &mut Dev, n: u64| {
-        let roots = (tag(m, Tag::TrustedKeys), tag(m, Tag::TrustRoot));
+        let roots = (
+            tag(m, Tag::TrustedKeys),
+            tag(m, Tag::TrustRoot),
+            tag(m, Tag::SecureBootUpdates),
+        );
+        let (old, new) = (Some("updates 1".into()), Some("updates 2".into()));
         assert!(
-            roots == (Some("old keys".into()), None) || roots == (None, Some("root 2".into())),
+            roots == (Some("old keys".into()), None, old)
+                || roots == (None, Some("root 2".into()), new),
             "cut {n}: {roots:?}"
         );
         roots.1.is_some()
+    };
+    let next = |m: &mut Dev| {
+        let n = (
+            tag(m, Tag::TrustRootNext),
+            tag(m, Tag::SecureBootUpdatesNext),
+        );
+        assert_eq!(n.0.is_some(), n.1.is_some(), "{n:?}");
+        n.0
     };
     let (_, total, ..) = cut_upgrade(&b0, &m0, &v2, None);
     let mut saw = [false, false];
@@ -1002,13 +1021,17 @@ fn a_root_of_trust_changes_at_the_blessing_under_loss() {
         assess(&mut boot, &mut md, slot).unwrap();
         if slot == Slot::A {
             // Not switched: the root it brought went with the upgrade.
-            assert_eq!(tag(&mut md, Tag::TrustRootNext), None, "cut {n}");
+            assert_eq!(next(&mut md), None, "cut {n}");
             assert!(!one_root(&mut md, n));
             upgrade(&mut boot, &mut md, &v2, 3).unwrap();
             assert_eq!(firmware_tries(&mut boot), Slot::B, "cut {n}");
             assess(&mut boot, &mut md, Slot::B).unwrap();
         }
-        assert_eq!(tag(&mut md, Tag::TrustRootNext).as_deref(), Some("root 2"));
+        assert_eq!(next(&mut md).as_deref(), Some("root 2"));
+        assert_eq!(
+            tag(&mut md, Tag::SecureBootUpdatesNext).as_deref(),
+            Some("updates 2")
+        );
         if n <= total {
             bless(&mut boot, &mut md, Slot::B, "2").unwrap();
             assert!(one_root(&mut md, n), "cut {n}");
@@ -1038,7 +1061,7 @@ fn a_root_of_trust_changes_at_the_blessing_under_loss() {
             assess(&mut boot, &mut mk, slot).unwrap();
             bless(&mut boot, &mut mk, slot, "2").unwrap();
             assert!(one_root(&mut mk, k), "cut {n}, then {k}");
-            assert_eq!(tag(&mut mk, Tag::TrustRootNext), None);
+            assert_eq!(next(&mut mk), None);
         }
     }
     assert_eq!(saw, [true, true]);
@@ -1056,7 +1079,7 @@ fn a_root_of_trust_changes_at_the_blessing_under_loss() {
             assert_eq!(firmware_tries(&mut boot), Slot::A);
         }
         assert!(!one_root(&mut m, 0), "{how}");
-        assert_eq!(tag(&mut m, Tag::TrustRootNext), None, "{how}");
+        assert_eq!(next(&mut m), None, "{how}");
     }
 }
 

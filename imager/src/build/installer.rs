@@ -57,6 +57,7 @@ impl PayloadInput<'_> {
             },
             secure_boot: self.secure_boot.map(|s| s.db_pem.clone()),
             next_root: None,
+            secure_boot_updates: None,
         })
     }
 }
@@ -134,6 +135,13 @@ pub fn write_payload(
             let path = dir.join(name);
             std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
             listed.push(sign::describe(dir, Kind::SecureBootAuth, name)?);
+        }
+        // Checked against the payload's own boot chain before it is listed.
+        sb.updates_record(&p.version, payload.ukis, payload.boot_loader)?;
+        for (name, _, bytes) in &sb.updates {
+            let path = dir.join(name);
+            std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+            listed.push(sign::describe(dir, Kind::SecureBootUpdate, name)?);
         }
     }
     if let Some(ca) = payload.node_ca {

@@ -26,6 +26,9 @@ pub struct SecureBoot {
     pub enrolment: Vec<(&'static str, Vec<u8>)>,
     /// systemd-boot's `secure-boot-enroll`.
     pub enroll_mode: String,
+    /// `secure_boot.updates`: `(file name, path, bytes)`, each read by
+    /// `payload::efivar::parse_update`.
+    pub updates: Vec<(String, PathBuf, Vec<u8>)>,
 }
 
 /// Loads the profile's key set, or the development one (made when missing,
@@ -60,11 +63,29 @@ pub fn load(p: &Profile, s: &SecureBootSection, epoch: u64) -> Result<SecureBoot
         .to_pem(der::pem::LineEnding::LF)
         .context("encoding the db certificate")?;
     let enrolment = secureboot::enrolment_files(&keys, epoch)?;
+    let mut updates = Vec::new();
+    for path in &s.updates {
+        let within = || format!("{}: secure_boot.updates", p.path.display());
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let bytes = payload::trust::read_bounded(path, payload::efivar::MAX_LEN as u64)
+            .with_context(within)?
+            .with_context(|| format!("{}: no such file", path.display()))
+            .with_context(within)?;
+        payload::efivar::parse_update(&name, &bytes)
+            .with_context(|| path.display().to_string())
+            .with_context(within)?;
+        updates.push((name, path.clone(), bytes));
+    }
     Ok(SecureBoot {
         keys,
         db_pem,
         enrolment,
         enroll_mode: s.enroll_mode().to_string(),
+        updates,
     })
 }
 
@@ -73,6 +94,32 @@ impl SecureBoot {
     pub fn sign(&self, input: &Path, dest: &Path) -> Result<PathBuf> {
         secureboot::sign(input, &self.keys.db, dest)?;
         Ok(dest.to_path_buf())
+    }
+
+    /// META's record of this version's Secure Boot updates, checked
+    /// against its own signed boot chain (`payload::secureboot::updates`);
+    /// `None` without `secure_boot.updates`.
+    pub fn updates_record(
+        &self,
+        version: &str,
+        ukis: Option<&[PathBuf; 2]>,
+        boot_loader: &Path,
+    ) -> Result<Option<String>> {
+        let files = self
+            .updates
+            .iter()
+            .map(|(n, _, b)| (n.clone(), b.clone()))
+            .collect();
+        let mut own = vec![("boot loader", boot_loader)];
+        if let Some([a, b]) = ukis {
+            own.extend([
+                ("UKI of slot A", a.as_path()),
+                ("UKI of slot B", b.as_path()),
+            ]);
+        }
+        let r =
+            payload::secureboot::updates(version, files, &own).context("secure_boot.updates")?;
+        Ok(r.map(|r| r.to_meta()))
     }
 
     /// The ESP of a Secure Boot disk: the signed systemd-boot,

@@ -354,6 +354,13 @@ pub struct SecureBootSection {
     /// or `off`.
     #[serde(default)]
     pub enroll: Option<String>,
+    /// Signed appends to firmware's db and dbx that this version wants in
+    /// firmware (`db.append.auth`, `dbx.append.auth` from `imager
+    /// secureboot enrol-files --add-db/--revoke`): the runtime writes them
+    /// once the version is blessed (docs/secureboot.md, "Rotating the db
+    /// key and revoking UKIs").
+    #[serde(default)]
+    pub updates: Vec<PathBuf>,
 }
 
 impl SecureBootSection {

@@ -425,3 +425,60 @@ fn rotation_appends_are_read_back_as_what_they_add_and_are_deterministic() {
     assert_eq!(f[0].0, "dbx.append.auth");
     assert!(update_files(keys(), 1_700_000_000, &Changes::default()).is_err());
 }
+
+#[test]
+fn a_payloads_updates_may_not_revoke_its_own_boot_chain_and_db_certificates_accumulate() {
+    use crate::secureboot::auth::{Changes, update_files};
+    use der::EncodePem;
+    let t = tempfile::tempdir().unwrap();
+    let signed = t.path().join("BOOTX64.EFI");
+    sign(Path::new(SD_BOOT), &keys().db, &signed).unwrap();
+    let own = [("boot loader", signed.as_path())];
+    let digest = ::authenticode::file_digest(&signed).unwrap();
+    let files = |revoke: [u8; 32]| {
+        let c = Changes {
+            add_db: vec![keys().kek.cert_der.clone()],
+            revoke: vec![revoke],
+        };
+        update_files(keys(), 1_700_000_000, &c)
+            .unwrap()
+            .into_iter()
+            .map(|(n, b)| (n.to_string(), b))
+            .collect::<Vec<_>>()
+    };
+    let e = payload::secureboot::updates("2", files(digest), &own).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("revokes the payload's own boot loader"),
+        "{e:#}"
+    );
+    let r = payload::secureboot::updates("2", files([9; 32]), &own)
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.version, "2");
+    assert_eq!(r.updates.len(), 2);
+    assert!(
+        payload::secureboot::updates("2", Vec::new(), &own)
+            .unwrap()
+            .is_none()
+    );
+    // The same file twice is refused.
+    let mut twice = files([9; 32]);
+    twice.push(twice[0].clone());
+    assert!(payload::secureboot::updates("2", twice, &own).is_err());
+
+    // META's record gains the certificates firmware's db took, once.
+    let db_pem = keys().db.cert.to_pem(der::pem::LineEnding::LF).unwrap();
+    let kek = keys().kek.cert_der.as_slice();
+    let both = payload::secureboot::with_db_certs(&db_pem, &[kek])
+        .unwrap()
+        .unwrap();
+    assert!(both.starts_with(&db_pem));
+    let certs = payload::secureboot::disk_certs(&both).unwrap();
+    assert_eq!(certs, [keys().db.cert.clone(), keys().kek.cert.clone()]);
+    assert_eq!(
+        payload::secureboot::with_db_certs(&both, &[kek]).unwrap(),
+        None
+    );
+    assert!(payload::secureboot::disk_certs("").is_err());
+    assert!(payload::secureboot::with_db_certs(&db_pem, &[b"not a cert"]).is_err());
+}
