@@ -657,3 +657,213 @@ fn the_secure_boot_iso_boots_from_cd_and_usb_and_installs_a_secure_boot_disk() {
     assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()), "{console}");
     assert_eq!(r["secure_boot"], "on");
 }
+
+/// A key set with the test keys' PK, KEK and owner GUID and the foreign
+/// set's db key: what a db key's rotation moves to.
+fn rotated_keys() -> PathBuf {
+    let dir = scratch().join("sb-keys-rotated");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ours, other) = (&images().keys, scratch().join("sb-keys-other"));
+    for (from, name) in [
+        (ours.as_path(), "PK.key"),
+        (ours, "PK.crt"),
+        (ours, "KEK.key"),
+        (ours, "KEK.crt"),
+        (ours, "GUID"),
+        (other.as_path(), "db.key"),
+        (other.as_path(), "db.crt"),
+    ] {
+        std::fs::copy(from.join(name), dir.join(name)).unwrap();
+    }
+    dir
+}
+
+/// `enrol-files` with `args`: the rotation files in `out`.
+fn rotation_files(out: &str, args: &[&str]) -> PathBuf {
+    let dir = scratch().join(out);
+    let _ = std::fs::remove_dir_all(&dir);
+    ok(imager()
+        .args(["secureboot", "enrol-files", "--keys"])
+        .arg(&images().keys)
+        .arg("--out")
+        .arg(&dir)
+        .args(args));
+    dir
+}
+
+/// What `virt-fw-vars` (an independent reader of the variable store) says
+/// the store holds.
+fn store(vars: &Path) -> String {
+    let out = run(tool("virt-fw-vars")
+        .arg("--input")
+        .arg(vars)
+        .args(["--print", "--verbose"]));
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The signature-list line after variable `name`'s in [`store`]'s text.
+fn siglists(store: &str, name: &str) -> String {
+    store
+        .split(&format!("name={name} "))
+        .nth(1)
+        .map(|s| s.split("\nname=").next().unwrap_or(s).to_string())
+        .unwrap_or_default()
+}
+
+/// Issue 29's db rotation and dbx revocation under OVMF's Secure Boot
+/// firmware. Version 0.1.0 (signed with db key 1) carries the KEK-signed
+/// append of db key 2: its runtime writes it to firmware's db, which the
+/// variable store then holds, and META trusts both keys. Only then does
+/// the disk take 0.2.0, signed with db key 2, which firmware boots; it
+/// carries the dbx append revoking 0.1.0's UKI of slot A, which its
+/// runtime writes once blessed. The disk then refuses to upgrade to 0.1.0,
+/// and when that UKI is put in a trial entry of slot A by hand, firmware
+/// refuses it (it is signed by db key 1, which firmware still trusts: only
+/// dbx forbids it) and slot B comes up again.
+#[test]
+fn a_db_key_rotates_and_a_revoked_uki_is_refused_by_firmware() {
+    let i = images();
+    let rotated = rotated_keys();
+    let add = rotation_files(
+        "sb-rot-db",
+        &["--add-db", rotated.join("db.crt").to_str().unwrap()],
+    );
+    let with_updates = |files: &Path, name: &str| {
+        let f = files.join(name).display().to_string();
+        move |t: String| {
+            t.replace(
+                "  enroll: force\n",
+                &format!("  enroll: force\n  updates:\n    - {f}\n"),
+            )
+        }
+    };
+    let v1 = variant(
+        "sb-rot-v1",
+        &i.keys,
+        "0.1.0",
+        with_updates(&add, "db.append.auth"),
+    );
+    let revoke = rotation_files(
+        "sb-rot-dbx",
+        &["--revoke", v1.dir.join("uki-a.efi").to_str().unwrap()],
+    );
+    let v2 = variant(
+        "sb-rot-v2",
+        &rotated,
+        "0.2.0",
+        with_updates(&revoke, "dbx.append.auth"),
+    );
+    // A version that revokes its own UKI is refused at build.
+    let own = rotation_files(
+        "sb-rot-own",
+        &["--revoke", v2.dir.join("uki-b.efi").to_str().unwrap()],
+    );
+    let profile = write_profile_from("secureboot", "sb-rot-own", |t| {
+        with_updates(&own, "dbx.append.auth")(t).replace(
+            "  enroll: force\n",
+            &format!("  enroll: force\n  keys: {}\n", rotated.display()),
+        )
+    });
+    let out = run(imager()
+        .args(["build", "--profile"])
+        .arg(&profile)
+        .arg("--out")
+        .arg(scratch().join("sb-rot-own-out"))
+        .args(["--key", dev_key().to_str().unwrap()]));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("revokes the payload's own UKI of slot B"),
+        "{err}"
+    );
+
+    let disk = sparse_copy(&v1.artifact("raw"), "sb-rot");
+    let vars = vars("sb-rot");
+    // Before firmware holds db key 2, the disk refuses what it signs.
+    let before = sha256(&disk);
+    let out = upgrade(&disk, &installer(&v2), &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("adds the new db certificate to firmware"),
+        "{err}"
+    );
+    assert_eq!(sha256(&disk), before, "a refused upgrade wrote to the disk");
+    let db2 = String::from_utf8(
+        run(tool("openssl")
+            .args(["x509", "-noout", "-subject", "-in"])
+            .arg(rotated.join("db.crt")))
+        .stdout,
+    )
+    .unwrap();
+    let db2 = db2.trim().rsplit("CN = ").next().unwrap().to_string();
+    assert!(!siglists(&store(&vars), "db").contains(&db2));
+
+    // 0.1.0 writes db key 2 into firmware's db.
+    let (r, console) = sb_boot(&disk, &vars, false);
+    assert_eq!(slot_of(&r), ("0.1.0".into(), "A".into()));
+    assert_eq!(r["secure_boot"], "on");
+    assert!(
+        console.contains("secure boot: db.append.auth: firmware's db took 1 entries"),
+        "{console}"
+    );
+    assert!(
+        console.contains("secure boot: META trusts the 2 db certificates firmware holds"),
+        "{console}"
+    );
+    assert!(
+        siglists(&store(&vars), "db").contains(&db2),
+        "{}",
+        store(&vars)
+    );
+
+    // 0.2.0, signed with db key 2, boots; it revokes 0.1.0's UKI of slot A.
+    let up = upgrade(&disk, &installer(&v2), &[]);
+    assert!(up.status.success(), "{up:?}");
+    let dbx_before = siglists(&store(&vars), "dbx");
+    let (r, console) = sb_boot(&disk, &vars, false);
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()), "{console}");
+    assert!(
+        console.contains("machined: blessed slot B (0.2.0)"),
+        "{console}"
+    );
+    assert!(
+        console.contains("secure boot: dbx.append.auth: firmware's dbx took 1 entries"),
+        "{console}"
+    );
+    let dbx_after = siglists(&store(&vars), "dbx");
+    assert_ne!(dbx_before, dbx_after, "{dbx_after}");
+
+    // The disk refuses 0.1.0 now; firmware refuses its UKI of slot A.
+    let before = sha256(&disk);
+    let out = upgrade(&disk, &installer(&v1), &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("revoked by this disk's Secure Boot updates"),
+        "{err}"
+    );
+    assert_eq!(sha256(&disk), before, "a refused upgrade wrote to the disk");
+    let up = upgrade(&disk, &installer(&v2), &[]);
+    assert!(up.status.success(), "{up:?}");
+    let img = boot_at(&disk);
+    let name = "::/EFI/Linux/g00000003-slot-a+3-0.efi";
+    ok(tool("mdel").args(["-i", &img, name]));
+    ok(tool("mcopy")
+        .args(["-i", &img])
+        .arg(v1.dir.join("uki-a.efi"))
+        .arg(name));
+    let (r, console) = sb_boot(&disk, &vars, true);
+    assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()), "{console}");
+    assert!(
+        console.contains("Error loading \\EFI\\Linux\\g00000003-slot-a+2-1.efi: Access Denied"),
+        "{console}"
+    );
+    // Each boot of 0.2.0 finds firmware holding what it wants.
+    assert!(
+        console.contains("secure boot: dbx holds the 1 entries of dbx.append.auth"),
+        "{console}"
+    );
+}

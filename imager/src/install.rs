@@ -444,6 +444,15 @@ fn check_secure_boot(
     payload::secureboot::check(disk_db, signed, change)
 }
 
+/// The disk's own dbx updates do not revoke the payload's UKIs.
+fn check_disk_dbx(meta: &contract::meta::Meta, p: &VerifiedPayload) -> Result<()> {
+    let ukis = p.payload.ukis.as_ref();
+    payload::secureboot::check_disk_dbx(
+        meta.get(Tag::SecureBootUpdates),
+        ukis.map(|u| [u.a.path.as_path(), u.b.path.as_path()]),
+    )
+}
+
 /// The payload's boot loader (its signed systemd-boot), as its manifest
 /// lists it.
 fn payload_loader(p: &VerifiedPayload) -> Result<PayloadFile> {
@@ -492,6 +501,7 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Devi
     let mut boot = BootFs::new(boot_dev, epoch);
     use payload::secureboot::Move;
     let disk_db = meta.get(Tag::SecureBoot);
+    check_disk_dbx(&meta, &p)?;
     let up = match check_secure_boot(disk_db, &p, allowed.change_secure_boot)? {
         Move::None | Move::Keep | Move::Leave => {
             ops::upgrade(&mut boot, meta_dev, &p.payload, tries)?

@@ -103,8 +103,9 @@ pub fn check(disk_db: Option<&str>, payload: Signed, change: bool) -> Result<Mov
                 .context("the payload's db certificate")?;
             let Some(cert) = trusted.into_iter().find(|c| *c == theirs) else {
                 bail!(
-                    "the payload is signed for another db certificate than the ones this \
-                     disk's firmware trusts: nothing was written. Build it with the key \
+                    "the payload is signed for another db certificate than the one this disk \
+                     trusts (META's secure-boot record: the db certificates its firmware \
+                     holds): nothing was written. Build it with the key \
                      directory this disk was built with (secure_boot.keys), or first upgrade to \
                      a version that adds the new db certificate to firmware \
                      (secure_boot.updates: docs/secureboot.md, \"Rotating the db key\") and \
@@ -226,6 +227,36 @@ pub fn updates(
         read.push((name.to_string(), bytes));
     }
     crate::efivar::Record::new(version, read).map(Some)
+}
+
+/// Refuses a payload whose UKIs (`ukis`, by slot) the disk's own Secure
+/// Boot updates (META's `secure-boot-updates`, `disk_updates`) revoke
+/// through dbx: firmware would refuse them once the runtime wrote the
+/// updates, or has already. Before anything is written.
+pub fn check_disk_dbx(disk_updates: Option<&str>, ukis: Option<[&Path; 2]>) -> Result<()> {
+    use crate::efivar::{Entry, Record, parse_update};
+    let (Some(text), Some(ukis)) = (disk_updates, ukis) else {
+        return Ok(());
+    };
+    let record = Record::from_meta(text).context("META's secure-boot-updates")?;
+    let mut revoked = Vec::new();
+    for (name, bytes) in &record.updates {
+        for e in parse_update(name, bytes)?.entries {
+            if let Entry::Sha256(d) = e {
+                revoked.push(d);
+            }
+        }
+    }
+    for (what, path) in [("UKI of slot A", ukis[0]), ("UKI of slot B", ukis[1])] {
+        let d = authenticode::file_digest(path).with_context(|| format!("its {what}"))?;
+        ensure!(
+            !revoked.contains(&d),
+            "its {what} is revoked by this disk's Secure Boot updates (dbx, from version {}): \
+             firmware refuses it; nothing was written",
+            contract::text::escape(&record.version)
+        );
+    }
+    Ok(())
 }
 
 /// The boot loader and both UKIs, named.

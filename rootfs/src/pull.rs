@@ -318,6 +318,8 @@ pub fn pull(
     };
     let decided = payload::secureboot::check(disk_db, signed, false)
         .with_context(|| reference.to_string())?;
+    payload::secureboot::check_disk_dbx(meta.get(Tag::SecureBootUpdates), signed.ukis)
+        .with_context(|| reference.to_string())?;
     // Its Secure Boot updates, which must not revoke its own UKIs.
     let mut updates = Vec::new();
     for (name, a) in wanted
