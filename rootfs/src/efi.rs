@@ -71,11 +71,11 @@ pub fn read_up_to(name_guid: &str, max: u64) -> Result<Option<Vec<u8>>> {
 
 /// Appends to the variable `name-GUID` through efivarfs: `update` is a
 /// time-based authenticated update (`EFI_VARIABLE_AUTHENTICATION_2` and
-/// the data), written after the attributes `attributes` in one `write`,
-/// which the kernel passes to firmware's `SetVariable` with
-/// `EFI_VARIABLE_APPEND_WRITE` (the file is opened `O_APPEND`). Firmware
-/// checks the signature and refuses what its KEK did not sign (the write
-/// then fails). efivarfs is remounted writable for the write only, and
+/// the data), written after `attributes` in one `write`, which the kernel
+/// passes to firmware's `SetVariable` as they are (`attributes` must hold
+/// `EFI_VARIABLE_APPEND_WRITE`: efivarfs does not add it for `O_APPEND`,
+/// and firmware checks the signature over the attributes it is given).
+/// Firmware refuses what its KEK did not sign (the write then fails). efivarfs is remounted writable for the write only, and
 /// the variable's immutable flag (efivarfs sets it on db and dbx) cleared
 /// for it and set again.
 pub fn append(name_guid: &str, attributes: u32, update: &[u8]) -> Result<()> {

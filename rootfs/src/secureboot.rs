@@ -85,7 +85,7 @@ fn try_apply(disk: &crate::slots::Disk, version: &str) -> anyhow::Result<()> {
                 u.entries.len()
             ));
         } else {
-            efi::append(&var, efivar::ATTRIBUTES, bytes)
+            efi::append(&var, efivar::ATTRIBUTES | efivar::APPEND_WRITE, bytes)
                 .with_context(|| format!("appending {name} to {}", u.var.name()))?;
             let still = efivar::missing(&held(&var)?, &u);
             anyhow::ensure!(
