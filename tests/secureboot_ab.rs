@@ -760,11 +760,14 @@ fn a_db_key_rotates_and_a_revoked_uki_is_refused_by_firmware() {
         "sb-rot-own",
         &["--revoke", v2.dir.join("uki-b.efi").to_str().unwrap()],
     );
+    // (v2's profile with v2's version: the same UKIs.)
     let profile = write_profile_from("secureboot", "sb-rot-own", |t| {
-        with_updates(&own, "dbx.append.auth")(t).replace(
-            "  enroll: force\n",
-            &format!("  enroll: force\n  keys: {}\n", rotated.display()),
-        )
+        with_updates(&own, "dbx.append.auth")(t)
+            .replace("version: 0.1.0", "version: 0.2.0")
+            .replace(
+                "  enroll: force\n",
+                &format!("  enroll: force\n  keys: {}\n", rotated.display()),
+            )
     });
     let out = run(imager()
         .args(["build", "--profile"])

@@ -298,8 +298,9 @@ pub struct Payload {
     /// The Secure Boot updates of the payload's version
     /// (`payload::efivar::Record`, as META keeps it): kept as
     /// [`Tag::SecureBootUpdatesNext`] by the upgrade's META write, they
-    /// become [`Tag::SecureBootUpdates`] in the blessing's (none: that
-    /// record goes) and go with a fallback or a rollback. An install keeps
+    /// become [`Tag::SecureBootUpdates`] in the blessing's (a version
+    /// without updates keeps the disk's) and go with a fallback or a
+    /// rollback. An install keeps
     /// them as [`Tag::SecureBootUpdates`] at once. Checking them is the
     /// caller's, before.
     pub secure_boot_updates: Option<String>,
@@ -507,8 +508,9 @@ fn plan_upgrade<B: Device, M: Device>(
     }
     new_meta.encode_block().map_err(|e| {
         anyhow::anyhow!(
-            "META has no room for the root of trust the payload brings ({e}): nothing was \
-             written; reinstall the disk (imager install) to start META afresh"
+            "META has no room for the root of trust or the Secure Boot updates the payload \
+             brings ({e}): nothing was written; reinstall the disk (imager install) to start \
+             META afresh"
         )
     })?;
     Ok(UpgradePlan {
@@ -1242,13 +1244,13 @@ pub fn bless<B: Device, M: Device>(
     {
         meta::set_root(&mut new_meta, root.as_bytes());
     }
-    // The Secure Boot updates are the blessed version's: its own, or none.
-    if from_version.is_some() {
-        match st.meta.tags.get(&(Tag::SecureBootUpdatesNext as u32)) {
-            Some(u) => new_meta.set(Tag::SecureBootUpdates, u.clone()),
-            None => new_meta.remove(Tag::SecureBootUpdates),
-        }
-        new_meta.remove(Tag::SecureBootUpdatesNext);
+    // The blessed version's Secure Boot updates replace the disk's; a
+    // version without any keeps the last ones (firmware keeps what they
+    // revoked, and upgrades are checked against them).
+    if from_version.is_some()
+        && let Some(u) = st.meta.tags.get(&(Tag::SecureBootUpdatesNext as u32))
+    {
+        new_meta.set(Tag::SecureBootUpdates, u.clone());
     }
     let mut redone = None;
     if let Some(counting) = best_entry(&st.entries, booted).filter(|e| e.tries.is_some()) {

@@ -94,9 +94,9 @@ pub enum Tag {
     /// firmware lacks. Replaced when an upgrade is blessed.
     SecureBootUpdates = 0x36,
     /// The Secure Boot updates of the pending upgrade's version: once it
-    /// is blessed they become [`Tag::SecureBootUpdates`] (and with none,
-    /// that record goes); when it falls back or is rolled back, this
-    /// record goes.
+    /// is blessed they become [`Tag::SecureBootUpdates`] (a version
+    /// without updates keeps the disk's); when it falls back or is rolled
+    /// back, this record goes.
     SecureBootUpdatesNext = 0x37,
     /// The node API's cluster CA certificate (PEM): the one root its
     /// clients' certificates must chain to (`imager node provision`).

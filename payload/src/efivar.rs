@@ -49,9 +49,14 @@ pub const CERT_SHA256: [u8; 16] = guid(
 pub const ATTRIBUTES: u32 = 0x01 | 0x02 | 0x04 | 0x20;
 /// `EFI_VARIABLE_APPEND_WRITE`: the update adds to the variable.
 pub const APPEND_WRITE: u32 = 0x40;
-/// The longest update file or variable read: Microsoft's whole dbx is
-/// about 15 KiB; ours hold a few certificates and digests.
-pub const MAX_LEN: usize = 256 * 1024;
+/// The longest update file: ours hold a few certificates and digests (a
+/// db certificate is about 1 KiB). META keeps a version's updates, and a
+/// pending upgrade's beside them, as hex: four such files at most fill
+/// half of META's 256 KiB block.
+pub const MAX_LEN: usize = 16 * 1024;
+/// The longest variable read from firmware: Microsoft's whole dbx is
+/// about 25 KiB, db a few certificates.
+pub const MAX_VAR_LEN: usize = 256 * 1024;
 /// The most entries a variable or an update may hold.
 pub const MAX_ENTRIES: usize = 4096;
 
@@ -187,14 +192,15 @@ pub struct Update {
 
 /// The update file `name` (`db.append.auth` or `dbx.append.auth`): its
 /// authentication header is skipped whole (firmware checks it), the lists
-/// after it read. Refuses another name, no entries, a certificate in dbx's
-/// digest lists or a digest in db (neither is what this project writes).
+/// after it read. Refuses another name, no entries, or a digest in db
+/// (not what this project writes; a certificate in dbx is refused by
+/// `secureboot::updates`).
 pub fn parse_update(name: &str, bytes: &[u8]) -> Result<Update> {
     let var = Var::of_file(name).with_context(|| {
         format!(
             "{}: a Secure Boot update is named db.append.auth or dbx.append.auth (imager \
              secureboot enrol-files writes them)",
-            contract::text::escape(name)
+            contract::text::quote(name, 64)
         )
     })?;
     ensure!(
@@ -207,7 +213,7 @@ pub fn parse_update(name: &str, bytes: &[u8]) -> Result<Update> {
     );
     let len = u32::from_le_bytes([bytes[16], bytes[17], bytes[18], bytes[19]]) as usize;
     ensure!(
-        len >= 24 && 16 + len <= bytes.len(),
+        len >= 24 && len <= bytes.len() - 16,
         "{name}: its signature claims {len} bytes, {} are there",
         bytes.len() - 16
     );
@@ -242,10 +248,13 @@ impl Record {
         ensure!(
             !version.is_empty() && !version.chars().any(|c| c.is_whitespace() || c.is_control()),
             "a version of {} cannot name Secure Boot updates",
-            contract::text::escape(version)
+            contract::text::quote(version, 64)
         );
+        let mut vars = Vec::new();
         for (name, bytes) in &updates {
-            parse_update(name, bytes)?;
+            let var = parse_update(name, bytes)?.var;
+            ensure!(!vars.contains(&var), "{name} twice");
+            vars.push(var);
         }
         Ok(Record {
             version: version.to_string(),
@@ -278,7 +287,7 @@ impl Record {
         for l in lines {
             let (name, hex_bytes) = l.split_once(' ').context("a line without a name")?;
             let bytes = hex::decode(hex_bytes)
-                .map_err(|_| anyhow::anyhow!("{} is not hex", contract::text::escape(name)))?;
+                .map_err(|_| anyhow::anyhow!("{} is not hex", contract::text::quote(name, 64)))?;
             ensure!(updates.len() < 2, "more than two updates");
             updates.push((name.to_string(), bytes));
         }
@@ -391,6 +400,8 @@ mod tests {
         assert_eq!(Record::from_meta(&r.to_meta()).unwrap(), r);
         assert!(Record::from_meta("version 1\ndb.auth 00\n").is_err());
         assert!(Record::new("1 2", vec![]).is_err());
+        let twice = vec![("dbx.append.auth".into(), b.clone()); 2];
+        assert!(Record::new("1", twice).is_err());
         assert_eq!(
             Var::Db.efivarfs_name(),
             "db-d719b2cb-3d3a-4596-a3bc-dad00e67656f"

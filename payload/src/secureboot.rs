@@ -229,6 +229,23 @@ pub fn updates(
     crate::efivar::Record::new(version, read).map(Some)
 }
 
+/// Refuses a dbx update that revokes `loader`, the boot loader firmware
+/// starts from the disk (an install's, which no upgrade replaces): the
+/// machine would start nothing once firmware took it.
+pub fn check_loader_not_revoked(
+    name: &str,
+    update: &crate::efivar::Update,
+    loader: &[u8],
+) -> Result<()> {
+    let d = authenticode::digest(loader).context("the disk's boot loader")?;
+    ensure!(
+        !update.entries.contains(&crate::efivar::Entry::Sha256(d)),
+        "{name} revokes the boot loader on this disk's ESP: firmware would start nothing; not \
+         written (docs/secureboot.md, \"Rotating the db key and revoking UKIs\")"
+    );
+    Ok(())
+}
+
 /// Refuses a payload whose UKIs (`ukis`, by slot) the disk's own Secure
 /// Boot updates (META's `secure-boot-updates`, `disk_updates`) revoke
 /// through dbx: firmware would refuse them once the runtime wrote the

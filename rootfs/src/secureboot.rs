@@ -78,6 +78,9 @@ fn try_apply(disk: &crate::slots::Disk, version: &str) -> anyhow::Result<()> {
         let u = efivar::parse_update(name, bytes)?;
         let var = u.var.efivarfs_name();
         let lacking = efivar::missing(&held(&var)?, &u).len();
+        if u.var == Var::Dbx && lacking > 0 {
+            payload::secureboot::check_loader_not_revoked(name, &u, &disk.esp_loader()?)?;
+        }
         if lacking == 0 {
             say(format!(
                 "secure boot: {} holds the {} entries of {name}",
@@ -124,7 +127,7 @@ fn try_apply(disk: &crate::slots::Disk, version: &str) -> anyhow::Result<()> {
 
 /// The entries firmware's variable `var` holds (none when it has none).
 fn held(var: &str) -> anyhow::Result<Vec<payload::efivar::Entry>> {
-    let max = payload::efivar::MAX_LEN as u64 + 4;
+    let max = payload::efivar::MAX_VAR_LEN as u64 + 4;
     match efi::read_up_to(var, max)? {
         Some(bytes) if bytes.len() >= 4 => payload::efivar::parse_lists(&bytes[4..]),
         Some(_) | None => Ok(Vec::new()),

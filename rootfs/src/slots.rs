@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 /// Where BOOT and META of the disk the runtime booted from are.
 pub struct Disk {
     src: Source,
+    /// The ESP's device node beside BOOT and META ([`Source::Parts`]).
+    esp: Option<PathBuf>,
 }
 
 enum Source {
@@ -51,6 +53,7 @@ impl Disk {
         if let Some(d) = &meta.disk {
             return Ok(Disk {
                 src: Source::Whole(Path::new("/dev").join(d)),
+                esp: None,
             });
         }
         let on_disk = partitions::on_disk_of(all, meta);
@@ -58,11 +61,16 @@ impl Disk {
             .iter()
             .find(|p| p.label == PartitionRole::Boot.label())
             .context("no BOOT partition on META's disk")?;
+        let esp = on_disk
+            .iter()
+            .find(|p| p.label == PartitionRole::Efi.label())
+            .map(|p| p.dev_path(Path::new("/dev")));
         Ok(Disk {
             src: Source::Parts(
                 boot.dev_path(Path::new("/dev")),
                 meta.dev_path(Path::new("/dev")),
             ),
+            esp,
         })
     }
 
@@ -201,6 +209,30 @@ impl Disk {
                 .map_err(|e| anyhow::anyhow!("META has no room for the credentials ({e})"))?;
             bootstate::meta::write(meta_dev, &meta)
         })
+    }
+
+    /// The boot loader firmware starts from this disk (the ESP's
+    /// `EFI/BOOT/BOOTX64.EFI`; BOOT's on a disk whose BOOT is the ESP),
+    /// read whole (at most 16 MiB).
+    pub fn esp_loader(&self) -> Result<Vec<u8>> {
+        const MAX: u64 = 16 << 20;
+        let path = contract::paths::ESP_BOOT_LOADER;
+        let on_boot = || {
+            self.with(|boot, _| boot.read(path, MAX))
+                .context("reading the boot loader on BOOT")
+        };
+        let esp = match (&self.src, &self.esp) {
+            (Source::Whole(disk), _) => {
+                let disk = bootstate::disk::Disk::open_waiting(disk, Access::Read)?;
+                disk.partition(PartitionRole::Efi)
+                    .and_then(|p| BootFs::new(p, 0).read(path, MAX))
+            }
+            (Source::Parts(..), Some(esp)) => {
+                open_part(esp).and_then(|p| BootFs::new(p, 0).read(path, MAX))
+            }
+            (Source::Parts(..), None) => return on_boot(),
+        };
+        esp.or_else(|e| on_boot().map_err(|b| b.context(format!("and on the ESP: {e:#}"))))
     }
 
     /// META as it is now.
