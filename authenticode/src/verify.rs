@@ -235,6 +235,13 @@ fn check(e: &Embedded, actual: [u8; 32], cert: &Certificate) -> Result<Verified>
 /// not, streamed (its headers bounded by [`MAX_HEADERS`]): what a dbx
 /// entry revoking that image holds.
 pub fn file_digest(path: &Path) -> Result<[u8; 32]> {
+    let (mut f, head, len, layout) = open_pe(path)?;
+    digest_file(&mut f, &head, len, &layout).with_context(|| format!("{}", path.display()))
+}
+
+/// The PE file at `path` opened: the file, its headers (at most
+/// [`MAX_HEADERS`] bytes), its length and its layout.
+fn open_pe(path: &Path) -> Result<(std::fs::File, Vec<u8>, u64, PeLayout)> {
     use std::io::Read;
     let within = || format!("{}", path.display());
     let mut f = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
@@ -246,7 +253,7 @@ pub fn file_digest(path: &Path) -> Result<[u8; 32]> {
         .read_to_end(&mut head)
         .with_context(within)?;
     let layout = layout_of(&head, ulen).with_context(within)?;
-    digest_file(&mut f, &head, len, &layout).with_context(within)
+    Ok((f, head, len, layout))
 }
 
 /// [`verify`] on a file, streamed: its headers and its signature are read
@@ -256,15 +263,7 @@ pub fn file_digest(path: &Path) -> Result<[u8; 32]> {
 pub fn verify_file(path: &Path, cert: &Certificate) -> Result<Verified> {
     use std::io::{Read, Seek, SeekFrom};
     let within = || format!("{}", path.display());
-    let mut f = std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let len = f.metadata().with_context(within)?.len();
-    let ulen = usize::try_from(len).context("the image is too large")?;
-    let mut head = Vec::new();
-    (&mut f)
-        .take(MAX_HEADERS as u64)
-        .read_to_end(&mut head)
-        .with_context(within)?;
-    let layout = layout_of(&head, ulen).with_context(within)?;
+    let (mut f, head, len, layout) = open_pe(path)?;
     let Some((at, size)) = layout.cert_table else {
         bail!(
             "{}: the image is not signed (it has no certificate table)",

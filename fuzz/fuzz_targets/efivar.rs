@@ -23,7 +23,11 @@ fuzz_target!(|data: &[u8]| {
             Err(e) => check(&e),
         },
         1 | 2 => {
-            let name = if first % 4 == 1 { "db.append.auth" } else { "dbx.append.auth" };
+            let name = if first % 4 == 1 {
+                "db.append.auth"
+            } else {
+                "dbx.append.auth"
+            };
             match parse_update(name, rest) {
                 Ok(u) => {
                     assert!(!u.entries.is_empty() && u.entries.len() <= MAX_ENTRIES);

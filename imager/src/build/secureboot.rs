@@ -80,6 +80,14 @@ pub fn load(p: &Profile, s: &SecureBootSection, epoch: u64) -> Result<SecureBoot
             .with_context(within)?;
         updates.push((name, path.clone(), bytes));
     }
+    if !updates.is_empty() {
+        step(
+            "WARNING: this build's payloads carry Secure Boot updates (secure_boot.updates): a \
+             node running a release made before them refuses such an installer image (an \
+             artifact kind it does not know); upgrade older nodes first to a release built \
+             without them (docs/secureboot.md, \"Rotating the db key and revoking UKIs\")",
+        );
+    }
     Ok(SecureBoot {
         keys,
         db_pem,

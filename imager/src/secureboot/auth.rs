@@ -197,45 +197,43 @@ pub fn update_files(
     epoch: u64,
     changes: &Changes,
 ) -> Result<Vec<(&'static str, Vec<u8>)>> {
-    use payload::efivar::{APPEND_WRITE, Var};
-    let attributes = ATTRIBUTES | APPEND_WRITE;
-    let mut out = Vec::new();
+    use payload::efivar::{APPEND_WRITE, MAX_LEN, Var};
     let mut certs = changes.add_db.clone();
     certs.sort();
     certs.dedup();
-    if !certs.is_empty() {
-        let mut data = Vec::new();
-        for c in &certs {
-            data.extend(x509_signature_list(&keys.owner, c)?);
-        }
-        out.push((
-            Var::Db.file_name(),
-            signed_write(
-                "db",
-                &EFI_IMAGE_SECURITY_DATABASE,
-                attributes,
-                &data,
-                epoch,
-                &keys.kek,
-            )?,
-        ));
-    }
     let mut digests = changes.revoke.clone();
     digests.sort();
     digests.dedup();
-    if !digests.is_empty() {
-        let data = sha256_signature_list(&keys.owner, &digests);
-        out.push((
-            Var::Dbx.file_name(),
-            signed_write(
-                "dbx",
-                &EFI_IMAGE_SECURITY_DATABASE,
-                attributes,
-                &data,
-                epoch,
-                &keys.kek,
-            )?,
-        ));
+    let mut db = Vec::new();
+    for c in &certs {
+        db.extend(x509_signature_list(&keys.owner, c)?);
+    }
+    let dbx = if digests.is_empty() {
+        Vec::new()
+    } else {
+        sha256_signature_list(&keys.owner, &digests)
+    };
+    let mut out = Vec::new();
+    for (var, data) in [(Var::Db, db), (Var::Dbx, dbx)] {
+        if data.is_empty() {
+            continue;
+        }
+        let name = var.file_name();
+        let signed_by_kek = signed_write(
+            var.name(),
+            &EFI_IMAGE_SECURITY_DATABASE,
+            ATTRIBUTES | APPEND_WRITE,
+            &data,
+            epoch,
+            &keys.kek,
+        )?;
+        ensure!(
+            signed_by_kek.len() <= MAX_LEN,
+            "{name} would be {} bytes, more than {MAX_LEN}: add fewer certificates or revoke \
+             fewer images at a time",
+            signed_by_kek.len()
+        );
+        out.push((name, signed_by_kek));
     }
     ensure!(
         !out.is_empty(),
