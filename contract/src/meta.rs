@@ -223,6 +223,23 @@ impl fmt::Display for MetaError {
 
 impl std::error::Error for MetaError {}
 
+/// A Secure Boot updates record (`payload::efivar::Record`: `version V`,
+/// then `NAME HEX` lines) as one line: the version, each file's name and
+/// size, escaped; the bytes are not shown.
+fn updates_summary(v: &str) -> String {
+    let mut lines = v.lines();
+    let mut out = crate::text::quote(lines.next().unwrap_or_default(), 80);
+    for l in lines.take(8) {
+        let (name, hex) = l.split_once(' ').unwrap_or((l, ""));
+        out.push_str(&format!(
+            ", {} ({} bytes)",
+            crate::text::quote(name, 40),
+            hex.len() / 2
+        ));
+    }
+    out
+}
+
 /// The decoded contents of META: raw tag numbers to values, in tag order.
 /// Unknown tags are kept so that an older tool never drops a newer one's data.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -348,6 +365,12 @@ impl Meta {
                 if tag.is_some_and(Tag::is_secret) {
                     return (name, format!("(secret, {} bytes, not shown)", v.len()));
                 }
+                if matches!(
+                    tag,
+                    Some(Tag::SecureBootUpdates | Tag::SecureBootUpdatesNext)
+                ) {
+                    return (name, updates_summary(&String::from_utf8_lossy(v)));
+                }
                 (name, String::from_utf8_lossy(v).into_owned())
             })
             .collect()
@@ -434,6 +457,30 @@ impl SlotRecord {
             version,
             security,
         })
+    }
+}
+
+#[cfg(test)]
+mod updates_summary_tests {
+    use super::*;
+
+    #[test]
+    fn secure_boot_updates_are_summed_up_not_dumped() {
+        let mut m = Meta::default();
+        m.set(
+            Tag::SecureBootUpdates,
+            "version 0.2.0\ndbx.append.auth 00ff10\n",
+        );
+        m.set(Tag::SecureBootUpdatesNext, "version \u{1b}[2J\n");
+        let e = m.entries();
+        assert_eq!(
+            e[0],
+            (
+                "secure-boot-updates".to_string(),
+                "\"version 0.2.0\", \"dbx.append.auth\" (3 bytes)".to_string()
+            )
+        );
+        assert!(!e[1].1.contains('\u{1b}'), "{:?}", e[1]);
     }
 }
 

@@ -260,18 +260,13 @@ fn updates_of(
     if files.is_empty() {
         return Ok(None);
     }
-    let mut own: Vec<(&str, PathBuf)> = manifest
+    let loader = manifest
         .artifacts
         .iter()
-        .filter(|a| a.kind == Kind::BootLoader)
-        .map(|a| ("boot loader", dir.join(&a.path)))
-        .collect();
-    if let Some(u) = ukis {
-        own.push(("UKI of slot A", u.a.path.clone()));
-        own.push(("UKI of slot B", u.b.path.clone()));
-    }
-    let own: Vec<(&str, &Path)> = own.iter().map(|(n, p)| (*n, p.as_path())).collect();
-    let r = payload::secureboot::updates(&manifest.version, files, &own)
+        .find(|a| a.kind == Kind::BootLoader)
+        .map(|a| dir.join(&a.path));
+    let ukis = ukis.map(|u| [u.a.path.as_path(), u.b.path.as_path()]);
+    let r = payload::secureboot::updates(&manifest.version, files, loader.as_deref(), ukis)
         .context("the payload's Secure Boot updates")?;
     Ok(r.map(|r| r.to_meta()))
 }

@@ -184,15 +184,20 @@ pub fn with_db_certs(pem: &str, added: &[&[u8]]) -> Result<Option<String>> {
 pub fn updates(
     version: &str,
     files: Vec<(String, Vec<u8>)>,
-    own: &[(&str, &Path)],
+    loader: Option<&Path>,
+    ukis: Option<[&Path; 2]>,
 ) -> Result<Option<crate::efivar::Record>> {
     use crate::efivar::{Entry, parse_update};
     if files.is_empty() {
         return Ok(None);
     }
+    let mut own: Vec<(&str, &Path)> = loader.map(|l| ("boot loader", l)).into_iter().collect();
+    if let Some([a, b]) = ukis {
+        own.extend([("UKI of slot A", a), ("UKI of slot B", b)]);
+    }
     let mut read = Vec::new();
     let mut digests = Vec::new();
-    for &(what, path) in own {
+    for (what, path) in own {
         digests.push((
             what,
             authenticode::file_digest(path).with_context(|| format!("its {what}"))?,

@@ -333,13 +333,12 @@ pub fn pull(
             .with_context(|| format!("{name} was not staged"))?;
         updates.push((name.clone(), bytes));
     }
-    let own: Vec<(&str, &std::path::Path)> = match &ukis {
-        Some(u) => vec![("UKI of slot A", &u.a.path), ("UKI of slot B", &u.b.path)],
-        None => Vec::new(),
-    };
-    let secure_boot_updates = payload::secureboot::updates(&manifest.version, updates, &own)
-        .with_context(|| format!("{reference}'s Secure Boot updates; nothing was written"))?
-        .map(|r| r.to_meta());
+    // (The payload's boot loader is not pulled: the ESP keeps the
+    // install's, which the runtime checks before it writes dbx.)
+    let secure_boot_updates =
+        payload::secureboot::updates(&manifest.version, updates, None, signed.ukis)
+            .with_context(|| format!("{reference}'s Secure Boot updates; nothing was written"))?
+            .map(|r| r.to_meta());
     if decided == payload::secureboot::Move::Keep {
         say(
             "verify",

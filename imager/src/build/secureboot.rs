@@ -118,15 +118,9 @@ impl SecureBoot {
             .iter()
             .map(|(n, _, b)| (n.clone(), b.clone()))
             .collect();
-        let mut own = vec![("boot loader", boot_loader)];
-        if let Some([a, b]) = ukis {
-            own.extend([
-                ("UKI of slot A", a.as_path()),
-                ("UKI of slot B", b.as_path()),
-            ]);
-        }
-        let r =
-            payload::secureboot::updates(version, files, &own).context("secure_boot.updates")?;
+        let ukis = ukis.map(|[a, b]| [a.as_path(), b.as_path()]);
+        let r = payload::secureboot::updates(version, files, Some(boot_loader), ukis)
+            .context("secure_boot.updates")?;
         Ok(r.map(|r| r.to_meta()))
     }
 

@@ -433,7 +433,7 @@ fn a_payloads_updates_may_not_revoke_its_own_boot_chain_and_db_certificates_accu
     let t = tempfile::tempdir().unwrap();
     let signed = t.path().join("BOOTX64.EFI");
     sign(Path::new(SD_BOOT), &keys().db, &signed).unwrap();
-    let own = [("boot loader", signed.as_path())];
+    let own = Some(signed.as_path());
     let digest = ::authenticode::file_digest(&signed).unwrap();
     let files = |revoke: [u8; 32]| {
         let c = Changes {
@@ -446,25 +446,25 @@ fn a_payloads_updates_may_not_revoke_its_own_boot_chain_and_db_certificates_accu
             .map(|(n, b)| (n.to_string(), b))
             .collect::<Vec<_>>()
     };
-    let e = payload::secureboot::updates("2", files(digest), &own).unwrap_err();
+    let e = payload::secureboot::updates("2", files(digest), own, None).unwrap_err();
     assert!(
         format!("{e:#}").contains("revokes the payload's own boot loader"),
         "{e:#}"
     );
-    let r = payload::secureboot::updates("2", files([9; 32]), &own)
+    let r = payload::secureboot::updates("2", files([9; 32]), own, None)
         .unwrap()
         .unwrap();
     assert_eq!(r.version, "2");
     assert_eq!(r.updates.len(), 2);
     assert!(
-        payload::secureboot::updates("2", Vec::new(), &own)
+        payload::secureboot::updates("2", Vec::new(), own, None)
             .unwrap()
             .is_none()
     );
     // The same file twice is refused.
     let mut twice = files([9; 32]);
     twice.push(twice[0].clone());
-    assert!(payload::secureboot::updates("2", twice, &own).is_err());
+    assert!(payload::secureboot::updates("2", twice, own, None).is_err());
 
     // META's record gains the certificates firmware's db took, once.
     let db_pem = keys().db.cert.to_pem(der::pem::LineEnding::LF).unwrap();
@@ -481,4 +481,43 @@ fn a_payloads_updates_may_not_revoke_its_own_boot_chain_and_db_certificates_accu
     );
     assert!(payload::secureboot::disk_certs("").is_err());
     assert!(payload::secureboot::with_db_certs(&db_pem, &[b"not a cert"]).is_err());
+}
+
+#[test]
+fn a_disks_dbx_updates_refuse_payloads_and_boot_loaders_they_revoke() {
+    use crate::secureboot::auth::{Changes, update_files};
+    let t = tempfile::tempdir().unwrap();
+    let (a, b) = (t.path().join("uki-a.efi"), t.path().join("uki-b.efi"));
+    // Two different images (the digest leaves the signature out).
+    sign(Path::new(SD_BOOT), &keys().db, &a).unwrap();
+    let stub = Path::new("/usr/lib/systemd/boot/efi/linuxx64.efi.stub");
+    sign(stub, &keys().db, &b).unwrap();
+    let revoke = |d: [u8; 32]| {
+        let c = Changes {
+            revoke: vec![d],
+            ..Changes::default()
+        };
+        let files = update_files(keys(), 1_700_000_000, &c).unwrap();
+        let files = files.into_iter().map(|(n, f)| (n.to_string(), f)).collect();
+        payload::efivar::Record::new("3", files).unwrap()
+    };
+    let digest_b = ::authenticode::file_digest(&b).unwrap();
+    let record = revoke(digest_b).to_meta();
+    let e = payload::secureboot::check_disk_dbx(Some(&record), Some([&a, &b])).unwrap_err();
+    assert!(
+        format!("{e:#}")
+            .contains("its UKI of slot B is revoked by this disk's Secure Boot updates"),
+        "{e:#}"
+    );
+    let other = revoke([5; 32]).to_meta();
+    payload::secureboot::check_disk_dbx(Some(&other), Some([&a, &b])).unwrap();
+    payload::secureboot::check_disk_dbx(None, Some([&a, &b])).unwrap();
+    // The runtime's guard: a dbx update that revokes the disk's boot loader.
+    let loader = std::fs::read(&b).unwrap();
+    let (name, bytes) = &revoke(digest_b).updates[0];
+    let u = payload::efivar::parse_update(name, bytes).unwrap();
+    let e = payload::secureboot::check_loader_not_revoked(name, &u, &loader).unwrap_err();
+    assert!(format!("{e:#}").contains("revokes the boot loader on this disk's ESP"));
+    let ours = std::fs::read(&a).unwrap();
+    payload::secureboot::check_loader_not_revoked(name, &u, &ours).unwrap();
 }
