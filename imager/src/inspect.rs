@@ -460,11 +460,11 @@ pub fn run(image: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
             s.slot,
             s.status,
             if s.version.is_empty() {
-                "-"
+                "-".to_string()
             } else {
-                &s.version
+                contract::text::escape(&s.version)
             },
-            s.entry.as_deref().unwrap_or("no entry"),
+            contract::text::escape(s.entry.as_deref().unwrap_or("no entry")),
             tries
         );
     }
@@ -489,14 +489,15 @@ pub fn run(image: &Path, key: Option<&Path>, json: bool) -> Result<i32> {
     }
     println!("  history:");
     for h in &sl.history {
-        println!("    {h}");
+        println!("    {}", contract::text::escape(h));
     }
     match (&r.meta.valid_copy, &r.meta.error) {
         (Some(c), _) => println!("\nMETA (copy {c} valid):"),
         (None, e) => println!("\nMETA: INVALID: {}", e.as_deref().unwrap_or("")),
     }
+    // Values from the disk, escaped: a PEM's line breaks show as `\n`.
     for (k, v) in &r.meta.keys {
-        println!("  {k} = {v}");
+        println!("  {k} = {}", contract::text::escape(v));
     }
     match &r.manifest {
         None => println!("\nmanifest: none beside the image"),
