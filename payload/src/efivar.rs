@@ -105,7 +105,18 @@ impl Var {
 
     /// efivarfs's name of the variable: `NAME-GUID`.
     pub fn efivarfs_name(self) -> String {
-        format!("{}-d719b2cb-3d3a-4596-a3bc-dad00e67656f", self.name())
+        let g = IMAGE_SECURITY_DATABASE;
+        let hex = |b: &[u8]| hex::encode(b);
+        let rev = |b: &[u8]| hex::encode(b.iter().rev().copied().collect::<Vec<u8>>());
+        format!(
+            "{}-{}-{}-{}-{}-{}",
+            self.name(),
+            rev(&g[0..4]),
+            rev(&g[4..6]),
+            rev(&g[6..8]),
+            hex(&g[8..10]),
+            hex(&g[10..16])
+        )
     }
 }
 

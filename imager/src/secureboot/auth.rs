@@ -37,9 +37,9 @@ use super::keys::{SbKey, SecureBootKeys};
 pub const EFI_GLOBAL_VARIABLE: Uuid = Uuid::from_u128(0x8be4df61_93ca_11d2_aa0d_00e098032b8c);
 /// `EFI_IMAGE_SECURITY_DATABASE_GUID`: the vendor GUID of `db` and `dbx`.
 pub const EFI_IMAGE_SECURITY_DATABASE: Uuid =
-    Uuid::from_u128(0xd719b2cb_3d3a_4596_a3bc_dad00e67656f);
+    Uuid::from_bytes_le(payload::efivar::IMAGE_SECURITY_DATABASE);
 /// `EFI_CERT_X509_GUID`: a signature list of DER X.509 certificates.
-pub const EFI_CERT_X509: Uuid = Uuid::from_u128(0xa5c059a1_94e4_4aa7_87b5_ab155c2bf072);
+pub const EFI_CERT_X509: Uuid = Uuid::from_bytes_le(payload::efivar::CERT_X509);
 /// `EFI_CERT_TYPE_PKCS7_GUID`: `WIN_CERTIFICATE_UEFI_GUID.CertType`.
 pub const EFI_CERT_TYPE_PKCS7: Uuid = Uuid::from_u128(0x4aafd29d_68df_49ee_8aa9_347d375665a7);
 /// `WIN_CERT_TYPE_EFI_GUID`.
@@ -47,7 +47,7 @@ pub const WIN_CERT_TYPE_EFI_GUID: u16 = 0x0ef1;
 /// NON_VOLATILE | BOOTSERVICE_ACCESS | RUNTIME_ACCESS |
 /// TIME_BASED_AUTHENTICATED_WRITE_ACCESS: the attributes systemd-boot
 /// writes the variables with (and the signed payload names).
-pub const ATTRIBUTES: u32 = 0x01 | 0x02 | 0x04 | 0x20;
+pub const ATTRIBUTES: u32 = payload::efivar::ATTRIBUTES;
 const ID_DATA: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.113549.1.7.1");
 
 /// A GUID as EFI lays it out (the first three fields little-endian).
@@ -157,7 +157,7 @@ fn signed_write(
 }
 
 /// `EFI_CERT_SHA256_GUID`: a signature list of SHA-256 digests.
-pub const EFI_CERT_SHA256: Uuid = Uuid::from_u128(0xc1c41626_504c_4092_aca9_41f936934328);
+pub const EFI_CERT_SHA256: Uuid = Uuid::from_bytes_le(payload::efivar::CERT_SHA256);
 
 /// An `EFI_SIGNATURE_LIST` of type `EFI_CERT_SHA256_GUID`: one entry per
 /// digest, each with `owner`.
