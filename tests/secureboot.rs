@@ -450,6 +450,7 @@ fn openssl_verifies_each_auth_file_against_its_signer_only() {
     let changes = Changes {
         add_db: vec![k.kek.cert_der.clone()],
         revoke: vec![[7; 32]],
+        revoke_certs: vec![k.db.cert_der.clone()],
     };
     let mut files = enrolment_files(k, epoch).unwrap();
     files.extend(update_files(k, epoch, &changes).unwrap());

@@ -784,113 +784,6 @@ fn apply_upgrade<B: Device, M: Device>(
     })
 }
 
-/// Moves a disk without Secure Boot to a Secure Boot payload (whose UKIs
-/// and `loader`, its signed systemd-boot, the caller has verified against
-/// the payload's db certificate). Checks everything before its first write
-/// (the upgrade's checks, the ESP's room, META's room for the db
-/// certificate; a replacement of the boot loader that an earlier run left
-/// cut short is finished before the ESP's), then, in order:
-///
-/// 1. the ESP's boot loader becomes `loader` ([`BootFs::replace`]: whole,
-///    old or new, at every cut) and is read back. With Secure Boot off in
-///    the firmware, the signed systemd-boot boots the same entries;
-/// 2. GRUB's rendering leaves BOOT, `grub/grub.cfg` first (from then on
-///    the disk has none, and the rest are leftovers removed in any later
-///    run): the disk boots under UEFI only, as a Secure Boot disk does;
-/// 3. the upgrade, as [`upgrade`], its META write carrying
-///    [`Tag::SecureBootEntering`]: the disk becomes a Secure Boot disk
-///    (META's [`Tag::SecureBoot`]) when the new version is blessed.
-///
-/// Nothing enrols keys: a machine in setup mode that enrolled at the next
-/// boot would then refuse the old, unsigned slot to fall back to. The user
-/// enrols the keys and turns Secure Boot on once the new version is
-/// blessed (docs/secureboot.md). A cut anywhere leaves a disk that boots
-/// under UEFI with Secure Boot off, and running the same upgrade again
-/// finishes it.
-pub fn upgrade_into_secure_boot<E: Device, B: Device, M: Device>(
-    esp: &mut BootFs<E>,
-    loader: &PayloadFile,
-    boot: &mut BootFs<B>,
-    meta_dev: &mut M,
-    payload: &Payload,
-    tries: u32,
-) -> Result<Upgraded> {
-    let Some(db) = &payload.secure_boot else {
-        bail!("the payload is not a Secure Boot build: there is no Secure Boot to enter");
-    };
-    let mut plan = plan_upgrade(boot, meta_dev, payload, tries, GrubRendering::TakeOff)?;
-    if plan.st.meta.get(Tag::SecureBoot).is_some() {
-        bail!("this disk boots with Secure Boot already: upgrade it without entering it");
-    }
-    if plan.kind != EntryKind::Uki {
-        bail!("a Secure Boot payload boots its slots from UKIs, and this one has none");
-    }
-    plan.new_meta.set(Tag::SecureBootEntering, db.as_bytes());
-    plan.new_meta.encode_block().map_err(|e| {
-        anyhow::anyhow!(
-            "META has no room for the db certificate ({e}): nothing was written; install the \
-             disk from the Secure Boot installer (`imager install`) instead"
-        )
-    })?;
-    let path = contract::paths::ESP_BOOT_LOADER;
-    // (A replacement an earlier run left cut short is finished first: the
-    // scan refuses the two names it may leave on the same clusters, and
-    // the old boot loader's clusters may be held by nothing.)
-    esp.finish_replace(path)?;
-    if !esp.scan()?.lost.is_empty() {
-        esp.reclaim()?;
-    }
-    if !esp.exists(path)? {
-        bail!(
-            "the ESP has no {path}: it was not made by imager; nothing was written (install the \
-             disk from the Secure Boot installer with `imager install`)"
-        );
-    }
-    let (old_sha, _) = esp.hash(path)?;
-    let replace = old_sha != loader.sha256;
-    if replace {
-        let room = esp.scan()?.room();
-        let need = clusters(loader.len, esp.scan()?.cluster_size);
-        if room < need {
-            bail!(
-                "the ESP has {} KiB free and the signed boot loader needs {} KiB beside the old \
-                 one: nothing was written; install the disk from the Secure Boot installer \
-                 (`imager install`)",
-                room >> 10,
-                need >> 10
-            );
-        }
-    }
-    // 1. The signed boot loader.
-    if replace {
-        let mut src = File::open(&loader.path)
-            .with_context(|| format!("opening {}", loader.path.display()))?;
-        esp.replace(path, &mut src, loader.len)?;
-    }
-    let (sha, len) = esp.hash(path)?;
-    if sha != loader.sha256 || len != loader.len {
-        bail!(
-            "{path} on the ESP reads back as sha256 {sha} ({len} bytes), not the signed {} ({} \
-             bytes): the disk does not keep what is written to it; the upgrade stopped before \
-             touching BOOT, the disk boots as before with Secure Boot off",
-            loader.sha256,
-            loader.len
-        );
-    }
-    // 2. GRUB's rendering: its configuration first, then what it used.
-    let grub_files = [
-        contract::paths::BOOT_GRUB_CFG.to_string(),
-        contract::paths::BOOT_GRUB_ENV.to_string(),
-        grubcfg::slot_config_path(Slot::A),
-        grubcfg::slot_config_path(Slot::B),
-    ];
-    for f in &grub_files {
-        boot.remove(f)?;
-    }
-    // 3. The upgrade.
-    apply_upgrade(boot, meta_dev, payload, plan, tries)
-}
-
 fn file_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
@@ -1293,5 +1186,8 @@ pub fn entry_of<B: Read + Seek>(boot: &mut BootFs<B>, name: &EntryName) -> Resul
     Entry::parse(&String::from_utf8_lossy(&text)).map_err(anyhow::Error::msg)
 }
 
+mod secureboot;
 #[cfg(test)]
 mod tests;
+
+pub use secureboot::{upgrade_into_secure_boot, upgrade_with_loader};

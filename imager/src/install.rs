@@ -475,7 +475,9 @@ pub struct Allowed {
 }
 
 /// Upgrades the disk whose BOOT, META and ESP are `boot_dev`, `meta_dev`
-/// and `esp_dev` (the ESP is written only by an upgrade into Secure Boot).
+/// and `esp_dev` (`None` where BOOT is the ESP). The ESP's boot loader is
+/// written only on a Secure Boot disk: by an upgrade into Secure Boot, or
+/// when the payload's signed boot loader is not the ESP's.
 pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Device>(
     boot_dev: B,
     meta_dev: &mut M,
@@ -498,8 +500,20 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Devi
     let disk_db = meta.get(Tag::SecureBoot);
     check_disk_dbx(&meta, &p)?;
     let up = match check_secure_boot(disk_db, &p, allowed.change_secure_boot)? {
-        Move::None | Move::Keep | Move::Leave => {
-            ops::upgrade(&mut boot, meta_dev, &p.payload, tries)?
+        Move::None | Move::Leave => ops::upgrade(&mut boot, meta_dev, &p.payload, tries)?,
+        // The payload's boot loader replaces the ESP's when it differs
+        // (signed by a db key firmware holds, checked above).
+        Move::Keep => {
+            let loader = payload_loader(&p)?;
+            let mut esp = esp_dev.map(|d| BootFs::new(d, epoch));
+            ops::upgrade_with_loader(
+                esp.as_mut(),
+                &loader,
+                &mut boot,
+                meta_dev,
+                &p.payload,
+                tries,
+            )?
         }
         Move::Enter => {
             let Some(esp_dev) = esp_dev else {

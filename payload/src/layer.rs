@@ -120,9 +120,12 @@ fn entry_path<R: Read>(e: &tar::Entry<R>) -> Result<String> {
 pub const MAX_DB_CERT: u64 = 64 * 1024;
 
 /// The files a slot needs, by name in the payload directory: the kernel,
-/// the initramfs, the slots' UKIs and the db certificate they are signed
-/// for (at most [`MAX_DB_CERT`] bytes, read whole).
+/// the initramfs, the slots' UKIs, and for a Secure Boot payload the db
+/// certificate they are signed for (at most [`MAX_DB_CERT`] bytes, read
+/// whole), its Secure Boot updates and its signed boot loader (which
+/// replaces the ESP's when it differs).
 pub fn slot_files(m: &Manifest) -> Result<Vec<(String, Artifact)>> {
+    let secure_boot = m.artifacts.iter().any(|a| a.kind == Kind::SecureBootDb);
     let mut out = Vec::new();
     for a in &m.artifacts {
         if a.kind == Kind::SecureBootDb {
@@ -148,7 +151,8 @@ pub fn slot_files(m: &Manifest) -> Result<Vec<(String, Artifact)>> {
                 | Kind::Uki
                 | Kind::SecureBootDb
                 | Kind::SecureBootUpdate
-        ) {
+        ) || (secure_boot && a.kind == Kind::BootLoader)
+        {
             check_path(&a.path).map_err(|e| anyhow::anyhow!("{}: {e}", a.path))?;
             ensure!(
                 !a.path.contains('/'),

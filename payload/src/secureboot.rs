@@ -115,7 +115,9 @@ pub fn check(disk_db: Option<&str>, payload: Signed, change: bool) -> Result<Mov
             let [a, b] = payload
                 .ukis
                 .context("the payload has a db certificate but no UKIs: rebuild the installer")?;
-            verify_all(&cert, &[("UKI of slot A", a), ("UKI of slot B", b)]).map_err(|e| {
+            let mut files = vec![("UKI of slot A", a), ("UKI of slot B", b)];
+            files.extend(payload.loader.map(|l| ("boot loader", l)));
+            verify_all(&cert, &files).map_err(|e| {
                 e.context(
                     "the payload is not signed by the db key this disk trusts (firmware would \
                      refuse it after the switch); nothing was written. Build it with the key \
@@ -173,21 +175,97 @@ pub fn with_db_certs(pem: &str, added: &[&[u8]]) -> Result<Option<String>> {
     Ok(changed.then_some(out))
 }
 
+/// What dbx updates revoke: images by their Authenticode SHA-256 digest,
+/// and every image a certificate's key signed (EDK2 refuses an image whose
+/// signature verifies with an X.509 entry of dbx, as with one of db). One
+/// check for the build, the upgrades and the runtime's guard.
+#[derive(Debug, Default)]
+pub struct Revoked {
+    digests: Vec<[u8; 32]>,
+    certs: Vec<authenticode::Certificate>,
+}
+
+impl Revoked {
+    /// The dbx entries of `update` (a db update revokes nothing).
+    pub fn of(update: &crate::efivar::Update) -> Result<Self> {
+        let mut r = Revoked::default();
+        r.add(update)?;
+        Ok(r)
+    }
+
+    /// Adds the dbx entries of `update`.
+    pub fn add(&mut self, update: &crate::efivar::Update) -> Result<()> {
+        use crate::efivar::{Entry, Var};
+        if update.var != Var::Dbx {
+            return Ok(());
+        }
+        for e in &update.entries {
+            match e {
+                Entry::Sha256(d) => self.digests.push(*d),
+                Entry::X509(der) => self.certs.push(
+                    authenticode::parse_cert(der).context("a certificate revoked through dbx")?,
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether it revokes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.digests.is_empty() && self.certs.is_empty()
+    }
+
+    /// How the signed PE file at `path` is revoked (`by its digest`, `by
+    /// the certificate …`), `None` when it is not. Streamed.
+    pub fn file(&self, path: &Path) -> Result<Option<String>> {
+        if self.is_empty() {
+            return Ok(None);
+        }
+        let digest = authenticode::file_digest(path)?;
+        Ok(self.how(digest, |c| authenticode::verify_file(path, c).is_ok()))
+    }
+
+    /// [`Revoked::file`] of a PE image in memory.
+    pub fn image(&self, pe: &[u8]) -> Result<Option<String>> {
+        if self.is_empty() {
+            return Ok(None);
+        }
+        let digest = authenticode::digest(pe)?;
+        Ok(self.how(digest, |c| authenticode::verify(pe, c).is_ok()))
+    }
+
+    fn how(
+        &self,
+        digest: [u8; 32],
+        signed_by: impl Fn(&authenticode::Certificate) -> bool,
+    ) -> Option<String> {
+        if self.digests.contains(&digest) {
+            return Some("by its digest".into());
+        }
+        self.certs.iter().find(|c| signed_by(c)).map(|c| {
+            format!(
+                "by the certificate {}",
+                contract::text::quote(&c.tbs_certificate.subject.to_string(), 64)
+            )
+        })
+    }
+}
+
 /// A payload's Secure Boot updates (`files`: its artifacts of kind
 /// `secure-boot-update`, by name, read and checked against their signed
-/// digests by the caller) checked before anything is written: at most one per variable, and no digest in dbx of the
-/// payload's own boot chain (`own`: its UKIs, its boot loader), which
-/// would make the version refuse itself once its runtime wrote them. A
-/// certificate in dbx is refused: the ESP's boot loader may be signed by
-/// it (docs/secureboot.md). Returns META's record for `version`, `None`
-/// without updates.
+/// digests by the caller) checked before anything is written: at most one
+/// per variable, and nothing in dbx that revokes the payload's own boot
+/// chain (`loader`, its signed boot loader, and its UKIs), by digest or by
+/// certificate, which would make the version refuse itself once its
+/// runtime wrote them. Returns META's record for `version`, `None` without
+/// updates.
 pub fn updates(
     version: &str,
     files: Vec<(String, Vec<u8>)>,
     loader: Option<&Path>,
     ukis: Option<[&Path; 2]>,
 ) -> Result<Option<crate::efivar::Record>> {
-    use crate::efivar::{Entry, parse_update};
+    use crate::efivar::parse_update;
     if files.is_empty() {
         return Ok(None);
     }
@@ -196,13 +274,6 @@ pub fn updates(
         own.extend([("UKI of slot A", a), ("UKI of slot B", b)]);
     }
     let mut read = Vec::new();
-    let mut digests = Vec::new();
-    for (what, path) in own {
-        digests.push((
-            what,
-            authenticode::file_digest(path).with_context(|| format!("its {what}"))?,
-        ));
-    }
     for (name, bytes) in files {
         let name = name.as_str();
         let u = parse_update(name, &bytes)?;
@@ -211,22 +282,14 @@ pub fn updates(
             "the payload carries {} twice",
             contract::text::escape(name)
         );
-        for e in &u.entries {
-            match e {
-                Entry::Sha256(d) => {
-                    if let Some((what, _)) = digests.iter().find(|(_, own)| own == d) {
-                        bail!(
-                            "{name} revokes the payload's own {what}: the version would refuse \
-                             itself once it wrote it; nothing was written"
-                        );
-                    }
-                }
-                Entry::X509(_) if u.var == crate::efivar::Var::Dbx => bail!(
-                    "{name} revokes a certificate: not supported (the ESP's boot loader may be \
-                     signed by it and no upgrade replaces it); revoke images by digest (imager \
-                     secureboot enrol-files --revoke)"
-                ),
-                Entry::X509(_) => {}
+        let revoked = Revoked::of(&u)?;
+        for (what, path) in &own {
+            if let Some(how) = revoked.file(path).with_context(|| format!("its {what}"))? {
+                bail!(
+                    "{} revokes the payload's own {what} ({how}): the version would refuse \
+                     itself once it wrote it; nothing was written",
+                    contract::text::escape(name)
+                );
             }
         }
         read.push((name.to_string(), bytes));
@@ -235,48 +298,51 @@ pub fn updates(
 }
 
 /// Refuses a dbx update that revokes `loader`, the boot loader firmware
-/// starts from the disk (an install's, which no upgrade replaces): the
-/// machine would start nothing once firmware took it.
+/// starts from the disk (by its digest, or by the certificate that signed
+/// it: an upgrade replaces it with the payload's first,
+/// `bootstate::ops::upgrade_with_loader`): the machine would start nothing
+/// once firmware took it.
 pub fn check_loader_not_revoked(
     name: &str,
     update: &crate::efivar::Update,
     loader: &[u8],
 ) -> Result<()> {
-    let d = authenticode::digest(loader).context("the disk's boot loader")?;
-    ensure!(
-        !update.entries.contains(&crate::efivar::Entry::Sha256(d)),
-        "{name} revokes the boot loader on this disk's ESP: firmware would start nothing; not \
-         written (docs/secureboot.md, \"Rotating the db key and revoking UKIs\")"
-    );
+    let how = Revoked::of(update)?
+        .image(loader)
+        .context("the disk's boot loader")?;
+    if let Some(how) = how {
+        bail!(
+            "{} revokes the boot loader on this disk's ESP ({how}): firmware would start \
+             nothing; not written (docs/secureboot.md, \"Rotating the db key and revoking UKIs\")",
+            contract::text::escape(name)
+        );
+    }
     Ok(())
 }
 
 /// Refuses a payload whose UKIs (`ukis`, by slot) the disk's own Secure
 /// Boot updates (META's `secure-boot-updates`, `disk_updates`) revoke
-/// through dbx: firmware would refuse them once the runtime wrote the
-/// updates, or has already. Before anything is written.
+/// through dbx, by digest or by certificate: firmware would refuse them
+/// once the runtime wrote the updates, or has already. Before anything is
+/// written.
 pub fn check_disk_dbx(disk_updates: Option<&str>, ukis: Option<[&Path; 2]>) -> Result<()> {
-    use crate::efivar::{Entry, Record, parse_update};
+    use crate::efivar::{Record, parse_update};
     let (Some(text), Some(ukis)) = (disk_updates, ukis) else {
         return Ok(());
     };
     let record = Record::from_meta(text).context("META's secure-boot-updates")?;
-    let mut revoked = Vec::new();
+    let mut revoked = Revoked::default();
     for (name, bytes) in &record.updates {
-        for e in parse_update(name, bytes)?.entries {
-            if let Entry::Sha256(d) = e {
-                revoked.push(d);
-            }
-        }
+        revoked.add(&parse_update(name, bytes)?)?;
     }
     for (what, path) in [("UKI of slot A", ukis[0]), ("UKI of slot B", ukis[1])] {
-        let d = authenticode::file_digest(path).with_context(|| format!("its {what}"))?;
-        ensure!(
-            !revoked.contains(&d),
-            "its {what} is revoked by this disk's Secure Boot updates (dbx, from version {}): \
-             firmware refuses it; nothing was written",
-            contract::text::escape(&record.version)
-        );
+        if let Some(how) = revoked.file(path).with_context(|| format!("its {what}"))? {
+            bail!(
+                "its {what} is revoked by this disk's Secure Boot updates ({how}; dbx, from \
+                 version {}): firmware refuses it; nothing was written",
+                contract::text::escape(&record.version)
+            );
+        }
     }
     Ok(())
 }

@@ -899,7 +899,10 @@ fn switch(
     progress: &mut dyn FnMut(&str, String),
 ) -> Result<(Event, Option<power::Action>)> {
     let node = &server.node;
-    match node.disk.upgrade(&staged.payload, staged.epoch, tries) {
+    match node
+        .disk
+        .upgrade(&staged.payload, staged.loader.as_ref(), staged.epoch, tries)
+    {
         Ok(up) => {
             // After the switch, so that a refused or failed upgrade never
             // costs /var (a cut between the two leaves /var kept).

@@ -9,14 +9,17 @@
 //!    and the manifest's name against META's image name, before any other
 //!    layer is read.
 //! 2. The second layer is streamed: each file the signed manifest lists for
-//!    a slot (kernel, initramfs, the slots' UKIs) is written into the
+//!    a slot (kernel, initramfs, the slots' UKIs; for Secure Boot the db
+//!    certificate, the updates and the signed boot loader) is written into the
 //!    staging directory on EPHEMERAL while it is hashed, and must be
 //!    exactly the signed size and digest; other files are skipped. The
 //!    layer is read to its end, which verifies its digest
 //!    ([`registry::Client::blob`]).
 //! 3. Only then is the disk written, by [`bootstate::ops::upgrade`] as
 //!    `imager upgrade` writes it (files read back against the signed
-//!    digests, META's intent, the switch with boot counting).
+//!    digests, META's intent, the switch with boot counting); on a Secure
+//!    Boot disk by [`bootstate::ops::upgrade_with_loader`], which first
+//!    replaces the ESP's boot loader when the payload's differs.
 //!
 //! A cut connection, a tampered layer or a refusal before step 3 leaves
 //! the slots as they were (the staging directory is emptied at the next
@@ -104,6 +107,8 @@ const DNS_TIMEOUT: Duration = Duration::from_secs(3);
 /// A verified payload, staged on EPHEMERAL.
 pub struct Staged {
     pub payload: Payload,
+    /// A Secure Boot payload's signed boot loader.
+    pub loader: Option<PayloadFile>,
     pub key_id: String,
     /// The image manifest's digest.
     pub digest: String,
@@ -301,6 +306,11 @@ pub fn pull(
     } else {
         None
     };
+    // (Its signed boot loader, which replaces the ESP's when it differs.)
+    let loader = match &db {
+        Some(_) => Some(take(Kind::BootLoader)?),
+        None => None,
+    };
     let ukis = match (
         staged.remove(paths::output::uki(Slot::A)),
         staged.remove(paths::output::uki(Slot::B)),
@@ -311,7 +321,7 @@ pub fn pull(
     };
     let signed = payload::secureboot::Signed {
         db: db.as_deref(),
-        loader: None,
+        loader: loader.as_ref().map(|l| l.path.as_path()),
         ukis: ukis
             .as_ref()
             .map(|u| [u.a.path.as_path(), u.b.path.as_path()]),
@@ -333,16 +343,15 @@ pub fn pull(
             .with_context(|| format!("{name} was not staged"))?;
         updates.push((name.clone(), bytes));
     }
-    // (The payload's boot loader is not pulled: the ESP keeps the
-    // install's, which the runtime checks before it writes dbx.)
     let secure_boot_updates =
-        payload::secureboot::updates(&manifest.version, updates, None, signed.ukis)
+        payload::secureboot::updates(&manifest.version, updates, signed.loader, signed.ukis)
             .with_context(|| format!("{reference}'s Secure Boot updates; nothing was written"))?
             .map(|r| r.to_meta());
     if decided == payload::secureboot::Move::Keep {
         say(
             "verify",
-            "both UKIs are signed by the db key this disk's firmware trusts".to_string(),
+            "both UKIs and the boot loader are signed by a db key this disk's firmware trusts"
+                .to_string(),
         );
     }
     Ok(Staged {
@@ -361,6 +370,7 @@ pub fn pull(
                 .map(payload::root::Root::to_bytes),
             secure_boot_updates,
         },
+        loader,
         key_id: key,
         digest: image.digest.to_string(),
         epoch: manifest.source_date_epoch,

@@ -104,10 +104,56 @@ impl Disk {
         }
     }
 
+    /// [`Disk::with_epoch`] with the ESP too: `None` where BOOT is the
+    /// ESP (a disk of 4096-byte sectors, or no ESP partition beside BOOT).
+    fn with_esp<R>(
+        &self,
+        epoch: u64,
+        f: impl FnOnce(
+            Option<&mut BootFs<Window<File>>>,
+            &mut BootFs<Window<File>>,
+            &mut Window<File>,
+        ) -> Result<R>,
+    ) -> Result<R> {
+        match &self.src {
+            Source::Whole(path) => {
+                let disk = bootstate::disk::Disk::open_waiting(path, Access::Write)?;
+                let mut esp = disk.separate_esp()?.map(|e| BootFs::new(e, epoch));
+                let (mut boot, mut meta) = (disk.boot(epoch)?, disk.meta()?);
+                f(esp.as_mut(), &mut boot, &mut meta)
+            }
+            Source::Parts(boot, meta) => {
+                let mut esp = match &self.esp {
+                    Some(e) => Some(BootFs::new(open_part(e)?, epoch)),
+                    None => None,
+                };
+                f(
+                    esp.as_mut(),
+                    &mut BootFs::new(open_part(boot)?, epoch),
+                    &mut open_part(meta)?,
+                )
+            }
+        }
+    }
+
     /// Installs `payload` into the slot that is not the fallback, tried
-    /// next with `tries` boots ([`ops::upgrade`], as `imager upgrade`).
-    pub fn upgrade(&self, payload: &ops::Payload, epoch: u64, tries: u32) -> Result<ops::Upgraded> {
-        self.with_epoch(epoch, |boot, meta| ops::upgrade(boot, meta, payload, tries))
+    /// next with `tries` boots ([`ops::upgrade`], as `imager upgrade`). With
+    /// `loader`, the payload's signed boot loader on a Secure Boot disk,
+    /// the ESP's is replaced first when it differs
+    /// ([`ops::upgrade_with_loader`]).
+    pub fn upgrade(
+        &self,
+        payload: &ops::Payload,
+        loader: Option<&ops::PayloadFile>,
+        epoch: u64,
+        tries: u32,
+    ) -> Result<ops::Upgraded> {
+        match loader {
+            None => self.with_epoch(epoch, |boot, meta| ops::upgrade(boot, meta, payload, tries)),
+            Some(l) => self.with_esp(epoch, |esp, boot, meta| {
+                ops::upgrade_with_loader(esp, l, boot, meta, payload, tries)
+            }),
+        }
     }
 
     /// Records what this boot of `booted` means and says it; returns
@@ -217,22 +263,14 @@ impl Disk {
     pub fn esp_loader(&self) -> Result<Vec<u8>> {
         const MAX: u64 = 16 << 20;
         let path = contract::paths::ESP_BOOT_LOADER;
-        let on_boot = || {
-            self.with(|boot, _| boot.read(path, MAX))
-                .context("reading the boot loader on BOOT")
-        };
-        let esp = match (&self.src, &self.esp) {
-            (Source::Whole(disk), _) => {
-                let disk = bootstate::disk::Disk::open_waiting(disk, Access::Read)?;
-                disk.partition(PartitionRole::Efi)
-                    .and_then(|p| BootFs::new(p, 0).read(path, MAX))
-            }
-            (Source::Parts(..), Some(esp)) => {
-                open_part(esp).and_then(|p| BootFs::new(p, 0).read(path, MAX))
-            }
-            (Source::Parts(..), None) => return on_boot(),
-        };
-        esp.or_else(|e| on_boot().map_err(|b| b.context(format!("and on the ESP: {e:#}"))))
+        self.with_esp(0, |esp, boot, _| match esp {
+            Some(esp) => esp
+                .read(path, MAX)
+                .context("reading the boot loader on the ESP"),
+            None => boot
+                .read(path, MAX)
+                .context("reading the boot loader on BOOT"),
+        })
     }
 
     /// META as it is now.

@@ -1483,3 +1483,140 @@ fn an_upgrade_writes_its_files_in_few_large_writes() {
     let meta = AREA_LEN as u64;
     assert!(bytes <= files + meta + (64 << 10), "{bytes} bytes written");
 }
+
+/// A Secure Boot disk upgraded to a payload with another boot loader (one
+/// signed by a new db key), cut before each of its writes (ESP, BOOT and
+/// META): the ESP's boot loader is whole, old or new (new from some cut
+/// on, before any of BOOT's writes); the disk boots v1 on A or v2's UKI on
+/// B; running the upgrade again finishes it. Refused before any write on
+/// a disk without Secure Boot. On a disk whose BOOT is the ESP, the boot
+/// loader on BOOT is replaced and the upgrade planned again.
+#[test]
+fn an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes() {
+    crate::device::each_loss(|_| {
+        an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes_under_loss()
+    });
+}
+
+fn an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes_under_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let (b0, mut m0, v1) = uki_disk(16, dir.path());
+    let db = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_string();
+    let plain_meta = m0.clone();
+    let mut meta0 = meta::read(&mut m0).unwrap().0;
+    meta0.set(Tag::SecureBoot, db.as_bytes());
+    meta::write(&mut m0, &meta0).unwrap();
+    let old_loader: Vec<u8> = (0..12_000u32).map(|i| (i % 253) as u8).collect();
+    let new_loader: Vec<u8> = (0..20_000u32).map(|i| (i % 241) as u8).collect();
+    let e0 = esp_with(&old_loader);
+    let path = dir.path().join("systemd-bootx64.efi.signed");
+    std::fs::write(&path, &new_loader).unwrap();
+    let loader = PayloadFile {
+        path,
+        sha256: crate::fat::hex(&Sha256::digest(&new_loader)),
+        len: new_loader.len() as u64,
+    };
+    let v2 = Payload {
+        secure_boot: Some(db.clone()),
+        ..uki_payload(dir.path(), "2", 6_000)
+    };
+    let up = |b: &mut Dev, m: &mut Dev, e: &mut Dev, fail_at: Option<u64>| {
+        let mut fb = match fail_at {
+            Some(n) => Faulty::failing_at(&mut *b, n),
+            None => Faulty::counting(&mut *b),
+        };
+        let mut fm = fb.share(&mut *m);
+        let mut fe = fb.share(&mut *e);
+        let r = upgrade_with_loader(
+            Some(&mut BootFs::new(&mut fe, 0)),
+            &loader,
+            &mut BootFs::new(&mut fb, 0),
+            &mut fm,
+            &v2,
+            3,
+        );
+        (r, fb.writes())
+    };
+    // Refused before any write on a disk without Secure Boot.
+    {
+        let (mut b, mut m, mut e) = (b0.clone(), plain_meta.clone(), e0.clone());
+        let (r, writes) = up(&mut b, &mut m, &mut e, None);
+        let err = r.unwrap_err();
+        assert!(
+            format!("{err:#}").contains("only on a Secure Boot disk"),
+            "{err:#}"
+        );
+        assert_eq!(writes, 0);
+        assert_eq!(
+            (b.get_ref(), m.get_ref(), e.get_ref()),
+            (b0.get_ref(), plain_meta.get_ref(), e0.get_ref())
+        );
+    }
+    let (mut b, mut m, mut e) = (b0.clone(), m0.clone(), e0.clone());
+    let (r, total) = up(&mut b, &mut m, &mut e, None);
+    r.unwrap();
+    assert_eq!(firmware_loader(&e), new_loader);
+    let mut saw = [false, false];
+    let mut loader_new_from = None;
+    for n in 1..=total {
+        let (mut b, mut m, mut e) = (b0.clone(), m0.clone(), e0.clone());
+        let (r, _) = up(&mut b, &mut m, &mut e, Some(n));
+        assert!(r.is_err(), "cut {n}");
+        let got = firmware_loader(&e);
+        if got == new_loader {
+            loader_new_from.get_or_insert(n);
+        } else {
+            assert!(
+                got == old_loader,
+                "cut {n}: the boot loader is neither old nor new"
+            );
+            assert!(
+                loader_new_from.is_none(),
+                "cut {n}: old boot loader after the new"
+            );
+        }
+        let mut boot = BootFs::new(&mut b, 0);
+        let slot = boots_uki(&mut boot, &v1, &v2, n);
+        saw[(slot == Slot::B) as usize] = true;
+        if slot == Slot::B {
+            assert_eq!(
+                got, new_loader,
+                "cut {n}: slot B switched to before the boot loader"
+            );
+        }
+        assess(&mut boot, &mut m, slot).unwrap();
+        drop(boot);
+        if slot == Slot::A {
+            let (r, _) = up(&mut b, &mut m, &mut e, None);
+            r.unwrap_or_else(|err| panic!("cut {n}: {err:#}"));
+            let mut boot = BootFs::new(&mut b, 0);
+            assert_eq!(boots_uki(&mut boot, &v1, &v2, n), Slot::B, "cut {n}");
+        }
+        assert_eq!(firmware_loader(&e), new_loader, "cut {n}");
+        let said = crate::testutil::fsck(e.get_ref());
+        for bad in ["share", "Reclaimed", "Not auto-correcting", "outside a LFN"] {
+            assert!(!said.contains(bad), "cut {n}: fsck.fat says:\n{said}");
+        }
+    }
+    assert_eq!(saw, [true, true]);
+    assert!(loader_new_from.is_some());
+
+    // A disk whose BOOT is the ESP: the boot loader on BOOT.
+    let (mut b, mut m) = (b0.clone(), m0.clone());
+    {
+        let mut boot = BootFs::new(&mut b, 0);
+        boot.ensure_dir("EFI/BOOT").unwrap();
+        let path = contract::paths::ESP_BOOT_LOADER;
+        boot.create(path, &mut &old_loader[..], old_loader.len() as u64)
+            .unwrap();
+    }
+    upgrade_with_loader::<Dev, _, _>(None, &loader, &mut BootFs::new(&mut b, 0), &mut m, &v2, 3)
+        .unwrap();
+    let mut boot = BootFs::new(&mut b, 0);
+    assert_eq!(boots_uki(&mut boot, &v1, &v2, 0), Slot::B);
+    assert_eq!(
+        boot.read(contract::paths::ESP_BOOT_LOADER, 1 << 20)
+            .unwrap(),
+        new_loader
+    );
+}

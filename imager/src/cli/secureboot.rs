@@ -14,7 +14,7 @@ pub enum SecurebootCommand {
     Verify(VerifyArgs),
     /// Write PK.auth, KEK.auth and db.auth (signed variable updates,
     /// time-stamped with SOURCE_DATE_EPOCH) for enrolling the keys; with
-    /// --add-db or --revoke, the KEK-signed appends db.append.auth and
+    /// --add-db, --revoke or --revoke-cert, the KEK-signed appends db.append.auth and
     /// dbx.append.auth instead (a profile's secure_boot.updates).
     EnrolFiles(EnrolArgs),
 }
@@ -59,6 +59,11 @@ pub struct EnrolArgs {
     /// (repeatable).
     #[arg(long, value_name = "PE")]
     pub revoke: Vec<PathBuf>,
+    /// A db certificate (PEM or DER) firmware must stop trusting: every
+    /// image its key signed is refused (a leaked db key's retirement).
+    /// Written to dbx.append.auth, signed by the KEK (repeatable).
+    #[arg(long, value_name = "CRT")]
+    pub revoke_cert: Vec<PathBuf>,
 }
 
 pub fn run(cmd: &SecurebootCommand) -> anyhow::Result<ExitCode> {
@@ -101,7 +106,8 @@ pub fn run(cmd: &SecurebootCommand) -> anyhow::Result<ExitCode> {
         SecurebootCommand::EnrolFiles(a) => {
             let keys = SecureBootKeys::load(&a.keys)?;
             let epoch = imager::build::source_date_epoch(&a.keys)?;
-            let written = if a.add_db.is_empty() && a.revoke.is_empty() {
+            let written = if a.add_db.is_empty() && a.revoke.is_empty() && a.revoke_cert.is_empty()
+            {
                 write_enrolment(&keys, epoch, &a.out)?
             } else {
                 let mut changes = auth::Changes::default();
@@ -112,6 +118,11 @@ pub fn run(cmd: &SecurebootCommand) -> anyhow::Result<ExitCode> {
                 }
                 for pe in &a.revoke {
                     changes.revoke.push(authenticode::file_digest(pe)?);
+                }
+                for c in &a.revoke_cert {
+                    changes
+                        .revoke_certs
+                        .push(der::Encode::to_der(&keys::load_cert(c)?)?);
                 }
                 auth::write_files(&auth::update_files(&keys, epoch, &changes)?, &a.out)?
             };

@@ -183,11 +183,14 @@ pub struct Changes {
     pub add_db: Vec<Vec<u8>>,
     /// Authenticode SHA-256 digests.
     pub revoke: Vec<[u8; 32]>,
+    /// DER certificates whose key's every signature firmware must refuse.
+    pub revoke_certs: Vec<Vec<u8>>,
 }
 
 /// The signed appends of `changes`, `(file name, bytes)`: `db.append.auth`
 /// (one X.509 list per certificate) when certificates are added,
-/// `dbx.append.auth` (one SHA-256 list) when images are revoked; each
+/// `dbx.append.auth` (one X.509 list per revoked certificate, then one
+/// SHA-256 list) when certificates or images are revoked; each
 /// signed by the KEK for `EFI_VARIABLE_APPEND_WRITE`, time-stamped `epoch`
 /// (firmware takes an append whatever its time, and adds only what the
 /// variable lacks). Sorted and deduplicated: the same changes give the
@@ -204,15 +207,21 @@ pub fn update_files(
     let mut digests = changes.revoke.clone();
     digests.sort();
     digests.dedup();
-    let mut db = Vec::new();
-    for c in &certs {
-        db.extend(x509_signature_list(&keys.owner, c)?);
-    }
-    let dbx = if digests.is_empty() {
-        Vec::new()
-    } else {
-        sha256_signature_list(&keys.owner, &digests)
+    let mut revoked = changes.revoke_certs.clone();
+    revoked.sort();
+    revoked.dedup();
+    let lists = |certs: &[Vec<u8>]| -> Result<Vec<u8>> {
+        let mut v = Vec::new();
+        for c in certs {
+            v.extend(x509_signature_list(&keys.owner, c)?);
+        }
+        Ok(v)
     };
+    let db = lists(&certs)?;
+    let mut dbx = lists(&revoked)?;
+    if !digests.is_empty() {
+        dbx.extend(sha256_signature_list(&keys.owner, &digests));
+    }
     let mut out = Vec::new();
     for (var, data) in [(Var::Db, db), (Var::Dbx, dbx)] {
         if data.is_empty() {
@@ -237,8 +246,8 @@ pub fn update_files(
     }
     ensure!(
         !out.is_empty(),
-        "nothing to write: name a certificate to add to db (--add-db) or an image to revoke \
-         (--revoke)"
+        "nothing to write: name a certificate to add to db (--add-db), an image to revoke \
+         (--revoke) or a certificate to revoke (--revoke-cert)"
     );
     Ok(out)
 }

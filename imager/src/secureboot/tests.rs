@@ -388,6 +388,7 @@ fn rotation_appends_are_read_back_as_what_they_add_and_are_deterministic() {
     let changes = Changes {
         add_db: vec![keys().kek.cert_der.clone(), keys().db.cert_der.clone()],
         revoke: vec![[2; 32], [1; 32], [2; 32]],
+        revoke_certs: vec![keys().kek.cert_der.clone()],
     };
     let files = update_files(keys(), 1_700_000_000, &changes).unwrap();
     assert_eq!(
@@ -407,7 +408,11 @@ fn rotation_appends_are_read_back_as_what_they_add_and_are_deterministic() {
     let dbx = efivar::parse_update(files[1].0, &files[1].1).unwrap();
     assert_eq!(
         dbx.entries,
-        [Entry::Sha256([1; 32]), Entry::Sha256([2; 32])]
+        [
+            Entry::X509(keys().kek.cert_der.clone()),
+            Entry::Sha256([1; 32]),
+            Entry::Sha256([2; 32])
+        ]
     );
     // Laid out as the enrolment files are: EFI_TIME, then the PKCS#7.
     for (name, bytes) in &files {
@@ -439,6 +444,7 @@ fn a_payloads_updates_may_not_revoke_its_own_boot_chain_and_db_certificates_accu
         let c = Changes {
             add_db: vec![keys().kek.cert_der.clone()],
             revoke: vec![revoke],
+            ..Changes::default()
         };
         update_files(keys(), 1_700_000_000, &c)
             .unwrap()
@@ -461,6 +467,26 @@ fn a_payloads_updates_may_not_revoke_its_own_boot_chain_and_db_certificates_accu
             .unwrap()
             .is_none()
     );
+    // Nor by the certificate that signed it; another certificate is taken.
+    let by_cert = |der: &[u8]| {
+        let c = Changes {
+            revoke_certs: vec![der.to_vec()],
+            ..Changes::default()
+        };
+        update_files(keys(), 1_700_000_000, &c)
+            .unwrap()
+            .into_iter()
+            .map(|(n, b)| (n.to_string(), b))
+            .collect::<Vec<_>>()
+    };
+    let e = payload::secureboot::updates("2", by_cert(&keys().db.cert_der), own, None).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("revokes the payload's own boot loader (by the certificate"),
+        "{e:#}"
+    );
+    payload::secureboot::updates("2", by_cert(&keys().kek.cert_der), own, None)
+        .unwrap()
+        .unwrap();
     // The same file twice is refused.
     let mut twice = files([9; 32]);
     twice.push(twice[0].clone());
@@ -520,4 +546,44 @@ fn a_disks_dbx_updates_refuse_payloads_and_boot_loaders_they_revoke() {
     assert!(format!("{e:#}").contains("revokes the boot loader on this disk's ESP"));
     let ours = std::fs::read(&a).unwrap();
     payload::secureboot::check_loader_not_revoked(name, &u, &ours).unwrap();
+
+    // A revoked certificate revokes every image its key signed.
+    let revoke_cert = |der: &[u8]| {
+        let c = Changes {
+            revoke_certs: vec![der.to_vec()],
+            ..Changes::default()
+        };
+        let files = update_files(keys(), 1_700_000_000, &c).unwrap();
+        let files = files.into_iter().map(|(n, f)| (n.to_string(), f)).collect();
+        payload::efivar::Record::new("3", files).unwrap()
+    };
+    let db_cert = revoke_cert(&keys().db.cert_der);
+    let e =
+        payload::secureboot::check_disk_dbx(Some(&db_cert.to_meta()), Some([&a, &b])).unwrap_err();
+    assert!(
+        format!("{e:#}").contains(
+            "its UKI of slot A is revoked by this disk's Secure Boot updates (by the certificate"
+        ),
+        "{e:#}"
+    );
+    let kek_cert = revoke_cert(&keys().kek.cert_der);
+    payload::secureboot::check_disk_dbx(Some(&kek_cert.to_meta()), Some([&a, &b])).unwrap();
+    let (name, bytes) = &db_cert.updates[0];
+    let u = payload::efivar::parse_update(name, bytes).unwrap();
+    let e = payload::secureboot::check_loader_not_revoked(name, &u, &ours).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("revokes the boot loader on this disk's ESP (by the certificate"),
+        "{e:#}"
+    );
+    // A db update revokes nothing.
+    let added = {
+        let c = Changes {
+            add_db: vec![keys().db.cert_der.clone()],
+            ..Changes::default()
+        };
+        let files = update_files(keys(), 1_700_000_000, &c).unwrap();
+        let files = files.into_iter().map(|(n, f)| (n.to_string(), f)).collect();
+        payload::efivar::Record::new("3", files).unwrap()
+    };
+    payload::secureboot::check_disk_dbx(Some(&added.to_meta()), Some([&a, &b])).unwrap();
 }
