@@ -1228,7 +1228,9 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
 /// other: the node checks the UKIs it pulled against the db certificate in
 /// META before it writes, so a payload signed for another db key is
 /// refused with the slots as they were, and one signed for its own comes
-/// up on slot B, blessed, with Secure Boot still on.
+/// up on slot B, blessed, with Secure Boot still on. The ESP's boot loader,
+/// signed by sbsign for the same db key (bootable, other bytes), is then
+/// the payload's: the node staged it and its upgrade replaced it.
 #[test]
 fn a_secure_boot_node_upgrades_over_the_api_and_refuses_a_payload_for_another_db_key() {
     let (creds, _) = credentials(&scratch().join("node-sb-credentials"));
@@ -1268,6 +1270,30 @@ fn a_secure_boot_node_upgrades_over_the_api_and_refuses_a_payload_for_another_db
     }
     let disk = sparse_copy(&v1.artifact("raw"), "node-sb");
     ok(&mut provision(&disk, &creds, &["--node", "node1"]));
+    let esp = part_at(&disk, "EFI");
+    let loader = |name: &str| {
+        let out = scratch().join(name);
+        let _ = std::fs::remove_file(&out);
+        ok(tool("mcopy")
+            .args(["-i", &esp, "::/EFI/BOOT/BOOTX64.EFI"])
+            .arg(&out));
+        out
+    };
+    let imagers = loader("node-sb-bootx64.efi");
+    let resigned = scratch().join("node-sb-sbsign-bootx64.efi");
+    ok(tool("sbsign")
+        .arg("--key")
+        .arg(keys.join("db.key"))
+        .arg("--cert")
+        .arg(keys.join("db.crt"))
+        .arg("--output")
+        .arg(&resigned)
+        .arg("/usr/lib/systemd/boot/efi/systemd-bootx64.efi"));
+    assert_ne!(sha256(&resigned), sha256(&imagers));
+    ok(tool("mcopy")
+        .args(["-o", "-i", &esp])
+        .arg(&resigned)
+        .arg("::/EFI/BOOT/BOOTX64.EFI"));
     let vars = enrolled_vars(&keys, &scratch().join("node-sb.vars.fd"), true);
     let vars = vars.display().to_string();
     let port = reg::free_port();
@@ -1312,7 +1338,10 @@ fn a_secure_boot_node_upgrades_over_the_api_and_refuses_a_payload_for_another_db
     let said = succeeded(&vm, "upgrade --wait", out);
     assert!(said.contains("metal 0.2.0 on slot B"), "{said}");
     assert!(
-        steps.contains("verify: both UKIs are signed by the db key this disk's firmware trusts"),
+        steps.contains(
+            "verify: both UKIs and the boot loader are signed by a db key this disk's firmware \
+             trusts"
+        ),
         "{steps}"
     );
     let ready = vm.wait_for("ready version=", 2);
@@ -1326,6 +1355,11 @@ fn a_secure_boot_node_upgrades_over_the_api_and_refuses_a_payload_for_another_db
             ("good".to_string(), "0.2.0".to_string())
         ],
         "{s}"
+    );
+    assert_eq!(
+        sha256(&loader("node-sb-after-bootx64.efi")),
+        sha256(&imagers),
+        "the upgrade did not put the payload's boot loader on the ESP"
     );
 }
 

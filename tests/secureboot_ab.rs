@@ -171,11 +171,6 @@ fn boot_at(disk: &Path) -> String {
     part_at(disk, "BOOT")
 }
 
-/// The byte offset of partition `label` in `disk` (sfdisk), for mtools.
-fn part_at(disk: &Path, label: &str) -> String {
-    format!("{}@@{}", disk.display(), partition_range(disk, label).0)
-}
-
 #[test]
 fn the_images_ukis_and_boot_loader_are_signed_for_the_db_key_and_nothing_else() {
     let i = images();
@@ -447,9 +442,14 @@ fn esp_loader(disk: &Path, name: &str) -> PathBuf {
 
 /// Whether `sbverify` accepts `efi` as signed by the test db key.
 fn signed_for_db(efi: &Path) -> bool {
+    signed_for(efi, &images().keys.join("db.crt"))
+}
+
+/// Whether `sbverify` accepts `efi` as signed for the certificate `cert`.
+fn signed_for(efi: &Path, cert: &Path) -> bool {
     tool("sbverify")
         .arg("--cert")
-        .arg(images().keys.join("db.crt"))
+        .arg(cert)
         .arg(efi)
         .output()
         .unwrap()
@@ -722,6 +722,13 @@ fn siglists(store: &str, name: &str) -> String {
 /// and when that UKI is put in a trial entry of slot A by hand, firmware
 /// refuses it (it is signed by db key 1, which firmware still trusts: only
 /// dbx forbids it) and slot B comes up again.
+///
+/// The upgrade to 0.2.0 also replaced the ESP's boot loader with 0.2.0's,
+/// signed with db key 2 (sbverify). So 0.3.0 may retire db key 1: its dbx
+/// append revokes key 1's certificate. Once its runtime wrote it, the
+/// machine still boots (its boot loader is key 2's), the disk refuses
+/// 0.1.0 by that certificate, and firmware refuses 0.1.0's UKI of slot B,
+/// which no digest revokes, in a trial entry: slot A comes up again.
 #[test]
 fn a_db_key_rotates_and_a_revoked_uki_is_refused_by_firmware() {
     let i = images();
@@ -825,6 +832,10 @@ fn a_db_key_rotates_and_a_revoked_uki_is_refused_by_firmware() {
     // 0.2.0, signed with db key 2, boots; it revokes 0.1.0's UKI of slot A.
     let up = upgrade(&disk, &installer(&v2), &[]);
     assert!(up.status.success(), "{up:?}");
+    // Its upgrade replaced the ESP's boot loader with its own, key 2's.
+    let loader = esp_loader(&disk, "sb-rot-loader");
+    assert!(signed_for(&loader, &rotated.join("db.crt")));
+    assert!(!signed_for_db(&loader));
     let dbx_before = siglists(&store(&vars), "dbx");
     let (r, console) = sb_boot(&disk, &vars, false);
     assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()), "{console}");
@@ -869,4 +880,62 @@ fn a_db_key_rotates_and_a_revoked_uki_is_refused_by_firmware() {
         console.contains("secure boot: dbx holds the 1 entries of dbx.append.auth"),
         "{console}"
     );
+
+    // 0.3.0 retires db key 1: its dbx append revokes key 1's certificate.
+    let retire = rotation_files(
+        "sb-rot-retire",
+        &["--revoke-cert", i.keys.join("db.crt").to_str().unwrap()],
+    );
+    let v3 = variant(
+        "sb-rot-v3",
+        &rotated,
+        "0.3.0",
+        with_updates(&retire, "dbx.append.auth"),
+    );
+    let up = upgrade(&disk, &installer(&v3), &[]);
+    assert!(up.status.success(), "{up:?}");
+    let dbx_before = siglists(&store(&vars), "dbx");
+    let (r, console) = sb_boot(&disk, &vars, false);
+    assert_eq!(slot_of(&r), ("0.3.0".into(), "A".into()), "{console}");
+    assert!(
+        console.contains("secure boot: dbx.append.auth: firmware's dbx took 1 entries"),
+        "{console}"
+    );
+    assert_ne!(dbx_before, siglists(&store(&vars), "dbx"));
+    // The disk refuses what key 1 signed, by its certificate.
+    let before = sha256(&disk);
+    let out = upgrade(&disk, &installer(&v1), &[]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("revoked by this disk's Secure Boot updates (by the certificate"),
+        "{err}"
+    );
+    assert_eq!(sha256(&disk), before, "a refused upgrade wrote to the disk");
+    // Firmware refuses 0.1.0's UKI of slot B, which no digest revokes.
+    let up = upgrade(&disk, &installer(&v3), &[]);
+    assert!(up.status.success(), "{up:?}");
+    let img = boot_at(&disk);
+    let name = "::/EFI/Linux/g00000005-slot-b+3-0.efi";
+    ok(tool("mdel").args(["-i", &img, name]));
+    ok(tool("mcopy")
+        .args(["-i", &img])
+        .arg(v1.dir.join("uki-b.efi"))
+        .arg(name));
+    let (r, console) = sb_boot(&disk, &vars, true);
+    assert_eq!(slot_of(&r), ("0.3.0".into(), "A".into()), "{console}");
+    assert!(
+        console.contains("Error loading \\EFI\\Linux\\g00000005-slot-b+2-1.efi: Access Denied"),
+        "{console}"
+    );
+    // Nor is that slot made the default by a rollback, forced or not.
+    let before = sha256(&disk);
+    let out = run(imager().args(["rollback", "--force", "--disk"]).arg(&disk));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("its UKI is revoked by this disk's Secure Boot updates (by the certificate"),
+        "{err}"
+    );
+    assert_eq!(sha256(&disk), before, "a refused rollback wrote to the disk");
 }

@@ -188,6 +188,11 @@ pub fn partition_names(disk: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Partition `label` of `disk` as mtools names it (`DISK@@OFFSET`).
+pub fn part_at(disk: &Path, label: &str) -> String {
+    format!("{}@@{}", disk.display(), partition_range(disk, label).0)
+}
+
 /// The byte offset and length of partition `label` of the image, as
 /// sfdisk reads its table.
 pub fn partition_range(img: &Path, label: &str) -> (u64, u64) {
