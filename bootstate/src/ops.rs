@@ -808,6 +808,20 @@ pub fn rollback<B: Device, M: Device>(
     force: bool,
     allow_downgrade: bool,
 ) -> Result<RolledBack> {
+    rollback_checked(boot, meta_dev, force, allow_downgrade, &|_, _| Ok(()))
+}
+
+/// [`rollback`], the slot's UKI (when it boots from one) first given to
+/// `check_uki` with META: an error refuses the rollback before any write
+/// (firmware would refuse a UKI that the disk's Secure Boot updates revoke:
+/// `payload::secureboot::check_rollback`).
+pub fn rollback_checked<B: Device, M: Device>(
+    boot: &mut BootFs<B>,
+    meta_dev: &mut M,
+    force: bool,
+    allow_downgrade: bool,
+    check_uki: &dyn Fn(&Meta, &[u8]) -> Result<()>,
+) -> Result<RolledBack> {
     let st = status(boot, meta_dev)?;
     // The slot that boots now, as the entries say: after a rollback cut
     // between its META write and its entry, running it again must not
@@ -840,6 +854,14 @@ pub fn rollback<B: Device, M: Device>(
         bail!("slot {to} has no boot entry: it cannot be booted");
     };
     let text = read_entry(boot, &current)?;
+    if current.kind == EntryKind::Uki {
+        check_uki(&st.meta, &text).map_err(|e| {
+            e.context(format!(
+                "slot {to} ({}) cannot be rolled back to; nothing was written",
+                st.state.version(to)
+            ))
+        })?;
+    }
     if current.kind == EntryKind::Conf {
         let text = std::str::from_utf8(&text).context("slot entry is not UTF-8")?;
         let e = Entry::parse(text).map_err(anyhow::Error::msg)?;

@@ -577,11 +577,14 @@ pub struct RollbackReport {
 
 pub fn run_rollback(a: &RollbackOptions) -> Result<RollbackReport> {
     let mut slots = open_slots(&a.disk)?;
-    let r = ops::rollback(
+    // (A slot whose UKI the disk's dbx updates revoke is refused, forced or
+    // not: firmware refuses it whatever the entry says.)
+    let r = ops::rollback_checked(
         &mut BootFs::new(slots.boot, 0),
         &mut slots.meta,
         a.force,
         a.allow_downgrade,
+        &payload::secureboot::check_rollback,
     )?;
     Ok(RollbackReport {
         disk: a.disk.display().to_string(),

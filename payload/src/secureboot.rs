@@ -320,29 +320,58 @@ pub fn check_loader_not_revoked(
     Ok(())
 }
 
-/// Refuses a payload whose UKIs (`ukis`, by slot) the disk's own Secure
-/// Boot updates (META's `secure-boot-updates`, `disk_updates`) revoke
-/// through dbx, by digest or by certificate: firmware would refuse them
-/// once the runtime wrote the updates, or has already. Before anything is
-/// written.
-pub fn check_disk_dbx(disk_updates: Option<&str>, ukis: Option<[&Path; 2]>) -> Result<()> {
+/// What the disk's own Secure Boot updates (META's `secure-boot-updates`)
+/// revoke through dbx, and the version they are of; `None` without.
+fn disk_revoked(disk_updates: Option<&str>) -> Result<Option<(Revoked, String)>> {
     use crate::efivar::{Record, parse_update};
-    let (Some(text), Some(ukis)) = (disk_updates, ukis) else {
-        return Ok(());
+    let Some(text) = disk_updates else {
+        return Ok(None);
     };
     let record = Record::from_meta(text).context("META's secure-boot-updates")?;
     let mut revoked = Revoked::default();
     for (name, bytes) in &record.updates {
         revoked.add(&parse_update(name, bytes)?)?;
     }
+    Ok(Some((revoked, contract::text::escape(&record.version))))
+}
+
+/// Refuses a payload whose UKIs (`ukis`, by slot) the disk's own Secure
+/// Boot updates (META's `secure-boot-updates`, `disk_updates`) revoke
+/// through dbx, by digest or by certificate: firmware would refuse them
+/// once the runtime wrote the updates, or has already. Before anything is
+/// written.
+pub fn check_disk_dbx(disk_updates: Option<&str>, ukis: Option<[&Path; 2]>) -> Result<()> {
+    let (Some((revoked, version)), Some(ukis)) = (disk_revoked(disk_updates)?, ukis) else {
+        return Ok(());
+    };
     for (what, path) in [("UKI of slot A", ukis[0]), ("UKI of slot B", ukis[1])] {
         if let Some(how) = revoked.file(path).with_context(|| format!("its {what}"))? {
             bail!(
                 "its {what} is revoked by this disk's Secure Boot updates ({how}; dbx, from \
-                 version {}): firmware refuses it; nothing was written",
-                contract::text::escape(&record.version)
+                 version {version}): firmware refuses it; nothing was written"
             );
         }
+    }
+    Ok(())
+}
+
+/// Refuses a rollback to a slot whose UKI (`uki`, read from BOOT) the
+/// disk's Secure Boot updates revoke (`bootstate::ops::rollback_checked`):
+/// the slot would be the default without boot counting, and firmware
+/// refusing it would leave the machine at its boot menu.
+pub fn check_rollback(meta: &contract::meta::Meta, uki: &[u8]) -> Result<()> {
+    use contract::meta::Tag;
+    if meta.get(Tag::SecureBoot).is_none() {
+        return Ok(());
+    }
+    let Some((revoked, version)) = disk_revoked(meta.get(Tag::SecureBootUpdates))? else {
+        return Ok(());
+    };
+    if let Some(how) = revoked.image(uki).context("its UKI")? {
+        bail!(
+            "its UKI is revoked by this disk's Secure Boot updates ({how}; dbx, from version \
+             {version}): firmware would refuse it and the machine would start nothing"
+        );
     }
     Ok(())
 }

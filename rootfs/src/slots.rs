@@ -215,9 +215,17 @@ impl Disk {
 
     /// Makes the other slot the default ([`ops::rollback`]; a slot known
     /// to be bad is refused, one below the security floor unless
-    /// `allow_downgrade`).
+    /// `allow_downgrade`, one whose UKI the disk's dbx updates revoke).
     pub fn rollback(&self, allow_downgrade: bool) -> Result<ops::RolledBack> {
-        self.with(|boot, meta| ops::rollback(boot, meta, false, allow_downgrade))
+        self.with(|boot, meta| {
+            ops::rollback_checked(
+                boot,
+                meta,
+                false,
+                allow_downgrade,
+                &payload::secureboot::check_rollback,
+            )
+        })
     }
 
     /// Writes `payload` into the slot an upgrade would take without arming

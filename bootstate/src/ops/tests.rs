@@ -884,6 +884,24 @@ fn ukis_upgrade_bless_fall_back_and_roll_back_as_entries_do() {
         boot.hash(&uki(Slot::B, 2).path()).unwrap().0,
         v2.ukis.as_ref().unwrap().b.sha256
     );
+    // A rollback's check sees the slot's UKI; its refusal writes nothing.
+    drop(boot);
+    let (b1, m1) = (b.clone(), m.clone());
+    let mut boot = BootFs::new(&mut b, 0);
+    let a_sha = v1.ukis.as_ref().unwrap().a.sha256.clone();
+    let refuse = |_: &Meta, uki: &[u8]| -> Result<()> {
+        assert_eq!(crate::fat::hex(&Sha256::digest(uki)), a_sha);
+        bail!("revoked")
+    };
+    let e = rollback_checked(&mut boot, &mut m, true, true, &refuse).unwrap_err();
+    assert!(
+        format!("{e:#}")
+            .contains("slot A (1) cannot be rolled back to; nothing was written: revoked"),
+        "{e:#}"
+    );
+    drop(boot);
+    assert_eq!((b.get_ref(), m.get_ref()), (b1.get_ref(), m1.get_ref()));
+    let mut boot = BootFs::new(&mut b, 0);
     // A rollback copies A's UKI under the highest generation.
     let r = rollback(&mut boot, &mut m, false, false).unwrap();
     assert_eq!(r.entry, uki(Slot::A, 3));

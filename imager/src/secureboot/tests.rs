@@ -575,6 +575,27 @@ fn a_disks_dbx_updates_refuse_payloads_and_boot_loaders_they_revoke() {
         format!("{e:#}").contains("revokes the boot loader on this disk's ESP (by the certificate"),
         "{e:#}"
     );
+    // A rollback to a slot whose UKI the disk's updates revoke is refused
+    // on a Secure Boot disk.
+    let mut meta = contract::meta::Meta::default();
+    meta.set(
+        contract::meta::Tag::SecureBootUpdates,
+        revoke(digest_b).to_meta().as_bytes(),
+    );
+    payload::secureboot::check_rollback(&meta, &loader).unwrap();
+    meta.set(contract::meta::Tag::SecureBoot, b"(a certificate)");
+    let e = payload::secureboot::check_rollback(&meta, &loader).unwrap_err();
+    assert!(
+        format!("{e:#}")
+            .contains("its UKI is revoked by this disk's Secure Boot updates (by its digest"),
+        "{e:#}"
+    );
+    payload::secureboot::check_rollback(&meta, &ours).unwrap();
+    meta.set(
+        contract::meta::Tag::SecureBootUpdates,
+        db_cert.to_meta().as_bytes(),
+    );
+    assert!(payload::secureboot::check_rollback(&meta, &ours).is_err());
     // A db update revokes nothing.
     let added = {
         let c = Changes {
