@@ -937,5 +937,9 @@ fn a_db_key_rotates_and_a_revoked_uki_is_refused_by_firmware() {
         err.contains("its UKI is revoked by this disk's Secure Boot updates (by the certificate"),
         "{err}"
     );
-    assert_eq!(sha256(&disk), before, "a refused rollback wrote to the disk");
+    assert_eq!(
+        sha256(&disk),
+        before,
+        "a refused rollback wrote to the disk"
+    );
 }
