@@ -1356,9 +1356,16 @@ fn a_secure_boot_node_upgrades_over_the_api_and_refuses_a_payload_for_another_db
         ],
         "{s}"
     );
+    // 0.2.0's boot loader is the one on its own disk's ESP.
+    let v2_raw = v2.artifact("raw");
+    let payloads = scratch().join("node-sb-v2-bootx64.efi");
+    let _ = std::fs::remove_file(&payloads);
+    ok(tool("mcopy")
+        .args(["-i", &part_at(&v2_raw, "EFI"), "::/EFI/BOOT/BOOTX64.EFI"])
+        .arg(&payloads));
     assert_eq!(
         sha256(&loader("node-sb-after-bootx64.efi")),
-        sha256(&imagers),
+        sha256(&payloads),
         "the upgrade did not put the payload's boot loader on the ESP"
     );
 }

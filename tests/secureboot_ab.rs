@@ -902,6 +902,11 @@ fn a_db_key_rotates_and_a_revoked_uki_is_refused_by_firmware() {
         "{console}"
     );
     assert_ne!(dbx_before, siglists(&store(&vars), "dbx"));
+    // META trusts key 2 alone now.
+    assert!(
+        console.contains("secure boot: META trusts the 1 db certificates firmware holds"),
+        "{console}"
+    );
     // The disk refuses what key 1 signed, by its certificate.
     let before = sha256(&disk);
     let out = upgrade(&disk, &installer(&v1), &[]);

@@ -432,7 +432,9 @@ impl<D: Device> BootFs<D> {
     /// that must always be there: the ESP's boot loader). In order:
     ///
     /// 1. the new bytes become the file [`replacement`]`(path)`, complete
-    ///    ([`Self::create`]: its length is written last);
+    ///    ([`Self::create`]: its length is written last), and are read back:
+    ///    not `sha256` (hex) and `len`, the replacement is removed and
+    ///    `path` is left as it was;
     /// 2. `path`'s entry takes the new file's first cluster and length, in
     ///    one 32-byte write ([`crate::fatfix::point_entry`]): from here
     ///    `path` reads new; the old clusters are held by nothing;
@@ -444,7 +446,13 @@ impl<D: Device> BootFs<D> {
     /// the scan of every other change refuses: [`Self::finish_replace`],
     /// run first by `replace`, finishes that state (and removes a
     /// replacement a cut left before step 2). Syncs after each step.
-    pub fn replace(&mut self, path: &str, src: &mut dyn Read, len: u64) -> Result<()> {
+    pub fn replace(
+        &mut self,
+        path: &str,
+        src: &mut dyn Read,
+        len: u64,
+        sha256: &str,
+    ) -> Result<()> {
         check_path(path)?;
         // First: a cut replacement leaves a state the scan refuses.
         self.finish_replace(path)?;
@@ -452,8 +460,17 @@ impl<D: Device> BootFs<D> {
             bail!("{path} does not exist on BOOT: there is nothing to replace");
         }
         let tmp = replacement(path);
-        // 1.
+        // 1., read back before anything points at it.
         self.create(&tmp, src, len)?;
+        let (got, n) = self.hash(&tmp)?;
+        if got != sha256 || n != len {
+            self.remove(&tmp)?;
+            bail!(
+                "{tmp} reads back as sha256 {got} ({n} bytes), not {sha256} ({len} bytes): the \
+                 source changed or the disk does not keep what is written to it; it was removed \
+                 and {path} is as it was"
+            );
+        }
         // 2.
         let (first, size) = crate::fatfix::file_extent(&mut self.dev, &tmp)?
             .ok_or_else(|| anyhow::anyhow!("{tmp} vanished from BOOT"))?;
@@ -780,16 +797,24 @@ mod tests {
             let image = base.into_inner().into_inner();
             let mut total = Faulty::counting(Cursor::new(image.clone()));
             BootFs::new(&mut total, 0)
-                .replace(path, &mut &new[..], new.len() as u64)
+                .replace(path, &mut &new[..], new.len() as u64, &sha(&new))
                 .unwrap();
             let writes = total.writes();
             assert!(writes > 4, "{kind}: {writes} writes");
+            // Bytes that do not read back as asked never take its place.
+            let mut fs = BootFs::new(Cursor::new(image.clone()), 0);
+            let e = fs
+                .replace(path, &mut &new[..], new.len() as u64, &sha(&old))
+                .unwrap_err();
+            assert!(format!("{e:#}").contains("is as it was"), "{e:#}");
+            assert_eq!(fs.hash(path).unwrap().0, sha(&old), "{kind}");
+            assert!(!fs.exists(&replacement(path)).unwrap(), "{kind}");
             let mut saw_new_at = None;
             for n in 1..=writes {
                 let mut dev = Faulty::failing_at(Cursor::new(image.clone()), n);
                 assert!(
                     BootFs::new(&mut dev, 0)
-                        .replace(path, &mut &new[..], new.len() as u64)
+                        .replace(path, &mut &new[..], new.len() as u64, &sha(&new))
                         .is_err(),
                     "{kind}: cut {n}"
                 );
@@ -811,7 +836,7 @@ mod tests {
                 }
                 // The next replacement finishes the cut one and completes.
                 let mut fs = BootFs::new(cut, 0);
-                fs.replace(path, &mut &new[..], new.len() as u64)
+                fs.replace(path, &mut &new[..], new.len() as u64, &sha(&new))
                     .unwrap_or_else(|e| panic!("{kind}: cut {n}: {e:#}"));
                 assert_eq!(fs.hash(path).unwrap().0, sha(&new), "{kind}: cut {n}");
                 assert!(!fs.exists(&replacement(path)).unwrap(), "{kind}: cut {n}");

@@ -260,11 +260,7 @@ fn updates_of(
     if files.is_empty() {
         return Ok(None);
     }
-    let loader = manifest
-        .artifacts
-        .iter()
-        .find(|a| a.kind == Kind::BootLoader)
-        .map(|a| dir.join(&a.path));
+    let loader = loader_of(manifest, dir).map(|l| l.path);
     let ukis = ukis.map(|u| [u.a.path.as_path(), u.b.path.as_path()]);
     let r = payload::secureboot::updates(&manifest.version, files, loader.as_deref(), ukis)
         .context("the payload's Secure Boot updates")?;
@@ -417,9 +413,11 @@ pub struct UpgradeReport {
 }
 
 /// The decision `payload::secureboot` makes for this disk and payload
-/// (the node's pulls make the same), before anything is written.
+/// (the node's pulls make the same), before anything is written; and the
+/// disk's own dbx updates revoke none of the payload's UKIs and boot
+/// loader.
 fn check_secure_boot(
-    disk_db: Option<&str>,
+    meta: &contract::meta::Meta,
     p: &VerifiedPayload,
     change: bool,
 ) -> Result<payload::secureboot::Move> {
@@ -436,32 +434,30 @@ fn check_secure_boot(
             .as_ref()
             .map(|u| [u.a.path.as_path(), u.b.path.as_path()]),
     };
-    payload::secureboot::check(disk_db, signed, change)
+    // (What dbx revoked first: its message is the more precise.)
+    payload::secureboot::check_disk_dbx(meta.get(Tag::SecureBootUpdates), signed)?;
+    payload::secureboot::check(meta.get(Tag::SecureBoot), signed, change)
 }
 
-/// The disk's own dbx updates do not revoke the payload's UKIs.
-fn check_disk_dbx(meta: &contract::meta::Meta, p: &VerifiedPayload) -> Result<()> {
-    let ukis = p.payload.ukis.as_ref();
-    payload::secureboot::check_disk_dbx(
-        meta.get(Tag::SecureBootUpdates),
-        ukis.map(|u| [u.a.path.as_path(), u.b.path.as_path()]),
-    )
-}
-
-/// The payload's boot loader (its signed systemd-boot), as its manifest
-/// lists it.
-fn payload_loader(p: &VerifiedPayload) -> Result<PayloadFile> {
-    let a = p
-        .manifest
+/// The payload's boot loader (its signed systemd-boot) in `dir`, as its
+/// manifest lists it.
+fn loader_of(manifest: &Manifest, dir: &Path) -> Option<PayloadFile> {
+    let a = manifest
         .artifacts
         .iter()
-        .find(|a| a.kind == Kind::BootLoader)
-        .context("the Secure Boot payload carries no boot loader: rebuild the installer")?;
-    Ok(PayloadFile {
-        path: p.payload.kernel.path.with_file_name(&a.path),
+        .find(|a| a.kind == Kind::BootLoader)?;
+    Some(PayloadFile {
+        path: dir.join(&a.path),
         sha256: a.sha256.clone(),
         len: a.size,
     })
+}
+
+/// [`loader_of`] a verified payload: a Secure Boot payload must have one.
+fn payload_loader(p: &VerifiedPayload) -> Result<PayloadFile> {
+    let dir = p.payload.kernel.path.parent().unwrap_or(Path::new("."));
+    loader_of(&p.manifest, dir)
+        .context("the Secure Boot payload carries no boot loader: rebuild the installer")
 }
 
 /// What an upgrade is allowed beyond the usual, each for this operation
@@ -497,9 +493,7 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Devi
     let epoch = p.manifest.source_date_epoch;
     let mut boot = BootFs::new(boot_dev, epoch);
     use payload::secureboot::Move;
-    let disk_db = meta.get(Tag::SecureBoot);
-    check_disk_dbx(&meta, &p)?;
-    let up = match check_secure_boot(disk_db, &p, allowed.change_secure_boot)? {
+    let up = match check_secure_boot(&meta, &p, allowed.change_secure_boot)? {
         Move::None | Move::Leave => ops::upgrade(&mut boot, meta_dev, &p.payload, tries)?,
         // The payload's boot loader replaces the ESP's when it differs
         // (signed by a db key firmware holds, checked above).

@@ -251,6 +251,32 @@ impl Revoked {
     }
 }
 
+/// META's `secure-boot` record without the certificates `revoked` (DER:
+/// what firmware's dbx now holds), `None` when it holds none of them. A
+/// record that would be left empty is refused: firmware would trust none
+/// of the disk's keys.
+pub fn without_db_certs(pem: &str, revoked: &[&[u8]]) -> Result<Option<String>> {
+    let held = disk_certs(pem)?;
+    let mut gone = Vec::new();
+    for der in revoked {
+        gone.push(authenticode::parse_cert(der).context("a certificate revoked through dbx")?);
+    }
+    let kept: Vec<_> = held.iter().filter(|c| !gone.contains(c)).collect();
+    if kept.len() == held.len() {
+        return Ok(None);
+    }
+    ensure!(
+        !kept.is_empty(),
+        "dbx revokes every db certificate META's secure-boot record holds: the disk would trust \
+         none of its keys"
+    );
+    let mut out = String::new();
+    for c in kept {
+        out.push_str(&authenticode::cert_pem(c)?);
+    }
+    Ok(Some(out))
+}
+
 /// A payload's Secure Boot updates (`files`: its artifacts of kind
 /// `secure-boot-update`, by name, read and checked against their signed
 /// digests by the caller) checked before anything is written: at most one
@@ -335,16 +361,21 @@ fn disk_revoked(disk_updates: Option<&str>) -> Result<Option<(Revoked, String)>>
     Ok(Some((revoked, contract::text::escape(&record.version))))
 }
 
-/// Refuses a payload whose UKIs (`ukis`, by slot) the disk's own Secure
-/// Boot updates (META's `secure-boot-updates`, `disk_updates`) revoke
-/// through dbx, by digest or by certificate: firmware would refuse them
-/// once the runtime wrote the updates, or has already. Before anything is
-/// written.
-pub fn check_disk_dbx(disk_updates: Option<&str>, ukis: Option<[&Path; 2]>) -> Result<()> {
-    let (Some((revoked, version)), Some(ukis)) = (disk_revoked(disk_updates)?, ukis) else {
+/// Refuses a payload whose UKIs or boot loader (`signed`) the disk's own
+/// Secure Boot updates (META's `secure-boot-updates`, `disk_updates`)
+/// revoke through dbx, by digest or by certificate: firmware would refuse
+/// them once the runtime wrote the updates, or has already (and the boot
+/// loader replaces the ESP's). Before anything is written.
+pub fn check_disk_dbx(disk_updates: Option<&str>, signed: Signed) -> Result<()> {
+    let Some((revoked, version)) = disk_revoked(disk_updates)? else {
         return Ok(());
     };
-    for (what, path) in [("UKI of slot A", ukis[0]), ("UKI of slot B", ukis[1])] {
+    let mut files: Vec<(&str, &Path)> = Vec::new();
+    if let Some([a, b]) = signed.ukis {
+        files.extend([("UKI of slot A", a), ("UKI of slot B", b)]);
+    }
+    files.extend(signed.loader.map(|l| ("boot loader", l)));
+    for (what, path) in files {
         if let Some(how) = revoked.file(path).with_context(|| format!("its {what}"))? {
             bail!(
                 "its {what} is revoked by this disk's Secure Boot updates ({how}; dbx, from \

@@ -326,9 +326,9 @@ pub fn pull(
             .as_ref()
             .map(|u| [u.a.path.as_path(), u.b.path.as_path()]),
     };
-    let decided = payload::secureboot::check(disk_db, signed, false)
+    payload::secureboot::check_disk_dbx(meta.get(Tag::SecureBootUpdates), signed)
         .with_context(|| reference.to_string())?;
-    payload::secureboot::check_disk_dbx(meta.get(Tag::SecureBootUpdates), signed.ukis)
+    let decided = payload::secureboot::check(disk_db, signed, false)
         .with_context(|| reference.to_string())?;
     // Its Secure Boot updates, which must not revoke its own UKIs.
     let mut updates = Vec::new();

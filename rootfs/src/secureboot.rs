@@ -102,24 +102,33 @@ fn try_apply(disk: &crate::slots::Disk, version: &str) -> anyhow::Result<()> {
                 u.var.name()
             ));
         }
-        if u.var == Var::Db {
-            let certs: Vec<&[u8]> = u
-                .entries
-                .iter()
-                .filter_map(|e| match e {
-                    Entry::X509(der) => Some(der.as_slice()),
-                    Entry::Sha256(_) => None,
-                })
-                .collect();
-            let pem = meta.get(Tag::SecureBoot).unwrap_or_default();
-            if let Some(new) = payload::secureboot::with_db_certs(pem, &certs)? {
-                disk.set_secure_boot(&new)
-                    .context("adding firmware's new db certificates to META")?;
-                say(format!(
-                    "secure boot: META trusts the {} db certificates firmware holds",
-                    payload::secureboot::disk_certs(&new)?.len()
-                ));
-            }
+        // META's db certificates follow firmware's: a certificate db took
+        // is trusted, one dbx took is not (upgrades signed by it are then
+        // refused whatever record META keeps later).
+        let certs: Vec<&[u8]> = u
+            .entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::X509(der) => Some(der.as_slice()),
+                Entry::Sha256(_) => None,
+            })
+            .collect();
+        if certs.is_empty() {
+            continue;
+        }
+        let meta = disk.meta()?;
+        let pem = meta.get(Tag::SecureBoot).unwrap_or_default();
+        let new = match u.var {
+            Var::Db => payload::secureboot::with_db_certs(pem, &certs)?,
+            Var::Dbx => payload::secureboot::without_db_certs(pem, &certs)?,
+        };
+        if let Some(new) = new {
+            disk.set_secure_boot(&new)
+                .context("changing META's db certificates to firmware's")?;
+            say(format!(
+                "secure boot: META trusts the {} db certificates firmware holds",
+                payload::secureboot::disk_certs(&new)?.len()
+            ));
         }
     }
     Ok(())

@@ -123,8 +123,13 @@ impl Disk {
                 f(esp.as_mut(), &mut boot, &mut meta)
             }
             Source::Parts(boot, meta) => {
+                // (On a disk of 4096-byte sectors the partition named EFI
+                // is not a FAT filesystem: BOOT is the ESP.)
                 let mut esp = match &self.esp {
-                    Some(e) => Some(BootFs::new(open_part(e)?, epoch)),
+                    Some(e) => {
+                        let mut fs = BootFs::new(open_part(e)?, epoch);
+                        fs.scan().is_ok().then_some(fs)
+                    }
                     None => None,
                 };
                 f(

@@ -9,10 +9,11 @@
 //!   UKIs"), so that firmware may later stop trusting the old key.
 //!
 //! Both check everything before their first write, then replace the boot
-//! loader ([`BootFs::replace`]: whole, old or new, at every cut) and read
-//! it back before the slot is touched. Both boot loaders boot both slots'
-//! entries: a cut between the two steps leaves the old version booting
-//! under the new boot loader, and the same upgrade run again finishes.
+//! loader ([`BootFs::replace`]: whole, old or new, at every cut; the new
+//! bytes read back before they take its place) before the slot is touched.
+//! Both boot loaders boot both slots' entries: a cut between the two steps
+//! leaves the old version booting under the new boot loader, and the same
+//! upgrade run again finishes.
 
 use super::{
     EntryKind, GrubRendering, Payload, PayloadFile, Upgraded, apply_upgrade, clusters, plan_upgrade,
@@ -98,7 +99,11 @@ pub fn upgrade_into_secure_boot<E: Device, B: Device, M: Device>(
 /// Upgrades a Secure Boot disk to `payload` whose signed boot loader is
 /// `loader` (the caller has verified it and the UKIs against a db
 /// certificate the disk's firmware holds: `payload::secureboot::check`).
-/// `esp` is the ESP; `None` on a disk whose BOOT is the ESP. Checks
+/// `esp` is the ESP; `None` on a disk whose BOOT is the ESP (4096-byte
+/// sectors), which keeps its boot loader: a cut replacement there would
+/// leave BOOT in a state every scan refuses until it is finished, and the
+/// boot's own assessment scans BOOT first (the runtime then refuses a dbx
+/// update that revokes the kept boot loader's certificate). Checks
 /// everything before its first write (the upgrade's checks, the ESP's
 /// room), then, in order:
 ///
@@ -124,23 +129,21 @@ pub fn upgrade_with_loader<E: Device, B: Device, M: Device>(
              Boot payload; nothing was written"
         );
     }
-    const REINSTALL: &str = "reinstall the disk from the installer (`imager install`)";
-    const STOPPED: &str = "the upgrade stopped before touching BOOT, the disk boots as before";
-    match esp {
-        Some(esp) => {
-            let replace = prepare_loader(esp, loader, REINSTALL)?;
-            write_loader(esp, loader, replace, STOPPED)?;
-            apply_upgrade(boot, meta_dev, payload, plan, tries)
-        }
-        None => {
-            // BOOT is the ESP: the boot loader's clusters are BOOT's, so
-            // the upgrade is planned again once they moved.
-            let replace = prepare_loader(boot, loader, REINSTALL)?;
-            write_loader(boot, loader, replace, STOPPED)?;
-            let plan = plan_upgrade(boot, meta_dev, payload, tries, GrubRendering::Keep)?;
-            apply_upgrade(boot, meta_dev, payload, plan, tries)
-        }
-    }
+    let Some(esp) = esp else {
+        return apply_upgrade(boot, meta_dev, payload, plan, tries);
+    };
+    let replace = prepare_loader(
+        esp,
+        loader,
+        "reinstall the disk from the installer (`imager install`)",
+    )?;
+    write_loader(
+        esp,
+        loader,
+        replace,
+        "the upgrade stopped before touching BOOT, the disk boots as before",
+    )?;
+    apply_upgrade(boot, meta_dev, payload, plan, tries)
 }
 
 /// Checks the ESP before the boot loader is written, and says whether it
@@ -194,7 +197,7 @@ fn write_loader<E: Device>(
     if replace {
         let mut src = File::open(&loader.path)
             .with_context(|| format!("opening {}", loader.path.display()))?;
-        esp.replace(path, &mut src, loader.len)?;
+        esp.replace(path, &mut src, loader.len, &loader.sha256)?;
     }
     let (sha, len) = esp.hash(path)?;
     if sha != loader.sha256 || len != loader.len {

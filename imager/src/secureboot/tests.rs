@@ -505,6 +505,20 @@ fn a_payloads_updates_may_not_revoke_its_own_boot_chain_and_db_certificates_accu
         payload::secureboot::with_db_certs(&both, &[kek]).unwrap(),
         None
     );
+    // And loses those dbx revoked, never the last.
+    let db_der = keys().db.cert_der.as_slice();
+    let kept = payload::secureboot::without_db_certs(&both, &[db_der])
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        payload::secureboot::disk_certs(&kept).unwrap(),
+        [keys().kek.cert.clone()]
+    );
+    assert_eq!(
+        payload::secureboot::without_db_certs(&kept, &[db_der]).unwrap(),
+        None
+    );
+    assert!(payload::secureboot::without_db_certs(&kept, &[kek]).is_err());
     assert!(payload::secureboot::disk_certs("").is_err());
     assert!(payload::secureboot::with_db_certs(&db_pem, &[b"not a cert"]).is_err());
 }
@@ -528,16 +542,30 @@ fn a_disks_dbx_updates_refuse_payloads_and_boot_loaders_they_revoke() {
         payload::efivar::Record::new("3", files).unwrap()
     };
     let digest_b = ::authenticode::file_digest(&b).unwrap();
+    let both = payload::secureboot::Signed {
+        ukis: Some([a.as_path(), b.as_path()]),
+        ..Default::default()
+    };
     let record = revoke(digest_b).to_meta();
-    let e = payload::secureboot::check_disk_dbx(Some(&record), Some([&a, &b])).unwrap_err();
+    let e = payload::secureboot::check_disk_dbx(Some(&record), both).unwrap_err();
     assert!(
         format!("{e:#}")
             .contains("its UKI of slot B is revoked by this disk's Secure Boot updates"),
         "{e:#}"
     );
+    // The boot loader too (it would replace the ESP's).
+    let loader_b = payload::secureboot::Signed {
+        loader: Some(b.as_path()),
+        ..Default::default()
+    };
+    let e = payload::secureboot::check_disk_dbx(Some(&record), loader_b).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("its boot loader is revoked by this disk's Secure Boot updates"),
+        "{e:#}"
+    );
     let other = revoke([5; 32]).to_meta();
-    payload::secureboot::check_disk_dbx(Some(&other), Some([&a, &b])).unwrap();
-    payload::secureboot::check_disk_dbx(None, Some([&a, &b])).unwrap();
+    payload::secureboot::check_disk_dbx(Some(&other), both).unwrap();
+    payload::secureboot::check_disk_dbx(None, both).unwrap();
     // The runtime's guard: a dbx update that revokes the disk's boot loader.
     let loader = std::fs::read(&b).unwrap();
     let (name, bytes) = &revoke(digest_b).updates[0];
@@ -558,8 +586,7 @@ fn a_disks_dbx_updates_refuse_payloads_and_boot_loaders_they_revoke() {
         payload::efivar::Record::new("3", files).unwrap()
     };
     let db_cert = revoke_cert(&keys().db.cert_der);
-    let e =
-        payload::secureboot::check_disk_dbx(Some(&db_cert.to_meta()), Some([&a, &b])).unwrap_err();
+    let e = payload::secureboot::check_disk_dbx(Some(&db_cert.to_meta()), both).unwrap_err();
     assert!(
         format!("{e:#}").contains(
             "its UKI of slot A is revoked by this disk's Secure Boot updates (by the certificate"
@@ -567,7 +594,7 @@ fn a_disks_dbx_updates_refuse_payloads_and_boot_loaders_they_revoke() {
         "{e:#}"
     );
     let kek_cert = revoke_cert(&keys().kek.cert_der);
-    payload::secureboot::check_disk_dbx(Some(&kek_cert.to_meta()), Some([&a, &b])).unwrap();
+    payload::secureboot::check_disk_dbx(Some(&kek_cert.to_meta()), both).unwrap();
     let (name, bytes) = &db_cert.updates[0];
     let u = payload::efivar::parse_update(name, bytes).unwrap();
     let e = payload::secureboot::check_loader_not_revoked(name, &u, &ours).unwrap_err();
@@ -606,5 +633,5 @@ fn a_disks_dbx_updates_refuse_payloads_and_boot_loaders_they_revoke() {
         let files = files.into_iter().map(|(n, f)| (n.to_string(), f)).collect();
         payload::efivar::Record::new("3", files).unwrap()
     };
-    payload::secureboot::check_disk_dbx(Some(&added.to_meta()), Some([&a, &b])).unwrap();
+    payload::secureboot::check_disk_dbx(Some(&added.to_meta()), both).unwrap();
 }
