@@ -1228,6 +1228,68 @@ fn firmware_loader(esp: &Dev) -> Vec<u8> {
     got
 }
 
+/// The two boot loaders of the ESP tests: `old` on the ESP `esp`, `new`
+/// as the payload's signed one (`file`), and the Secure Boot payload `v2`
+/// (signed for `db`).
+struct Loaders {
+    old: Vec<u8>,
+    new: Vec<u8>,
+    esp: Dev,
+    file: PayloadFile,
+    db: String,
+    v2: Payload,
+}
+
+fn loaders(dir: &std::path::Path) -> Loaders {
+    let old: Vec<u8> = (0..12_000u32).map(|i| (i % 253) as u8).collect();
+    let new: Vec<u8> = (0..20_000u32).map(|i| (i % 241) as u8).collect();
+    let path = dir.join("systemd-bootx64.efi.signed");
+    std::fs::write(&path, &new).unwrap();
+    let file = PayloadFile {
+        path,
+        sha256: crate::fat::hex(&Sha256::digest(&new)),
+        len: new.len() as u64,
+    };
+    let db = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_string();
+    let v2 = Payload {
+        secure_boot: Some(db.clone()),
+        ..uki_payload(dir, "2", 6_000)
+    };
+    Loaders {
+        esp: esp_with(&old),
+        old,
+        new,
+        file,
+        db,
+        v2,
+    }
+}
+
+type Cut<'a> = Faulty<&'a mut Dev>;
+
+/// `op` on the ESP, BOOT and META (in that order of arguments) counted, or
+/// cut at write `fail_at`: its result and the writes it made.
+fn esp_op<R>(
+    b: &mut Dev,
+    m: &mut Dev,
+    e: &mut Dev,
+    fail_at: Option<u64>,
+    op: impl FnOnce(&mut BootFs<&mut Cut>, &mut BootFs<&mut Cut>, &mut Cut) -> Result<R>,
+) -> (Result<R>, u64) {
+    let mut fb = match fail_at {
+        Some(n) => Faulty::failing_at(b, n),
+        None => Faulty::counting(b),
+    };
+    let mut fm = fb.share(m);
+    let mut fe = fb.share(e);
+    let r = op(
+        &mut BootFs::new(&mut fe, 0),
+        &mut BootFs::new(&mut fb, 0),
+        &mut fm,
+    );
+    (r, fb.writes())
+}
+
 /// Entering Secure Boot by an upgrade from a disk with `.conf` slots and
 /// GRUB's rendering, cut before each of its writes (ESP, BOOT and META):
 /// the ESP's boot loader is whole, old or new (new from some cut on); the
@@ -1246,40 +1308,19 @@ fn entering_secure_boot_cut_at_any_write_finishes_and_takes_effect_at_the_blessi
 fn entering_secure_boot_cut_at_any_write_finishes_and_takes_effect_at_the_blessing_under_loss() {
     let dir = tempfile::tempdir().unwrap();
     let (b0, m0) = disk_with_grub(16);
-    let old_loader: Vec<u8> = (0..12_000u32).map(|i| (i % 253) as u8).collect();
-    let new_loader: Vec<u8> = (0..20_000u32).map(|i| (i % 241) as u8).collect();
-    let e0 = esp_with(&old_loader);
-    let loader = {
-        let path = dir.path().join("systemd-bootx64.efi.signed");
-        std::fs::write(&path, &new_loader).unwrap();
-        PayloadFile {
-            path,
-            sha256: crate::fat::hex(&Sha256::digest(&new_loader)),
-            len: new_loader.len() as u64,
-        }
-    };
-    let db = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_string();
-    let v2 = Payload {
-        secure_boot: Some(db.clone()),
-        ..uki_payload(dir.path(), "2", 6_000)
-    };
+    let Loaders {
+        old: old_loader,
+        new: new_loader,
+        esp: e0,
+        file: loader,
+        db,
+        v2,
+    } = loaders(dir.path());
     let tag = |m: &mut Dev, t: Tag| meta::read(m).unwrap().0.get(t).map(str::to_string);
     let enter = |b: &mut Dev, m: &mut Dev, e: &mut Dev, fail_at: Option<u64>| {
-        let mut fb = match fail_at {
-            Some(n) => Faulty::failing_at(&mut *b, n),
-            None => Faulty::counting(&mut *b),
-        };
-        let mut fm = fb.share(&mut *m);
-        let mut fe = fb.share(&mut *e);
-        let r = upgrade_into_secure_boot(
-            &mut BootFs::new(&mut fe, 0),
-            &loader,
-            &mut BootFs::new(&mut fb, 0),
-            &mut fm,
-            &v2,
-            3,
-        );
-        (r, fb.writes())
+        esp_op(b, m, e, fail_at, |esp, boot, meta| {
+            upgrade_into_secure_boot(esp, &loader, boot, meta, &v2, 3)
+        })
     };
     // Refused before any write: a payload without Secure Boot, a disk with
     // it.
@@ -1519,41 +1560,22 @@ fn an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes() {
 fn an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes_under_loss() {
     let dir = tempfile::tempdir().unwrap();
     let (b0, mut m0, v1) = uki_disk(16, dir.path());
-    let db = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".to_string();
+    let Loaders {
+        old: old_loader,
+        new: new_loader,
+        esp: e0,
+        file: loader,
+        db,
+        v2,
+    } = loaders(dir.path());
     let plain_meta = m0.clone();
     let mut meta0 = meta::read(&mut m0).unwrap().0;
     meta0.set(Tag::SecureBoot, db.as_bytes());
     meta::write(&mut m0, &meta0).unwrap();
-    let old_loader: Vec<u8> = (0..12_000u32).map(|i| (i % 253) as u8).collect();
-    let new_loader: Vec<u8> = (0..20_000u32).map(|i| (i % 241) as u8).collect();
-    let e0 = esp_with(&old_loader);
-    let path = dir.path().join("systemd-bootx64.efi.signed");
-    std::fs::write(&path, &new_loader).unwrap();
-    let loader = PayloadFile {
-        path,
-        sha256: crate::fat::hex(&Sha256::digest(&new_loader)),
-        len: new_loader.len() as u64,
-    };
-    let v2 = Payload {
-        secure_boot: Some(db.clone()),
-        ..uki_payload(dir.path(), "2", 6_000)
-    };
     let up = |b: &mut Dev, m: &mut Dev, e: &mut Dev, fail_at: Option<u64>| {
-        let mut fb = match fail_at {
-            Some(n) => Faulty::failing_at(&mut *b, n),
-            None => Faulty::counting(&mut *b),
-        };
-        let mut fm = fb.share(&mut *m);
-        let mut fe = fb.share(&mut *e);
-        let r = upgrade_with_loader(
-            Some(&mut BootFs::new(&mut fe, 0)),
-            &loader,
-            &mut BootFs::new(&mut fb, 0),
-            &mut fm,
-            &v2,
-            3,
-        );
-        (r, fb.writes())
+        esp_op(b, m, e, fail_at, |esp, boot, meta| {
+            upgrade_with_loader(Some(esp), &loader, boot, meta, &v2, 3)
+        })
     };
     // Refused before any write on a disk without Secure Boot.
     {

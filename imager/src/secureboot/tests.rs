@@ -431,9 +431,23 @@ fn rotation_appends_are_read_back_as_what_they_add_and_are_deterministic() {
     assert!(update_files(keys(), 1_700_000_000, &Changes::default()).is_err());
 }
 
+/// The update files of `c`, named, as a payload carries them.
+fn updates_of(c: crate::secureboot::auth::Changes) -> Vec<(String, Vec<u8>)> {
+    crate::secureboot::auth::update_files(keys(), 1_700_000_000, &c)
+        .unwrap()
+        .into_iter()
+        .map(|(n, b)| (n.to_string(), b))
+        .collect()
+}
+
+/// META's record of version 3 with the update files of `c`.
+fn record_of(c: crate::secureboot::auth::Changes) -> payload::efivar::Record {
+    payload::efivar::Record::new("3", updates_of(c)).unwrap()
+}
+
 #[test]
 fn a_payloads_updates_may_not_revoke_its_own_boot_chain_and_db_certificates_accumulate() {
-    use crate::secureboot::auth::{Changes, update_files};
+    use crate::secureboot::auth::Changes;
     use der::EncodePem;
     let t = tempfile::tempdir().unwrap();
     let signed = t.path().join("BOOTX64.EFI");
@@ -441,16 +455,11 @@ fn a_payloads_updates_may_not_revoke_its_own_boot_chain_and_db_certificates_accu
     let own = Some(signed.as_path());
     let digest = ::authenticode::file_digest(&signed).unwrap();
     let files = |revoke: [u8; 32]| {
-        let c = Changes {
+        updates_of(Changes {
             add_db: vec![keys().kek.cert_der.clone()],
             revoke: vec![revoke],
             ..Changes::default()
-        };
-        update_files(keys(), 1_700_000_000, &c)
-            .unwrap()
-            .into_iter()
-            .map(|(n, b)| (n.to_string(), b))
-            .collect::<Vec<_>>()
+        })
     };
     let e = payload::secureboot::updates("2", files(digest), own, None).unwrap_err();
     assert!(
@@ -469,15 +478,10 @@ fn a_payloads_updates_may_not_revoke_its_own_boot_chain_and_db_certificates_accu
     );
     // Nor by the certificate that signed it; another certificate is taken.
     let by_cert = |der: &[u8]| {
-        let c = Changes {
+        updates_of(Changes {
             revoke_certs: vec![der.to_vec()],
             ..Changes::default()
-        };
-        update_files(keys(), 1_700_000_000, &c)
-            .unwrap()
-            .into_iter()
-            .map(|(n, b)| (n.to_string(), b))
-            .collect::<Vec<_>>()
+        })
     };
     let e = payload::secureboot::updates("2", by_cert(&keys().db.cert_der), own, None).unwrap_err();
     assert!(
@@ -525,7 +529,7 @@ fn a_payloads_updates_may_not_revoke_its_own_boot_chain_and_db_certificates_accu
 
 #[test]
 fn a_disks_dbx_updates_refuse_payloads_and_boot_loaders_they_revoke() {
-    use crate::secureboot::auth::{Changes, update_files};
+    use crate::secureboot::auth::Changes;
     let t = tempfile::tempdir().unwrap();
     let (a, b) = (t.path().join("uki-a.efi"), t.path().join("uki-b.efi"));
     // Two different images (the digest leaves the signature out).
@@ -533,13 +537,10 @@ fn a_disks_dbx_updates_refuse_payloads_and_boot_loaders_they_revoke() {
     let stub = Path::new("/usr/lib/systemd/boot/efi/linuxx64.efi.stub");
     sign(stub, &keys().db, &b).unwrap();
     let revoke = |d: [u8; 32]| {
-        let c = Changes {
+        record_of(Changes {
             revoke: vec![d],
             ..Changes::default()
-        };
-        let files = update_files(keys(), 1_700_000_000, &c).unwrap();
-        let files = files.into_iter().map(|(n, f)| (n.to_string(), f)).collect();
-        payload::efivar::Record::new("3", files).unwrap()
+        })
     };
     let digest_b = ::authenticode::file_digest(&b).unwrap();
     let both = payload::secureboot::Signed {
@@ -577,13 +578,10 @@ fn a_disks_dbx_updates_refuse_payloads_and_boot_loaders_they_revoke() {
 
     // A revoked certificate revokes every image its key signed.
     let revoke_cert = |der: &[u8]| {
-        let c = Changes {
+        record_of(Changes {
             revoke_certs: vec![der.to_vec()],
             ..Changes::default()
-        };
-        let files = update_files(keys(), 1_700_000_000, &c).unwrap();
-        let files = files.into_iter().map(|(n, f)| (n.to_string(), f)).collect();
-        payload::efivar::Record::new("3", files).unwrap()
+        })
     };
     let db_cert = revoke_cert(&keys().db.cert_der);
     let e = payload::secureboot::check_disk_dbx(Some(&db_cert.to_meta()), both).unwrap_err();
@@ -624,14 +622,9 @@ fn a_disks_dbx_updates_refuse_payloads_and_boot_loaders_they_revoke() {
     );
     assert!(payload::secureboot::check_rollback(&meta, &ours).is_err());
     // A db update revokes nothing.
-    let added = {
-        let c = Changes {
-            add_db: vec![keys().db.cert_der.clone()],
-            ..Changes::default()
-        };
-        let files = update_files(keys(), 1_700_000_000, &c).unwrap();
-        let files = files.into_iter().map(|(n, f)| (n.to_string(), f)).collect();
-        payload::efivar::Record::new("3", files).unwrap()
-    };
+    let added = record_of(Changes {
+        add_db: vec![keys().db.cert_der.clone()],
+        ..Changes::default()
+    });
     payload::secureboot::check_disk_dbx(Some(&added.to_meta()), both).unwrap();
 }
