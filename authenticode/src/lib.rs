@@ -35,7 +35,10 @@ pub use pe::{
     MAX_HEADERS, PeLayout, SHA256, SPC_INDIRECT_DATA, SPC_PE_IMAGE_DATA, WIN_CERT_REVISION_2_0,
     WIN_CERT_TYPE_PKCS_SIGNED_DATA, digest, digest_file, digest_with, layout, layout_of,
 };
-pub use verify::{Embedded, MAX_TABLE, Verified, file_digest, parse_embedded, verify, verify_file};
+pub use verify::{
+    Embedded, MAX_TABLE, SignedFile, Verified, file_digest, parse_embedded, read_signed_file,
+    verify, verify_file,
+};
 /// The certificate type of [`verify`] and [`parse_cert`].
 pub use x509_cert::Certificate;
 

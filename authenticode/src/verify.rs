@@ -256,11 +256,32 @@ fn open_pe(path: &Path) -> Result<(std::fs::File, Vec<u8>, u64, PeLayout)> {
     Ok((f, head, len, layout))
 }
 
-/// [`verify`] on a file, streamed: its headers and its signature are read
-/// (each bounded: [`MAX_HEADERS`], [`MAX_TABLE`]), its sections hashed a
-/// buffer at a time, so that checking a UKI of tens of MiB costs a few
-/// hundred KiB of memory (the node's budget: docs/node-api.md).
-pub fn verify_file(path: &Path, cert: &Certificate) -> Result<Verified> {
+/// A signed PE file read once ([`read_signed_file`]): its signature and
+/// its digest, checked against any number of certificates without reading
+/// it again.
+#[derive(Debug, Clone)]
+pub struct SignedFile {
+    e: Embedded,
+    actual: [u8; 32],
+}
+
+impl SignedFile {
+    /// The file's Authenticode SHA-256 digest.
+    pub fn digest(&self) -> [u8; 32] {
+        self.actual
+    }
+
+    /// [`verify`] against `cert`.
+    pub fn verify(&self, cert: &Certificate) -> Result<Verified> {
+        check(&self.e, self.actual, cert)
+    }
+}
+
+/// Reads a signed PE file, streamed: its headers and its signature (each
+/// bounded: [`MAX_HEADERS`], [`MAX_TABLE`]), its sections hashed a buffer
+/// at a time, so that a UKI of tens of MiB costs a few hundred KiB of
+/// memory (the node's budget: docs/node-api.md).
+pub fn read_signed_file(path: &Path) -> Result<SignedFile> {
     use std::io::{Read, Seek, SeekFrom};
     let within = || format!("{}", path.display());
     let (mut f, head, len, layout) = open_pe(path)?;
@@ -282,5 +303,12 @@ pub fn verify_file(path: &Path, cert: &Certificate) -> Result<Verified> {
         .with_context(within)?;
     let e = parse_table(&table, layout).with_context(within)?;
     let actual = digest_file(&mut f, &head, len, &e.layout).with_context(within)?;
-    check(&e, actual, cert).with_context(within)
+    Ok(SignedFile { e, actual })
+}
+
+/// [`verify`] on a file, streamed ([`read_signed_file`]).
+pub fn verify_file(path: &Path, cert: &Certificate) -> Result<Verified> {
+    read_signed_file(path)?
+        .verify(cert)
+        .with_context(|| format!("{}", path.display()))
 }

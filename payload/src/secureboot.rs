@@ -216,13 +216,21 @@ impl Revoked {
     }
 
     /// How the signed PE file at `path` is revoked (`by its digest`, `by
-    /// the certificate …`), `None` when it is not. Streamed.
+    /// the certificate …`), `None` when it is not. Streamed, and read once
+    /// whatever the number of certificates.
     pub fn file(&self, path: &Path) -> Result<Option<String>> {
         if self.is_empty() {
             return Ok(None);
         }
-        let digest = authenticode::file_digest(path)?;
-        Ok(self.how(digest, |c| authenticode::verify_file(path, c).is_ok()))
+        if self.certs.is_empty() {
+            return Ok(self.how(authenticode::file_digest(path)?, |_| false));
+        }
+        // Read once, checked against each certificate (an unsigned image
+        // is revoked by its digest alone).
+        match authenticode::read_signed_file(path) {
+            Ok(f) => Ok(self.how(f.digest(), |c| f.verify(c).is_ok())),
+            Err(_) => Ok(self.how(authenticode::file_digest(path)?, |_| false)),
+        }
     }
 
     /// [`Revoked::file`] of a PE image in memory.
