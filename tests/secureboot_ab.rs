@@ -370,6 +370,20 @@ fn meta_keys(disk: &Path) -> Vec<String> {
         .collect()
 }
 
+/// META's value of `key`, as `imager inspect --json` reads it.
+fn meta_value(disk: &Path, key: &str) -> String {
+    let out = run(imager().args(["inspect", "--json"]).arg(disk));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    r["meta"]["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|kv| kv[0] == key)
+        .and_then(|kv| kv[1].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// Upgrades the disk cannot boot are refused before anything is written: a
 /// payload without Secure Boot (unless --change-secure-boot), one signed
 /// for a db key the disk does not trust, a Secure Boot payload on a disk
@@ -907,6 +921,8 @@ fn a_db_key_rotates_and_a_revoked_uki_is_refused_by_firmware() {
         console.contains("secure boot: META trusts the 1 db certificates firmware holds"),
         "{console}"
     );
+    let pem = meta_value(&disk, "secure-boot");
+    assert_eq!(pem.matches("BEGIN CERTIFICATE").count(), 1, "{pem}");
     // The disk refuses what key 1 signed, by its certificate.
     let before = sha256(&disk);
     let out = upgrade(&disk, &installer(&v1), &[]);

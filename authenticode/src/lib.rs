@@ -36,8 +36,8 @@ pub use pe::{
     WIN_CERT_TYPE_PKCS_SIGNED_DATA, digest, digest_file, digest_with, layout, layout_of,
 };
 pub use verify::{
-    Embedded, MAX_TABLE, SignedFile, Verified, file_digest, parse_embedded, read_signed_file,
-    verify, verify_file,
+    Embedded, MAX_TABLE, SignedFile, Verified, file_digest, parse_embedded, read_signed,
+    read_signed_file, verify, verify_file,
 };
 /// The certificate type of [`verify`] and [`parse_cert`].
 pub use x509_cert::Certificate;

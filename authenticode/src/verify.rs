@@ -280,16 +280,15 @@ impl SignedFile {
 /// Reads a signed PE file, streamed: its headers and its signature (each
 /// bounded: [`MAX_HEADERS`], [`MAX_TABLE`]), its sections hashed a buffer
 /// at a time, so that a UKI of tens of MiB costs a few hundred KiB of
-/// memory (the node's budget: docs/node-api.md).
-pub fn read_signed_file(path: &Path) -> Result<SignedFile> {
+/// memory (the node's budget: docs/node-api.md). `None` for an image with
+/// no certificate table; a table that does not read as one signature is
+/// an error.
+pub fn read_signed_file(path: &Path) -> Result<Option<SignedFile>> {
     use std::io::{Read, Seek, SeekFrom};
     let within = || format!("{}", path.display());
     let (mut f, head, len, layout) = open_pe(path)?;
     let Some((at, size)) = layout.cert_table else {
-        bail!(
-            "{}: the image is not signed (it has no certificate table)",
-            path.display()
-        );
+        return Ok(None);
     };
     ensure!(
         size <= MAX_TABLE,
@@ -303,12 +302,28 @@ pub fn read_signed_file(path: &Path) -> Result<SignedFile> {
         .with_context(within)?;
     let e = parse_table(&table, layout).with_context(within)?;
     let actual = digest_file(&mut f, &head, len, &e.layout).with_context(within)?;
-    Ok(SignedFile { e, actual })
+    Ok(Some(SignedFile { e, actual }))
+}
+
+/// [`read_signed_file`] of a PE image in memory.
+pub fn read_signed(pe: &[u8]) -> Result<Option<SignedFile>> {
+    if layout(pe)?.cert_table.is_none() {
+        return Ok(None);
+    }
+    let e = parse_embedded(pe)?;
+    let actual = digest_with(pe, &e.layout);
+    Ok(Some(SignedFile { e, actual }))
 }
 
 /// [`verify`] on a file, streamed ([`read_signed_file`]).
 pub fn verify_file(path: &Path, cert: &Certificate) -> Result<Verified> {
     read_signed_file(path)?
+        .with_context(|| {
+            format!(
+                "{}: the image is not signed (it has no certificate table)",
+                path.display()
+            )
+        })?
         .verify(cert)
         .with_context(|| format!("{}", path.display()))
 }

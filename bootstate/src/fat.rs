@@ -466,9 +466,9 @@ impl<D: Device> BootFs<D> {
         if got != sha256 || n != len {
             self.remove(&tmp)?;
             bail!(
-                "{tmp} reads back as sha256 {got} ({n} bytes), not {sha256} ({len} bytes): the \
-                 source changed or the disk does not keep what is written to it; it was removed \
-                 and {path} is as it was"
+                "{tmp} reads back as sha256 {got} ({n} bytes), not {sha256} ({len} bytes): its \
+                 source changed since it was checked, or what was written did not read back; it \
+                 was removed and {path} is as it was"
             );
         }
         // 2.
@@ -809,6 +809,10 @@ mod tests {
             assert!(format!("{e:#}").contains("is as it was"), "{e:#}");
             assert_eq!(fs.hash(path).unwrap().0, sha(&old), "{kind}");
             assert!(!fs.exists(&replacement(path)).unwrap(), "{kind}");
+            let said = crate::testutil::fsck(fs.into_inner().get_ref());
+            for bad in ["share", "Reclaimed", "Free cluster summary wrong"] {
+                assert!(!said.contains(bad), "{kind}: fsck.fat says:\n{said}");
+            }
             let mut saw_new_at = None;
             for n in 1..=writes {
                 let mut dev = Faulty::failing_at(Cursor::new(image.clone()), n);

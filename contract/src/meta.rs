@@ -63,8 +63,9 @@ pub enum Tag {
     /// The disk boots signed UKIs under Secure Boot: the db certificates
     /// (PEM, one or more) its firmware is known to trust, one of which
     /// every UKI an upgrade installs must be signed for: the one it was
-    /// enrolled with, and those the runtime added to firmware's db since
-    /// ([`Tag::SecureBootUpdates`]). Absent: no Secure Boot.
+    /// enrolled with, and those the runtime added to firmware's db since,
+    /// less those it revoked through dbx ([`Tag::SecureBootUpdates`]).
+    /// Absent: no Secure Boot.
     SecureBoot = 0x31,
     /// The pending upgrade leaves Secure Boot (`imager upgrade
     /// --change-secure-boot` to a version without it): once that version is

@@ -225,11 +225,12 @@ impl Revoked {
         if self.certs.is_empty() {
             return Ok(self.how(authenticode::file_digest(path)?, |_| false));
         }
-        // Read once, checked against each certificate (an unsigned image
-        // is revoked by its digest alone).
-        match authenticode::read_signed_file(path) {
-            Ok(f) => Ok(self.how(f.digest(), |c| f.verify(c).is_ok())),
-            Err(_) => Ok(self.how(authenticode::file_digest(path)?, |_| false)),
+        // Read once, checked against each certificate; an unsigned image
+        // is revoked by its digest alone, and a signature that does not
+        // read is an error (never taken for one no certificate revokes).
+        match authenticode::read_signed_file(path)? {
+            Some(f) => Ok(self.how(f.digest(), |c| f.verify(c).is_ok())),
+            None => Ok(self.how(authenticode::file_digest(path)?, |_| false)),
         }
     }
 
@@ -238,8 +239,10 @@ impl Revoked {
         if self.is_empty() {
             return Ok(None);
         }
-        let digest = authenticode::digest(pe)?;
-        Ok(self.how(digest, |c| authenticode::verify(pe, c).is_ok()))
+        match authenticode::read_signed(pe)? {
+            Some(f) => Ok(self.how(f.digest(), |c| f.verify(c).is_ok())),
+            None => Ok(self.how(authenticode::digest(pe)?, |_| false)),
+        }
     }
 
     fn how(
@@ -259,17 +262,20 @@ impl Revoked {
     }
 }
 
-/// META's `secure-boot` record without the certificates `revoked` (DER:
-/// what firmware's dbx now holds), `None` when it holds none of them. A
-/// record that would be left empty is refused: firmware would trust none
-/// of the disk's keys.
+/// META's `secure-boot` record without the certificates whose key is a
+/// certificate's of `revoked` (DER: what firmware's dbx takes; compared by
+/// public key, as [`Revoked`] compares signers), `None` when it holds none
+/// of them. A record that would be left empty is refused: firmware would
+/// trust none of the disk's keys.
 pub fn without_db_certs(pem: &str, revoked: &[&[u8]]) -> Result<Option<String>> {
     let held = disk_certs(pem)?;
     let mut gone = Vec::new();
     for der in revoked {
         gone.push(authenticode::parse_cert(der).context("a certificate revoked through dbx")?);
     }
-    let kept: Vec<_> = held.iter().filter(|c| !gone.contains(c)).collect();
+    let key = |c: &authenticode::Certificate| c.tbs_certificate.subject_public_key_info.clone();
+    let gone: Vec<_> = gone.iter().map(key).collect();
+    let kept: Vec<_> = held.iter().filter(|c| !gone.contains(&key(c))).collect();
     if kept.len() == held.len() {
         return Ok(None);
     }

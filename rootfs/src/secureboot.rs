@@ -43,8 +43,9 @@ pub fn state() -> SecureBoot {
 /// Writes to firmware what its db and dbx lack of the Secure Boot updates
 /// of `version`, the blessed version running (META's
 /// `secure-boot-updates`, docs/secureboot.md "Rotating the db key and
-/// revoking UKIs"), and adds to META's `secure-boot` record the db
-/// certificates firmware then holds. Only with Secure Boot on, and only
+/// revoking UKIs"), and makes META's `secure-boot` record follow: the db
+/// certificates firmware's db then holds are added, those its dbx revokes
+/// removed. Only with Secure Boot on, and only
 /// the running version's updates (a slot rolled back to leaves a newer
 /// version's alone). Never a failure of the boot: what went wrong is said
 /// on the console.
@@ -57,7 +58,7 @@ pub fn apply_updates(disk: &crate::slots::Disk, version: &str) {
 fn try_apply(disk: &crate::slots::Disk, version: &str) -> anyhow::Result<()> {
     use anyhow::Context;
     use contract::meta::Tag;
-    use payload::efivar::{self, Entry, Record, Var};
+    use payload::efivar::Record;
     let meta = disk.meta()?;
     let Some(text) = meta.get(Tag::SecureBootUpdates) else {
         return Ok(());
@@ -74,54 +75,36 @@ fn try_apply(disk: &crate::slots::Disk, version: &str) -> anyhow::Result<()> {
         say("secure boot: not on: this version's db and dbx updates wait until it is");
         return Ok(());
     }
+    // Each update alone: one that fails is said, and the others go on.
     for (name, bytes) in &record.updates {
-        let u = efivar::parse_update(name, bytes)?;
-        let var = u.var.efivarfs_name();
-        let lacking = efivar::missing(&held(&var)?, &u).len();
-        if u.var == Var::Dbx && lacking > 0 {
-            payload::secureboot::check_loader_not_revoked(name, &u, &disk.esp_loader()?)?;
+        if let Err(e) = apply_one(disk, name, bytes) {
+            say(format!("secure boot: warning: {name}: {e:#}"));
         }
-        if lacking == 0 {
-            say(format!(
-                "secure boot: {} holds the {} entries of {name}",
-                u.var.name(),
-                u.entries.len()
-            ));
-        } else {
-            efi::append(&var, efivar::ATTRIBUTES | efivar::APPEND_WRITE, bytes)
-                .with_context(|| format!("appending {name} to {}", u.var.name()))?;
-            let still = efivar::missing(&held(&var)?, &u);
-            anyhow::ensure!(
-                still.is_empty(),
-                "firmware took {name}, and its {} still lacks {}",
-                u.var.name(),
-                still[0].describe()
-            );
-            say(format!(
-                "secure boot: {name}: firmware's {} took {lacking} entries",
-                u.var.name()
-            ));
-        }
-        // META's db certificates follow firmware's: a certificate db took
-        // is trusted, one dbx took is not (upgrades signed by it are then
-        // refused whatever record META keeps later).
-        let certs: Vec<&[u8]> = u
-            .entries
-            .iter()
-            .filter_map(|e| match e {
-                Entry::X509(der) => Some(der.as_slice()),
-                Entry::Sha256(_) => None,
-            })
-            .collect();
-        if certs.is_empty() {
-            continue;
-        }
-        let meta = disk.meta()?;
-        let pem = meta.get(Tag::SecureBoot).unwrap_or_default();
-        let new = match u.var {
-            Var::Db => payload::secureboot::with_db_certs(pem, &certs)?,
-            Var::Dbx => payload::secureboot::without_db_certs(pem, &certs)?,
-        };
+    }
+    Ok(())
+}
+
+/// One update file: written to firmware when its variable lacks entries,
+/// and META's db certificates made to follow (a certificate db took is
+/// trusted; one dbx takes is not, and leaves META first, so that a cut
+/// between the two writes leaves META trusting less than firmware, never
+/// more).
+fn apply_one(disk: &crate::slots::Disk, name: &str, bytes: &[u8]) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use contract::meta::Tag;
+    use payload::efivar::{self, Entry, Var};
+    let u = efivar::parse_update(name, bytes)?;
+    let var = u.var.efivarfs_name();
+    let lacking = efivar::missing(&held(&var)?, &u).len();
+    let certs: Vec<&[u8]> = u
+        .entries
+        .iter()
+        .filter_map(|e| match e {
+            Entry::X509(der) => Some(der.as_slice()),
+            Entry::Sha256(_) => None,
+        })
+        .collect();
+    let set_meta = |new: Option<String>| -> anyhow::Result<()> {
         if let Some(new) = new {
             disk.set_secure_boot(&new)
                 .context("changing META's db certificates to firmware's")?;
@@ -130,6 +113,48 @@ fn try_apply(disk: &crate::slots::Disk, version: &str) -> anyhow::Result<()> {
                 payload::secureboot::disk_certs(&new)?.len()
             ));
         }
+        Ok(())
+    };
+    let pem = || -> anyhow::Result<String> {
+        Ok(disk
+            .meta()?
+            .get(Tag::SecureBoot)
+            .unwrap_or_default()
+            .to_string())
+    };
+    if u.var == Var::Dbx {
+        if lacking > 0 {
+            payload::secureboot::check_loader_not_revoked(name, &u, &disk.esp_loader()?)?;
+        }
+        // (Refused here, before firmware is written, when it would leave
+        // META trusting no key.)
+        if !certs.is_empty() {
+            set_meta(payload::secureboot::without_db_certs(&pem()?, &certs)?)?;
+        }
+    }
+    if lacking == 0 {
+        say(format!(
+            "secure boot: {} holds the {} entries of {name}",
+            u.var.name(),
+            u.entries.len()
+        ));
+    } else {
+        efi::append(&var, efivar::ATTRIBUTES | efivar::APPEND_WRITE, bytes)
+            .with_context(|| format!("appending it to {}", u.var.name()))?;
+        let still = efivar::missing(&held(&var)?, &u);
+        anyhow::ensure!(
+            still.is_empty(),
+            "firmware took it, and its {} still lacks {}",
+            u.var.name(),
+            still[0].describe()
+        );
+        say(format!(
+            "secure boot: {name}: firmware's {} took {lacking} entries",
+            u.var.name()
+        ));
+    }
+    if u.var == Var::Db && !certs.is_empty() {
+        set_meta(payload::secureboot::with_db_certs(&pem()?, &certs)?)?;
     }
     Ok(())
 }

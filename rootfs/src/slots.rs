@@ -47,6 +47,28 @@ fn open_part(dev: &Path) -> Result<Window<File>> {
     Ok(Window::new(f, 0, len)?)
 }
 
+/// The logical sector size of the block device `dev` (`BLKSSZGET`); 512
+/// for a file that is not a block device (the tests' images).
+fn sector_size(dev: &Path) -> Result<u64> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileTypeExt;
+    let f = File::open(dev).with_context(|| format!("open {}", dev.display()))?;
+    if !f.metadata()?.file_type().is_block_device() {
+        return Ok(512);
+    }
+    let mut size: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer, which points
+    // at `size` for the call's duration; the descriptor is open.
+    let r = unsafe { libc::ioctl(f.as_raw_fd(), libc::BLKSSZGET, &mut size) };
+    anyhow::ensure!(
+        r == 0 && size > 0,
+        "reading the sector size of {}: {}",
+        dev.display(),
+        std::io::Error::last_os_error()
+    );
+    Ok(size as u64)
+}
+
 impl Disk {
     /// Finds BOOT and META on META's disk.
     pub fn open(meta: &Partition, all: &[Partition]) -> Result<Disk> {
@@ -123,13 +145,14 @@ impl Disk {
                 f(esp.as_mut(), &mut boot, &mut meta)
             }
             Source::Parts(boot, meta) => {
-                // (On a disk of 4096-byte sectors the partition named EFI
-                // is not a FAT filesystem: BOOT is the ESP.)
+                // (On a disk of 4096-byte sectors BOOT is the ESP, and the
+                // partition named EFI is not a filesystem: the contract's
+                // rule, as for the whole disk.)
                 let mut esp = match &self.esp {
-                    Some(e) => {
-                        let mut fs = BootFs::new(open_part(e)?, epoch);
-                        fs.scan().is_ok().then_some(fs)
-                    }
+                    Some(e) => match contract::partition::esp_role(sector_size(boot)?) {
+                        PartitionRole::Boot => None,
+                        _ => Some(BootFs::new(open_part(e)?, epoch)),
+                    },
                     None => None,
                 };
                 f(
@@ -293,7 +316,8 @@ impl Disk {
 
     /// META's `secure-boot` record (the db certificates firmware trusts)
     /// replaced by `pem`, in one write: the runtime adds a certificate once
-    /// firmware's db holds it.
+    /// firmware's db holds it, and removes one before firmware's dbx takes
+    /// it.
     pub fn set_secure_boot(&self, pem: &str) -> Result<()> {
         use contract::meta::Tag;
         self.with(|_, meta_dev| {
