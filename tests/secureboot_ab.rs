@@ -161,6 +161,38 @@ fn upgrade(disk: &Path, installer: &Path, extra: &[&str]) -> std::process::Outpu
         .args(extra))
 }
 
+/// `imager` with `args` on `disk` fails saying `says`, and the disk is
+/// unchanged.
+fn refused(disk: &Path, args: &[&str], says: &str) {
+    let before = sha256(disk);
+    let out = run(imager().args(args).arg("--disk").arg(disk));
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(says), "{err}");
+    assert_eq!(sha256(disk), before, "refused, and it wrote to the disk");
+}
+
+/// An upgrade to `b` refused as [`refused`] says.
+fn refused_upgrade(disk: &Path, b: &Build, says: &str) {
+    let installer = installer(b);
+    refused(
+        disk,
+        &["upgrade", "--installer", installer.to_str().unwrap()],
+        says,
+    );
+}
+
+/// Upgrades `disk` to `b`, then puts `uki` in the place of its trial entry
+/// `entry` on BOOT, by hand.
+fn uki_in_trial(disk: &Path, b: &Build, entry: &str, uki: &Path) {
+    let up = upgrade(disk, &installer(b), &[]);
+    assert!(up.status.success(), "{up:?}");
+    let img = boot_at(disk);
+    let name = format!("::/EFI/Linux/{entry}");
+    ok(tool("mdel").args(["-i", &img, &name]));
+    ok(tool("mcopy").args(["-i", &img]).arg(uki).arg(&name));
+}
+
 fn installer(b: &Build) -> PathBuf {
     let tar = b.dir.join("installer.tar");
     if tar.is_file() { tar } else { b.dir.clone() }
@@ -806,15 +838,7 @@ fn a_db_key_rotates_and_a_revoked_uki_is_refused_by_firmware() {
     let disk = sparse_copy(&v1.artifact("raw"), "sb-rot");
     let vars = vars("sb-rot");
     // Before firmware holds db key 2, the disk refuses what it signs.
-    let before = sha256(&disk);
-    let out = upgrade(&disk, &installer(&v2), &[]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("adds the new db certificate to firmware"),
-        "{err}"
-    );
-    assert_eq!(sha256(&disk), before, "a refused upgrade wrote to the disk");
+    refused_upgrade(&disk, &v2, "adds the new db certificate to firmware");
     let db2 = String::from_utf8(
         run(tool("openssl")
             .args(["x509", "-noout", "-subject", "-in"])
@@ -865,24 +889,17 @@ fn a_db_key_rotates_and_a_revoked_uki_is_refused_by_firmware() {
     assert_ne!(dbx_before, dbx_after, "{dbx_after}");
 
     // The disk refuses 0.1.0 now; firmware refuses its UKI of slot A.
-    let before = sha256(&disk);
-    let out = upgrade(&disk, &installer(&v1), &[]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("revoked by this disk's Secure Boot updates"),
-        "{err}"
+    refused_upgrade(
+        &disk,
+        &v1,
+        "revoked by this disk's Secure Boot updates (by its digest",
     );
-    assert_eq!(sha256(&disk), before, "a refused upgrade wrote to the disk");
-    let up = upgrade(&disk, &installer(&v2), &[]);
-    assert!(up.status.success(), "{up:?}");
-    let img = boot_at(&disk);
-    let name = "::/EFI/Linux/g00000003-slot-a+3-0.efi";
-    ok(tool("mdel").args(["-i", &img, name]));
-    ok(tool("mcopy")
-        .args(["-i", &img])
-        .arg(v1.dir.join("uki-a.efi"))
-        .arg(name));
+    uki_in_trial(
+        &disk,
+        &v2,
+        "g00000003-slot-a+3-0.efi",
+        &v1.dir.join("uki-a.efi"),
+    );
     let (r, console) = sb_boot(&disk, &vars, true);
     assert_eq!(slot_of(&r), ("0.2.0".into(), "B".into()), "{console}");
     assert!(
@@ -924,25 +941,18 @@ fn a_db_key_rotates_and_a_revoked_uki_is_refused_by_firmware() {
     let pem = meta_value(&disk, "secure-boot");
     assert_eq!(pem.matches("BEGIN CERTIFICATE").count(), 1, "{pem}");
     // The disk refuses what key 1 signed, by its certificate.
-    let before = sha256(&disk);
-    let out = upgrade(&disk, &installer(&v1), &[]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("revoked by this disk's Secure Boot updates (by the certificate"),
-        "{err}"
+    refused_upgrade(
+        &disk,
+        &v1,
+        "revoked by this disk's Secure Boot updates (by the certificate",
     );
-    assert_eq!(sha256(&disk), before, "a refused upgrade wrote to the disk");
     // Firmware refuses 0.1.0's UKI of slot B, which no digest revokes.
-    let up = upgrade(&disk, &installer(&v3), &[]);
-    assert!(up.status.success(), "{up:?}");
-    let img = boot_at(&disk);
-    let name = "::/EFI/Linux/g00000005-slot-b+3-0.efi";
-    ok(tool("mdel").args(["-i", &img, name]));
-    ok(tool("mcopy")
-        .args(["-i", &img])
-        .arg(v1.dir.join("uki-b.efi"))
-        .arg(name));
+    uki_in_trial(
+        &disk,
+        &v3,
+        "g00000005-slot-b+3-0.efi",
+        &v1.dir.join("uki-b.efi"),
+    );
     let (r, console) = sb_boot(&disk, &vars, true);
     assert_eq!(slot_of(&r), ("0.3.0".into(), "A".into()), "{console}");
     assert!(
@@ -950,17 +960,9 @@ fn a_db_key_rotates_and_a_revoked_uki_is_refused_by_firmware() {
         "{console}"
     );
     // Nor is that slot made the default by a rollback, forced or not.
-    let before = sha256(&disk);
-    let out = run(imager().args(["rollback", "--force", "--disk"]).arg(&disk));
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("its UKI is revoked by this disk's Secure Boot updates (by the certificate"),
-        "{err}"
-    );
-    assert_eq!(
-        sha256(&disk),
-        before,
-        "a refused rollback wrote to the disk"
+    refused(
+        &disk,
+        &["rollback", "--force"],
+        "its UKI is revoked by this disk's Secure Boot updates (by the certificate",
     );
 }
