@@ -1265,6 +1265,22 @@ fn loaders(dir: &std::path::Path) -> Loaders {
     }
 }
 
+/// Whether the boot loader `got` after cut `n` is `new`, checking that it
+/// is whole, old or new, and never old again once new (`new_from`: the
+/// first cut that left it new).
+fn old_or_new(got: &[u8], old: &[u8], new: &[u8], new_from: &mut Option<u64>, n: u64) -> bool {
+    if got == new {
+        new_from.get_or_insert(n);
+        return true;
+    }
+    assert!(
+        got == old,
+        "cut {n}: the boot loader is neither old nor new"
+    );
+    assert!(new_from.is_none(), "cut {n}: old boot loader after the new");
+    false
+}
+
 type Cut<'a> = Faulty<&'a mut Dev>;
 
 /// `op` on the ESP, BOOT and META (in that order of arguments) counted, or
@@ -1364,18 +1380,7 @@ fn entering_secure_boot_cut_at_any_write_finishes_and_takes_effect_at_the_blessi
         let (r, _) = enter(&mut b, &mut m, &mut e, Some(n));
         assert_eq!(r.is_ok(), n > total, "cut {n}");
         let got = firmware_loader(&e);
-        if got == new_loader {
-            loader_new_from.get_or_insert(n);
-        } else {
-            assert!(
-                got == old_loader,
-                "cut {n}: the boot loader is neither old nor new"
-            );
-            assert!(
-                loader_new_from.is_none(),
-                "cut {n}: old boot loader after the new"
-            );
-        }
+        old_or_new(&got, &old_loader, &new_loader, &mut loader_new_from, n);
         assert_eq!(tag(&mut m, Tag::SecureBoot), None, "cut {n}");
         let mut boot = BootFs::new(&mut b, 0);
         let slot = firmware_tries(&mut boot);
@@ -1603,17 +1608,7 @@ fn an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes_unde
         let (r, _) = up(&mut b, &mut m, &mut e, Some(n));
         assert!(r.is_err(), "cut {n}");
         let got = firmware_loader(&e);
-        if got == new_loader {
-            loader_new_from.get_or_insert(n);
-        } else {
-            assert!(
-                got == old_loader,
-                "cut {n}: the boot loader is neither old nor new"
-            );
-            assert!(
-                loader_new_from.is_none(),
-                "cut {n}: old boot loader after the new"
-            );
+        if !old_or_new(&got, &old_loader, &new_loader, &mut loader_new_from, n) {
             // BOOT and META are untouched until the boot loader is new.
             assert!(b.get_ref() == b0.get_ref(), "cut {n}: BOOT written first");
             assert!(m.get_ref() == m0.get_ref(), "cut {n}: META written first");
