@@ -6,7 +6,7 @@
 
 mod push;
 mod resolve;
-pub use push::Pushed;
+pub use push::{PUSH_ATTEMPTS, PUSH_RETRY_WAIT, Pushed};
 mod token;
 mod transport;
 

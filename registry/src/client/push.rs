@@ -14,6 +14,35 @@ use crate::reference::{Digest, Reference, excerpt};
 use std::io::Read;
 use ureq::http::header;
 
+/// How many times in all a push asks a registry again when it briefly
+/// misses a blob it holds (see [`Client::push_blob`] and
+/// [`Client::push_manifest`]).
+pub const PUSH_ATTEMPTS: u32 = 4;
+/// The wait before the first such retry (doubled each time).
+pub const PUSH_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// What `request` returns, asked again up to [`PUSH_ATTEMPTS`] times in
+/// all, with a doubling wait, while its error is one `briefly` says a
+/// registry gives for a moment; the last error says how many times.
+fn asking_again<T>(
+    briefly: impl Fn(&Error) -> bool,
+    mut request: impl FnMut() -> Result<T, Error>,
+) -> Result<T, Error> {
+    let mut wait = PUSH_RETRY_WAIT;
+    let mut attempt = 1;
+    loop {
+        match request() {
+            Err(e) if attempt < PUSH_ATTEMPTS && briefly(&e) => {
+                std::thread::sleep(wait);
+                wait *= 2;
+                attempt += 1;
+            }
+            Err(e) if attempt > 1 => return Err(e.and(&format!(": asked {attempt} times"))),
+            result => return result,
+        }
+    }
+}
+
 /// What [`Client::push_blob`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pushed {
@@ -44,13 +73,22 @@ impl Client {
     /// has it. The bytes sent are hashed as they go: content that is not
     /// exactly the descriptor's size and digest fails the upload (and the
     /// registry, which checks the digest too, keeps nothing).
+    ///
+    /// The check is asked again as [`Client::push_manifest`] is when the
+    /// registry answers it with a server error (5xx): the distribution
+    /// registry answers 500 while another client's upload of the same
+    /// blob rewrites its link.
     pub fn push_blob(
         &self,
         reference: &Reference,
         descriptor: &Descriptor,
         content: impl Read,
     ) -> Result<Pushed, Error> {
-        if self.blob_exists(reference, &descriptor.digest)? {
+        let present = asking_again(
+            |e| e.status().is_some_and(|s| (500..600).contains(&s)),
+            || self.blob_exists(reference, &descriptor.digest),
+        )?;
+        if present {
             return Ok(Pushed::Present);
         }
         let target = Target {
@@ -102,7 +140,30 @@ impl Client {
     /// Puts `manifest` (of `media_type`) under the tag, or the digest, of
     /// `reference`; returns its digest, checked against the one the
     /// registry reports when it reports one.
+    ///
+    /// A registry that answers `MANIFEST_BLOB_UNKNOWN` is asked again, up
+    /// to [`PUSH_ATTEMPTS`] times in all, after [`PUSH_RETRY_WAIT`], then
+    /// twice that, …: the distribution registry's filesystem storage
+    /// rewrites a blob's link in place when another client uploads the
+    /// same blob, and a manifest checked at that moment misses it
+    /// (docs/registry.md, "Pushing").
     pub fn push_manifest(
+        &self,
+        reference: &Reference,
+        media_type: &str,
+        manifest: &[u8],
+    ) -> Result<Digest, Error> {
+        asking_again(
+            |e| {
+                e.registry_codes()
+                    .iter()
+                    .any(|c| c == "MANIFEST_BLOB_UNKNOWN")
+            },
+            || self.put_manifest(reference, media_type, manifest),
+        )
+    }
+
+    fn put_manifest(
         &self,
         reference: &Reference,
         media_type: &str,

@@ -129,7 +129,16 @@ impl Client {
             if status == StatusCode::UNAUTHORIZED {
                 self.tokens().forget(registry, &scope);
             }
-            return Err(status_error(status, target, self.has_credentials(registry)));
+            // The body's error codes say why (`MANIFEST_BLOB_UNKNOWN`, …):
+            // a bounded read, and a body that fails to read has none.
+            let mut bytes = Vec::new();
+            let _ = response
+                .into_body()
+                .into_reader()
+                .take(crate::error::MAX_ERROR_BODY)
+                .read_to_end(&mut bytes);
+            return Err(status_error(status, target, self.has_credentials(registry))
+                .answered(status.as_u16(), crate::error::registry_codes(&bytes)));
         }
     }
 

@@ -127,6 +127,24 @@ impl Registry {
             .join("data")
     }
 
+    /// The file linking repository `name` to a blob it holds (the
+    /// filesystem storage's layout).
+    pub fn link_file(&self, name: &str, digest: &Digest) -> PathBuf {
+        self.dir
+            .path()
+            .join("storage/docker/registry/v2/repositories")
+            .join(name)
+            .join("_layers/sha256")
+            .join(digest.hex())
+            .join("link")
+    }
+
+    /// What the registry logged so far (warnings and errors, one answer
+    /// refused per line).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
     /// Uploads a blob into `name` (monolithic upload: POST, then PUT with
     /// the digest).
     pub fn push_blob(&self, name: &str, bytes: &[u8]) -> Digest {
