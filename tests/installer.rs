@@ -151,7 +151,7 @@ fn umoci_unpacks_a_static_installer_that_runs_and_a_payload_that_verifies() {
         .arg(&bundle));
     let rootfs = bundle.join("rootfs");
     let bin = rootfs.join("usr/bin/imager");
-    imager::runtime::check_static(&bin).unwrap();
+    imager::runtime::check_static(&bin, contract::Arch::Amd64).unwrap();
     let link = rootfs.join("usr/bin/installer");
     assert_eq!(std::fs::read_link(&link).unwrap(), Path::new("imager"));
     for exe in [&bin, &link] {

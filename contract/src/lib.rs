@@ -9,6 +9,7 @@
 //! This crate is deliberately small (sha2 and uuid only) so that the static
 //! runtime can link it without pulling in the builder's dependencies.
 
+pub mod arch;
 pub mod boot;
 pub mod bootdisk;
 pub mod cmdline;
@@ -34,6 +35,7 @@ pub mod text;
 pub mod verity;
 pub mod version;
 
+pub use arch::Arch;
 pub use guid::Guid;
 pub use partition::{LAYOUT, PartitionRole, PartitionSpec};
 pub use slot::Slot;

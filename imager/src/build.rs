@@ -100,6 +100,16 @@ fn build(
     opts: &BuildOptions,
     given: Option<&dyn sign::Signer>,
 ) -> Result<BuildReport> {
+    if p.arch != contract::Arch::Amd64 {
+        bail!(
+            "profile {}: arch {}: only the kernel of an {} image builds so far (imager kernel \
+             build --profile {}); the runtime, the boot chain and the disk follow (docs/arm64.md)",
+            p.path.display(),
+            p.arch,
+            p.arch,
+            p.path.display()
+        );
+    }
     let out = &opts.out_dir;
     let _lock = lock_output(out)?;
     let epoch = describe_build(p, out)?;
@@ -973,10 +983,10 @@ fn runtime_binary(p: &Profile) -> Result<PathBuf> {
     match (&p.runtime.cargo_package, &p.runtime.binary) {
         (Some(pkg), _) => {
             step(&format!("runtime: building {}", pkg.display()));
-            runtime::build(pkg)
+            runtime::build(pkg, p.arch)
         }
         (None, Some(bin)) => {
-            runtime::check_static(bin)?;
+            runtime::check_static(bin, p.arch)?;
             Ok(bin.clone())
         }
         (None, None) => bail!("the profile names no runtime"),
@@ -1015,10 +1025,10 @@ fn installer_binary(p: &Profile) -> Result<Option<PathBuf>> {
     Ok(Some(match (&i.cargo_package, &i.binary) {
         (Some(pkg), _) => {
             step(&format!("installer: building {} (static)", pkg.display()));
-            runtime::build_named(pkg, "installer", "installer.cargo_package")?
+            runtime::build_named(pkg, "installer", "installer.cargo_package", p.arch)?
         }
         (None, Some(bin)) => {
-            runtime::check_static(bin)?;
+            runtime::check_static(bin, p.arch)?;
             bin.clone()
         }
         (None, None) => bail!("the profile names no installer binary"),
@@ -1249,6 +1259,7 @@ pub fn kernel_request(p: &Profile, cache_dir: &Path, jobs: usize) -> Result<kern
         .clone()
         .context("the profile has no kernel.source")?;
     Ok(kernel::KernelRequest {
+        arch: p.arch,
         source,
         fragments: p.kernel.fragments.clone(),
         rules: p.kernel.rules.clone(),

@@ -37,6 +37,9 @@ pub struct Profile {
     /// `--allow-downgrade` (docs/signing.md, "Security versions").
     #[serde(default)]
     pub security_version: u64,
+    /// The `arch` key as written (checked into [`Profile::arch`]).
+    #[serde(default, rename = "arch")]
+    arch_name: Option<String>,
     pub kernel: KernelSection,
     pub runtime: RuntimeSection,
     /// Required with the output `installer`.
@@ -76,6 +79,11 @@ pub struct Profile {
     /// The `live` section's node settings, checked (not a YAML key).
     #[serde(skip)]
     pub live_settings: Option<contract::settings::Settings>,
+    /// The architecture the image is built for, of the `arch` key:
+    /// `amd64` (the default) or `arm64`, cross-built (docs/arm64.md;
+    /// `contract::arch` decides what differs).
+    #[serde(skip)]
+    pub arch: contract::Arch,
 }
 
 fn default_pretty() -> String {
@@ -278,6 +286,9 @@ impl Profile {
             );
         }
         check_version(&self.version).map_err(|msg| Invalid::new("version", msg))?;
+        if let Some(name) = &self.arch_name {
+            self.arch = contract::Arch::parse(name).map_err(|msg| Invalid::new("arch", msg))?;
+        }
         if self.signing.cosigners.len() > MAX_COSIGNERS {
             return Err(Invalid::new(
                 "signing.cosigners",

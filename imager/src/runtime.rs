@@ -2,23 +2,28 @@
 //! executable, or taken prebuilt, and checked to be static either way.
 
 use anyhow::{Context, Result, anyhow, bail};
+use contract::Arch;
 use contract::le::{read_u16, read_u32, read_u64};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The only target we can build for here; `+crt-static` makes it static.
+/// The target of amd64 images, the host's; `+crt-static` makes it static.
+/// Another architecture's is its `contract::arch` row's `rust_target`.
 pub const TARGET: &str = "x86_64-unknown-linux-gnu";
 
-/// Builds the binary of the cargo package in `package_dir` (release, static,
-/// with build paths remapped so that the binary does not depend on where the
-/// checkout lives) and returns its path.
-pub fn build(package_dir: &Path) -> Result<PathBuf> {
-    build_named(package_dir, "runtime", "runtime.cargo_package")
+/// Builds the binary of the cargo package in `package_dir` for `arch`
+/// (release, static, with build paths remapped so that the binary does not
+/// depend on where the checkout lives) and returns its path.
+pub fn build(package_dir: &Path, arch: Arch) -> Result<PathBuf> {
+    build_named(package_dir, "runtime", "runtime.cargo_package", arch)
 }
 
 /// [`build`] for any static binary of the image: `what` names it in
-/// messages (`runtime`, `installer`), `key` is its profile key.
-pub fn build_named(package_dir: &Path, what: &str, key: &str) -> Result<PathBuf> {
+/// messages (`runtime`, `installer`), `key` is its profile key. Another
+/// architecture than the host's is cross-built: its Rust target's standard
+/// library (`rustup target add`) and the Debian cross compiler as linker
+/// and C compiler (scripts/setup.sh installs both).
+pub fn build_named(package_dir: &Path, what: &str, key: &str, arch: Arch) -> Result<PathBuf> {
     let manifest = package_dir.join("Cargo.toml");
     let manifest = std::fs::canonicalize(&manifest).unwrap_or(manifest);
     if !manifest.is_file() {
@@ -36,18 +41,34 @@ pub fn build_named(package_dir: &Path, what: &str, key: &str) -> Result<PathBuf>
         "-C target-feature=+crt-static --remap-path-prefix={}=/src --remap-path-prefix={cargo_home}=/cargo",
         workspace.display()
     );
+    let spec = arch.spec();
+    let mut cmd = Command::new(&cargo);
+    if !spec.cross_compile.is_empty() {
+        let triple = spec.rust_target.replace('-', "_");
+        let gcc = format!("{}gcc", spec.cross_compile);
+        cmd.env(
+            format!("CARGO_TARGET_{}_LINKER", triple.to_uppercase()),
+            &gcc,
+        )
+        .env(format!("CC_{triple}"), &gcc);
+    }
     let out = crate::progress::tool_output(
-        Command::new(&cargo)
-            .args(["build", "--release", "--locked", "--target", TARGET])
-            .arg("--manifest-path")
-            .arg(&manifest)
-            .args(["--message-format", "json-render-diagnostics"])
-            .env("RUSTFLAGS", &rustflags)
-            .env_remove("CARGO_ENCODED_RUSTFLAGS")
-            // Built as the stable toolchain builds it: a caller's
-            // RUSTC_BOOTSTRAP (scripts/lib/test-runner sets it for test
-            // binaries) would change cargo's fingerprints and rebuild it.
-            .env_remove("RUSTC_BOOTSTRAP"),
+        cmd.args([
+            "build",
+            "--release",
+            "--locked",
+            "--target",
+            spec.rust_target,
+        ])
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .args(["--message-format", "json-render-diagnostics"])
+        .env("RUSTFLAGS", &rustflags)
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        // Built as the stable toolchain builds it: a caller's
+        // RUSTC_BOOTSTRAP (scripts/lib/test-runner sets it for test
+        // binaries) would change cargo's fingerprints and rebuild it.
+        .env_remove("RUSTC_BOOTSTRAP"),
     )
     .with_context(|| format!("running cargo to build the {what}"))?;
     if !out.status.success() {
@@ -69,7 +90,7 @@ pub fn build_named(package_dir: &Path, what: &str, key: &str) -> Result<PathBuf>
             manifest.display()
         )
     })?;
-    check_static(&exe)?;
+    check_static(&exe, arch)?;
     Ok(exe)
 }
 
@@ -93,16 +114,25 @@ fn workspace_root(manifest: &Path) -> Result<PathBuf> {
     Ok(package.to_path_buf())
 }
 
-/// Fails unless `path` is an x86-64 ELF executable without an interpreter
-/// (no dynamic loader in the image means the binary must be static).
-pub fn check_static(path: &Path) -> Result<()> {
+/// Fails unless `path` is an ELF executable of `arch` without an
+/// interpreter (no dynamic loader in the image means the binary must be
+/// static).
+pub fn check_static(path: &Path, arch: Arch) -> Result<()> {
     let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let what = path.display();
     if data.len() < 64 || &data[..4] != b"\x7fELF" {
         bail!("{what} is not an ELF executable");
     }
-    if data[4] != 2 || data[5] != 1 || read_u16(&data, 18) != Some(62) {
-        bail!("{what} is not a little-endian x86-64 ELF");
+    if data[4] != 2 || data[5] != 1 {
+        bail!("{what} is not a little-endian 64-bit ELF");
+    }
+    let machine = read_u16(&data, 18).unwrap_or_default();
+    if machine != arch.spec().elf_machine {
+        let is = contract::arch::ARCHES
+            .iter()
+            .find(|s| s.elf_machine == machine)
+            .map_or_else(|| format!("ELF machine {machine}"), |s| s.name.to_string());
+        bail!("{what} is an {is} executable, not an {arch} one: build it for {arch}");
     }
     let truncated = || anyhow!("{what}: truncated program headers");
     let phoff = read_u64(&data, 0x20).and_then(|o| usize::try_from(o).ok());
@@ -132,12 +162,12 @@ mod tests {
     #[test]
     fn dynamic_binaries_are_refused() {
         // /bin/true on Debian is dynamically linked.
-        let e = check_static(Path::new("/bin/true"))
+        let e = check_static(Path::new("/bin/true"), Arch::Amd64)
             .unwrap_err()
             .to_string();
         assert!(e.contains("dynamically linked"), "{e}");
-        let e = check_static(Path::new("/etc/hostname"))
-            .or_else(|_| check_static(Path::new("/etc/passwd")))
+        let e = check_static(Path::new("/etc/hostname"), Arch::Amd64)
+            .or_else(|_| check_static(Path::new("/etc/passwd"), Arch::Amd64))
             .unwrap_err()
             .to_string();
         assert!(e.contains("not an ELF"), "{e}");

@@ -839,7 +839,11 @@ config MODULES
         let rules = Rules::load(&dir.join("kspp-rules.yaml")).unwrap();
         assert!(rules.rules.len() > 100);
         let known: HashSet<&str> = rules.rules.iter().map(|r| r.option.as_str()).collect();
-        for file in ["kspp-waivers.yaml", "kspp-waivers-6.1.yaml"] {
+        for file in [
+            "kspp-waivers.yaml",
+            "kspp-waivers-6.1.yaml",
+            "arm64/kspp-waivers.yaml",
+        ] {
             let waivers = load_waivers(&dir.join(file)).unwrap();
             for w in &waivers {
                 assert!(known.contains(w.option.as_str()), "{file}: {}", w.option);
@@ -852,13 +856,23 @@ config MODULES
                 );
             }
         }
+        // One rule per option and kind on each architecture (an option may
+        // want another value on another architecture).
         let mut seen = HashSet::new();
         for r in &rules.rules {
             assert!(
-                seen.insert((r.option.as_str(), r.kind)),
+                seen.insert((r.option.as_str(), r.kind, r.arch.as_deref())),
                 "duplicate rule {}",
                 r.option
             );
+            if r.arch.is_some() {
+                assert!(
+                    !seen.contains(&(r.option.as_str(), r.kind, None)),
+                    "{} has a rule for every architecture and one for {:?}",
+                    r.option,
+                    r.arch
+                );
+            }
         }
     }
 }

@@ -22,6 +22,7 @@ use super::config::{
 use super::kconfig::KconfigSymbols;
 use crate::io::sha256_file;
 use anyhow::{Context, Result, bail};
+use contract::Arch;
 use sha2::{Digest, Sha256};
 use std::collections::VecDeque;
 use std::fs::{self, File};
@@ -54,6 +55,9 @@ const LOG_TAIL_LINES: usize = 40;
 /// What to build. The profile fills this in; `imager kernel build` has defaults.
 #[derive(Debug, Clone)]
 pub struct KernelRequest {
+    /// The architecture built for: amd64 natively, arm64 with the Debian
+    /// cross compiler (`contract::arch`).
+    pub arch: Arch,
     /// A `.tar.xz`/`.tar.gz` tarball (one top-level directory) or an unpacked tree.
     pub source: PathBuf,
     /// Config fragments, merged in order onto `make tinyconfig` (later wins).
@@ -159,13 +163,15 @@ pub fn build_shared(req: &KernelRequest, shared: Option<Shared>) -> Result<Built
     let started = Instant::now();
     let make = prepare_tree(req, &key, &kernel_dir, &work.path, seed_file)?;
     let symbols = configure(&make, req, &requested, &rules)?;
+    let target = req.arch.spec().kernel_target;
     crate::progress::line(&format!(
-        "kernel: building bzImage with {} job(s); log: {}",
+        "kernel: building {target} for {} with {} job(s); log: {}",
+        req.arch,
         make.jobs,
         make.log.display()
     ));
     let jobs = format!("-j{}", make.jobs);
-    make.run(&[jobs.as_str(), "bzImage"], Some(EXPECTED_OBJECTS))?;
+    make.run(&[jobs.as_str(), target], Some(EXPECTED_OBJECTS))?;
     let elapsed = started.elapsed();
 
     // Stage the result next to the work tree, then rename it into place.
@@ -286,6 +292,7 @@ fn prepare_tree(
         log: log_path,
         epoch: req.source_date_epoch,
         jobs: req.jobs.max(1),
+        arch: req.arch,
         seed_script,
         compiler_seed: compiler_random_seed(key),
         failed_log: kernel_dir.join(format!("{key}.failed.log")),
@@ -314,6 +321,15 @@ fn configure(
         .with_context(|| format!("writing {}", dot_config.display()))?;
     make.run(&["olddefconfig"], None)?;
     let final_config = KernelConfig::load(&dot_config)?;
+    let configured = srcarch(&final_config)?;
+    if configured != req.arch.spec().kernel_arch {
+        bail!(
+            "the kernel was configured for {} ({}'s header), not for {} as asked",
+            contract::text::escape(&configured),
+            dot_config.display(),
+            req.arch
+        );
+    }
     let mismatches = compare(requested, &final_config);
     if !mismatches.is_empty() {
         let names: Vec<&str> = mismatches.iter().map(|m| m.option.as_str()).collect();
@@ -405,9 +421,11 @@ fn stage_result(
 ) -> Result<()> {
     fs::create_dir_all(out)?;
     fs::write(out.join(SYMBOLS_FILE), symbols.render())?;
-    let bzimage = make.tree.join("arch/x86/boot/bzImage");
-    fs::copy(&bzimage, out.join("bzImage"))
-        .with_context(|| format!("copying {}", bzimage.display()))?;
+    // The cache keeps the image as `bzImage` whatever the architecture
+    // (arm64's is `Image`): one layout for the local and shared caches.
+    let image = make.tree.join(req.arch.spec().kernel_image);
+    fs::copy(&image, out.join("bzImage"))
+        .with_context(|| format!("copying {}", image.display()))?;
     fs::copy(make.tree.join(".config"), out.join("config"))?;
     fs::copy(&make.log, out.join("build.log"))?;
     let info = serde_json::json!({
@@ -415,7 +433,8 @@ fn stage_result(
         "recipe": RECIPE_VERSION,
         "source": req.source,
         "fragments": req.fragments,
-        "gcc": gcc_version()?,
+        "arch": req.arch.name(),
+        "gcc": gcc_version(req.arch)?,
         "source_date_epoch": req.source_date_epoch,
         "randstruct_seed": if req.randstruct_seed.is_some() { "from file" } else { "derived from cache key" },
         "jobs": make.jobs,
@@ -474,12 +493,17 @@ pub fn cache_key(
 ) -> Result<String> {
     let mut h = Sha256::new();
     h.update(format!("recipe {RECIPE_VERSION}\n"));
+    // amd64, the native build, adds no line: the keys of kernels cached
+    // before arm64 existed stay valid.
+    if req.arch != Arch::Amd64 {
+        h.update(format!("arch {}\n", req.arch.name()));
+    }
     let stamps = req.cache_dir.join("kernel").join("source-hashes.json");
     h.update(format!(
         "source {}\n",
         hash_source_memo(&req.source, &stamps)?
     ));
-    h.update(format!("gcc {}\n", gcc_version()?));
+    h.update(format!("gcc {}\n", gcc_version(req.arch)?));
     h.update(format!("epoch {}\n", req.source_date_epoch));
     h.update(format!("seed {}\n", seed.unwrap_or("derived")));
     h.update("config\n");
@@ -552,13 +576,16 @@ pub fn hash_source(source: &Path) -> Result<String> {
 }
 
 /// First line of `gcc --version` (the kernel is built with `gcc`).
-pub fn gcc_version() -> Result<String> {
-    let out = Command::new("gcc")
+pub fn gcc_version(arch: Arch) -> Result<String> {
+    let gcc = format!("{}gcc", arch.spec().cross_compile);
+    let out = Command::new(&gcc)
         .arg("--version")
         .output()
-        .context("running gcc --version (is gcc installed?)")?;
+        .with_context(|| {
+            format!("running {gcc} --version (is it installed? scripts/setup.sh installs it)")
+        })?;
     if !out.status.success() {
-        bail!("gcc --version failed: {}", out.status);
+        bail!("{gcc} --version failed: {}", out.status);
     }
     let text = String::from_utf8_lossy(&out.stdout);
     Ok(text.lines().next().unwrap_or("").trim().to_string())
@@ -675,6 +702,7 @@ struct Make {
     log: PathBuf,
     epoch: u64,
     jobs: usize,
+    arch: Arch,
     seed_script: PathBuf,
     /// `-frandom-seed=` for GCC: see [`compiler_random_seed`].
     compiler_seed: String,
@@ -683,12 +711,26 @@ struct Make {
 }
 
 impl Make {
+    /// `ARCH=` and `CROSS_COMPILE=` of a cross build (none for amd64, the
+    /// native build, whose kernel's bytes stay what they were).
+    fn arch_args(&self) -> Vec<String> {
+        let spec = self.arch.spec();
+        if spec.cross_compile.is_empty() {
+            return Vec::new();
+        }
+        vec![
+            format!("ARCH={}", spec.kernel_arch),
+            format!("CROSS_COMPILE={}", spec.cross_compile),
+        ]
+    }
+
     /// make with `args` in the tree, in the reproducibility environment.
     fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("make");
         cmd.current_dir(&self.tree)
             .args(args)
             .arg("LOCALVERSION=")
+            .args(self.arch_args())
             .arg(format!(
                 "gen-randstruct-seed={}",
                 self.seed_script.display()

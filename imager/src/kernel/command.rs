@@ -127,6 +127,10 @@ pub fn build_request(args: &BuildOptions) -> Result<KernelRequest> {
             .unwrap_or(1)
     });
     Ok(KernelRequest {
+        // The flags build amd64; another architecture's kernel is built
+        // from its profile (`--profile metal-arm64`), which names its
+        // fragments and command line.
+        arch: contract::Arch::Amd64,
         source: args.source.clone(),
         fragments,
         rules,

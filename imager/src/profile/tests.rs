@@ -38,6 +38,22 @@ fn parses_and_resolves_relative_paths() {
 }
 
 #[test]
+fn the_architecture_defaults_to_amd64_and_an_unknown_one_names_its_line() {
+    assert_eq!(parse(GOOD).unwrap().arch, contract::Arch::Amd64);
+    let arm = GOOD.replace("version: 1.0.0\n", "version: 1.0.0\narch: arm64\n");
+    assert_eq!(parse(&arm).unwrap().arch, contract::Arch::Arm64);
+    let bad = GOOD.replace(
+        "version: 1.0.0\n",
+        "version: 1.0.0\narch: \"s390x\\e[2J\"\n",
+    );
+    let e = format!("{:#}", parse(&bad).unwrap_err());
+    assert!(
+        e.contains("line 3") && e.contains("give amd64 or arm64") && !e.contains('\u{1b}'),
+        "{e}"
+    );
+}
+
+#[test]
 fn unknown_key_names_file_line_and_key() {
     let bad = GOOD.replace("  rules: rules.yaml", "  rules: rules.yaml\n  sorce: x");
     let e = parse(&bad).unwrap_err().to_string();

@@ -91,6 +91,7 @@ fn tarball_hash_is_remembered_until_the_file_changes() {
 fn missing_source_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let req = KernelRequest {
+        arch: contract::Arch::Amd64,
         source: dir.path().join("nope.tar.xz"),
         fragments: vec![],
         rules: dir.path().join("rules.yaml"),
@@ -124,6 +125,7 @@ fn failing_make_reports_the_log_tail_and_keeps_the_log() {
         log: log.clone(),
         epoch: 0,
         jobs: 1,
+        arch: contract::Arch::Amd64,
         seed_script: dir.path().join("unused.sh"),
         compiler_seed: compiler_random_seed("k"),
         failed_log: dir.path().join("key.failed.log"),
