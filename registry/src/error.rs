@@ -112,8 +112,11 @@ impl From<Error> for std::io::Error {
     }
 }
 
-/// The most bytes of a failed answer's body read for its error codes.
+/// The most bytes of a failed answer's body read for its error codes (a
+/// body that does not say its length, or says more, is not read).
 pub const MAX_ERROR_BODY: u64 = 16 * 1024;
+/// The longest a failed answer's body is read for.
+pub const MAX_ERROR_BODY_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 /// The most error codes kept from one answer.
 pub const MAX_CODES: usize = 4;
 /// The longest error code kept.

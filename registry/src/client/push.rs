@@ -22,13 +22,15 @@ pub const PUSH_ATTEMPTS: u32 = 4;
 pub const PUSH_RETRY_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// What `request` returns, asked again up to [`PUSH_ATTEMPTS`] times in
-/// all, with a doubling wait, while its error is one `briefly` says a
-/// registry gives for a moment; the last error says how many times.
+/// all, after `wait`, then twice that, …, while its error is one `briefly`
+/// says a registry gives for a moment; the last error (whatever its kind)
+/// says how many times.
 fn asking_again<T>(
+    wait: std::time::Duration,
     briefly: impl Fn(&Error) -> bool,
     mut request: impl FnMut() -> Result<T, Error>,
 ) -> Result<T, Error> {
-    let mut wait = PUSH_RETRY_WAIT;
+    let mut wait = wait;
     let mut attempt = 1;
     loop {
         match request() {
@@ -41,6 +43,20 @@ fn asking_again<T>(
             result => return result,
         }
     }
+}
+
+/// A manifest PUT the registry may accept when asked again: it missed a
+/// blob (`MANIFEST_BLOB_UNKNOWN`).
+fn manifest_briefly_refused(e: &Error) -> bool {
+    e.registry_codes()
+        .iter()
+        .any(|c| c == "MANIFEST_BLOB_UNKNOWN")
+}
+
+/// A blob check (HEAD) the registry may answer when asked again: a server
+/// error (5xx).
+fn check_briefly_failed(e: &Error) -> bool {
+    e.status().is_some_and(|s| (500..600).contains(&s))
 }
 
 /// What [`Client::push_blob`] did.
@@ -84,10 +100,9 @@ impl Client {
         descriptor: &Descriptor,
         content: impl Read,
     ) -> Result<Pushed, Error> {
-        let present = asking_again(
-            |e| e.status().is_some_and(|s| (500..600).contains(&s)),
-            || self.blob_exists(reference, &descriptor.digest),
-        )?;
+        let present = asking_again(PUSH_RETRY_WAIT, check_briefly_failed, || {
+            self.blob_exists(reference, &descriptor.digest)
+        })?;
         if present {
             return Ok(Pushed::Present);
         }
@@ -153,14 +168,9 @@ impl Client {
         media_type: &str,
         manifest: &[u8],
     ) -> Result<Digest, Error> {
-        asking_again(
-            |e| {
-                e.registry_codes()
-                    .iter()
-                    .any(|c| c == "MANIFEST_BLOB_UNKNOWN")
-            },
-            || self.put_manifest(reference, media_type, manifest),
-        )
+        asking_again(PUSH_RETRY_WAIT, manifest_briefly_refused, || {
+            self.put_manifest(reference, media_type, manifest)
+        })
     }
 
     fn put_manifest(
@@ -204,5 +214,74 @@ impl Client {
             ));
         }
         Ok(digest)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use std::time::Duration;
+
+    fn answered(status: u16, codes: &[&str]) -> Error {
+        Error::new(ErrorKind::Http, format!("HTTP {status}"))
+            .answered(status, codes.iter().map(|c| c.to_string()).collect())
+    }
+
+    /// Asks `asking_again` with `briefly`, each request failing with
+    /// `error`: how many requests were made, and the last error.
+    fn asked(briefly: fn(&Error) -> bool, error: &Error) -> (u32, String) {
+        let mut n = 0;
+        let e = asking_again::<()>(Duration::ZERO, briefly, || {
+            n += 1;
+            Err(error.clone())
+        })
+        .unwrap_err();
+        (n, e.to_string())
+    }
+
+    #[test]
+    fn only_the_registrys_brief_misses_are_asked_again_and_boundedly() {
+        let missed = answered(400, &["DIGEST_INVALID", "MANIFEST_BLOB_UNKNOWN"]);
+        let (n, said) = asked(manifest_briefly_refused, &missed);
+        assert_eq!(n, PUSH_ATTEMPTS);
+        assert!(
+            said.ends_with(&format!(": asked {PUSH_ATTEMPTS} times")),
+            "{said}"
+        );
+        assert_eq!(
+            asked(check_briefly_failed, &answered(500, &[])).0,
+            PUSH_ATTEMPTS
+        );
+        assert_eq!(
+            asked(check_briefly_failed, &answered(503, &[])).0,
+            PUSH_ATTEMPTS
+        );
+        // Anything else is asked once, and said as it was.
+        type Briefly = fn(&Error) -> bool;
+        let once: [(Briefly, Error); 6] = [
+            (
+                manifest_briefly_refused,
+                answered(400, &["MANIFEST_INVALID"]),
+            ),
+            (manifest_briefly_refused, answered(500, &[])),
+            (manifest_briefly_refused, answered(401, &["UNAUTHORIZED"])),
+            (check_briefly_failed, answered(404, &["BLOB_UNKNOWN"])),
+            (check_briefly_failed, answered(429, &[])),
+            (
+                check_briefly_failed,
+                Error::new(ErrorKind::Unreachable, "refused"),
+            ),
+        ];
+        for (briefly, e) in once {
+            assert_eq!(asked(briefly, &e), (1, e.to_string()));
+        }
+        // A success after a miss is the success.
+        let mut n = 0;
+        let got = asking_again(Duration::ZERO, manifest_briefly_refused, || {
+            n += 1;
+            if n < 3 { Err(missed.clone()) } else { Ok(n) }
+        });
+        assert_eq!(got, Ok(3));
     }
 }

@@ -129,16 +129,13 @@ impl Client {
             if status == StatusCode::UNAUTHORIZED {
                 self.tokens().forget(registry, &scope);
             }
-            // The body's error codes say why (`MANIFEST_BLOB_UNKNOWN`, …):
-            // a bounded read, and a body that fails to read has none.
-            let mut bytes = Vec::new();
-            let _ = response
-                .into_body()
-                .into_reader()
-                .take(crate::error::MAX_ERROR_BODY)
-                .read_to_end(&mut bytes);
+            let codes = if matches!(body, Body::Head) {
+                Vec::new()
+            } else {
+                crate::error::registry_codes(&error_body(response))
+            };
             return Err(status_error(status, target, self.has_credentials(registry))
-                .answered(status.as_u16(), crate::error::registry_codes(&bytes)));
+                .answered(status.as_u16(), codes));
         }
     }
 
@@ -291,6 +288,32 @@ impl Client {
             None
         }
     }
+}
+
+/// The body of a failed answer, for its error codes: only one that says
+/// its length, of at most `MAX_ERROR_BODY` bytes, read for at most
+/// `MAX_ERROR_BODY_TIME` (one read past that waits at most the stall
+/// limit); none when it is longer, unsized, slower or fails.
+fn error_body(response: Response<ureq::Body>) -> Vec<u8> {
+    use crate::error::{MAX_ERROR_BODY, MAX_ERROR_BODY_TIME};
+    let Ok(Some(len)) = content_length(&response) else {
+        return Vec::new();
+    };
+    if len > MAX_ERROR_BODY {
+        return Vec::new();
+    }
+    let started = std::time::Instant::now();
+    let mut reader = response.into_body().into_reader().take(len);
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while started.elapsed() < MAX_ERROR_BODY_TIME {
+        match reader.read(&mut chunk) {
+            Ok(0) => return bytes,
+            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+            Err(_) => break,
+        }
+    }
+    Vec::new()
 }
 
 /// The `Content-Length` of a response, if it has a valid one.
