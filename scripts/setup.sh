@@ -45,6 +45,11 @@ packages=(
   libzstd-dev pkg-config
   # pip: virt-firmware (virt-fw-vars) for the Secure Boot tests, below
   python3-pip
+  # arm64 images, cross-built (docs/arm64.md): the Debian cross compiler and
+  # its GCC plugin headers (the kernel), arm64's static C library (the
+  # runtime's link), QEMU's arm64 machines and their UEFI firmware (AAVMF)
+  gcc-aarch64-linux-gnu gcc-12-plugin-dev-aarch64-linux-gnu libc6-dev-arm64-cross
+  qemu-system-arm qemu-efi-aarch64
 )
 
 # The Rust toolchain comes from rustup, not Debian (Debian 12's rustc is too old).
@@ -110,6 +115,63 @@ if command -v systemctl >/dev/null && systemctl is-enabled --quiet docker-regist
   echo "setup: disabling the docker-registry service (the tests start their own on 127.0.0.1)"
   s=""; [ "$(id -u)" -eq 0 ] || s="sudo"
   $s systemctl disable --now docker-registry >/dev/null 2>&1 || true
+fi
+
+# The Rust standard library of arm64's target, from the Rust toolchain's own
+# installer (docs/arm64.md).
+arm64_target=aarch64-unknown-linux-gnu
+if ! rustc --print sysroot >/dev/null 2>&1 ||
+   [ ! -d "$(rustc --print sysroot)/lib/rustlib/$arm64_target" ]; then
+  command -v rustup >/dev/null || {
+    echo "setup: the Rust target $arm64_target is missing and there is no rustup to add it" >&2
+    exit 1
+  }
+  echo "setup: adding the Rust target $arm64_target"
+  rustup target add "$arm64_target"
+fi
+
+# Debian's arm64 packages the arm64 images take their EFI programs from
+# (systemd-boot and the UKI stub), downloaded with apt's own package lists
+# of arm64 in a scratch directory (the host's apt and dpkg are not changed:
+# no foreign architecture is added) and unpacked, never installed, into
+# $IMAGER_ARM64_ROOT (default /var/lib/imager/arm64); its .complete lists
+# the packages. Remove the directory to unpack newer ones.
+arm64_root=${IMAGER_ARM64_ROOT:-/var/lib/imager/arm64}
+arm64_debs=(systemd-boot-efi)
+if [ ! -f "$arm64_root/.complete" ]; then
+  s=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || {
+      echo "setup: run as root (or install sudo) to unpack the arm64 packages into $arm64_root" >&2
+      exit 1
+    }
+    s="sudo"
+  fi
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  chmod 755 "$work"
+  mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/debs"
+  apt_arm64=(apt-get -q -o APT::Architecture=arm64 -o APT::Architectures=arm64
+    -o "Dir::State::Lists=$work/lists" -o "Dir::Cache=$work/cache")
+  echo "setup: downloading Debian's arm64 ${arm64_debs[*]}"
+  "${apt_arm64[@]}" update >"$work/apt.log" 2>&1 &&
+    (cd "$work/debs" && "${apt_arm64[@]}" download "${arm64_debs[@]}") >>"$work/apt.log" 2>&1 || {
+      cat "$work/apt.log" >&2
+      echo "setup: downloading the arm64 packages failed (apt's output is above)" >&2
+      exit 1
+    }
+  $s rm -rf "$arm64_root.tmp"
+  $s mkdir -p "$arm64_root.tmp"
+  for deb in "$work"/debs/*.deb; do $s dpkg-deb -x "$deb" "$arm64_root.tmp"; done
+  (cd "$work/debs" && ls -- *.deb) | $s tee "$arm64_root.tmp/.complete" >/dev/null
+  # The old tree (without .complete) is moved aside before the new one
+  # takes its name: a failure leaves one or the other, never neither.
+  [ ! -e "$arm64_root" ] || $s mv "$arm64_root" "$arm64_root.old"
+  $s mv "$arm64_root.tmp" "$arm64_root"
+  $s rm -rf "$arm64_root.old"
+  echo "setup: unpacked $(tr '\n' ' ' <"$arm64_root/.complete")into $arm64_root"
+  rm -rf "$work"
+  trap - EXIT
 fi
 
 # The fuzzer driver for scripts/fuzz (which scripts/test runs).

@@ -1,5 +1,6 @@
 //! The architectures an image is built for, and everything that differs
-//! between them, decided here as one table ([`ARCHES`]): the profile's and
+//! between them, decided here as one table ([`ARCHES`]; docs/arm64.md says
+//! which parts of the builder read it so far): the profile's and
 //! OCI's name, the kernel's `ARCH`, source directory, cross compiler and
 //! image, the Rust target the runtime is built for, the PE machine of EFI
 //! programs and the removable-media boot file UEFI firmware starts.
@@ -117,6 +118,14 @@ impl Arch {
             .map(|s| s.arch)
     }
 
+    /// The architecture of an executable's ELF machine field.
+    pub fn of_elf_machine(machine: u16) -> Option<Arch> {
+        ARCHES
+            .iter()
+            .find(|s| s.elf_machine == machine)
+            .map(|s| s.arch)
+    }
+
     /// The architecture of an EFI program's PE machine field.
     pub fn of_pe_machine(machine: u16) -> Option<Arch> {
         ARCHES
@@ -145,6 +154,7 @@ mod tests {
             assert_eq!(Arch::parse(s.name), Ok(s.arch));
             assert_eq!(Arch::of_kernel_arch(s.kernel_arch), Some(s.arch));
             assert_eq!(Arch::of_pe_machine(s.pe_machine), Some(s.arch));
+            assert_eq!(Arch::of_elf_machine(s.elf_machine), Some(s.arch));
             assert!(
                 s.kernel_image
                     .starts_with(&format!("arch/{}/boot/", s.kernel_arch))

@@ -30,17 +30,20 @@ pub fn esp_files(systemd_boot: &Path) -> Result<Vec<FatFile>> {
          or set boot.systemd_boot in the profile",
         systemd_boot.display()
     );
-    check_efi_binary(systemd_boot)?;
+    // The ESP of amd64 images: arm64's is not built yet (docs/arm64.md).
+    check_efi_binary(systemd_boot, contract::Arch::Amd64)?;
     Ok(vec![
         FatFile::file(ESP_BOOT_LOADER, systemd_boot),
         FatFile::bytes(ESP_LOADER_CONF, loader_conf()),
     ])
 }
 
-/// Refuses a boot loader that is not an x86-64 EFI application (a PE32+
-/// image for machine 0x8664): a path pointing at the wrong file must not put
-/// that file, perhaps a secret, on the ESP of a published image.
-pub fn check_efi_binary(path: &Path) -> Result<()> {
+/// Refuses a boot loader that is not an EFI program of `arch` (a PE image
+/// for its machine: 0x8664, 0xAA64; `contract::arch`): a path pointing at
+/// the wrong file must not put that file, perhaps a secret, on the ESP of a
+/// published image.
+pub fn check_efi_binary(path: &Path, arch: contract::Arch) -> Result<()> {
+    let spec = arch.spec();
     let head = crate::input::read_head(path, "boot loader", 4096)?;
     let u16_at = |o: usize| head.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
     let pe = head
@@ -48,13 +51,15 @@ pub fn check_efi_binary(path: &Path) -> Result<()> {
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
     let ok = head.starts_with(b"MZ")
         && pe.is_some_and(|o| {
-            head.get(o..o + 4) == Some(b"PE\0\0") && u16_at(o + 4) == Some(0x8664)
+            head.get(o..o + 4) == Some(b"PE\0\0") && u16_at(o + 4) == Some(spec.pe_machine)
         });
     ensure!(
         ok,
-        "{} is not an x86-64 EFI application (PE32+ for x86-64): set boot.systemd_boot to \
-         systemd-bootx64.efi",
-        path.display()
+        "{} is not an EFI program for {arch} (PE for machine {:#06x}): set boot.systemd_boot \
+         to systemd-boot{}.efi",
+        path.display(),
+        spec.pe_machine,
+        spec.efi_suffix
     );
     Ok(())
 }

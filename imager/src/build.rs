@@ -103,7 +103,8 @@ fn build(
     if p.arch != contract::Arch::Amd64 {
         bail!(
             "profile {}: arch {}: only the kernel of an {} image builds so far (imager kernel \
-             build --profile {}); the runtime, the boot chain and the disk follow (docs/arm64.md)",
+             build --profile {}); the root filesystem, the boot chain and the disk follow \
+             (docs/arm64.md)",
             p.path.display(),
             p.arch,
             p.arch,

@@ -9,7 +9,7 @@ use std::process::Command;
 
 /// The target of amd64 images, the host's; `+crt-static` makes it static.
 /// Another architecture's is its `contract::arch` row's `rust_target`.
-pub const TARGET: &str = "x86_64-unknown-linux-gnu";
+pub const TARGET: &str = contract::arch::ARCHES[0].rust_target;
 
 /// Builds the binary of the cargo package in `package_dir` for `arch`
 /// (release, static, with build paths remapped so that the binary does not
@@ -128,10 +128,8 @@ pub fn check_static(path: &Path, arch: Arch) -> Result<()> {
     }
     let machine = read_u16(&data, 18).unwrap_or_default();
     if machine != arch.spec().elf_machine {
-        let is = contract::arch::ARCHES
-            .iter()
-            .find(|s| s.elf_machine == machine)
-            .map_or_else(|| format!("ELF machine {machine}"), |s| s.name.to_string());
+        let is = Arch::of_elf_machine(machine)
+            .map_or_else(|| format!("ELF machine {machine}"), |a| a.to_string());
         bail!("{what} is an {is} executable, not an {arch} one: build it for {arch}");
     }
     let truncated = || anyhow!("{what}: truncated program headers");

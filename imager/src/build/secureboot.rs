@@ -139,7 +139,8 @@ pub fn esp_files(
     enroll_mode: &str,
     enrolment: &[(impl AsRef<str>, Vec<u8>)],
 ) -> Result<Vec<FatFile>> {
-    crate::boot::check_efi_binary(boot_loader)?;
+    // Secure Boot disks are amd64's so far (docs/arm64.md).
+    crate::boot::check_efi_binary(boot_loader, contract::Arch::Amd64)?;
     let mut files = vec![
         FatFile::file(paths::ESP_BOOT_LOADER, boot_loader),
         FatFile::bytes(

@@ -857,7 +857,8 @@ config MODULES
             }
         }
         // One rule per option and kind on each architecture (an option may
-        // want another value on another architecture).
+        // want another value on another architecture), and none both for
+        // every architecture and for one.
         let mut seen = HashSet::new();
         for r in &rules.rules {
             assert!(
@@ -865,14 +866,14 @@ config MODULES
                 "duplicate rule {}",
                 r.option
             );
-            if r.arch.is_some() {
-                assert!(
-                    !seen.contains(&(r.option.as_str(), r.kind, None)),
-                    "{} has a rule for every architecture and one for {:?}",
-                    r.option,
-                    r.arch
-                );
-            }
+        }
+        for r in rules.rules.iter().filter(|r| r.arch.is_some()) {
+            assert!(
+                !seen.contains(&(r.option.as_str(), r.kind, None)),
+                "{} has a rule for every architecture and one for {:?}",
+                r.option,
+                r.arch
+            );
         }
     }
 }
