@@ -124,6 +124,7 @@ fn the_arm64_kernel_is_cross_built_audited_and_an_efi_program_for_aa64() {
         "CONFIG_ARM64_MTE=y",
         "CONFIG_KASAN_HW_TAGS=y",
         "kpti=on",
+        "kasan.fault=panic",
         "CONFIG_ARCH_MMAP_RND_BITS=33",
         "CONFIG_GCC_PLUGIN_STACKLEAK=y",
         "CONFIG_RANDSTRUCT_FULL=y",

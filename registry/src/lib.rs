@@ -35,6 +35,8 @@ pub use blob::VerifiedReader;
 pub use client::{
     BlobReader, Client, MAX_REDIRECTS, Options, PUSH_ATTEMPTS, PUSH_RETRY_WAIT, Pushed,
 };
-pub use error::{Error, ErrorKind, MAX_CODE, MAX_CODES, MAX_ERROR_BODY, registry_codes};
+pub use error::{
+    Error, ErrorKind, MAX_CODE, MAX_CODES, MAX_ERROR_BODY, MAX_ERROR_BODY_TIME, registry_codes,
+};
 pub use manifest::{Descriptor, ImageManifest};
 pub use reference::{Digest, MAX_NAME, MAX_REFERENCE, MAX_REGISTRY, MAX_TAG, Reference};

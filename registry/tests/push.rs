@@ -185,3 +185,98 @@ fn a_blob_check_answered_500_while_its_link_is_rewritten_is_asked_again() {
     let failed = failed_blob_checks(&reg);
     assert!((1..PUSH_ATTEMPTS as usize).contains(&failed), "{failed}");
 }
+
+/// A server on 127.0.0.1 answering every request with `head` (status line
+/// and headers, the blank line included) and `body`, one byte per `drip`
+/// when given.
+fn answering_server(head: String, body: Vec<u8>, drip: Option<Duration>) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let (head, body) = (head.clone(), body.clone());
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                let mut b = [0u8; 1];
+                while !got.ends_with(b"\r\n\r\n") && got.len() < 65536 {
+                    match conn.read(&mut b) {
+                        Ok(1) => got.push(b[0]),
+                        _ => return,
+                    }
+                }
+                let _ = conn.write_all(head.as_bytes());
+                match drip {
+                    None => {
+                        let _ = conn.write_all(&body);
+                    }
+                    Some(every) => {
+                        for byte in body {
+                            if conn.write_all(&[byte]).is_err() {
+                                return;
+                            }
+                            std::thread::sleep(every);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// The codes of a failed answer's body are read only within the bounds
+/// docs/registry.md gives: a body that says its length, of at most 16 KiB,
+/// read for at most 2 s (plus one read's stall limit).
+#[test]
+fn an_error_body_is_read_for_its_codes_only_within_its_bounds() {
+    let codes = br#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"unknown"}]}"#.to_vec();
+    let sized = |body: &[u8]| {
+        format!(
+            "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+    };
+    let mut long = codes.clone();
+    long.resize(registry::MAX_ERROR_BODY as usize + 1, b' ');
+    let unsized_head = "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: \
+                        close\r\n\r\n"
+        .to_string();
+    let cases = [
+        ("sized", sized(&codes), codes.clone(), None, true),
+        ("unsized", unsized_head, codes.clone(), None, false),
+        ("over the bound", sized(&long), long.clone(), None, false),
+        (
+            "dripping",
+            sized(&codes),
+            codes.clone(),
+            Some(Duration::from_millis(100)),
+            false,
+        ),
+    ];
+    for (what, head, body, drip, read) in cases {
+        let addr = answering_server(head, body, drip);
+        let client = Client::new(Options {
+            plain_http: vec![addr.clone()],
+            read_timeout: Duration::from_secs(1),
+            ..Options::default()
+        })
+        .unwrap();
+        let reference = Reference::parse(&format!("{addr}/metal/installer:0.1.0")).unwrap();
+        let started = Instant::now();
+        let e = client.manifest(&reference).unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(e.status(), Some(400), "{what}: {e}");
+        assert_eq!(
+            e.registry_codes().is_empty(),
+            !read,
+            "{what}: {:?}",
+            e.registry_codes()
+        );
+        assert!(
+            took < registry::MAX_ERROR_BODY_TIME + Duration::from_secs(3),
+            "{what}: took {took:?}"
+        );
+    }
+}

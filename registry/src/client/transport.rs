@@ -308,12 +308,17 @@ fn error_body(response: Response<ureq::Body>) -> Vec<u8> {
     let mut chunk = [0u8; 4096];
     while started.elapsed() < MAX_ERROR_BODY_TIME {
         match reader.read(&mut chunk) {
-            Ok(0) => return bytes,
+            Ok(0) => break,
             Ok(n) => bytes.extend_from_slice(&chunk[..n]),
-            Err(_) => break,
+            Err(_) => return Vec::new(),
         }
     }
-    Vec::new()
+    // Whole, or none: a body cut by the time bound has no codes.
+    if bytes.len() as u64 == len {
+        bytes
+    } else {
+        Vec::new()
+    }
 }
 
 /// The `Content-Length` of a response, if it has a valid one.
