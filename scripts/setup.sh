@@ -135,22 +135,31 @@ if [ ! -d "$(rustc --print sysroot 2>/dev/null)/lib/rustlib/$arm64_target" ]; th
   fi
 fi
 
-# Debian's arm64 packages the arm64 images take their EFI programs from
-# (systemd-boot and the UKI stub), at the version of the host's own
-# systemd-boot-efi, downloaded with apt's package lists of arm64 fetched
+# Debian's arm64 packages the arm64 images take from Debian: the EFI
+# programs (systemd-boot and the UKI stub) and the root filesystem's host
+# programs with their libraries (mkfs.xfs), each at the version of the
+# host's own package, downloaded with apt's package lists of arm64 fetched
 # into a scratch directory (no foreign architecture is added to dpkg) and
 # unpacked, never installed, into $IMAGER_ARM64_ROOT (default
-# /var/lib/imager/arm64), readable by all; its .complete names the
-# packages. Remove the directory to unpack newer ones.
+# /var/lib/imager/arm64) with /usr merged, readable by all. Its .complete lists them
+# (PACKAGE=VERSION): when the host's versions change, or this list, it is
+# unpacked again.
 arm64_root=${IMAGER_ARM64_ROOT:-/var/lib/imager/arm64}
 arm64_root=${arm64_root%/}
+arm64_debs=()
+for p in systemd-boot-efi xfsprogs libc6 libuuid1 libblkid1 libinih1 liburcu8; do
+  arm64_debs+=("$p=$(dpkg-query -W -f='${Version}' "$p:amd64" 2>/dev/null || true)")
+done
 arm64_unpack() {
   local s="" work tmp deb
   if [ "$(id -u)" -ne 0 ]; then
     command -v sudo >/dev/null || { arm64_warn "run as root (or install sudo) to unpack into $arm64_root"; return; }
     s="sudo"
   fi
-  local debs=("systemd-boot-efi=$(dpkg-query -W -f='${Version}' systemd-boot-efi)")
+  local debs=("${arm64_debs[@]}")
+  for deb in "${debs[@]}"; do
+    [ -n "${deb#*=}" ] || { arm64_warn "the host has no ${deb%=} to take the version of"; return; }
+  done
   work=$(mktemp -d)
   chmod 755 "$work"
   mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/debs"
@@ -170,8 +179,14 @@ arm64_unpack() {
   fi
   $s install -d -m 0755 "$(dirname "$arm64_root")"
   tmp=$($s mktemp -d "$arm64_root.tmp.XXXXXX")
-  for deb in "$work"/debs/*.deb; do $s dpkg-deb -x "$deb" "$tmp"; done
-  (cd "$work/debs" && ls -- *.deb) | $s tee "$tmp/.complete" >/dev/null
+  # The merged /usr of Debian 12's systems (/bin, /sbin and /lib are links
+  # into /usr), kept through the unpacking.
+  $s install -d -m 0755 "$tmp/usr/bin" "$tmp/usr/sbin" "$tmp/usr/lib"
+  for d in bin sbin lib; do $s ln -s "usr/$d" "$tmp/$d"; done
+  for deb in "$work"/debs/*.deb; do
+    dpkg-deb --fsys-tarfile "$deb" | $s tar -x --keep-directory-symlink -C "$tmp"
+  done
+  printf '%s\n' "${debs[@]}" | $s tee "$tmp/.complete" >/dev/null
   $s chmod -R a+rX "$tmp"
   # The old tree is moved aside before the new one takes its name; a
   # failure between the two leaves none, and the next run unpacks again.
@@ -181,7 +196,8 @@ arm64_unpack() {
   rm -rf "$work"
   echo "setup: unpacked ${debs[*]} (arm64) into $arm64_root"
 }
-[ -f "$arm64_root/.complete" ] || arm64_unpack
+[ "$(cat "$arm64_root/.complete" 2>/dev/null)" = "$(printf '%s\n' "${arm64_debs[@]}")" ] ||
+  arm64_unpack
 
 # The fuzzer driver for scripts/fuzz (which scripts/test runs).
 if ! command -v cargo-fuzz >/dev/null; then

@@ -40,6 +40,9 @@ pub struct ArchSpec {
     pub rust_target: &'static str,
     /// The ELF machine (`e_machine`) of its programs.
     pub elf_machine: u16,
+    /// Debian's multiarch triplet: its libraries' directories
+    /// (`/usr/lib/<triplet>`).
+    pub multiarch: &'static str,
     /// The PE/COFF machine of this architecture's EFI programs.
     pub pe_machine: u16,
     /// The removable-media boot file UEFI firmware starts (`EFI/BOOT/…`).
@@ -62,6 +65,7 @@ pub const ARCHES: [ArchSpec; 2] = [
         kernel_image: "arch/x86/boot/bzImage",
         rust_target: "x86_64-unknown-linux-gnu",
         elf_machine: 62,
+        multiarch: "x86_64-linux-gnu",
         pe_machine: 0x8664,
         efi_boot_file: "BOOTX64.EFI",
         efi_suffix: "x64",
@@ -76,6 +80,7 @@ pub const ARCHES: [ArchSpec; 2] = [
         kernel_image: "arch/arm64/boot/Image",
         rust_target: "aarch64-unknown-linux-gnu",
         elf_machine: 183,
+        multiarch: "aarch64-linux-gnu",
         pe_machine: 0xAA64,
         efi_boot_file: "BOOTAA64.EFI",
         efi_suffix: "aa64",
@@ -169,6 +174,7 @@ mod tests {
                 assert_ne!(s.kernel_arch, o.kernel_arch);
                 assert_ne!(s.rust_target, o.rust_target);
                 assert_ne!(s.elf_machine, o.elf_machine);
+                assert_ne!(s.multiarch, o.multiarch);
                 assert_ne!(s.pe_machine, o.pe_machine);
                 assert_ne!(s.efi_boot_file, o.efi_boot_file);
             }

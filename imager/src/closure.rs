@@ -16,6 +16,12 @@
 //! itself (libc needs `ld-linux-x86-64.so.2`) is satisfied by the loader
 //! already in memory and is not copied twice.
 //!
+//! The programs and libraries may come from another root than the build
+//! host's ([`resolve_in`]): Debian's packages of another architecture
+//! unpacked into a directory (docs/arm64.md). Every path is then resolved
+//! inside that root as the loader would see it there: a symbolic link's
+//! absolute target is the root's, and `..` stops at the root.
+//!
 //! The ELF reader is a few dozen lines of our own (64-bit little-endian
 //! only, the one format the images run): it reads just the program headers
 //! and the dynamic section, so no ELF crate is needed.
@@ -27,13 +33,94 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// Where libraries are looked for after the object's own paths: the Debian
-/// multiarch directories, then the plain ones.
+/// multiarch directories, then the plain ones (amd64's; any
+/// architecture's: [`default_search`]).
 pub const DEFAULT_SEARCH: [&str; 4] = [
     "/usr/lib/x86_64-linux-gnu",
     "/lib/x86_64-linux-gnu",
     "/usr/lib",
     "/lib",
 ];
+
+/// [`DEFAULT_SEARCH`] for `arch`: its Debian multiarch directories, then
+/// the plain ones.
+pub fn default_search(arch: contract::Arch) -> [String; 4] {
+    let triplet = arch.spec().multiarch;
+    [
+        format!("/usr/lib/{triplet}"),
+        format!("/lib/{triplet}"),
+        "/usr/lib".into(),
+        "/lib".into(),
+    ]
+}
+
+/// The most symbolic links followed to resolve one path (the kernel's
+/// limit, `MAXSYMLINKS`).
+pub const MAX_LINKS: usize = 40;
+
+/// A root directory the image's programs and libraries are read from:
+/// paths are the image's (absolute), resolved inside the root.
+struct Tree<'a> {
+    root: &'a Path,
+}
+
+impl Tree<'_> {
+    /// Where the file of image path `p` (already resolved) is on the host.
+    fn host(&self, p: &Path) -> PathBuf {
+        self.root.join(p.strip_prefix("/").unwrap_or(p))
+    }
+
+    /// The image path `p` with every symbolic link resolved inside the
+    /// root, as realpath(3) resolves it in the root's own namespace (for
+    /// the root `/`, `std::fs::canonicalize`'s answer).
+    fn canonical(&self, p: &Path) -> Result<PathBuf> {
+        use std::path::Component;
+        ensure!(p.is_absolute(), "{} is not an absolute path", p.display());
+        let mut done = PathBuf::from("/");
+        let mut rest: std::collections::VecDeque<std::ffi::OsString> =
+            p.iter().skip(1).map(|c| c.to_os_string()).collect();
+        let mut links = 0;
+        while let Some(c) = rest.pop_front() {
+            match Path::new(&c).components().next() {
+                None | Some(Component::CurDir) => continue,
+                Some(Component::ParentDir) => {
+                    done.pop();
+                    continue;
+                }
+                _ => {}
+            }
+            let next = done.join(&c);
+            let host = self.host(&next);
+            let meta = std::fs::symlink_metadata(&host)
+                .with_context(|| format!("resolving {}", p.display()))?;
+            if !meta.file_type().is_symlink() {
+                done = next;
+                continue;
+            }
+            links += 1;
+            ensure!(
+                links <= MAX_LINKS,
+                "resolving {}: more than {MAX_LINKS} symbolic links",
+                p.display()
+            );
+            let target = std::fs::read_link(&host)
+                .with_context(|| format!("reading the link {}", host.display()))?;
+            if target.is_absolute() {
+                done = PathBuf::from("/");
+            }
+            for t in target.iter().rev() {
+                if t != "/" {
+                    rest.push_front(t.to_os_string());
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    fn is_file(&self, p: &Path) -> bool {
+        self.canonical(p).is_ok_and(|c| self.host(&c).is_file())
+    }
+}
 
 /// What the dynamic loader needs to know about one ELF file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -172,16 +259,34 @@ fn expand_origin(p: &str, origin: &Path) -> String {
 /// every shared library, not the program itself, sorted by image path.
 /// `search` replaces [`DEFAULT_SEARCH`] (for tests).
 pub fn resolve(program: &Path, search: &[&str]) -> Result<Vec<ClosureFile>> {
-    let root = read_deps(program)?;
+    resolve_in(Path::new("/"), program, search)
+}
+
+/// [`resolve`] inside `root`: `program` and every path the closure names
+/// are the image's, read from under `root` with symbolic links resolved
+/// there ([`Tree::canonical`]); a [`ClosureFile`]'s `source` is the host
+/// path of its bytes.
+pub fn resolve_in(root: &Path, program: &Path, search: &[&str]) -> Result<Vec<ClosureFile>> {
+    let tree = Tree { root };
+    let where_ = if root == Path::new("/") {
+        "this host".to_string()
+    } else {
+        root.display().to_string()
+    };
+    let program_src = tree.host(&tree.canonical(program)?);
+    let deps_of_program = read_deps(&program_src)?;
     let mut out: BTreeMap<String, ClosureFile> = BTreeMap::new();
     let mut interp_name = None;
-    if let Some(interp) = &root.interp {
-        let src = std::fs::canonicalize(interp).with_context(|| {
-            format!(
-                "the ELF interpreter {interp} of {} is not on this host",
-                program.display()
-            )
-        })?;
+    if let Some(interp) = &deps_of_program.interp {
+        let src = tree
+            .canonical(Path::new(interp))
+            .map(|c| tree.host(&c))
+            .with_context(|| {
+                format!(
+                    "the ELF interpreter {interp} of {} is not in {where_}",
+                    program.display()
+                )
+            })?;
         interp_name = Path::new(interp)
             .file_name()
             .map(|n| n.to_string_lossy().into_owned());
@@ -207,7 +312,7 @@ pub fn resolve(program: &Path, search: &[&str]) -> Result<Vec<ClosureFile>> {
             queue.push((n.clone(), by.to_path_buf(), deps.clone(), rpaths.clone()));
         }
     };
-    push(&mut queue, program, &root, &[]);
+    push(&mut queue, program, &deps_of_program, &[]);
     while let Some((name, by, by_deps, rpaths)) = queue.pop() {
         if interp_name.as_deref() == Some(name.as_str()) || !seen.insert(name.clone()) {
             continue;
@@ -238,7 +343,7 @@ pub fn resolve(program: &Path, search: &[&str]) -> Result<Vec<ClosureFile>> {
                 .map(|d| Path::new(d).join(&name))
                 .collect()
         };
-        let Some(found) = candidates.iter().find(|c| c.is_file()) else {
+        let Some(found) = candidates.iter().find(|c| tree.is_file(c)) else {
             let mut looked: Vec<String> = dirs.clone();
             looked.extend(search.iter().map(|s| s.to_string()));
             bail!(
@@ -247,9 +352,9 @@ pub fn resolve(program: &Path, search: &[&str]) -> Result<Vec<ClosureFile>> {
                 looked.join(", ")
             );
         };
-        let real = std::fs::canonicalize(found)
-            .with_context(|| format!("resolving {}", found.display()))?;
-        let dir = std::fs::canonicalize(found.parent().unwrap_or(Path::new("/")))
+        let real = tree.host(&tree.canonical(found)?);
+        let dir = tree
+            .canonical(found.parent().unwrap_or(Path::new("/")))
             .with_context(|| format!("resolving the directory of {}", found.display()))?;
         let file_name = Path::new(&name)
             .file_name()
@@ -309,6 +414,119 @@ mod tests {
         }
         // Same answer twice.
         assert_eq!(c, resolve(prog, &DEFAULT_SEARCH).unwrap());
+    }
+
+    /// In the root `/` the tree resolves every path as realpath(3) does.
+    #[test]
+    fn the_tree_resolves_as_realpath_does_on_this_host() {
+        let tree = Tree {
+            root: Path::new("/"),
+        };
+        let mut paths: Vec<PathBuf> = [
+            "/usr/sbin/mkfs.xfs",
+            "/lib64/ld-linux-x86-64.so.2",
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "/usr/../usr/lib/./x86_64-linux-gnu/libuuid.so.1",
+            "/sbin/../lib",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        paths.extend(
+            resolve(Path::new("/usr/sbin/mkfs.xfs"), &DEFAULT_SEARCH)
+                .unwrap()
+                .into_iter()
+                .map(|f| PathBuf::from(f.path)),
+        );
+        for p in &paths {
+            assert_eq!(
+                tree.canonical(p).unwrap(),
+                std::fs::canonicalize(p).unwrap(),
+                "{}",
+                p.display()
+            );
+        }
+    }
+
+    /// In another root, links (absolute or relative, `..` past the top, a
+    /// loop) never leave it.
+    #[test]
+    fn links_stay_inside_another_root() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let r = &dir.path().join("root");
+        // A file beside the root, which a link climbing out would reach.
+        std::fs::write(dir.path().join("outside"), b"host").unwrap();
+        std::fs::create_dir_all(r.join("usr/lib/t")).unwrap();
+        std::fs::write(r.join("usr/lib/t/libx.so.1"), b"x").unwrap();
+        symlink("usr/lib", r.join("lib")).unwrap();
+        symlink("/usr/lib/t/libx.so.1", r.join("usr/lib/abs.so")).unwrap();
+        symlink("../../../outside", r.join("usr/lib/up")).unwrap();
+        symlink(dir.path().join("outside"), r.join("usr/lib/host")).unwrap();
+        symlink("loop", r.join("loop")).unwrap();
+        let tree = Tree { root: r };
+        let c = |p: &str| tree.canonical(Path::new(p));
+        assert_eq!(
+            c("/lib/t/libx.so.1").unwrap(),
+            Path::new("/usr/lib/t/libx.so.1")
+        );
+        assert_eq!(c("/lib/abs.so").unwrap(), Path::new("/usr/lib/t/libx.so.1"));
+        assert!(tree.is_file(Path::new("/lib/abs.so")));
+        // The file beside the root is not the root's: there is none there,
+        // by a relative link or by its absolute host path.
+        for link in ["/usr/lib/up", "/usr/lib/host"] {
+            assert!(c(link).is_err(), "{link}");
+            assert!(!tree.is_file(Path::new(link)), "{link}");
+        }
+        assert!(c("/../../lib/t/libx.so.1").is_ok());
+        let e = format!("{:#}", c("/loop").unwrap_err());
+        assert!(
+            e.contains(&format!("more than {MAX_LINKS} symbolic links")),
+            "{e}"
+        );
+    }
+
+    /// mkfs.xfs of Debian's arm64 packages (scripts/setup.sh unpacks them)
+    /// resolves inside their root: arm64's loader and libraries, never the
+    /// host's.
+    #[test]
+    fn mkfs_xfs_of_debians_arm64_packages_resolves_inside_their_root() {
+        let root = PathBuf::from(
+            std::env::var("IMAGER_ARM64_ROOT").unwrap_or_else(|_| "/var/lib/imager/arm64".into()),
+        );
+        assert!(
+            root.join("usr/sbin/mkfs.xfs").is_file(),
+            "{}: no arm64 mkfs.xfs: run scripts/setup.sh",
+            root.display()
+        );
+        let search = default_search(contract::Arch::Arm64);
+        let search: Vec<&str> = search.iter().map(String::as_str).collect();
+        let c = resolve_in(&root, Path::new("/usr/sbin/mkfs.xfs"), &search).unwrap();
+        let paths: Vec<&str> = c.iter().map(|f| f.path.as_str()).collect();
+        assert!(paths.contains(&"/lib/ld-linux-aarch64.so.1"), "{paths:?}");
+        for lib in [
+            "libc.so.6",
+            "libuuid.so.1",
+            "libblkid.so.1",
+            "libinih.so.1",
+            "liburcu.so.8",
+        ] {
+            assert!(
+                paths.contains(&format!("/usr/lib/aarch64-linux-gnu/{lib}").as_str()),
+                "{lib}: {paths:?}"
+            );
+        }
+        for f in &c {
+            assert!(f.source.starts_with(&root), "{f:?}");
+            assert!(
+                std::fs::symlink_metadata(&f.source).unwrap().is_file(),
+                "{f:?}"
+            );
+            let b = std::fs::read(&f.source).unwrap();
+            assert_eq!(read_u16(&b, 18), Some(183), "{f:?} is not an aarch64 ELF");
+        }
+        // The host's own search finds none of them there.
+        assert!(resolve_in(&root, Path::new("/usr/sbin/mkfs.xfs"), &DEFAULT_SEARCH).is_err());
     }
 
     #[test]
