@@ -168,11 +168,10 @@ fn initramfs(init: &Path, out: &Path) {
     w.finish().unwrap();
 }
 
-/// A GPT disk whose EFI system partition holds Debian's arm64 systemd-boot
-/// as the removable-media boot file, one boot entry for `kernel` and
-/// `initrd` with `options`, made with sfdisk and mtools.
-fn esp_disk(dir: &Path, kernel: &Path, initrd: &Path, options: &str) -> PathBuf {
-    let disk = dir.join("esp.img");
+/// A GPT disk whose EFI system partition holds `files` (host file, path
+/// on the ESP), made with sfdisk and mtools.
+fn esp_disk(dir: &Path, name: &str, files: &[(&Path, &str)]) -> PathBuf {
+    let disk = dir.join(name);
     let f = std::fs::File::create(&disk).unwrap();
     f.set_len(96 << 20).unwrap();
     drop(f);
@@ -192,9 +191,31 @@ fn esp_disk(dir: &Path, kernel: &Path, initrd: &Path, options: &str) -> PathBuf 
     assert!(child.wait().unwrap().success(), "sfdisk");
     let at = format!("{}@@1M", disk.display());
     ok(tool("mformat").args(["-i", &at, "-F", "::"]));
-    for d in ["::/EFI", "::/EFI/BOOT", "::/loader", "::/loader/entries"] {
-        ok(tool("mmd").args(["-i", &at, d]));
+    let mut made = std::collections::BTreeSet::new();
+    for (from, to) in files {
+        let mut parent = String::new();
+        for part in to.split('/').collect::<Vec<_>>().split_last().unwrap().1 {
+            parent = format!("{parent}/{part}");
+            if made.insert(parent.clone()) {
+                ok(tool("mmd").args(["-i", &at, &format!("::{parent}")]));
+            }
+        }
+        ok(tool("mcopy")
+            .args(["-i", &at])
+            .arg(from)
+            .arg(format!("::/{to}")));
     }
+    disk
+}
+
+/// The removable-media boot file of arm64 on the ESP.
+fn boot_file() -> String {
+    format!("EFI/BOOT/{}", Arch::Arm64.spec().efi_boot_file)
+}
+
+/// A disk whose ESP has Debian's arm64 systemd-boot as the removable-media
+/// boot file and one boot entry for `kernel` and `initrd` with `options`.
+fn systemd_boot_disk(dir: &Path, kernel: &Path, initrd: &Path, options: &str) -> PathBuf {
     let loader = dir.join("loader.conf");
     std::fs::write(&loader, "timeout 0\ndefault arm64.conf\n").unwrap();
     let entry = dir.join("arm64.conf");
@@ -210,19 +231,79 @@ fn esp_disk(dir: &Path, kernel: &Path, initrd: &Path, options: &str) -> PathBuf 
         file.contains("EFI application") && file.contains("Aarch64"),
         "{file}"
     );
-    for (from, to) in [
-        (
-            boot.as_path(),
-            format!("::/EFI/BOOT/{}", Arch::Arm64.spec().efi_boot_file),
-        ),
-        (loader.as_path(), "::/loader/loader.conf".into()),
-        (entry.as_path(), "::/loader/entries/arm64.conf".into()),
-        (kernel, "::/Image".into()),
-        (initrd, "::/initrd".into()),
-    ] {
-        ok(tool("mcopy").args(["-i", &at]).arg(from).arg(&to));
-    }
-    disk
+    esp_disk(
+        dir,
+        "systemd-boot.img",
+        &[
+            (&boot, &boot_file()),
+            (&loader, "loader/loader.conf"),
+            (&entry, "loader/entries/arm64.conf"),
+            (kernel, "Image"),
+            (initrd, "initrd"),
+        ],
+    )
+}
+
+/// The runtime cross-built for arm64, and an initramfs of it in `dir`.
+fn runtime_initramfs(dir: &Path) -> PathBuf {
+    let runtime = imager::runtime::build(&repo().join("rootfs"), Arch::Arm64).unwrap();
+    // An aarch64 executable, static: refused as an amd64 one.
+    let e = imager::runtime::check_static(&runtime, Arch::Amd64)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("is an arm64 executable, not an amd64 one"),
+        "{e}"
+    );
+    let file = ok(tool("file").arg(&runtime));
+    assert!(
+        file.contains("ARM aarch64") && file.contains("statically linked"),
+        "{file}"
+    );
+    let initrd = dir.join("initrd");
+    initramfs(&runtime, &initrd);
+    initrd
+}
+
+/// Boots `disk` on `device` under AAVMF until the runtime's first line;
+/// its console. The runtime must speak before QEMU ends, and the kernel's
+/// partition scan must show `scanned` (its own driver found the disk).
+fn boot_to_runtime(
+    dir: &Path,
+    disk: &Path,
+    device: &str,
+    scanned: &str,
+    what: &str,
+) -> Vec<String> {
+    let child = aavmf_qemu(dir, disk, device).spawn().unwrap();
+    let started = std::time::Instant::now();
+    let (console, exited) = follow_console(
+        child,
+        Some("machined: stage1: started"),
+        Duration::from_secs(600),
+    );
+    let text = console.join("\n");
+    // The runtime said its first line as init (QEMU was stopped then): an
+    // init that did not run would have ended the machine first.
+    assert!(
+        !exited,
+        "{what} ({device}): QEMU ended before the runtime spoke:\n{text}"
+    );
+    say(&format!(
+        "arm64 under AAVMF, {what} ({device}): the runtime's first line after {:.1} s",
+        started.elapsed().as_secs_f64()
+    ));
+    assert!(
+        console.iter().any(|l| l.contains(scanned)),
+        "{what} ({device}): no {scanned:?}:\n{text}"
+    );
+    assert!(
+        console
+            .iter()
+            .any(|l| l.contains("Booting Linux on physical CPU")),
+        "{what} ({device}):\n{text}"
+    );
+    console
 }
 
 /// QEMU's arm64 `virt` machine under AAVMF (TCG), the console on stdout,
@@ -276,64 +357,23 @@ fn aavmf_qemu(dir: &Path, disk: &Path, device: &str) -> std::process::Command {
 #[test]
 fn debian_arm64_systemd_boot_starts_the_kernel_and_the_runtime_under_aavmf_from_virtio_and_nvme() {
     let (image, _, _) = arm64_kernel();
-    let runtime = imager::runtime::build(&repo().join("rootfs"), Arch::Arm64).unwrap();
-    // An aarch64 executable, static: refused as an amd64 one.
-    let e = imager::runtime::check_static(&runtime, Arch::Amd64)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("is an arm64 executable, not an amd64 one"),
-        "{e}"
-    );
-    let file = ok(tool("file").arg(&runtime));
-    assert!(
-        file.contains("ARM aarch64") && file.contains("statically linked"),
-        "{file}"
-    );
     let dir = scratch().join("arm64-boot");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let initrd = dir.join("initrd");
-    initramfs(&runtime, &initrd);
-    let disk = esp_disk(&dir, image, &initrd, &profile().cmdline());
+    let initrd = runtime_initramfs(&dir);
+    let cmdline = profile().cmdline();
+    let disk = systemd_boot_disk(&dir, image, &initrd, &cmdline);
     // The kernel finds the disk through its own driver: the partition
     // scan's line of virtio's vda, of NVMe's nvme0n1.
     for (device, scanned) in [("virtio-blk-pci", " vda: vda1"), ("nvme", " nvme0n1: p1")] {
-        let child = aavmf_qemu(&dir, &disk, device).spawn().unwrap();
-        let started = std::time::Instant::now();
-        let (console, exited) = follow_console(
-            child,
-            Some("machined: stage1: started"),
-            Duration::from_secs(600),
-        );
-        let text = console.join("\n");
-        // The runtime said its first line as init (QEMU was stopped then):
-        // an init that did not run would have ended the machine first.
-        assert!(
-            !exited,
-            "{device}: QEMU ended before the runtime spoke:\n{text}"
-        );
-        say(&format!(
-            "arm64 under AAVMF ({device}): the runtime's first line after {:.1} s",
-            started.elapsed().as_secs_f64()
-        ));
-        assert!(
-            console.iter().any(|l| l.contains(scanned)),
-            "{device}: no {scanned:?}:\n{text}"
-        );
-        // The kernel's own line: it is arm64's, and it was given the
-        // entry's command line by systemd-boot.
+        let console = boot_to_runtime(&dir, &disk, device, scanned, "systemd-boot");
+        // systemd-boot gave the kernel the entry's command line.
         assert!(
             console
                 .iter()
-                .any(|l| l.contains("Kernel command line:") && l.contains("console=ttyAMA0")),
-            "{device}:\n{text}"
-        );
-        assert!(
-            console
-                .iter()
-                .any(|l| l.contains("Booting Linux on physical CPU")),
-            "{device}:\n{text}"
+                .any(|l| l.contains("Kernel command line:") && l.contains(&cmdline)),
+            "{device}:\n{}",
+            console.join("\n")
         );
     }
 }
