@@ -190,7 +190,7 @@ fn a_blob_check_answered_500_while_its_link_is_rewritten_is_asked_again() {
 /// and headers, the blank line included) and `body`, one byte per `drip`
 /// when given.
 fn answering_server(head: String, body: Vec<u8>, drip: Option<Duration>) -> String {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     std::thread::spawn(move || {
@@ -198,13 +198,8 @@ fn answering_server(head: String, body: Vec<u8>, drip: Option<Duration>) -> Stri
             let Ok(mut conn) = conn else { return };
             let (head, body) = (head.clone(), body.clone());
             std::thread::spawn(move || {
-                let mut got = Vec::new();
-                let mut b = [0u8; 1];
-                while !got.ends_with(b"\r\n\r\n") && got.len() < 65536 {
-                    match conn.read(&mut b) {
-                        Ok(1) => got.push(b[0]),
-                        _ => return,
-                    }
+                if !common::read_request_head(&mut conn) {
+                    return;
                 }
                 let _ = conn.write_all(head.as_bytes());
                 match drip {

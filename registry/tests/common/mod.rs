@@ -371,6 +371,20 @@ impl DrippingProxy {
     }
 }
 
+/// Reads a request's head (up to its blank line, 64 KiB at most) from
+/// `conn`: false when the connection ends first.
+pub fn read_request_head(conn: &mut TcpStream) -> bool {
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 65536 {
+        match conn.read(&mut b) {
+            Ok(1) => head.push(b[0]),
+            _ => return false,
+        }
+    }
+    true
+}
+
 /// A hostile HTTP server on 127.0.0.1: answers every request with status
 /// 200, the given headers, no Content-Length, and then bytes without end
 /// (until the client goes away). Counts what it sent.
@@ -384,14 +398,8 @@ pub fn endless_server(content_type: &'static str) -> (String, Arc<AtomicU64>) {
             let Ok(mut conn) = conn else { return };
             let s = s.clone();
             std::thread::spawn(move || {
-                // The request's head.
-                let mut head = Vec::new();
-                let mut b = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && head.len() < 65536 {
-                    match conn.read(&mut b) {
-                        Ok(1) => head.push(b[0]),
-                        _ => return,
-                    }
+                if !read_request_head(&mut conn) {
+                    return;
                 }
                 let answer = format!(
                     "HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nConnection: close\r\n\r\n"
@@ -421,13 +429,8 @@ pub fn stalling_server(head: &'static str, body_prefix: Vec<u8>) -> String {
             let Ok(mut conn) = conn else { return };
             let prefix = body_prefix.clone();
             std::thread::spawn(move || {
-                let mut head_in = Vec::new();
-                let mut b = [0u8; 1];
-                while !head_in.ends_with(b"\r\n\r\n") && head_in.len() < 65536 {
-                    match conn.read(&mut b) {
-                        Ok(1) => head_in.push(b[0]),
-                        _ => return,
-                    }
+                if !read_request_head(&mut conn) {
+                    return;
                 }
                 let _ = conn.write_all(head.as_bytes());
                 let _ = conn.write_all(&prefix);
