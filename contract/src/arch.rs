@@ -97,6 +97,12 @@ impl Arch {
         }
     }
 
+    /// The C compiler that builds for it on an x86-64 host (`gcc`, or the
+    /// cross compiler `aarch64-linux-gnu-gcc`).
+    pub fn gcc(self) -> String {
+        format!("{}gcc", self.spec().cross_compile)
+    }
+
     /// The profile's and OCI's name (`amd64`, `arm64`).
     pub fn name(self) -> &'static str {
         self.spec().name

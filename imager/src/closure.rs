@@ -5,7 +5,7 @@
 //! interpreter (`PT_INTERP`), then every `DT_NEEDED` library, recursively,
 //! searched in the needing object's `DT_RUNPATH` (or, when it has none, its
 //! own and its loaders' `DT_RPATH`), then the Debian multiarch and system
-//! directories ([`DEFAULT_SEARCH`]). `$ORIGIN` is expanded.
+//! directories ([`default_search`]). `$ORIGIN` is expanded.
 //!
 //! The root filesystem has no symbolic links, so each library's content (the
 //! file the name resolves to) is copied under its needed name in the
@@ -32,18 +32,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-/// Where libraries are looked for after the object's own paths: the Debian
-/// multiarch directories, then the plain ones (amd64's; any
-/// architecture's: [`default_search`]).
-pub const DEFAULT_SEARCH: [&str; 4] = [
-    "/usr/lib/x86_64-linux-gnu",
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib",
-    "/lib",
-];
-
-/// [`DEFAULT_SEARCH`] for `arch`: its Debian multiarch directories, then
-/// the plain ones.
+/// Where `arch`'s libraries are looked for after the object's own paths:
+/// its Debian multiarch directories, then the plain ones.
 pub fn default_search(arch: contract::Arch) -> [String; 4] {
     let triplet = arch.spec().multiarch;
     [
@@ -117,6 +107,7 @@ impl Tree<'_> {
         Ok(done)
     }
 
+    #[cfg(test)]
     fn is_file(&self, p: &Path) -> bool {
         self.canonical(p).is_ok_and(|c| self.host(&c).is_file())
     }
@@ -257,8 +248,8 @@ fn expand_origin(p: &str, origin: &Path) -> String {
 
 /// The closure of `program` (an absolute host path): the interpreter and
 /// every shared library, not the program itself, sorted by image path.
-/// `search` replaces [`DEFAULT_SEARCH`] (for tests).
-pub fn resolve(program: &Path, search: &[&str]) -> Result<Vec<ClosureFile>> {
+/// `search` is [`default_search`] (another, for tests).
+pub fn resolve(program: &Path, search: &[impl AsRef<str>]) -> Result<Vec<ClosureFile>> {
     resolve_in(Path::new("/"), program, search)
 }
 
@@ -266,7 +257,11 @@ pub fn resolve(program: &Path, search: &[&str]) -> Result<Vec<ClosureFile>> {
 /// are the image's, read from under `root` with symbolic links resolved
 /// there ([`Tree::canonical`]); a [`ClosureFile`]'s `source` is the host
 /// path of its bytes.
-pub fn resolve_in(root: &Path, program: &Path, search: &[&str]) -> Result<Vec<ClosureFile>> {
+pub fn resolve_in(
+    root: &Path,
+    program: &Path,
+    search: &[impl AsRef<str>],
+) -> Result<Vec<ClosureFile>> {
     let tree = Tree { root };
     let where_ = if root == Path::new("/") {
         "this host".to_string()
@@ -339,20 +334,25 @@ pub fn resolve_in(root: &Path, program: &Path, search: &[&str]) -> Result<Vec<Cl
         } else {
             dirs.iter()
                 .map(String::as_str)
-                .chain(search.iter().copied())
+                .chain(search.iter().map(AsRef::as_ref))
                 .map(|d| Path::new(d).join(&name))
                 .collect()
         };
-        let Some(found) = candidates.iter().find(|c| tree.is_file(c)) else {
+        // The first candidate that is a file, and its resolved path.
+        let hit = candidates.iter().find_map(|c| {
+            let real = tree.canonical(c).ok()?;
+            tree.host(&real).is_file().then_some((c, real))
+        });
+        let Some((found, real)) = hit else {
             let mut looked: Vec<String> = dirs.clone();
-            looked.extend(search.iter().map(|s| s.to_string()));
+            looked.extend(search.iter().map(|s| s.as_ref().to_string()));
             bail!(
                 "{name} needed by {} not found in {}: install the package that provides it",
                 by.display(),
                 looked.join(", ")
             );
         };
-        let real = tree.host(&tree.canonical(found)?);
+        let real = tree.host(&real);
         let dir = tree
             .canonical(found.parent().unwrap_or(Path::new("/")))
             .with_context(|| format!("resolving the directory of {}", found.display()))?;
@@ -387,7 +387,7 @@ mod tests {
         let deps = read_deps(prog).unwrap();
         assert_eq!(deps.interp.as_deref(), Some("/lib64/ld-linux-x86-64.so.2"));
         assert!(deps.needed.iter().any(|n| n == "libc.so.6"), "{deps:?}");
-        let c = resolve(prog, &DEFAULT_SEARCH).unwrap();
+        let c = resolve(prog, &default_search(contract::Arch::Amd64)).unwrap();
         let paths: Vec<&str> = c.iter().map(|f| f.path.as_str()).collect();
         assert!(paths.contains(&"/lib64/ld-linux-x86-64.so.2"), "{paths:?}");
         assert!(paths.iter().any(|p| p.ends_with("/libc.so.6")), "{paths:?}");
@@ -413,7 +413,10 @@ mod tests {
             assert!(f.path.starts_with('/'));
         }
         // Same answer twice.
-        assert_eq!(c, resolve(prog, &DEFAULT_SEARCH).unwrap());
+        assert_eq!(
+            c,
+            resolve(prog, &default_search(contract::Arch::Amd64)).unwrap()
+        );
     }
 
     /// In the root `/` the tree resolves every path as realpath(3) does.
@@ -433,10 +436,13 @@ mod tests {
         .map(PathBuf::from)
         .collect();
         paths.extend(
-            resolve(Path::new("/usr/sbin/mkfs.xfs"), &DEFAULT_SEARCH)
-                .unwrap()
-                .into_iter()
-                .map(|f| PathBuf::from(f.path)),
+            resolve(
+                Path::new("/usr/sbin/mkfs.xfs"),
+                &default_search(contract::Arch::Amd64),
+            )
+            .unwrap()
+            .into_iter()
+            .map(|f| PathBuf::from(f.path)),
         );
         for p in &paths {
             assert_eq!(
@@ -500,7 +506,6 @@ mod tests {
             root.display()
         );
         let search = default_search(contract::Arch::Arm64);
-        let search: Vec<&str> = search.iter().map(String::as_str).collect();
         let c = resolve_in(&root, Path::new("/usr/sbin/mkfs.xfs"), &search).unwrap();
         let paths: Vec<&str> = c.iter().map(|f| f.path.as_str()).collect();
         assert!(paths.contains(&"/lib/ld-linux-aarch64.so.1"), "{paths:?}");
@@ -526,7 +531,14 @@ mod tests {
             assert_eq!(read_u16(&b, 18), Some(183), "{f:?} is not an aarch64 ELF");
         }
         // The host's own search finds none of them there.
-        assert!(resolve_in(&root, Path::new("/usr/sbin/mkfs.xfs"), &DEFAULT_SEARCH).is_err());
+        assert!(
+            resolve_in(
+                &root,
+                Path::new("/usr/sbin/mkfs.xfs"),
+                &default_search(contract::Arch::Amd64)
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -534,7 +546,11 @@ mod tests {
         // ldconfig is static on Debian.
         let p = Path::new("/sbin/ldconfig");
         if p.is_file() && read_deps(p).unwrap().interp.is_none() {
-            assert!(resolve(p, &DEFAULT_SEARCH).unwrap().is_empty());
+            assert!(
+                resolve(p, &default_search(contract::Arch::Amd64))
+                    .unwrap()
+                    .is_empty()
+            );
         }
     }
 
@@ -566,7 +582,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("x");
         std::fs::write(&f, b"#!/bin/sh\n").unwrap();
-        let e = format!("{:#}", resolve(&f, &DEFAULT_SEARCH).unwrap_err());
+        let e = format!(
+            "{:#}",
+            resolve(&f, &default_search(contract::Arch::Amd64)).unwrap_err()
+        );
         assert!(e.contains("not a readable 64-bit"), "{e}");
     }
 

@@ -45,7 +45,7 @@ pub fn build_named(package_dir: &Path, what: &str, key: &str, arch: Arch) -> Res
     let mut cmd = Command::new(&cargo);
     if !spec.cross_compile.is_empty() {
         let triple = spec.rust_target.replace('-', "_");
-        let gcc = format!("{}gcc", spec.cross_compile);
+        let gcc = arch.gcc();
         cmd.env(
             format!("CARGO_TARGET_{}_LINKER", triple.to_uppercase()),
             &gcc,

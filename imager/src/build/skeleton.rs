@@ -184,7 +184,9 @@ fn host_closures(
                 e.path
             );
         }
-        let files = closure::resolve(&src, &closure::DEFAULT_SEARCH)
+        // The build host's programs, amd64's (arm64's come from another
+        // root, `closure::resolve_in`, once its image builds: docs/arm64.md).
+        let files = closure::resolve(&src, &closure::default_search(contract::Arch::Amd64))
             .with_context(|| format!("resolving the shared libraries of /{}", e.path))?;
         for f in files {
             if !listed.contains(&f.path) {

@@ -577,7 +577,7 @@ pub fn hash_source(source: &Path) -> Result<String> {
 
 /// First line of `gcc --version` (the kernel is built with `gcc`).
 pub fn gcc_version(arch: Arch) -> Result<String> {
-    let gcc = format!("{}gcc", arch.spec().cross_compile);
+    let gcc = arch.gcc();
     let out = Command::new(&gcc)
         .arg("--version")
         .output()
