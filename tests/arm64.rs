@@ -1,14 +1,18 @@
 //! arm64 (issue 30), cross-built on this x86-64 machine without emulation:
-//! what builds so far, the kernel and the runtime (docs/arm64.md).
+//! what builds so far, the raw disk image (docs/arm64.md).
 //!
 //! The kernel is metal-arm64's: the default kernel's source and recipe,
 //! cross-compiled with the Debian cross compiler from arm64's fragments,
 //! audited by the KSPP rule table's arm64 rules with only the documented
-//! waivers, and an EFI program for aa64 (PE machine 0xAA64). Debian's arm64
-//! systemd-boot (scripts/setup.sh unpacks it) starts it under QEMU's arm64
-//! UEFI firmware (AAVMF, TCG) from a virtio disk and from NVMe, with the
-//! runtime, cross-built static for aarch64, as its init: the console shows
-//! the runtime's first line.
+//! waivers, and an EFI program for aa64 (PE machine 0xAA64). The image
+//! (`imager build --profile metal-arm64`) is checked by independent tools:
+//! its ESP holds Debian's arm64 systemd-boot (scripts/setup.sh unpacks it)
+//! and no x86-64 boot file, its MBR and BIOS partition no boot code, its
+//! root filesystem the runtime cross-built static for aarch64 and mkfs.xfs
+//! with its libraries from Debian's arm64 packages, none of the host's. It
+//! reaches ready under QEMU's arm64 UEFI firmware (AAVMF, TCG) from a
+//! virtio disk and from NVMe, and two builds in different directories are
+//! the same bytes.
 
 // Test helpers panic on unexpected failures: that is how a test fails.
 #![allow(clippy::unwrap_used)]
@@ -18,13 +22,10 @@ mod common;
 use common::*;
 use contract::Arch;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// Where scripts/setup.sh unpacks Debian's arm64 packages.
 fn arm64_root() -> PathBuf {
-    PathBuf::from(
-        std::env::var("IMAGER_ARM64_ROOT").unwrap_or_else(|_| "/var/lib/imager/arm64".into()),
-    )
+    imager::closure::host_root(Arch::Arm64)
 }
 
 fn profile() -> imager::profile::Profile {
@@ -139,241 +140,192 @@ fn the_arm64_kernel_is_cross_built_audited_and_an_efi_program_for_aa64() {
     );
 }
 
-/// An initramfs whose init is the runtime `init`: stage 1 (the squashfs
-/// marker is there, empty), which says it started and then fails on the
-/// empty root filesystem.
-fn initramfs(init: &Path, out: &Path) {
-    use imager::initramfs::{CONSOLE, CONSOLE_MAJOR, CONSOLE_MINOR, CpioWriter, MOUNT_DIRS};
-    let f = std::fs::File::create(out).unwrap();
-    let mut w = CpioWriter::new(f, 0);
-    w.dir("dev", 0o755).unwrap();
-    w.char_device(CONSOLE, 0o600, CONSOLE_MAJOR, CONSOLE_MINOR)
-        .unwrap();
-    let bin = std::fs::read(init).unwrap();
-    w.file("init", 0o755, bin.len() as u64, &mut bin.as_slice())
-        .unwrap();
-    w.dir("newroot", 0o755).unwrap();
-    w.dir("proc", 0o755).unwrap();
-    w.file(
-        contract::paths::INITRAMFS_ROOTFS,
-        0o444,
-        0,
-        &mut [].as_slice(),
-    )
-    .unwrap();
-    for d in ["run", "sys"] {
-        assert!(MOUNT_DIRS.contains(&d));
-        w.dir(d, 0o755).unwrap();
-    }
-    w.finish().unwrap();
+/// metal-arm64's image, built once for the file's tests.
+fn arm64_image() -> &'static Build {
+    static B: Fixture<Build> = Fixture::new("arm64-image");
+    B.get(|| {
+        arm64_kernel();
+        build_profile("arm64-a", &repo().join("profiles/metal-arm64.yaml"), &[])
+    })
 }
 
-/// A GPT disk whose EFI system partition holds `files` (host file, path
-/// on the ESP), made with sfdisk and mtools.
-fn esp_disk(dir: &Path, name: &str, files: &[(&Path, &str)]) -> PathBuf {
-    let disk = dir.join(name);
-    let f = std::fs::File::create(&disk).unwrap();
-    f.set_len(96 << 20).unwrap();
-    drop(f);
-    let mut sfdisk = tool("sfdisk");
-    sfdisk
-        .arg("--quiet")
-        .arg(&disk)
-        .stdin(std::process::Stdio::piped());
-    let mut child = sfdisk.spawn().unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        stdin
-            .write_all(b"label: gpt\nstart=2048, size=190000, type=uefi\n")
-            .unwrap();
-    }
-    assert!(child.wait().unwrap().success(), "sfdisk");
-    let at = format!("{}@@1M", disk.display());
-    ok(tool("mformat").args(["-i", &at, "-F", "::"]));
-    let mut made = std::collections::BTreeSet::new();
-    for (from, to) in files {
-        let mut parent = String::new();
-        for part in to.split('/').collect::<Vec<_>>().split_last().unwrap().1 {
-            parent = format!("{parent}/{part}");
-            if made.insert(parent.clone()) {
-                ok(tool("mmd").args(["-i", &at, &format!("::{parent}")]));
-            }
-        }
-        ok(tool("mcopy")
-            .args(["-i", &at])
-            .arg(from)
-            .arg(format!("::/{to}")));
-    }
-    disk
+/// `mtools` reads the partition `label` of `disk` at its byte offset.
+fn mtools_at(disk: &Path, label: &str) -> String {
+    let (first, _) = partition_range(disk, label);
+    format!("{}@@{}", disk.display(), first)
 }
 
-/// The removable-media boot file of arm64 on the ESP.
-fn boot_file() -> String {
-    format!("EFI/BOOT/{}", Arch::Arm64.spec().efi_boot_file)
-}
-
-/// A disk whose ESP has Debian's arm64 systemd-boot as the removable-media
-/// boot file and one boot entry for `kernel` and `initrd` with `options`.
-fn systemd_boot_disk(dir: &Path, kernel: &Path, initrd: &Path, options: &str) -> PathBuf {
-    let loader = dir.join("loader.conf");
-    std::fs::write(&loader, "timeout 0\ndefault arm64.conf\n").unwrap();
-    let entry = dir.join("arm64.conf");
-    std::fs::write(
-        &entry,
-        format!("title arm64\nlinux /Image\ninitrd /initrd\noptions {options}\n"),
-    )
-    .unwrap();
-    let boot = arm64_root().join("usr/lib/systemd/boot/efi/systemd-bootaa64.efi");
-    imager::boot::check_efi_binary(&boot, Arch::Arm64).unwrap();
-    let file = ok(tool("file").arg(&boot));
+#[test]
+fn the_arm64_image_is_made_of_arm64s_parts_and_none_of_the_hosts() {
+    let b = arm64_image();
+    let raw = b.artifact("raw");
+    assert_eq!(
+        b.json["artifacts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["kind"] == "raw")
+            .count(),
+        1
+    );
+    // The ESP: Debian's arm64 systemd-boot at arm64's removable-media path
+    // (read by mtools), and no x86-64 boot loader.
+    let esp = mtools_at(&raw, "EFI");
+    let listing = ok(tool("mdir").args(["-i", &esp, "-b", "-/", "::"]));
+    assert!(listing.contains("::/EFI/BOOT/BOOTAA64.EFI"), "{listing}");
+    assert!(!listing.to_uppercase().contains("BOOTX64"), "{listing}");
+    let dir = scratch().join("arm64-parts");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let loader = dir.join("BOOTAA64.EFI");
+    ok(tool("mcopy")
+        .args(["-i", &esp, "::/EFI/BOOT/BOOTAA64.EFI"])
+        .arg(&loader));
+    let debian = arm64_root().join("usr/lib/systemd/boot/efi/systemd-bootaa64.efi");
+    assert_eq!(
+        sha256(&loader),
+        sha256(&debian),
+        "BOOTAA64.EFI is not Debian's"
+    );
+    let file = ok(tool("file").arg(&loader));
     assert!(
         file.contains("EFI application") && file.contains("Aarch64"),
         "{file}"
     );
-    esp_disk(
-        dir,
-        "systemd-boot.img",
-        &[
-            (&boot, &boot_file()),
-            (&loader, "loader/loader.conf"),
-            (&entry, "loader/entries/arm64.conf"),
-            (kernel, "Image"),
-            (initrd, "initrd"),
-        ],
-    )
-}
+    // UEFI only: no boot code in the MBR (its first 440 bytes) and an empty
+    // BIOS boot partition.
+    let mut f = std::fs::File::open(&raw).unwrap();
+    assert!(
+        read_at(&mut f, 0, 440).iter().all(|b| *b == 0),
+        "boot code in the MBR"
+    );
+    let (first, last) = partition_range(&raw, "BIOS");
+    let bios = read_at(&mut f, first, usize::try_from(last - first).unwrap());
+    assert!(
+        bios.iter().all(|b| *b == 0),
+        "the BIOS partition is not empty"
+    );
 
-/// The runtime cross-built for arm64, and an initramfs of it in `dir`.
-fn runtime_initramfs(dir: &Path) -> PathBuf {
-    let runtime = imager::runtime::build(&repo().join("rootfs"), Arch::Arm64).unwrap();
-    // An aarch64 executable, static: refused as an amd64 one.
-    let e = imager::runtime::check_static(&runtime, Arch::Amd64)
+    // The root filesystem, by unsquashfs: the runtime static for aarch64,
+    // mkfs.xfs and every library of its closure aarch64 ELF files, the
+    // loader arm64's.
+    let root = dir.join("rootfs");
+    ok(tool("unsquashfs")
+        .args(["-no-progress", "-d"])
+        .arg(&root)
+        .arg(b.artifact("rootfs")));
+    let init = root.join(contract::paths::ROOTFS_INIT.trim_start_matches('/'));
+    let file = ok(tool("file").arg(&init));
+    assert!(
+        file.contains("ARM aarch64") && file.contains("statically linked"),
+        "{file}"
+    );
+    let e = imager::runtime::check_static(&init, Arch::Amd64)
         .unwrap_err()
         .to_string();
     assert!(
         e.contains("is an arm64 executable, not an amd64 one"),
         "{e}"
     );
-    let file = ok(tool("file").arg(&runtime));
-    assert!(
-        file.contains("ARM aarch64") && file.contains("statically linked"),
-        "{file}"
+    let closure = std::fs::read_to_string(
+        root.join(contract::paths::ROOTFS_HOST_CLOSURE.trim_start_matches('/')),
+    )
+    .unwrap();
+    let mut elves = vec!["usr/sbin/mkfs.xfs".to_string()];
+    elves.extend(
+        closure
+            .lines()
+            .filter_map(|l| l.strip_prefix("host "))
+            .map(|l| l.split_whitespace().nth(1).unwrap().to_string()),
     );
-    let initrd = dir.join("initrd");
-    initramfs(&runtime, &initrd);
-    initrd
+    assert!(
+        elves.iter().any(|e| e == "lib/ld-linux-aarch64.so.1"),
+        "{closure}"
+    );
+    assert!(elves.iter().any(|e| e.ends_with("/libc.so.6")), "{closure}");
+    for e in &elves {
+        let path = root.join(e);
+        let file = ok(tool("file").arg("-L").arg(&path));
+        assert!(file.contains("ARM aarch64"), "{e}: {file}");
+        // The bytes of Debian's arm64 package, not the host's.
+        let from = imager::closure::host_file(&arm64_root(), &Path::new("/").join(e)).unwrap();
+        assert_eq!(sha256(&path), sha256(&from), "{e}");
+    }
+    assert!(!elves.iter().any(|e| e.contains("x86_64")), "{elves:?}");
 }
 
-/// Boots `disk` on `device` under AAVMF until the runtime's first line;
-/// its console. The runtime must speak before QEMU ends, and the kernel's
-/// partition scan must show `scanned` (its own driver found the disk).
-fn boot_to_runtime(
-    dir: &Path,
-    disk: &Path,
-    device: &str,
-    scanned: &str,
-    what: &str,
-) -> Vec<String> {
-    let child = aavmf_qemu(dir, disk, device).spawn().unwrap();
-    let started = std::time::Instant::now();
-    let (console, exited) = follow_console(
-        child,
-        Some("machined: stage1: started"),
-        Duration::from_secs(600),
-    );
-    let text = console.join("\n");
-    // The runtime said its first line as init (QEMU was stopped then): an
-    // init that did not run would have ended the machine first.
-    assert!(
-        !exited,
-        "{what} ({device}): QEMU ended before the runtime spoke:\n{text}"
-    );
+/// `imager boot` of the arm64 image on `bus`: the machine is arm64's
+/// (found from the ESP's boot loader), and it reaches ready from slot A
+/// with its root verified.
+fn boots_to_ready(bus: &str) {
+    let b = arm64_image();
+    let r = boot_report(&b.artifact("raw"), &["--bus", bus]).unwrap();
     say(&format!(
-        "arm64 under AAVMF, {what} ({device}): the runtime's first line after {:.1} s",
-        started.elapsed().as_secs_f64()
+        "arm64 under AAVMF from {bus}: ready after {:.1} s",
+        r["seconds"].as_f64().unwrap()
     ));
-    assert!(
-        console.iter().any(|l| l.contains(scanned)),
-        "{what} ({device}): no {scanned:?}:\n{text}"
-    );
-    assert!(
-        console
-            .iter()
-            .any(|l| l.contains("Booting Linux on physical CPU")),
-        "{what} ({device}):\n{text}"
-    );
-    console
-}
-
-/// QEMU's arm64 `virt` machine under AAVMF (TCG), the console on stdout,
-/// `disk` attached as `device` (`virtio-blk-pci` or `nvme`).
-fn aavmf_qemu(dir: &Path, disk: &Path, device: &str) -> std::process::Command {
-    let vars = dir.join(format!("vars-{device}.fd"));
-    std::fs::copy("/usr/share/AAVMF/AAVMF_VARS.fd", &vars).unwrap();
-    let mut c = std::process::Command::new("qemu-system-aarch64");
-    c.args([
-        "-machine",
-        "virt",
-        "-cpu",
-        "max,pauth-impdef=on",
-        "-m",
-        "1024",
-    ])
-    .args([
-        "-nodefaults",
-        "-display",
-        "none",
-        "-no-reboot",
-        "-serial",
-        "stdio",
-    ])
-    .args([
-        "-drive",
-        "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/AAVMF/AAVMF_CODE.fd",
-    ])
-    .arg("-drive")
-    .arg(format!(
-        "if=pflash,format=raw,unit=1,file={}",
-        vars.display()
-    ))
-    .arg("-drive")
-    .arg(format!(
-        "if=none,id=disk,format=raw,file={}",
-        disk.display()
-    ))
-    .arg("-device")
-    .arg(if device == "nvme" {
-        "nvme,drive=disk,serial=arm64".to_string()
-    } else {
-        format!("{device},drive=disk")
-    })
-    .stdin(std::process::Stdio::null())
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::inherit());
-    c
+    assert_eq!(r["arch"], "arm64", "{r}");
+    assert_eq!(r["firmware"], "uefi", "{r}");
+    assert_eq!(r["slot"], "A", "{r}");
+    assert_eq!(r["version"], "0.1.0", "{r}");
+    assert_eq!(r["root_verified"], true, "{r}");
 }
 
 #[test]
-fn debian_arm64_systemd_boot_starts_the_kernel_and_the_runtime_under_aavmf_from_virtio_and_nvme() {
-    let (image, _, _) = arm64_kernel();
-    let dir = scratch().join("arm64-boot");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let initrd = runtime_initramfs(&dir);
-    let cmdline = profile().cmdline();
-    let disk = systemd_boot_disk(&dir, image, &initrd, &cmdline);
-    // The kernel finds the disk through its own driver: the partition
-    // scan's line of virtio's vda, of NVMe's nvme0n1.
-    for (device, scanned) in [("virtio-blk-pci", " vda: vda1"), ("nvme", " nvme0n1: p1")] {
-        let console = boot_to_runtime(&dir, &disk, device, scanned, "systemd-boot");
-        // systemd-boot gave the kernel the entry's command line.
-        assert!(
-            console
-                .iter()
-                .any(|l| l.contains("Kernel command line:") && l.contains(&cmdline)),
-            "{device}:\n{}",
-            console.join("\n")
-        );
+fn the_arm64_image_reaches_ready_under_aavmf_from_virtio() {
+    boots_to_ready("virtio");
+}
+
+#[test]
+fn the_arm64_image_reaches_ready_under_aavmf_from_nvme() {
+    boots_to_ready("nvme");
+}
+
+#[test]
+fn two_builds_of_the_arm64_image_in_different_directories_are_the_same_bytes() {
+    let a = arm64_image();
+    // The second from another working directory, into another output
+    // directory, with the profile given by a relative path.
+    let other = scratch().join("arm64-b/somewhere/else");
+    let _ = std::fs::remove_dir_all(scratch().join("arm64-b"));
+    std::fs::create_dir_all(&other).unwrap();
+    let profile = pathdiff(&repo().join("profiles/metal-arm64.yaml"), &other);
+    let out = ok(imager()
+        .current_dir(&other)
+        .args(["build", "--json", "--profile"])
+        .arg(&profile)
+        .args(["--out", "out"]));
+    let b: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // A path the build prints may be relative to its working directory.
+    let names = |json: &serde_json::Value, cwd: &Path| -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = json["artifacts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| {
+                let path = cwd.join(x["path"].as_str().unwrap());
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                (name, sha256(&path))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let (first, second) = (names(&a.json, &repo()), names(&b, &other));
+    assert!(first.iter().any(|(n, _)| n == "disk.raw"), "{first:?}");
+    assert_eq!(first, second, "the two builds differ");
+}
+
+/// `to` relative to the directory `from` (both absolute).
+fn pathdiff(to: &Path, from: &Path) -> PathBuf {
+    let (to, from): (Vec<_>, Vec<_>) = (to.components().collect(), from.components().collect());
+    let common = to.iter().zip(&from).take_while(|(a, b)| a == b).count();
+    let mut p = PathBuf::new();
+    for _ in common..from.len() {
+        p.push("..");
     }
+    for c in &to[common..] {
+        p.push(c);
+    }
+    p
 }

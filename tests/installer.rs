@@ -308,6 +308,7 @@ fn small_image(dir: &Path) -> (PathBuf, imager::sign::VerifyingKey) {
         &dir.join("imager"),
         TAG,
         1_700_000_000,
+        contract::Arch::Amd64,
     );
     let tar = dir.join("installer.tar");
     imager::oci::write_image(&tar, &spec).unwrap();
@@ -320,7 +321,7 @@ fn extract_with(archive: &Path, dest: &Path, key: &imager::sign::VerifyingKey) -
     let root = payload::trust::key_root(&[*key]).unwrap();
     let verify =
         |f: &payload::trust::TrustFiles| payload::trust::verify(&root, f).map(|t| t.manifest);
-    imager::oci::extract_payload(archive, dest, &verify).unwrap()
+    imager::oci::extract_payload(archive, dest, contract::Arch::Amd64, &verify).unwrap()
 }
 
 #[test]

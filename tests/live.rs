@@ -57,7 +57,9 @@ fn live() -> &'static Live {
             ))
             .arg(dir.join("bundle")));
         let root = dir.join("bundle/rootfs");
-        let payload = root.join(contract::paths::INSTALLER_PAYLOAD_DIR);
+        let payload = root.join(contract::paths::installer_payload_dir(
+            contract::Arch::Amd64,
+        ));
         let manifest: Value =
             serde_json::from_slice(&std::fs::read(payload.join("manifest.json")).unwrap()).unwrap();
         let cmdline = manifest["boot"]["cmdline"].as_str().unwrap().to_string();

@@ -716,7 +716,7 @@ fn the_node_upgrades_itself_from_a_registry_and_serves_each_role_only_what_it_ma
     let mut bad = original.clone();
     let kernel = format!(
         "{}/{}",
-        contract::paths::INSTALLER_PAYLOAD_DIR,
+        contract::paths::installer_payload_dir(contract::Arch::Amd64),
         contract::paths::PAYLOAD_KERNEL
     );
     let at = middle_of_file(&original, &kernel);

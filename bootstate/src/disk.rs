@@ -206,7 +206,6 @@ impl Disk {
         })
     }
 
-    /// BOOT, whose new files carry the time `epoch`.
     /// The ESP's window, where it is a partition of its own: `None` on a
     /// disk of 4096-byte sectors, whose ESP is BOOT
     /// ([`contract::partition::esp_role`]).
@@ -217,6 +216,39 @@ impl Disk {
         }
     }
 
+    /// The architecture the disk boots: the one whose removable-media boot
+    /// file (`EFI/BOOT/BOOTX64.EFI`, `BOOTAA64.EFI`: `contract::arch`) is on
+    /// its ESP. A disk with none, or with several, is refused.
+    pub fn arch(&self) -> Result<contract::Arch> {
+        let role = contract::partition::esp_role(self.table.sector_size);
+        let mut esp = BootFs::new(self.partition(role)?, 0);
+        let mut found = Vec::new();
+        for a in contract::arch::ARCHES {
+            if esp.exists(&a.arch.esp_boot_loader())? {
+                found.push(a.arch);
+            }
+        }
+        match found[..] {
+            [one] => Ok(one),
+            [] => bail!(
+                "{}: its ESP has no EFI/BOOT boot loader of {}: not a disk made by imager",
+                self.path.display(),
+                contract::arch::ARCHES.map(|a| a.efi_boot_file).join(" or ")
+            ),
+            _ => bail!(
+                "{}: its ESP has the boot loaders of several architectures ({}): which one \
+                 the firmware starts depends on the machine; remove the others",
+                self.path.display(),
+                found
+                    .iter()
+                    .map(|a| a.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+
+    /// BOOT, whose new files carry the time `epoch`.
     pub fn boot(&self, epoch: u64) -> Result<BootFs<Window<File>>> {
         Ok(BootFs::new(self.partition(PartitionRole::Boot)?, epoch))
     }

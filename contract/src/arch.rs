@@ -89,6 +89,20 @@ pub const ARCHES: [ArchSpec; 2] = [
 ];
 
 impl Arch {
+    /// The architecture this program is compiled for: the machine's own,
+    /// for the runtime and the installer, which run on it.
+    pub const NATIVE: Arch = if cfg!(target_arch = "aarch64") {
+        Arch::Arm64
+    } else {
+        Arch::Amd64
+    };
+
+    /// The architecture of an OCI platform's or a payload manifest's
+    /// `architecture` (`amd64`, `arm64`: exactly, no alias).
+    pub fn of_name(name: &str) -> Option<Arch> {
+        ARCHES.iter().find(|s| s.name == name).map(|s| s.arch)
+    }
+
     /// This architecture's row of [`ARCHES`].
     pub fn spec(self) -> &'static ArchSpec {
         match self {
@@ -101,6 +115,12 @@ impl Arch {
     /// cross compiler `aarch64-linux-gnu-gcc`).
     pub fn gcc(self) -> String {
         format!("{}gcc", self.spec().cross_compile)
+    }
+
+    /// The removable-media boot path on the ESP, where systemd-boot goes
+    /// (`EFI/BOOT/BOOTX64.EFI`, `EFI/BOOT/BOOTAA64.EFI`).
+    pub fn esp_boot_loader(self) -> String {
+        format!("EFI/BOOT/{}", self.spec().efi_boot_file)
     }
 
     /// The profile's and OCI's name (`amd64`, `arm64`).

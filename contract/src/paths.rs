@@ -61,7 +61,7 @@ pub fn etc_overlay_dirs(name: &str) -> (String, String) {
 /// the new root), so stage 2 finds it under [`LIVE_RUN_DIR`].
 pub const LIVE_DIR: &str = "live";
 /// The signed installer payload: the same files as
-/// [`INSTALLER_PAYLOAD_DIR`] in the installer image.
+/// [`installer_payload_dir`] in the installer image.
 pub const LIVE_PAYLOAD_DIR: &str = "live/payload";
 /// The installer: the static `imager` binary, run as
 /// `installer install --installer <payload> --disk /dev/X --key <key>`.
@@ -77,7 +77,8 @@ pub fn live_run_path(rel: &str) -> String {
     format!("/run/{rel}")
 }
 
-/// The removable-media boot path on the ESP, where systemd-boot goes.
+/// The removable-media boot path on the ESP, where systemd-boot goes, of
+/// amd64 (every architecture's: `Arch::esp_boot_loader`).
 pub const ESP_BOOT_LOADER: &str = "EFI/BOOT/BOOTX64.EFI";
 /// systemd-boot's configuration, on the ESP.
 pub const ESP_LOADER_CONF: &str = "loader/loader.conf";
@@ -119,9 +120,13 @@ pub const INSTALLER_BINARY: &str = "usr/bin/imager";
 /// A symbolic link to [`INSTALLER_BINARY`]: run under this name, the binary
 /// acts as the installer. `/usr/bin/installer` is the image's entrypoint.
 pub const INSTALLER_LINK: &str = "usr/bin/installer";
-/// The directory of the payload the installer writes to a disk: the four
-/// `PAYLOAD_*` files, the manifest signed by the build's key.
-pub const INSTALLER_PAYLOAD_DIR: &str = "usr/install/amd64";
+/// The directory of the payload the installer writes to a disk, in the
+/// installer image of `arch`: the `PAYLOAD_*` files, the manifest signed by
+/// the build's key. `usr/install/amd64` (what every installer image before
+/// arm64 has), `usr/install/arm64`.
+pub fn installer_payload_dir(arch: crate::Arch) -> String {
+    format!("usr/install/{}", arch.name())
+}
 /// The payload's kernel.
 pub const PAYLOAD_KERNEL: &str = "vmlinuz";
 /// The payload's initramfs.

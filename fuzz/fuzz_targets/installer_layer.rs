@@ -10,7 +10,7 @@ use payload::artifact::{Artifact, Kind};
 use sha2::{Digest, Sha256};
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(files) = payload::layer::signed_manifest(data) {
+    if let Ok(files) = payload::layer::signed_manifest(data, contract::Arch::Amd64) {
         // The trust check of what it read (`payload::trust`): the roots
         // and signature lists it may carry, against a disk's root.
         let key = payload::VerifyingKey::from_bytes(&[
@@ -47,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
     ];
     let mut open =
         |_: &str| -> anyhow::Result<Box<dyn std::io::Write>> { Ok(Box::new(std::io::sink())) };
-    if let Ok(files) = payload::layer::stage_files(data, &wanted, &mut open) {
+    if let Ok(files) = payload::layer::stage_files(data, contract::Arch::Amd64, &wanted, &mut open) {
         for (name, f) in files {
             let (_, a) = wanted.iter().find(|(n, _)| *n == name).expect("wanted");
             assert_eq!((f.len, f.sha256.as_str()), (a.size, a.sha256.as_str()));

@@ -13,7 +13,7 @@ use contract::boot::{Entry, EntryKind, EntryName, loader_conf};
 use contract::guid::volume_id;
 use contract::meta::Meta;
 use contract::partition::Content;
-use contract::paths::{ESP_BOOT_LOADER, ESP_LOADER_CONF};
+use contract::paths::ESP_LOADER_CONF;
 use contract::{Guid, Slot};
 use std::io::Write;
 use std::path::Path;
@@ -21,19 +21,19 @@ use std::path::Path;
 /// Where Debian's systemd-boot-efi package puts the x86-64 boot loader.
 pub const DEFAULT_SYSTEMD_BOOT: &str = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi";
 
-/// The files of the EFI System Partition: systemd-boot as
-/// `EFI/BOOT/BOOTX64.EFI` and `loader/loader.conf`.
-pub fn esp_files(systemd_boot: &Path) -> Result<Vec<FatFile>> {
+/// The files of the EFI System Partition: systemd-boot for `arch` at its
+/// removable-media path (`EFI/BOOT/BOOTX64.EFI`, `BOOTAA64.EFI`) and
+/// `loader/loader.conf`.
+pub fn esp_files(systemd_boot: &Path, arch: contract::Arch) -> Result<Vec<FatFile>> {
     ensure!(
         systemd_boot.is_file(),
         "systemd-boot not found at {}: install systemd-boot-efi (scripts/setup.sh) \
          or set boot.systemd_boot in the profile",
         systemd_boot.display()
     );
-    // The ESP of amd64 images: arm64's is not built yet (docs/arm64.md).
-    check_efi_binary(systemd_boot, contract::Arch::Amd64)?;
+    check_efi_binary(systemd_boot, arch)?;
     Ok(vec![
-        FatFile::file(ESP_BOOT_LOADER, systemd_boot),
+        FatFile::file(arch.esp_boot_loader(), systemd_boot),
         FatFile::bytes(ESP_LOADER_CONF, loader_conf()),
     ])
 }
@@ -335,7 +335,7 @@ mod tests {
         assert!(err.contains("GRUB") && err.contains("`\"`"), "{err}");
         let e = format!(
             "{:#}",
-            esp_files(Path::new("/nonexistent/sd-boot.efi")).unwrap_err()
+            esp_files(Path::new("/nonexistent/sd-boot.efi"), contract::Arch::Amd64).unwrap_err()
         );
         assert!(
             e.contains("install systemd-boot-efi (scripts/setup.sh)"),
@@ -378,7 +378,7 @@ mod tests {
         for ss in SECTOR_SIZES {
             let layout = Layout::new(DEFAULT_DISK_SIZE, ss, &BTreeMap::new()).unwrap();
             let img = dir.path().join(format!("disk-{ss}.raw"));
-            let esp = esp_files(sd_boot).unwrap();
+            let esp = esp_files(sd_boot, contract::Arch::Amd64).unwrap();
             let e = entry(Slot::A, &ksha, &isha, "Test", "1.2.0", "console=ttyS0");
             let boot = boot_files(Slot::A, &e, &kernel, &initramfs).unwrap();
             let bios = (ss == 512).then_some(BiosBoot {
@@ -439,7 +439,7 @@ mod tests {
                 assert_eq!(on_esp.len(), 2, "{on_esp:?}");
             }
             assert_eq!(
-                read_file(efi(), ESP_BOOT_LOADER).unwrap(),
+                read_file(efi(), contract::paths::ESP_BOOT_LOADER).unwrap(),
                 std::fs::read(sd_boot).unwrap()
             );
             let bootp = || open_partition(&img, "BOOT").unwrap();

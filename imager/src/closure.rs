@@ -32,6 +32,30 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+/// The root an image of `arch` takes its host files from (its programs and
+/// their libraries, systemd-boot and the UKI stub): the build host's own
+/// `/` for amd64, and for another architecture the directory where
+/// scripts/setup.sh unpacks Debian's packages of it, `IMAGER_ARM64_ROOT`
+/// or `/var/lib/imager/arm64` (docs/arm64.md).
+pub fn host_root(arch: contract::Arch) -> PathBuf {
+    match arch {
+        contract::Arch::Amd64 => PathBuf::from("/"),
+        contract::Arch::Arm64 => std::env::var_os("IMAGER_ARM64_ROOT")
+            .filter(|v| !v.is_empty())
+            .map_or_else(|| PathBuf::from(ARM64_ROOT), PathBuf::from),
+    }
+}
+
+/// Where scripts/setup.sh unpacks Debian's arm64 packages by default.
+pub const ARM64_ROOT: &str = "/var/lib/imager/arm64";
+
+/// The host file of the image path `path` (absolute) inside `root`, every
+/// symbolic link resolved there: what a `host` line of the skeleton copies.
+pub fn host_file(root: &Path, path: &Path) -> Result<PathBuf> {
+    let tree = Tree { root };
+    Ok(tree.host(&tree.canonical(path)?))
+}
+
 /// Where `arch`'s libraries are looked for after the object's own paths:
 /// its Debian multiarch directories, then the plain ones.
 pub fn default_search(arch: contract::Arch) -> [String; 4] {
@@ -116,6 +140,8 @@ impl Tree<'_> {
 /// What the dynamic loader needs to know about one ELF file.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ElfDeps {
+    /// `e_machine`: 62 for x86-64, 183 for AArch64 (`contract::arch`).
+    pub machine: u16,
     pub interp: Option<String>,
     pub needed: Vec<String>,
     pub rpath: Vec<String>,
@@ -158,7 +184,10 @@ pub fn parse_elf(b: &[u8]) -> Option<ElfDeps> {
             read_u64(ph, 32)?,
         ));
     }
-    let mut deps = ElfDeps::default();
+    let mut deps = ElfDeps {
+        machine: read_u16(b, 18)?,
+        ..ElfDeps::default()
+    };
     let slice = |off: u64, len: u64| -> Option<&[u8]> {
         let start = usize::try_from(off).ok()?;
         let end = start.checked_add(usize::try_from(len).ok()?)?;
@@ -361,6 +390,18 @@ pub fn resolve_in(
             .with_context(|| format!("{name} has no file name"))?;
         let image_path = dir.join(file_name).to_string_lossy().into_owned();
         let deps = read_deps(&real)?;
+        // The loader skips a library of another machine; one of ours would
+        // be a broken root (another architecture's packages mixed in).
+        ensure!(
+            deps.machine == deps_of_program.machine,
+            "{} (for {name}, needed by {}) is for ELF machine {}, {} for {}: the libraries of \
+             {where_} are not all of one architecture",
+            real.display(),
+            by.display(),
+            deps.machine,
+            program.display(),
+            deps_of_program.machine
+        );
         out.insert(
             image_path.clone(),
             ClosureFile {
@@ -497,9 +538,7 @@ mod tests {
     /// host's.
     #[test]
     fn mkfs_xfs_of_debians_arm64_packages_resolves_inside_their_root() {
-        let root = PathBuf::from(
-            std::env::var("IMAGER_ARM64_ROOT").unwrap_or_else(|_| "/var/lib/imager/arm64".into()),
-        );
+        let root = host_root(contract::Arch::Arm64);
         assert!(
             root.join("usr/sbin/mkfs.xfs").is_file(),
             "{}: no arm64 mkfs.xfs: run scripts/setup.sh",

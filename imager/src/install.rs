@@ -30,9 +30,10 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-/// Where the installer finds its own payload inside the container.
+/// Where the installer finds its own payload inside the container: its
+/// own architecture's.
 pub fn builtin_payload() -> PathBuf {
-    Path::new("/").join(paths::INSTALLER_PAYLOAD_DIR)
+    Path::new("/").join(paths::installer_payload_dir(contract::Arch::NATIVE))
 }
 
 /// What `imager upgrade` is asked to do.
@@ -75,6 +76,11 @@ pub struct InstallOptions {
     pub wipe: bool,
     /// The node's own settings, written into META with the install.
     pub settings: Option<contract::settings::Settings>,
+    /// The architecture the disk is for: the installer image's payload of
+    /// that platform is installed (`--arch`; by default the machine's own,
+    /// [`contract::Arch::NATIVE`], what an installer running on its target
+    /// wants).
+    pub arch: contract::Arch,
 }
 
 /// What `imager rollback` is asked to do.
@@ -116,7 +122,11 @@ pub struct VerifiedPayload {
 /// the payload of an OCI archive extracted into a temporary directory. An
 /// archive's signed manifest is verified against `root` before anything
 /// else is read from it (see [`oci::extract_payload`]).
-fn payload_dir(installer: &Path, anchor: Anchor) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+fn payload_dir(
+    installer: &Path,
+    arch: contract::Arch,
+    anchor: Anchor,
+) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
     if installer.is_dir() {
         return Ok((installer.to_path_buf(), None));
     }
@@ -130,7 +140,7 @@ fn payload_dir(installer: &Path, anchor: Anchor) -> Result<(PathBuf, Option<temp
     let work = tempfile::tempdir().context("creating a temporary directory")?;
     let verify =
         |files: &TrustFiles| payload::trust::verify(&anchor(files)?, files).map(|t| t.manifest);
-    let dir = oci::extract_payload(installer, work.path(), &verify).with_context(|| {
+    let dir = oci::extract_payload(installer, work.path(), arch, &verify).with_context(|| {
         format!(
             "reading {} as an installer image (an OCI archive such as installer.tar; or pass \
              a payload directory)",
@@ -150,15 +160,22 @@ pub type Anchor<'a> = &'a dyn Fn(&TrustFiles) -> Result<Root>;
 /// and the root it may bring, then every file's size and digest but the
 /// images' ([`sign::verify_payload`]: an upgrade from a build's output
 /// directory does not hash its 2 GiB disk). From an archive, the
-/// signatures are checked before the payload is unpacked.
-pub fn load_payload(installer: &Path, anchor: Anchor) -> Result<VerifiedPayload> {
-    let (dir, work) = payload_dir(installer, anchor)?;
+/// signatures are checked before the payload is unpacked. The payload is
+/// `arch`'s (an image index's manifest of that platform), and its signed
+/// manifest must say so ([`payload::verify::check_arch`]).
+pub fn load_payload(
+    installer: &Path,
+    arch: contract::Arch,
+    anchor: Anchor,
+) -> Result<VerifiedPayload> {
+    let (dir, work) = payload_dir(installer, arch, anchor)?;
     let root = anchor(&TrustFiles::read_dir(&dir)?)?;
     let (report, trusted) = sign::verify_payload(&dir, &root)?;
     report
         .ensure_ok()
         .context("the installer's payload does not match its signed manifest")?;
     let manifest = trusted.manifest;
+    payload::verify::check_arch(&manifest, arch, "the disk is to boot").context("the installer")?;
     // The version goes into a boot entry line and META's records.
     if manifest.version.is_empty()
         || manifest
@@ -471,25 +488,29 @@ pub struct Allowed {
 }
 
 /// Upgrades the disk whose BOOT, META and ESP are `boot_dev`, `meta_dev`
-/// and `esp_dev` (`None` where BOOT is the ESP). The ESP's boot loader is
+/// and `esp_dev` (`None` where BOOT is the ESP), and which boots
+/// `disk_arch` (`Disk::arch`): the installer's payload of that
+/// architecture is taken, another refused. The ESP's boot loader is
 /// written only on a Secure Boot disk: by an upgrade into Secure Boot, or
 /// when the payload's signed boot loader is not the ESP's.
 pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Device>(
     boot_dev: B,
     meta_dev: &mut M,
     esp_dev: Option<E>,
+    disk_arch: contract::Arch,
     installer: &Path,
     tries: u32,
     allowed: Allowed,
 ) -> Result<(ops::Upgraded, VerifiedPayload)> {
     let (meta, _) = bootstate::meta::read(meta_dev).context("reading META")?;
     let root = payload::trust::disk_root(&meta)?;
-    let p = load_payload(installer, &|_| Ok(root.clone()))?;
+    let p = load_payload(installer, disk_arch, &|_| Ok(root.clone()))?;
     let asked = payload::verify::Asked {
         version: None,
         allow_downgrade: allowed.downgrade,
     };
-    payload::verify::check_for_disk(&meta, &p.manifest, asked).context("the installer")?;
+    payload::verify::check_for_disk(&meta, disk_arch, &p.manifest, asked)
+        .context("the installer")?;
     let epoch = p.manifest.source_date_epoch;
     let mut boot = BootFs::new(boot_dev, epoch);
     use payload::secureboot::Move;
@@ -528,6 +549,7 @@ pub fn upgrade_on<B: bootstate::Device, M: bootstate::Device, E: bootstate::Devi
 
 pub fn run_upgrade(a: &UpgradeOptions) -> Result<UpgradeReport> {
     let slots = open_slots(&a.disk)?;
+    let disk_arch = slots.disk.arch()?;
     // Counted, to report what an upgrade costs the disk.
     let boot = bootstate::Faulty::counting(slots.boot);
     let mut meta = boot.share(slots.meta);
@@ -536,6 +558,7 @@ pub fn run_upgrade(a: &UpgradeOptions) -> Result<UpgradeReport> {
         boot,
         &mut meta,
         esp,
+        disk_arch,
         &a.installer,
         a.tries,
         Allowed {
@@ -615,9 +638,10 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
              that signed the installer",
         )?,
     };
-    let p = load_payload(installer, &|files| {
+    let p = load_payload(installer, a.arch, &|files| {
         payload::trust::install_root(&key, files)
-    })?;
+    })
+    .with_context(|| format!("installing the {} payload (--arch)", a.arch))?;
     let exists = std::fs::symlink_metadata(&a.disk).is_ok();
     // An existing disk is locked for the install (and must be a file or a
     // block device): no upgrade may run on it meanwhile.
@@ -669,7 +693,7 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
     }
     let esp = match &p.payload.secure_boot {
         Some(db) => secure_esp(&p, db)?,
-        None => boot::esp_files(&systemd_boot_for(&p))?,
+        None => boot::esp_files(&systemd_boot_for(&p, a.arch), a.arch)?,
     };
     // The entry as an upgrade writes it (title from the manifest's boot.title).
     let boot_files = boot::initial_boot_files(&p.payload)?;
@@ -858,9 +882,12 @@ fn secure_esp(p: &VerifiedPayload, db: &str) -> Result<Vec<disk::FatFile>> {
 }
 
 /// The boot loader to install: the one the payload's signed manifest lists,
-/// else the build host's.
-fn systemd_boot_for(p: &VerifiedPayload) -> PathBuf {
-    payload_loader(p).map_or_else(|_| PathBuf::from(boot::DEFAULT_SYSTEMD_BOOT), |f| f.path)
+/// else the build host's for `arch` (a payload of an older imager).
+fn systemd_boot_for(p: &VerifiedPayload, arch: contract::Arch) -> PathBuf {
+    payload_loader(p).map_or_else(
+        |_| crate::profile::BootSection::default_systemd_boot(arch),
+        |f| f.path,
+    )
 }
 
 #[cfg(test)]
@@ -944,6 +971,7 @@ mod tests {
             &dir.join("imager"),
             "localhost/metal/installer:0.1.0",
             1_700_000_000,
+            contract::Arch::Amd64,
         );
         let tar = dir.join("installer.tar");
         oci::write_image(&tar, &spec).unwrap();
@@ -969,7 +997,10 @@ mod tests {
             let r = roots(keys);
             move |_: &TrustFiles| Ok(r.clone())
         };
-        let e = format!("{:#}", load_payload(&tar, &root(&[other])).unwrap_err());
+        let e = format!(
+            "{:#}",
+            load_payload(&tar, contract::Arch::Amd64, &root(&[other])).unwrap_err()
+        );
         assert!(
             e.contains("refusing the installer image before unpacking its payload")
                 && e.contains(&format!(
@@ -982,7 +1013,7 @@ mod tests {
         );
 
         // One of the keys is the right one: the payload, verified.
-        let p = load_payload(&tar, &root(&[other, key])).unwrap();
+        let p = load_payload(&tar, contract::Arch::Amd64, &root(&[other, key])).unwrap();
         assert_eq!(p.signers, [sign::key_id(&key)]);
         assert_eq!(p.manifest.version, "0.1.0");
         assert_eq!(
@@ -1009,7 +1040,10 @@ mod tests {
             .status()
             .unwrap();
         assert!(made.success());
-        let e = format!("{:#}", load_payload(&dir, &root(&[key])).unwrap_err());
+        let e = format!(
+            "{:#}",
+            load_payload(&dir, contract::Arch::Amd64, &root(&[key])).unwrap_err()
+        );
         assert!(e.contains("is not a regular file"), "{e}");
     }
 

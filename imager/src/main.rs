@@ -145,6 +145,10 @@ struct InstallArgs {
     /// disk, block device or image file, is refused.
     #[arg(long)]
     wipe: bool,
+    /// The architecture the disk is for, whose payload the installer image
+    /// (or image index) gives: amd64 or arm64 (default: this machine's).
+    #[arg(long, value_parser = contract::Arch::parse)]
+    arch: Option<contract::Arch>,
     #[command(flatten)]
     settings: cli::NodeSettingsArgs,
     /// Print the result as JSON on stdout.
@@ -300,6 +304,11 @@ struct BootArgs {
     /// Firmware: `uefi` (OVMF, systemd-boot) or `bios` (SeaBIOS, GRUB).
     #[arg(long, value_enum, default_value_t = FirmwareArg::Uefi)]
     firmware: FirmwareArg,
+    /// The image's architecture, which picks the machine: amd64 (q35,
+    /// OVMF or SeaBIOS) or arm64 (virt, AAVMF). By default the one whose
+    /// boot loader the disk's ESP holds (amd64 for an ISO or qcow2).
+    #[arg(long, value_parser = contract::Arch::parse)]
+    arch: Option<contract::Arch>,
     /// Seconds to wait for the ready line.
     #[arg(long, default_value_t = 300)]
     timeout: u64,
@@ -413,6 +422,7 @@ fn install(a: &InstallArgs) -> Result<ExitCode> {
         key: a.key.clone(),
         wipe: a.wipe,
         settings: a.settings.settings()?,
+        arch: a.arch.unwrap_or(contract::Arch::NATIVE),
     })?;
     let line = format!(
         "install: {} installed into slot {} of {} (signed by {})",
@@ -617,6 +627,11 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
     o.kvm = a.kvm;
     o.memory_mib = a.memory;
     let iso = format == imager::disk::compress::Format::Raw && qemu::is_iso(&image)?;
+    o.arch = match a.arch {
+        Some(arch) => arch,
+        None if iso || format == imager::disk::compress::Format::Qcow2 => contract::Arch::Amd64,
+        None => qemu::disk_arch(&image),
+    };
     o.sector_size = match a.sector_size {
         Some(s) => s,
         // An ISO on a disk is read in 512-byte sectors (its system area).
@@ -686,13 +701,14 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
         eprintln!(
-            "boot: ready version={} {} under {} in {:.1} s; Secure Boot {}, root {}{}",
+            "boot: ready version={} {} under {} ({}) in {:.1} s; Secure Boot {}, root {}{}",
             r.version,
             match &r.slot {
                 Some(s) => format!("slot={s}"),
                 None => "live".into(),
             },
             r.firmware.name(),
+            r.arch,
             r.seconds,
             r.secure_boot.as_deref().unwrap_or("not reported"),
             match r.root_verified {

@@ -218,9 +218,14 @@ impl Profile {
                 abs(p);
             }
         }
-        abs(&mut self.boot.systemd_boot);
+        // An empty path is one left out: its default follows the
+        // architecture (`validate`).
+        for p in [&mut self.boot.systemd_boot, &mut self.boot.stub] {
+            if !p.as_os_str().is_empty() {
+                abs(p);
+            }
+        }
         abs(&mut self.boot.grub_dir);
-        abs(&mut self.boot.stub);
         if let Some(sb) = self.secure_boot.as_mut() {
             if let Some(k) = sb.keys.as_mut() {
                 abs(k);
@@ -289,6 +294,7 @@ impl Profile {
         if let Some(name) = &self.arch_name {
             self.arch = contract::Arch::parse(name).map_err(|msg| Invalid::new("arch", msg))?;
         }
+        self.boot.fill_defaults(self.arch);
         if self.signing.cosigners.len() > MAX_COSIGNERS {
             return Err(Invalid::new(
                 "signing.cosigners",
@@ -649,10 +655,10 @@ impl Profile {
         Ok(())
     }
 
-    /// Whether the raw image boots under BIOS too (GRUB): at 512-byte
-    /// sectors only.
+    /// Whether the raw image boots under BIOS too (GRUB): amd64 at
+    /// 512-byte sectors only (arm64 is UEFI only, `contract::arch`).
     pub fn bios_boot(&self) -> bool {
-        self.disk.sector_size == 512 && !self.uki_slots()
+        self.arch.spec().bios && self.disk.sector_size == 512 && !self.uki_slots()
     }
 
     /// Whether the slots boot UKIs: `boot.uki`, or Secure Boot.

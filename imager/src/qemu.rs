@@ -13,9 +13,11 @@
 //! one virtio-net NIC on QEMU's restricted user-mode network ([`net`]).
 
 pub mod drive;
+pub mod machine;
 pub mod net;
 
 pub use drive::Bus;
+pub use machine::{CPU, Machine};
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
@@ -26,8 +28,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-pub const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
-pub const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+/// amd64's UEFI firmware ([`machine::MACHINES`]).
+pub const OVMF_CODE: &str = machine::MACHINES[0].uefi_code;
+pub const OVMF_VARS: &str = machine::MACHINES[0].uefi_vars;
 /// OVMF built with Secure Boot and SMM (needs `smm=on` and a secure pflash).
 pub const OVMF_CODE_SECBOOT: &str = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd";
 /// The runtime's ready line starts with this.
@@ -122,6 +125,9 @@ pub struct BootOptions {
     /// The guest's NIC on QEMU's restricted user-mode network, and port
     /// forwards to and from the host's loopback ([`net`]).
     pub net: net::NetOptions,
+    /// The image's architecture, which picks the machine
+    /// ([`machine::MACHINES`]): amd64's q35 or arm64's virt.
+    pub arch: contract::Arch,
 }
 
 /// How the booted image is attached.
@@ -177,6 +183,14 @@ pub fn is_iso(path: &Path) -> Result<bool> {
 /// QEMU's format options for the disk image `path`: qcow2, raw, or a fixed VHD
 /// (`bootstate::vhd`) sized by its footer rather than by the CHS geometry
 /// QEMU would otherwise believe for an image of an unknown creator.
+/// The architecture of the disk image at `path` ([`bootstate::disk::Disk::arch`]:
+/// the boot loader on its ESP); amd64 for a disk imager did not make.
+pub fn disk_arch(path: &Path) -> contract::Arch {
+    bootstate::disk::Disk::open(path, bootstate::disk::Access::Read)
+        .and_then(|d| d.arch())
+        .unwrap_or(contract::Arch::Amd64)
+}
+
 fn disk_format(path: &Path) -> Result<&'static str> {
     if crate::disk::qcow2::is_qcow2(path)? {
         return Ok("format=qcow2");
@@ -214,6 +228,7 @@ impl BootOptions {
             disks: Vec::new(),
             secure_boot_vars: None,
             net: net::NetOptions::default(),
+            arch: contract::Arch::Amd64,
         }
     }
 }
@@ -240,6 +255,8 @@ pub struct BootReport {
     pub ready: bool,
     /// The firmware it booted under.
     pub firmware: Firmware,
+    /// The architecture of the machine (`amd64`, `arm64`).
+    pub arch: &'static str,
     pub version: String,
     /// The slot booted (`null` on a live boot).
     pub slot: Option<String>,
@@ -387,23 +404,6 @@ pub fn clean_line(raw: &str) -> String {
     out
 }
 
-/// The guest's CPU: QEMU's default model with RDRAND, which every x86-64
-/// machine since about 2012 has. Without it, a guest under TCG waits seconds
-/// at each boot for its random pool (the node API's TLS keys, mkfs.xfs's
-/// UUIDs): the kernel trusts the CPU's generator as KSPP wants
-/// (`random.trust_cpu`), and OVMF seeds the kernel from it too.
-pub const CPU: &str = "qemu64,+rdrand";
-
-fn find_qemu() -> Result<PathBuf> {
-    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
-        let p = Path::new(dir).join("qemu-system-x86_64");
-        if p.is_file() {
-            return Ok(p);
-        }
-    }
-    bail!("qemu-system-x86_64 not found: install qemu-system-x86 (scripts/setup.sh)")
-}
-
 struct Guest {
     child: Child,
     _dir: tempfile::TempDir,
@@ -417,6 +417,45 @@ impl Drop for Guest {
     }
 }
 
+/// Refuses what `m`, the machine of the image's architecture, does not
+/// have: BIOS, Secure Boot (not yet on arm64: docs/arm64.md), q35's AHCI
+/// controller (SATA disks, the CD-ROM drive).
+fn check_machine(opts: &BootOptions, m: &Machine) -> Result<()> {
+    if m.bios_and_ahci {
+        return Ok(());
+    }
+    let arch = m.arch;
+    if opts.firmware == Firmware::Bios {
+        bail!("--firmware bios: an {arch} machine boots UEFI only");
+    }
+    if opts.secure_boot_vars.is_some() {
+        bail!("--secure-boot: Secure Boot is not built for {arch} yet (docs/arm64.md)");
+    }
+    if opts.media == Media::Cdrom {
+        bail!("an {arch} ISO does not boot yet (docs/arm64.md)");
+    }
+    if opts.kvm {
+        bail!("--kvm: an {arch} machine runs under TCG on this x86-64 host");
+    }
+    if opts.screen.is_some() {
+        bail!(
+            "--screen: the {arch} machine has no VGA adapter here; its console is the serial one"
+        );
+    }
+    if let Some(b) = std::iter::once(opts.bus)
+        .chain(opts.disks.iter().map(|d| d.bus))
+        .find(|b| *b == Bus::Sata)
+    {
+        bail!(
+            "bus {}: QEMU's {} machine has no AHCI controller: use virtio, nvme or a SCSI or USB \
+             bus",
+            b.name(),
+            m.machine
+        );
+    }
+    Ok(())
+}
+
 fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
     let image = &opts.image;
     if !image.is_file() {
@@ -424,6 +463,8 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
     }
     let uefi = opts.firmware == Firmware::Uefi;
     let secure = opts.secure_boot_vars.as_deref();
+    let m = Machine::of(opts.arch);
+    check_machine(opts, m)?;
     if secure.is_some() && (!uefi || opts.kvm) {
         bail!(
             "Secure Boot needs UEFI firmware under TCG (OVMF's SMM build does not run under KVM here)"
@@ -432,16 +473,19 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
     let code = if secure.is_some() {
         OVMF_CODE_SECBOOT
     } else {
-        OVMF_CODE
+        m.uefi_code
     };
     if uefi {
-        for fw in [code, secure.and_then(Path::to_str).unwrap_or(OVMF_VARS)] {
+        for fw in [code, secure.and_then(Path::to_str).unwrap_or(m.uefi_vars)] {
             if !Path::new(fw).is_file() {
-                bail!("UEFI firmware {fw} not found: install ovmf (scripts/setup.sh)");
+                bail!(
+                    "UEFI firmware {fw} not found: install {} (scripts/setup.sh)",
+                    m.uefi_package
+                );
             }
         }
     }
-    let qemu = find_qemu()?;
+    let qemu = m.find_qemu()?;
     let dir = tempfile::tempdir().context("creating a directory for the VM")?;
     let vars = match secure {
         Some(v) => std::fs::canonicalize(v)
@@ -449,30 +493,27 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
         None => dir.path().join("OVMF_VARS.fd"),
     };
     if uefi && secure.is_none() {
-        std::fs::copy(OVMF_VARS, &vars).context("copying the OVMF variable store")?;
+        std::fs::copy(m.uefi_vars, &vars).context("copying the UEFI variable store")?;
     }
     let qmp = dir.path().join("qmp.sock");
     let image_abs =
         std::fs::canonicalize(image).with_context(|| format!("resolving {}", image.display()))?;
     let mut cmd = Command::new(qemu);
-    cmd.args([
-        "-machine",
-        if secure.is_some() {
-            "q35,smm=on"
+    cmd.arg("-machine")
+        .arg(match secure {
+            Some(_) => format!("{},smm=on", m.machine),
+            None => m.machine.to_string(),
+        })
+        .arg("-m")
+        .arg(opts.memory_mib.to_string())
+        .args(["-cpu", m.cpu])
+        .args(["-smp", "1", "-nodefaults", "-display", "none"])
+        .args(if opts.reboots {
+            &[][..]
         } else {
-            "q35"
-        },
-        "-m",
-    ])
-    .arg(opts.memory_mib.to_string())
-    .args(["-cpu", CPU])
-    .args(["-smp", "1", "-nodefaults", "-display", "none"])
-    .args(if opts.reboots {
-        &[][..]
-    } else {
-        &["-no-reboot"][..]
-    })
-    .args(["-accel", if opts.kvm { "kvm" } else { "tcg" }]);
+            &["-no-reboot"][..]
+        })
+        .args(["-accel", if opts.kvm { "kvm" } else { "tcg" }]);
     if secure.is_some() {
         cmd.args(["-global", "driver=cfi.pflash01,property=secure,value=on"]);
     }
@@ -558,7 +599,9 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().context("starting qemu-system-x86_64")?;
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", m.qemu))?;
     let (tx, rx) = mpsc::channel();
     let stdout = child.stdout.take().context("qemu's console")?;
     let stderr = child.stderr.take().context("qemu's stderr")?;
@@ -842,6 +885,7 @@ pub fn boot(opts: &BootOptions) -> Result<BootReport> {
     Ok(BootReport {
         ready: true,
         firmware: opts.firmware,
+        arch: opts.arch.name(),
         version: ready.version,
         slot: ready.slot,
         live: ready.live,

@@ -16,7 +16,7 @@ use crate::manifest::{Manifest, check_path};
 use crate::targuard::TarGuard;
 use crate::trust::TrustFiles;
 use anyhow::{Context, Result, bail, ensure};
-use contract::paths::{self, INSTALLER_PAYLOAD_DIR};
+use contract::paths;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -42,11 +42,14 @@ pub struct StagedFile {
 }
 
 /// The payload's signed manifest, its signature and its trust files
-/// ([`TrustFiles`]) from the first layer: a tar that holds them and nothing
-/// else but directories, each at most [`MAX_SMALL`] bytes.
-pub fn signed_manifest(blob: impl Read) -> Result<TrustFiles> {
-    let manifest_path = format!("{INSTALLER_PAYLOAD_DIR}/{}", paths::PAYLOAD_MANIFEST);
-    let sig_path = format!("{INSTALLER_PAYLOAD_DIR}/{}", paths::PAYLOAD_SIGNATURE);
+/// ([`TrustFiles`]) from the first layer of the installer image of `arch`
+/// (its payload directory, [`paths::installer_payload_dir`]): a tar that
+/// holds them and nothing else but directories, each at most [`MAX_SMALL`]
+/// bytes.
+pub fn signed_manifest(blob: impl Read, arch: contract::Arch) -> Result<TrustFiles> {
+    let dir = paths::installer_payload_dir(arch);
+    let manifest_path = format!("{dir}/{}", paths::PAYLOAD_MANIFEST);
+    let sig_path = format!("{dir}/{}", paths::PAYLOAD_SIGNATURE);
     let mut archive = tar::Archive::new(TarGuard::new(blob));
     let (mut manifest, mut signature) = (None, None);
     let mut files = TrustFiles::default();
@@ -62,7 +65,7 @@ pub fn signed_manifest(blob: impl Read) -> Result<TrustFiles> {
             ),
         }
         let name = path
-            .strip_prefix(INSTALLER_PAYLOAD_DIR)
+            .strip_prefix(dir.as_str())
             .and_then(|p| p.strip_prefix('/'))
             .unwrap_or_default();
         let slot = if path == manifest_path {
@@ -173,16 +176,18 @@ pub fn slot_files(m: &Manifest) -> Result<Vec<(String, Artifact)>> {
 /// written, by name; the caller checks that nothing wanted is missing.
 pub fn stage_files(
     blob: impl Read,
+    arch: contract::Arch,
     wanted: &[(String, Artifact)],
     open: &mut dyn FnMut(&str) -> Result<Box<dyn Write>>,
 ) -> Result<BTreeMap<String, StagedFile>> {
+    let dir = paths::installer_payload_dir(arch);
     let mut staged = BTreeMap::new();
     let mut archive = tar::Archive::new(TarGuard::new(blob));
     for entry in archive.entries().context("reading the payload layer")? {
         let mut e = entry.context("reading the payload layer")?;
         let path = entry_path(&e)?;
         let Some(name) = path
-            .strip_prefix(INSTALLER_PAYLOAD_DIR)
+            .strip_prefix(dir.as_str())
             .and_then(|p| p.strip_prefix('/'))
         else {
             continue;

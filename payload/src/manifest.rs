@@ -32,6 +32,11 @@ pub struct Manifest {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub security_version: u64,
     pub profile: String,
+    /// The architecture the payload runs on (`contract::Arch`'s name):
+    /// absent for amd64, so that amd64's manifests keep their bytes and
+    /// older runtimes read them; `arm64` otherwise ([`Manifest::arch`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arch: Option<String>,
     pub source_date_epoch: u64,
     /// The [`key_id`](crate::keys::key_id) of the signing key; set by
     /// imager's `write_signed_manifest`.
@@ -108,11 +113,33 @@ impl Manifest {
             version: version.into(),
             security_version: 0,
             profile: profile.into(),
+            arch: None,
             source_date_epoch,
             key_id: String::new(),
             boot: None,
             artifacts,
         }
+    }
+
+    /// The architecture the payload runs on: amd64 when the manifest names
+    /// none (every manifest before arm64).
+    pub fn arch(&self) -> Result<contract::Arch> {
+        match self.arch.as_deref() {
+            None => Ok(contract::Arch::Amd64),
+            Some(name) => contract::Arch::of_name(name)
+                .filter(|a| *a != contract::Arch::Amd64)
+                .with_context(|| {
+                    format!(
+                        "arch {}: a payload names arm64, or no architecture for amd64",
+                        contract::text::excerpt(name)
+                    )
+                }),
+        }
+    }
+
+    /// Sets the architecture ([`Manifest::arch`]): absent for amd64.
+    pub fn set_arch(&mut self, arch: contract::Arch) {
+        self.arch = (arch != contract::Arch::Amd64).then(|| arch.name().to_string());
     }
 
     /// Decodes a manifest of a supported format (not yet trusted: the caller
@@ -136,6 +163,8 @@ impl Manifest {
         if let Err(why) = contract::version::check(&m.version) {
             anyhow::bail!("invalid manifest: version {why}");
         }
+        m.arch()
+            .map_err(|e| anyhow::anyhow!("invalid manifest: {e}"))?;
         Ok(m)
     }
 
@@ -161,6 +190,9 @@ impl Manifest {
         let mut problems = Vec::new();
         if let Some(Err(reason)) = self.boot.as_ref().map(Boot::check) {
             problems.push(reason);
+        }
+        if let Err(e) = self.arch() {
+            problems.push(format!("{e}"));
         }
         for a in &self.artifacts {
             if let Err(reason) = check_path(&a.path) {

@@ -7,6 +7,7 @@ use crate::keys::{key_id, parse_trusted_keys};
 use crate::manifest::{Boot, Manifest, check_path};
 use crate::trust::{TrustFiles, key_root};
 use crate::verify::{Asked, check_for_disk, claimed_key_id, verify_manifest_bytes};
+use contract::Arch;
 use ed25519_dalek::pkcs8::EncodePublicKey;
 use ed25519_dalek::pkcs8::spki::der::pem::LineEnding;
 use ed25519_dalek::{Signer, SigningKey};
@@ -232,18 +233,22 @@ fn a_payload_fits_a_disk_of_the_same_system_at_the_version_asked_for() {
     let mut meta = Meta::default();
     meta.set(Tag::DefaultSlot, "A");
     meta.set(Tag::SlotA, "status=good version=0.1.0");
-    let e = check_for_disk(&meta, &m, none).unwrap_err().to_string();
+    let e = check_for_disk(&meta, Arch::Amd64, &m, none)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("META holds no image name") && e.contains("nothing was written"),
         "{e}"
     );
     meta.set(Tag::ImageName, "other");
-    let e = check_for_disk(&meta, &m, none).unwrap_err().to_string();
+    let e = check_for_disk(&meta, Arch::Amd64, &m, none)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("this disk runs \"other\""), "{e}");
     meta.set(Tag::ImageName, "metal");
-    check_for_disk(&meta, &m, none).unwrap();
-    check_for_disk(&meta, &m, want("0.2.0")).unwrap();
-    let e = check_for_disk(&meta, &m, want("0.5.0"))
+    check_for_disk(&meta, Arch::Amd64, &m, none).unwrap();
+    check_for_disk(&meta, Arch::Amd64, &m, want("0.2.0")).unwrap();
+    let e = check_for_disk(&meta, Arch::Amd64, &m, want("0.5.0"))
         .unwrap_err()
         .to_string();
     assert!(
@@ -253,22 +258,66 @@ fn a_payload_fits_a_disk_of_the_same_system_at_the_version_asked_for() {
     // A disk that blessed security version 2 takes 2 and more; less only
     // when an admin allows it.
     meta.set(Tag::SecurityFloor, "2");
-    let e = check_for_disk(&meta, &m, none).unwrap_err().to_string();
+    let e = check_for_disk(&meta, Arch::Amd64, &m, none)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("metal 0.2.0: its security version 0 is lower than 2")
             && e.contains("nothing was written"),
         "{e}"
     );
     m.security_version = 1;
-    assert!(check_for_disk(&meta, &m, none).is_err());
+    assert!(check_for_disk(&meta, Arch::Amd64, &m, none).is_err());
     let admin = Asked {
         allow_downgrade: true,
         ..none
     };
-    check_for_disk(&meta, &m, admin).unwrap();
+    check_for_disk(&meta, Arch::Amd64, &m, admin).unwrap();
     for fine in [2, 3] {
         m.security_version = fine;
-        check_for_disk(&meta, &m, none).unwrap();
+        check_for_disk(&meta, Arch::Amd64, &m, none).unwrap();
+    }
+    // The architecture first: an arm64 payload on an amd64 disk, and the
+    // reverse, are refused before anything else is looked at.
+    let mut arm = m.clone();
+    arm.set_arch(Arch::Arm64);
+    let e = check_for_disk(&meta, Arch::Amd64, &arm, none)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("it is an arm64 payload (of metal 0.2.0) but this disk boots amd64")
+            && e.contains("nothing was written"),
+        "{e}"
+    );
+    let e = check_for_disk(&meta, Arch::Arm64, &m, none)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("an amd64 payload"), "{e}");
+    check_for_disk(&meta, Arch::Arm64, &arm, none).unwrap();
+}
+
+/// The architecture is signed with the manifest: absent for amd64 (its
+/// manifests keep their bytes and older runtimes read them), `arm64`
+/// otherwise; any other value, or amd64 spelt out, is refused.
+#[test]
+fn the_architecture_is_signed_and_absent_for_amd64() {
+    let mut m = Manifest::new("os", "1.0", "installer", 0, Vec::new());
+    let plain = m.to_bytes().unwrap();
+    assert!(!String::from_utf8_lossy(&plain).contains("arch"));
+    assert_eq!(
+        Manifest::parse(&plain).unwrap().arch().unwrap(),
+        Arch::Amd64
+    );
+    m.set_arch(Arch::Arm64);
+    let arm = m.to_bytes().unwrap();
+    assert!(String::from_utf8_lossy(&arm).contains("\"arch\": \"arm64\""));
+    assert_eq!(Manifest::parse(&arm).unwrap().arch().unwrap(), Arch::Arm64);
+    for bad in ["amd64", "aarch64", "riscv64", ""] {
+        m.arch = Some(bad.into());
+        assert!(m.to_bytes().is_err(), "{bad}");
+        let text = String::from_utf8_lossy(&arm).replace("\"arm64\"", &format!("{bad:?}"));
+        let e = Manifest::parse(text.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("invalid manifest: arch"), "{bad}: {e}");
     }
 }
 

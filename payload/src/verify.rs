@@ -89,6 +89,23 @@ pub fn check_signed(
     Ok(manifest)
 }
 
+/// Refuses a payload whose signed architecture ([`Manifest::arch`]) is not
+/// `arch`, what the disk boots or the install was asked for (`wanted`
+/// says which: "this disk boots"); before anything is written.
+pub fn check_arch(m: &Manifest, arch: contract::Arch, wanted: &str) -> Result<()> {
+    let payload = m.arch()?;
+    if payload != arch {
+        bail!(
+            "it is an {payload} payload (of {} {}) but {wanted} {arch}: take the installer \
+             image's {arch} manifest (an image index holds one per architecture); nothing \
+             was written",
+            contract::text::escape(&m.name),
+            m.version
+        );
+    }
+    Ok(())
+}
+
 /// What the operator asked of a payload: the version it must be, and
 /// whether an admin allows a lower security version this once.
 #[derive(Debug, Clone, Copy, Default)]
@@ -100,14 +117,22 @@ pub struct Asked<'a> {
 }
 
 /// Whether the verified payload `m` may be installed on the disk whose
-/// META is `meta`, as `asked`: the same system (META's image name, which
+/// META is `meta` and which boots `disk_arch` (its ESP's boot loader's,
+/// or the running machine's), as `asked`: the same architecture, the same
+/// system (META's image name, which
 /// every disk this project makes has: a disk without one is refused, not
 /// trusted), the version asked for ([`contract::version::is_expected`]),
 /// and a security version not below the disk's floor unless allowed
 /// ([`contract::version::check_security`]). The messages end in "nothing
 /// was written": callers check before writing.
-pub fn check_for_disk(meta: &Meta, m: &Manifest, asked: Asked<'_>) -> Result<()> {
+pub fn check_for_disk(
+    meta: &Meta,
+    disk_arch: contract::Arch,
+    m: &Manifest,
+    asked: Asked<'_>,
+) -> Result<()> {
     let expected = asked.version;
+    check_arch(m, disk_arch, "this disk boots")?;
     let Some(name) = meta.get(Tag::ImageName) else {
         bail!(
             "META holds no image name, so nothing tells whether the payload (of the system {}) \

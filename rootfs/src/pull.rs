@@ -185,7 +185,7 @@ pub fn pull(
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut quiet = |_| {};
     let blob = Watched::new(blob, pull, first.size, &mut quiet);
-    let files = payload::layer::signed_manifest(blob)
+    let files = payload::layer::signed_manifest(blob, contract::Arch::NATIVE)
         .with_context(|| format!("reading the signed manifest of {reference}"))?;
     let trusted = payload::trust::verify(&root, &files)?;
     let key = trusted.signers.join(", ");
@@ -194,7 +194,7 @@ pub fn pull(
         version: pull.version.as_deref(),
         allow_downgrade: pull.allow_downgrade,
     };
-    payload::verify::check_for_disk(meta, &manifest, asked)
+    payload::verify::check_for_disk(meta, contract::Arch::NATIVE, &manifest, asked)
         .with_context(|| reference.to_string())?;
     // A disk with Secure Boot and a payload without, or the reverse: known
     // before a byte of the payload is pulled (moving in or out is `imager
@@ -248,7 +248,7 @@ pub fn pull(
             std::fs::File::create(&dest).with_context(|| format!("creating {}", dest.display()))?;
         Ok(Box::new(std::io::BufWriter::with_capacity(1 << 16, f)))
     };
-    let written = payload::layer::stage_files(blob, &wanted, &mut open)
+    let written = payload::layer::stage_files(blob, contract::Arch::NATIVE, &wanted, &mut open)
         .with_context(|| format!("streaming the payload of {reference}; nothing was written"))?;
     // On the disk before BOOT is written from them.
     let mut staged = std::collections::BTreeMap::new();

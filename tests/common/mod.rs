@@ -417,6 +417,7 @@ pub fn cut_upgrade(
 ) -> (bool, u64) {
     use bootstate::Faulty;
     let slots = imager::install::open_slots(disk).unwrap();
+    let arch = slots.disk.arch().unwrap();
     let b = match fail_at {
         Some(n) => Faulty::failing_at(slots.boot, n),
         None => Faulty::counting(slots.boot),
@@ -427,7 +428,7 @@ pub fn cut_upgrade(
         change_secure_boot,
         downgrade: false,
     };
-    let r = imager::install::upgrade_on(b, &mut m, e, installer, 3, allowed);
+    let r = imager::install::upgrade_on(b, &mut m, e, arch, installer, 3, allowed);
     if let Err(e) = &r {
         let chain = format!("{e:#}");
         assert!(chain.contains("simulated power cut"), "{chain}");

@@ -89,6 +89,7 @@ pub fn write_installer(
         binary,
         &p.installer_image(),
         payload.epoch,
+        p.arch,
     );
     let dest = out.join(names::INSTALLER);
     oci::write_image(&dest, &spec).with_context(|| format!("writing {}", dest.display()))?;
@@ -159,11 +160,12 @@ pub fn write_payload(
             listed.push(sign::describe(dir, kind, name)?);
         }
     }
-    let manifest = sign::Manifest {
+    let mut manifest = sign::Manifest {
         boot: Some(payload.boot.clone()),
         security_version: p.security_version,
         ..sign::Manifest::new(&p.name, &p.version, profile_name(p), payload.epoch, listed)
     };
+    manifest.set_arch(p.arch);
     sign::write_signed_manifest_with(dir, &manifest, signing)
         .context("signing the installer's payload manifest")?;
     Ok(manifest)
@@ -174,7 +176,9 @@ pub fn write_payload(
 /// and the installer `binary`, named `ref_name`. Three layers, in the order
 /// the reader expects (docs/design.md, "The installer image"): the signed
 /// manifest with its trust files alone ([`oci::MANIFEST_LAYER`]), the files
-/// it lists ([`oci::PAYLOAD_LAYER`]), the installer.
+/// it lists ([`oci::PAYLOAD_LAYER`]), the installer. The payload goes in
+/// `arch`'s directory ([`paths::installer_payload_dir`]), and the image is
+/// for that platform.
 pub fn installer_spec(
     dir: &Path,
     listed: &[&str],
@@ -182,9 +186,11 @@ pub fn installer_spec(
     binary: &Path,
     ref_name: &str,
     epoch: u64,
+    arch: contract::Arch,
 ) -> oci::ImageSpec {
+    let payload_dir = paths::installer_payload_dir(arch);
     let in_payload = |name: &str| oci::Entry::File {
-        path: format!("{}/{name}", paths::INSTALLER_PAYLOAD_DIR),
+        path: format!("{payload_dir}/{name}"),
         source: dir.join(name),
         mode: 0o644,
     };
@@ -214,6 +220,7 @@ pub fn installer_spec(
         entrypoint: vec![format!("/{}", paths::INSTALLER_LINK)],
         ref_name: ref_name.to_string(),
         epoch,
+        arch,
     }
 }
 

@@ -111,7 +111,7 @@ pub fn write_iso(
     step("iso: EFI image, GRUB, ISO 9660");
     let mut fat_files = match payload.secure_boot {
         Some(sb) => sb.esp_files(payload.boot_loader)?,
-        None => crate::boot::esp_files(payload.boot_loader)?,
+        None => crate::boot::esp_files(payload.boot_loader, p.arch)?,
     };
     if p.uki_slots() {
         // The live system as a UKI (signed with Secure Boot): its command

@@ -26,7 +26,8 @@ pub fn rootfs_spec(p: &Profile, machined: &Path, epoch: u64) -> Result<rootfs::R
     };
     // The closures of the `host` programs, first: the builder file that
     // lists them may come before them in the manifest.
-    let closure = host_closures(&entries, m)?;
+    let root = closure::host_root(p.arch);
+    let closure = host_closures(&entries, m, &root, p.arch)?;
     let mut closure_listed = false;
     for e in entries {
         let abs = format!("/{}", e.path);
@@ -50,7 +51,7 @@ pub fn rootfs_spec(p: &Profile, machined: &Path, epoch: u64) -> Result<rootfs::R
             }
             Kind::Host => spec.files.push(rootfs::RootfsFile {
                 path: abs.clone(),
-                source: rootfs::Source::File(Path::new("/").join(e.path)),
+                source: rootfs::Source::File(closure::host_file(&root, Path::new(&abs))?),
                 mode: e.mode,
             }),
             Kind::Builder => {
@@ -167,26 +168,56 @@ pub fn firmware_files(dir: &Path) -> Result<Vec<rootfs::RootfsFile>> {
 /// The files of the closures of the skeleton manifest's `host` programs
 /// (`m` names the manifest in messages) that it does not list itself, by
 /// path in the image.
+/// The closures of the `host` programs of the manifest, read from `root`
+/// ([`closure::host_root`]: the build host's own for amd64, Debian's
+/// packages of the architecture unpacked for another).
 fn host_closures(
     entries: &[contract::skeleton::Entry],
     m: &Path,
+    root: &Path,
+    arch: contract::Arch,
 ) -> Result<std::collections::BTreeMap<String, closure::ClosureFile>> {
     use contract::skeleton::Kind;
     let listed: std::collections::BTreeSet<String> =
         entries.iter().map(|e| format!("/{}", e.path)).collect();
     let mut closure = std::collections::BTreeMap::new();
     for e in entries.iter().filter(|e| e.kind == Kind::Host) {
-        let src = Path::new("/").join(e.path);
-        if !src.is_file() {
+        let image_path = Path::new("/").join(e.path);
+        if !closure::host_file(root, &image_path).is_ok_and(|f| f.is_file()) {
+            let where_ = if root == Path::new("/") {
+                "on this host: install the package that provides it (scripts/setup.sh)".to_string()
+            } else {
+                format!(
+                    "in {} ({arch}'s packages): run scripts/setup.sh, which unpacks them there",
+                    root.display()
+                )
+            };
             bail!(
-                "{} asks for the host program /{} but it is not on this host: install the package that provides it (scripts/setup.sh)",
+                "{} asks for the host program /{} but it is not {where_}",
                 m.display(),
                 e.path
             );
         }
-        // The build host's programs, amd64's (arm64's come from another
-        // root, `closure::resolve_in`, once its image builds: docs/arm64.md).
-        let files = closure::resolve(&src, &closure::default_search(contract::Arch::Amd64))
+        let program = closure::host_file(root, &image_path)?;
+        let head = crate::input::read_head(&program, "host program", 64)?;
+        let machine = head
+            .starts_with(b"\x7fELF")
+            .then(|| contract::le::read_u16(&head, 18))
+            .flatten();
+        if machine != Some(arch.spec().elf_machine) {
+            bail!(
+                "the host program /{} ({}) is not an ELF program for {arch}: {}",
+                e.path,
+                program.display(),
+                match root == Path::new("/") {
+                    true =>
+                        "an image of another architecture takes its programs from that \
+                             architecture's packages (docs/arm64.md)",
+                    false => "run scripts/setup.sh again to unpack that architecture's packages",
+                }
+            );
+        }
+        let files = closure::resolve_in(root, &image_path, &closure::default_search(arch))
             .with_context(|| format!("resolving the shared libraries of /{}", e.path))?;
         for f in files {
             if !listed.contains(&f.path) {

@@ -1,5 +1,6 @@
 //! Reads an installer image back: an OCI archive (or an OCI image layout
-//! directory) with one linux/amd64 image of tar layers, uncompressed, gzip
+//! directory) with one image of tar layers, or an index with one per
+//! architecture of which the caller's is taken, uncompressed, gzip
 //! or zstd, laid out as `docs/design.md` ("The installer image") says: the
 //! payload's signed manifest and its signature alone in the first layer
 //! ([`MANIFEST_LAYER`]), the files it lists in the second
@@ -25,14 +26,16 @@
 //! version is checked by `contract::version::check`.
 
 use super::store::{
-    Descriptor, ImageConfig, ImageManifest, Store, check_digest, digest_hex, sanitize, select_image,
+    Descriptor, ImageConfig, ImageManifest, Store, check_config_arch, check_digest, digest_hex,
+    sanitize, select_image,
 };
 use super::{MANIFEST_LAYER, MAX_LAYERS, PAYLOAD_LAYER};
 use super::{MEDIA_TYPE_LAYER, MEDIA_TYPE_LAYER_GZIP, MEDIA_TYPE_LAYER_ZSTD};
 use crate::io::HashingReader;
 use crate::sign::{self, Manifest};
 use anyhow::{Context, Result, anyhow, bail};
-use contract::paths::{INSTALLER_PAYLOAD_DIR, PAYLOAD_FILES, PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE};
+use contract::Arch;
+use contract::paths::{PAYLOAD_FILES, PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE, installer_payload_dir};
 use payload::trust::TrustFiles;
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -70,8 +73,8 @@ pub(super) struct Work {
     pub layers: Cell<usize>,
 }
 
-/// Extracts the installer payload of an OCI archive (or of an OCI image
-/// layout directory) into `dest` and returns the directory that holds
+/// Extracts the installer payload of `arch` from an OCI archive (or an OCI
+/// image layout directory) into `dest` and returns the directory that holds
 /// `vmlinuz`, `initramfs.zst`, `manifest.json` and `manifest.json.sig`
 /// (`dest`), and whatever else the signed manifest lists.
 ///
@@ -81,17 +84,26 @@ pub(super) struct Work {
 /// digest it declares. Files appear in `dest` only when all of them checked
 /// out.
 ///
+/// An image of another architecture, or an index without one of `arch`,
+/// is refused before any layer is read.
+///
 /// Given a directory that already holds the four payload files, returns it
 /// unchanged: the caller verifies it (`sign::verify`), as it would any
 /// payload directory.
-pub fn extract_payload(archive: &Path, dest: &Path, verify: Verifier) -> Result<PathBuf> {
-    extract_counted(archive, dest, verify, &Work::default())
+pub fn extract_payload(
+    archive: &Path,
+    dest: &Path,
+    arch: Arch,
+    verify: Verifier,
+) -> Result<PathBuf> {
+    extract_counted(archive, dest, arch, verify, &Work::default())
 }
 
 /// [`extract_payload`], counting its work in `work`.
 pub(super) fn extract_counted(
     archive: &Path,
     dest: &Path,
+    arch: Arch,
     verify: Verifier,
     work: &Work,
 ) -> Result<PathBuf> {
@@ -114,7 +126,7 @@ pub(super) fn extract_counted(
         }
     }
     let (store, index) = Store::open_path(archive)?;
-    extract_from(&store, &index, dest, verify, work)
+    extract_from(&store, &index, dest, arch, verify, work)
         .with_context(|| format!("extracting the payload of {what}"))
 }
 
@@ -122,10 +134,11 @@ fn extract_from(
     store: &Store,
     index: &[u8],
     dest: &Path,
+    arch: Arch,
     verify: Verifier,
     work: &Work,
 ) -> Result<PathBuf> {
-    let image = select_image(index)?;
+    let image = select_image(index, Some(arch))?;
     let image = &image;
     let manifest: ImageManifest = store.read_json(image, "image manifest")?;
     if manifest.schema_version != 2 {
@@ -155,6 +168,7 @@ fn extract_from(
         digest_hex(&d.digest)?;
     }
     let config: ImageConfig = store.read_json(&manifest.config, "image config")?;
+    check_config_arch(&config, arch)?;
     if config.rootfs.diff_ids.len() != n {
         bail!(
             "the image config lists {} layers (rootfs.diff_ids) but the manifest {n}: the image \
@@ -166,11 +180,20 @@ fn extract_from(
 
     // The signed manifest first, and nothing else until it is trusted.
     let (layer0, diff0) = layer(MANIFEST_LAYER);
-    let signed = read_signed(store, layer0, diff0, work)?;
+    let signed = read_signed(store, layer0, diff0, arch, work)?;
     let trusted = verify(&signed).context(
         "refusing the installer image before unpacking its payload: its signed manifest \
          (in the first layer) is not trusted",
     )?;
+    // The platform is the image's word, unsigned; the signed manifest's
+    // architecture is what counts.
+    let signed_arch = trusted.arch()?;
+    if signed_arch != arch {
+        bail!(
+            "the signed payload manifest is for {signed_arch} but the image says {arch}: \
+             refusing it; nothing was written"
+        );
+    }
     let listed = listed_files(&trusted)?;
 
     std::fs::create_dir_all(dest).with_context(|| format!("creating {}", dest.display()))?;
@@ -180,7 +203,7 @@ fn extract_from(
         .tempdir_in(dest)
         .with_context(|| format!("creating a temporary directory in {}", dest.display()))?;
     let (layer1, diff1) = layer(PAYLOAD_LAYER);
-    extract_listed(store, layer1, diff1, &listed, staging.path(), work)?;
+    extract_listed(store, layer1, diff1, arch, &listed, staging.path(), work)?;
     // The other layers are not unpacked, but the archive is whole: their
     // bytes are hashed (each blob once, at most the archive's size each).
     let mut checked = std::collections::BTreeSet::new();
@@ -221,6 +244,7 @@ pub(super) fn read_signed(
     store: &Store,
     layer: &Descriptor,
     diff_id: &str,
+    arch: Arch,
     work: &Work,
 ) -> Result<TrustFiles> {
     let first = "the image's first layer";
@@ -238,7 +262,7 @@ pub(super) fn read_signed(
     // too: the signed manifest and its signature, nothing else.
     let mut signed = None;
     with_layer(store, layer, diff_id, MAX_SMALL, &over, work, |r| {
-        signed = Some(payload::layer::signed_manifest(r).map_err(|e| {
+        signed = Some(payload::layer::signed_manifest(r, arch).map_err(|e| {
             let e = layer_error(e, "the layer");
             if format!("{e:#}").contains("lacks") {
                 e.context(
@@ -295,6 +319,7 @@ fn extract_listed(
     store: &Store,
     layer: &Descriptor,
     diff_id: &str,
+    arch: Arch,
     listed: &BTreeMap<String, payload::artifact::Artifact>,
     staging: &Path,
     work: &Work,
@@ -332,7 +357,7 @@ fn extract_listed(
             let f = File::create(&to).with_context(|| format!("creating {}", to.display()))?;
             Ok(Box::new(io::BufWriter::with_capacity(1 << 16, f)))
         };
-        let staged = payload::layer::stage_files(r, &wanted, &mut open)
+        let staged = payload::layer::stage_files(r, arch, &wanted, &mut open)
             .map_err(|e| layer_error(e, "the layer").context("refusing the image"))?;
         for name in staged.keys() {
             let to = staging.join(name);
@@ -347,7 +372,7 @@ fn extract_listed(
     let missing: Vec<String> = listed
         .keys()
         .filter(|n| !found.contains(*n))
-        .map(|n| format!("{INSTALLER_PAYLOAD_DIR}/{n}"))
+        .map(|n| format!("{}/{n}", installer_payload_dir(arch)))
         .collect();
     if !missing.is_empty() {
         bail!(

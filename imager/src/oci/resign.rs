@@ -16,7 +16,7 @@ use super::{MANIFEST_LAYER, REF_NAME};
 use crate::io::HashingReader;
 use crate::sign::Signer;
 use anyhow::{Context, Result};
-use contract::paths::{self, INSTALLER_PAYLOAD_DIR};
+use contract::paths;
 use std::io::{self, Seek, SeekFrom};
 use std::path::Path;
 
@@ -26,7 +26,7 @@ use std::path::Path;
 pub fn add_signature(archive: &Path, signer: &dyn Signer) -> Result<String> {
     let what = archive.display();
     let (store, index) = Store::open_path(archive)?;
-    let image = select_image(&index)?;
+    let image = select_image(&index, None)?;
     let manifest: super::store::ImageManifest = store.read_json(&image, "image manifest")?;
     let config_bytes = store.read_small(&manifest.config, "image config")?;
     let config: serde_json::Value = serde_json::from_slice(&config_bytes)
@@ -60,6 +60,13 @@ pub fn add_signature(archive: &Path, signer: &dyn Signer) -> Result<String> {
         .as_str()
         .unwrap_or_default()
         .to_string();
+    // The image's architecture, as the build wrote it (an image index of
+    // several is refused above: each architecture's archive is signed
+    // before they are combined).
+    let arch = match config["architecture"].as_str() {
+        Some(a) => contract::Arch::of_name(a).ok_or_else(not_ours)?,
+        None => return Err(not_ours()),
+    };
     let diff0 = config["rootfs"]["diff_ids"][MANIFEST_LAYER]
         .as_str()
         .ok_or_else(not_ours)?
@@ -68,6 +75,7 @@ pub fn add_signature(archive: &Path, signer: &dyn Signer) -> Result<String> {
         &store,
         &manifest.layers[MANIFEST_LAYER],
         &diff0,
+        arch,
         &Work::default(),
     )?;
     let signed = payload::manifest::Manifest::parse(&files.manifest)
@@ -77,6 +85,7 @@ pub fn add_signature(archive: &Path, signer: &dyn Signer) -> Result<String> {
         entrypoint,
         ref_name,
         epoch: signed.source_date_epoch,
+        arch,
     };
     let old: Vec<(String, u64)> = manifest
         .layers
@@ -100,7 +109,7 @@ pub fn add_signature(archive: &Path, signer: &dyn Signer) -> Result<String> {
         let source = work.path().join(name);
         std::fs::write(&source, bytes).with_context(|| format!("writing {}", source.display()))?;
         entries.push(Entry::File {
-            path: format!("{INSTALLER_PAYLOAD_DIR}/{name}"),
+            path: format!("{}/{name}", paths::installer_payload_dir(arch)),
             source,
             mode: 0o644,
         });

@@ -65,9 +65,13 @@ impl Store {
     }
 }
 
-/// The image manifest's descriptor `index.json` (its bytes) names: the
-/// only image manifest, or the one for linux/amd64.
-pub(super) fn select_image(index: &[u8]) -> Result<Descriptor> {
+/// The image manifest's descriptor `index.json` (its bytes) names for
+/// linux/`arch`: the only image manifest (whose architecture the caller
+/// checks in its config, [`check_config_arch`]), or the one of an image
+/// index for that platform.
+/// With `arch` `None`, the only image manifest (an index of several is
+/// refused).
+pub(super) fn select_image(index: &[u8], arch: Option<contract::Arch>) -> Result<Descriptor> {
     let index: Index = serde_json::from_slice(index).map_err(|e| {
         anyhow!(
             "index.json is not a valid OCI image index: {}",
@@ -88,28 +92,76 @@ pub(super) fn select_image(index: &[u8]) -> Result<Descriptor> {
     let image = match images.as_slice() {
         [one] => *one,
         [] => bail!("index.json names no image manifest"),
+        many if arch.is_none() => bail!(
+            "index.json names {} images ({}): give the archive of one architecture's installer \
+             image",
+            many.len(),
+            platforms(many)
+        ),
         many => {
-            let amd64: Vec<&&Descriptor> = many
+            let arch = arch.unwrap_or_default();
+            let ours: Vec<&&Descriptor> = many
                 .iter()
                 .filter(|d| {
                     d.platform
                         .as_ref()
-                        .is_some_and(|p| p.architecture == "amd64" && p.os == "linux")
+                        .is_some_and(|p| p.architecture == arch.name() && p.os == "linux")
                 })
                 .collect();
-            match amd64.as_slice() {
+            match ours.as_slice() {
                 [one] => **one,
                 _ => bail!(
-                    "index.json names {} images and not exactly one for linux/amd64: give an \
-                     archive of one installer image",
-                    many.len()
+                    "index.json names {} images and not exactly one for linux/{arch}: the \
+                     installer image has no {arch} payload (its platforms: {}); nothing was \
+                     written",
+                    many.len(),
+                    platforms(many)
                 ),
             }
         }
     };
+    if let (Some(p), Some(arch)) = (image.platform.as_ref(), arch)
+        && p.architecture != arch.name()
+    {
+        bail!(
+            "the installer image is for {}, not {arch}: take an installer image of {arch} (or \
+             an index holding one); nothing was written",
+            contract::text::quote(&p.architecture, 20)
+        );
+    }
     // Digests are printed in messages: only once they are known to be digests.
     digest_hex(&image.digest)?;
     Ok(image.clone())
+}
+
+/// The platforms of an index's images, for a message.
+fn platforms(images: &[&Descriptor]) -> String {
+    let names: Vec<String> = images
+        .iter()
+        .map(|d| match &d.platform {
+            Some(p) => format!(
+                "{}/{}",
+                contract::text::quote(&p.os, 20),
+                contract::text::quote(&p.architecture, 20)
+            ),
+            None => "none".into(),
+        })
+        .take(8)
+        .collect();
+    names.join(", ")
+}
+
+/// Refuses an image whose config names another architecture than `arch`
+/// (what a lone image without a platform in `index.json` says of itself).
+pub(super) fn check_config_arch(config: &ImageConfig, arch: contract::Arch) -> Result<()> {
+    match config.architecture.as_deref() {
+        Some(a) if a != arch.name() => bail!(
+            "the installer image is for {}, not {arch}: take an installer image of {arch} (or \
+             an index holding one); nothing was written",
+            contract::text::quote(a, 20)
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// Where the blobs are: a layout directory, or an archive with each blob's
@@ -399,6 +451,10 @@ pub(super) struct ImageManifest {
 
 #[derive(Debug, Deserialize)]
 pub(super) struct ImageConfig {
+    /// The image's architecture (`amd64`, `arm64`; absent in images not
+    /// made by imager).
+    #[serde(default)]
+    pub(super) architecture: Option<String>,
     pub(super) rootfs: RootFs,
 }
 

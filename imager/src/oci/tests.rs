@@ -6,9 +6,10 @@ use super::writer::{digest_of, header, write_layer};
 use super::*;
 use crate::artifact::Kind;
 use crate::sign::{self, Manifest, Signer, VerifyingKey};
+use contract::Arch;
 use contract::paths::{
-    INSTALLER_PAYLOAD_DIR, PAYLOAD_BOOT_LOADER, PAYLOAD_FILES, PAYLOAD_INITRAMFS, PAYLOAD_KERNEL,
-    PAYLOAD_MANIFEST, PAYLOAD_SIGNATURE,
+    PAYLOAD_BOOT_LOADER, PAYLOAD_FILES, PAYLOAD_INITRAMFS, PAYLOAD_KERNEL, PAYLOAD_MANIFEST,
+    PAYLOAD_SIGNATURE,
 };
 use payload::trust::TrustFiles;
 use serde_json::json;
@@ -20,6 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 const EPOCH: u64 = 1_700_000_000;
+/// amd64's payload directory, where the tests' images put their payload.
+const PAYLOAD_DIR: &str = "usr/install/amd64";
 
 /// A signing key made from a seed, for tests.
 struct TestKey(ed25519_dalek::SigningKey);
@@ -57,7 +60,7 @@ fn signer() -> TestKey {
 
 /// Extracts with a verifier that trusts [`signer`]'s key.
 fn extract(archive: &Path, dest: &Path) -> anyhow::Result<PathBuf> {
-    extract_payload(archive, dest, &trusting(signer().public_key()))
+    extract_payload(archive, dest, Arch::Amd64, &trusting(signer().public_key()))
 }
 
 /// Extracts with `verify`, counting the work.
@@ -67,7 +70,7 @@ fn extract_work(
     verify: Verifier,
 ) -> (anyhow::Result<PathBuf>, u64, usize) {
     let work = Work::default();
-    let r = extract_counted(archive, dest, verify, &work);
+    let r = extract_counted(archive, dest, Arch::Amd64, verify, &work);
     (r, work.unpacked.get(), work.layers.get())
 }
 
@@ -113,7 +116,16 @@ const DECLARED: u64 = 5000 + 5077 + 3000;
 fn layers_in(dir: &Path) -> Vec<Vec<Entry>> {
     let payload = payload_in(dir);
     std::fs::write(dir.join("imager"), b"\x7fELF not really").unwrap();
-    crate::build::installer_spec(&payload, &LISTED, &[], &dir.join("imager"), "0.1.0", EPOCH).layers
+    crate::build::installer_spec(
+        &payload,
+        &LISTED,
+        &[],
+        &dir.join("imager"),
+        "0.1.0",
+        EPOCH,
+        contract::Arch::Amd64,
+    )
+    .layers
 }
 
 fn spec_in(dir: &Path) -> ImageSpec {
@@ -122,6 +134,7 @@ fn spec_in(dir: &Path) -> ImageSpec {
         entrypoint: vec!["/usr/bin/installer".into()],
         ref_name: "localhost/metal/installer:0.1.0".into(),
         epoch: EPOCH,
+        arch: contract::Arch::Amd64,
     }
 }
 
@@ -263,7 +276,7 @@ fn round_trip_gives_the_payload_back_and_is_reproducible() {
     // installer; parent directories first, fixed modes.
     let dir = |name: &str| (name.to_string(), tar::EntryType::Directory, 0o755);
     let file = |name: &str, mode| (name.to_string(), tar::EntryType::Regular, mode);
-    let p = |name: &str| format!("{INSTALLER_PAYLOAD_DIR}/{name}");
+    let p = |name: &str| format!("{PAYLOAD_DIR}/{name}");
     let payload_dirs = [dir("usr/"), dir("usr/install/"), dir("usr/install/amd64/")];
     let mut want0 = payload_dirs.to_vec();
     want0.extend([
@@ -643,10 +656,7 @@ const GIB: u64 = 1 << 30;
 fn gib_of_zeros() -> &'static Blob {
     static B: OnceLock<Blob> = OnceLock::new();
     B.get_or_init(|| {
-        streamed_layer(&[(
-            &format!("{INSTALLER_PAYLOAD_DIR}/{PAYLOAD_KERNEL}"),
-            Data::Zeros(GIB),
-        )])
+        streamed_layer(&[(&format!("{PAYLOAD_DIR}/{PAYLOAD_KERNEL}"), Data::Zeros(GIB))])
     })
 }
 
@@ -756,7 +766,7 @@ fn payload_files(dir: &Path, names: &[&str]) -> impl Fn(&mut tar::Builder<Vec<u8
         .iter()
         .map(|n| {
             (
-                format!("{INSTALLER_PAYLOAD_DIR}/{n}"),
+                format!("{PAYLOAD_DIR}/{n}"),
                 std::fs::read(dir.join("payload").join(n)).unwrap(),
             )
         })
@@ -1094,7 +1104,7 @@ fn the_signed_sizes_bound_what_is_read() {
         read(PAYLOAD_INITRAMFS),
         read(PAYLOAD_BOOT_LOADER),
     );
-    let p = |n: &str| format!("{INSTALLER_PAYLOAD_DIR}/{n}");
+    let p = |n: &str| format!("{PAYLOAD_DIR}/{n}");
     let padded = streamed_layer(&[
         (&p(PAYLOAD_INITRAMFS), Data::Bytes(&i)),
         (&p("padding"), Data::Zeros(64 << 20)),
@@ -1335,6 +1345,7 @@ fn a_signature_added_to_an_archive_gives_the_archive_a_cosigning_build_writes() 
             &two.join("imager"),
             "0.1.0",
             EPOCH,
+            contract::Arch::Amd64,
         )
         .layers,
         ..spec_in(&one)
@@ -1344,13 +1355,13 @@ fn a_signature_added_to_an_archive_gives_the_archive_a_cosigning_build_writes() 
     let both = payload::trust::key_root(&[signer.public_key(), key(2).public_key()]).unwrap();
     let both = payload::root::Root::new(1, 2, both.keys).unwrap();
     let verify = |f: &TrustFiles| payload::trust::verify(&both, f).map(|t| t.manifest);
-    assert!(extract_payload(&a, &t.path().join("x1"), &verify).is_err());
+    assert!(extract_payload(&a, &t.path().join("x1"), Arch::Amd64, &verify).is_err());
     super::resign::add_signature(&a, &key(2)).unwrap();
     assert!(
         std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap(),
         "the re-signed archive is not the co-signed build's"
     );
-    extract_payload(&a, &t.path().join("x2"), &verify).unwrap();
+    extract_payload(&a, &t.path().join("x2"), Arch::Amd64, &verify).unwrap();
     super::resign::add_signature(&a, &key(2)).unwrap();
     assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap());
 

@@ -52,6 +52,8 @@ pub struct ImageSpec {
     pub ref_name: String,
     /// Every timestamp: file mtimes and the config's `created`.
     pub epoch: u64,
+    /// The platform's architecture (the config's and `index.json`'s).
+    pub arch: contract::Arch,
 }
 
 /// What [`write_image`] wrote; digests are `sha256:<hex>`.
@@ -300,7 +302,7 @@ pub(super) fn documents(spec: &ImageSpec, layers: &[(String, u64)]) -> Result<Do
     // Keys in sorted order, compact: the same document gives the same bytes
     // whatever the map type of serde_json.
     let config = json!({
-        "architecture": "amd64",
+        "architecture": spec.arch.name(),
         "config": { "Entrypoint": spec.entrypoint },
         "created": created,
         "history": [ { "created": created, "created_by": "imager build" } ],
@@ -326,7 +328,7 @@ pub(super) fn documents(spec: &ImageSpec, layers: &[(String, u64)]) -> Result<Do
             "annotations": { REF_NAME: spec.ref_name },
             "digest": manifest_digest,
             "mediaType": MEDIA_TYPE_MANIFEST,
-            "platform": { "architecture": "amd64", "os": "linux" },
+            "platform": { "architecture": spec.arch.name(), "os": "linux" },
             "size": manifest.len(),
         } ],
         "mediaType": MEDIA_TYPE_INDEX,

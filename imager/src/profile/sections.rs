@@ -152,8 +152,9 @@ pub struct InstallerSection {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BootSection {
-    /// systemd-boot's EFI binary.
-    #[serde(default = "default_systemd_boot")]
+    /// systemd-boot's EFI binary: by default the architecture's from
+    /// Debian's systemd-boot-efi ([`BootSection::default_systemd_boot`]).
+    #[serde(default)]
     pub systemd_boot: PathBuf,
     /// GRUB's i386-pc directory (boot.img, the modules, for the BIOS path).
     #[serde(default = "default_grub_dir")]
@@ -164,30 +165,56 @@ pub struct BootSection {
     /// gets no BIOS boot.
     #[serde(default)]
     pub uki: bool,
-    /// systemd's EFI stub the UKIs are made from.
-    #[serde(default = "default_stub")]
+    /// systemd's EFI stub the UKIs are made from: by default the
+    /// architecture's ([`BootSection::default_stub`]).
+    #[serde(default)]
     pub stub: PathBuf,
 }
 
-fn default_stub() -> PathBuf {
-    PathBuf::from(crate::uki::DEFAULT_STUB)
+impl BootSection {
+    /// systemd-boot for `arch` as Debian's systemd-boot-efi installs it,
+    /// under the architecture's root ([`crate::closure::host_root`]):
+    /// `/usr/lib/systemd/boot/efi/systemd-bootx64.efi` on this host,
+    /// `systemd-bootaa64.efi` from arm64's unpacked package.
+    pub fn default_systemd_boot(arch: contract::Arch) -> PathBuf {
+        crate::closure::host_root(arch).join(format!(
+            "usr/lib/systemd/boot/efi/systemd-boot{}.efi",
+            arch.spec().efi_suffix
+        ))
+    }
+
+    /// systemd's UKI stub for `arch` (`linuxx64.efi.stub`,
+    /// `linuxaa64.efi.stub`), as [`BootSection::default_systemd_boot`].
+    pub fn default_stub(arch: contract::Arch) -> PathBuf {
+        crate::closure::host_root(arch).join(format!(
+            "usr/lib/systemd/boot/efi/linux{}.efi.stub",
+            arch.spec().efi_suffix
+        ))
+    }
+
+    /// Fills the paths the profile left out with `arch`'s defaults (an
+    /// empty path is one left out).
+    pub(crate) fn fill_defaults(&mut self, arch: contract::Arch) {
+        if self.systemd_boot.as_os_str().is_empty() {
+            self.systemd_boot = Self::default_systemd_boot(arch);
+        }
+        if self.stub.as_os_str().is_empty() {
+            self.stub = Self::default_stub(arch);
+        }
+    }
 }
 
 fn default_grub_dir() -> PathBuf {
     PathBuf::from(crate::grub::DEFAULT_DIR)
 }
 
-fn default_systemd_boot() -> PathBuf {
-    PathBuf::from("/usr/lib/systemd/boot/efi/systemd-bootx64.efi")
-}
-
 impl Default for BootSection {
     fn default() -> Self {
         BootSection {
-            systemd_boot: default_systemd_boot(),
+            systemd_boot: PathBuf::new(),
             grub_dir: default_grub_dir(),
             uki: false,
-            stub: default_stub(),
+            stub: PathBuf::new(),
         }
     }
 }

@@ -79,7 +79,8 @@ impl Default for Options {
             read_timeout: Duration::from_secs(30),
             deadline: None,
             ca_pem: None,
-            platform: ("linux".into(), "amd64".into()),
+            // The machine's own: the node pulls the payload it runs.
+            platform: ("linux".into(), contract::Arch::NATIVE.name().into()),
             own_addresses: Vec::new(),
             credentials: BTreeMap::new(),
             resolver: None,
