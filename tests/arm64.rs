@@ -140,12 +140,55 @@ fn the_arm64_kernel_is_cross_built_audited_and_an_efi_program_for_aa64() {
     );
 }
 
-/// metal-arm64's image, built once for the file's tests.
+/// installer-arm64's build (metal for arm64: its raw disk and installer
+/// image), version 0.1.0, built once for the file's tests.
 fn arm64_image() -> &'static Build {
     static B: Fixture<Build> = Fixture::new("arm64-image");
     B.get(|| {
         arm64_kernel();
-        build_profile("arm64-a", &repo().join("profiles/metal-arm64.yaml"), &[])
+        build_profile(
+            "arm64-a",
+            &repo().join("profiles/installer-arm64.yaml"),
+            &[],
+        )
+    })
+}
+
+/// Version 0.2.0 of metal for arm64 and for amd64 (each its raw disk and
+/// installer image), and the image index `imager index` makes of their
+/// two installer images.
+struct Both {
+    arm64: Build,
+    amd64: Build,
+    index: PathBuf,
+}
+
+fn both() -> &'static Both {
+    static B: Fixture<Both> = Fixture::new("arm64-index");
+    B.get(|| {
+        let v2 = |t: String| t.replace("version: 0.1.0", "version: 0.2.0");
+        let arm64 = build_profile(
+            "arm64-v2",
+            &write_profile_from("installer-arm64", "arm64-v2", v2),
+            &[],
+        );
+        let amd64 = build_profile(
+            "amd64-v2",
+            &write_profile_from("installer", "amd64-v2", v2),
+            &[],
+        );
+        let index = scratch().join("both.tar");
+        let said = ok(imager()
+            .args(["index", "--out"])
+            .arg(&index)
+            .arg(amd64.artifact("installer"))
+            .arg(arm64.artifact("installer")));
+        assert!(said.contains("holds amd64 sha256:"), "{said}");
+        Both {
+            arm64,
+            amd64,
+            index,
+        }
     })
 }
 
@@ -328,4 +371,180 @@ fn pathdiff(to: &Path, from: &Path) -> PathBuf {
         p.push(c);
     }
     p
+}
+
+/// The image index of the two architectures' installer images, as skopeo
+/// reads it: one index under the images' name, each platform's image (the
+/// one its build made, digest for digest) taken by `--override-arch`.
+#[test]
+fn skopeo_reads_the_index_of_both_architectures_and_takes_each_platform() {
+    let b = both();
+    let index = format!("oci-archive:{}", b.index.display());
+    let raw: serde_json::Value =
+        serde_json::from_str(&ok(tool("skopeo").args(["inspect", "--raw", &index]))).unwrap();
+    assert_eq!(
+        raw["mediaType"], "application/vnd.oci.image.index.v1+json",
+        "{raw}"
+    );
+    let platforms: Vec<String> = raw["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| format!("{}/{}", m["platform"]["os"], m["platform"]["architecture"]))
+        .collect();
+    assert_eq!(
+        platforms,
+        ["\"linux\"/\"amd64\"", "\"linux\"/\"arm64\""],
+        "{raw}"
+    );
+    for (arch, build) in [("amd64", &b.amd64), ("arm64", &b.arm64)] {
+        let own = format!("oci-archive:{}", build.artifact("installer").display());
+        let alone: serde_json::Value =
+            serde_json::from_str(&ok(tool("skopeo").args(["inspect", &own]))).unwrap();
+        let taken: serde_json::Value = serde_json::from_str(&ok(tool("skopeo").args([
+            "--override-arch",
+            arch,
+            "inspect",
+            &index,
+        ])))
+        .unwrap();
+        assert_eq!(taken["Architecture"], arch, "{taken}");
+        assert_eq!(taken["Digest"], alone["Digest"], "{arch}: {taken}");
+        assert_eq!(taken["Layers"], alone["Layers"], "{arch}");
+    }
+    // The same archives give the same index, byte for byte.
+    let again = scratch().join("both-again.tar");
+    ok(imager()
+        .args(["index", "--out"])
+        .arg(&again)
+        .arg(b.arm64.artifact("installer"))
+        .arg(b.amd64.artifact("installer")));
+    assert_eq!(sha256(&again), sha256(&b.index));
+}
+
+/// `imager upgrade` of `disk` with `installer`, refused: the message says
+/// `wants`, and the disk's bytes are unchanged.
+fn refused(disk: &Path, installer: &Path, wants: &[&str]) {
+    let before = sha256(disk);
+    let out = run(imager()
+        .args(["upgrade", "--installer"])
+        .arg(installer)
+        .arg("--disk")
+        .arg(disk));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    for w in wants {
+        assert!(said.contains(w), "{w:?}:\n{said}");
+    }
+    assert!(said.contains("nothing was written"), "{said}");
+    assert_eq!(sha256(disk), before, "{}", disk.display());
+}
+
+/// An x86-64 disk refuses the arm64 payload, as an installer image, as a
+/// build's directory and from an index without amd64's; an arm64 disk
+/// refuses amd64's: before writing anything.
+#[test]
+fn a_disk_refuses_the_payload_of_the_other_architecture_with_nothing_written() {
+    let b = both();
+    let x86 = sparse_copy(&b.amd64.artifact("raw"), "arm64-refuses-x86");
+    refused(
+        &x86,
+        &b.arm64.artifact("installer"),
+        &["the installer image is for \"arm64\", not amd64"],
+    );
+    refused(
+        &x86,
+        &b.arm64.dir,
+        &["it is an arm64 payload (of metal 0.2.0) but this disk boots amd64"],
+    );
+    let arm = sparse_copy(&arm64_image().artifact("raw"), "arm64-refuses-arm");
+    refused(
+        &arm,
+        &b.amd64.artifact("installer"),
+        &["the installer image is for \"amd64\", not arm64"],
+    );
+    refused(
+        &arm,
+        &b.amd64.dir,
+        &["it is an amd64 payload (of metal 0.2.0) but this disk boots arm64"],
+    );
+}
+
+/// `imager boot --write` of an arm64 `disk`: the report and the console.
+fn boot_arm64(disk: &Path, reboots: bool) -> (serde_json::Value, String) {
+    let log = disk.with_extension("console.log");
+    let mut c = imager();
+    c.args(["boot", "--write", "--quiet", "--json", "--timeout", "900"])
+        .arg("--console-log")
+        .arg(&log)
+        .arg(disk);
+    if reboots {
+        c.arg("--reboots");
+    }
+    let r: serde_json::Value = serde_json::from_str(&ok(&mut c)).unwrap();
+    check_gpt(disk);
+    assert_eq!(r["arch"], "arm64", "{r}");
+    (r, std::fs::read_to_string(&log).unwrap())
+}
+
+fn version_and_slot(r: &serde_json::Value) -> (&str, &str) {
+    (r["version"].as_str().unwrap(), r["slot"].as_str().unwrap())
+}
+
+/// Upgrade, bless, rollback and fallback on arm64 as on x86-64
+/// (tests/upgrade.rs): the index's arm64 payload goes to slot B and is
+/// blessed at its trial boot; a rollback boots A again; a version that
+/// never reaches ready falls back by itself after its tries.
+#[test]
+fn the_arm64_disk_upgrades_from_the_index_rolls_back_and_falls_back() {
+    let disk = sparse_copy(&arm64_image().artifact("raw"), "arm64-upgrade");
+    let (r, _) = boot_arm64(&disk, false);
+    assert_eq!(version_and_slot(&r), ("0.1.0", "A"));
+    let up: serde_json::Value = serde_json::from_str(&ok(imager()
+        .args(["upgrade", "--json", "--installer"])
+        .arg(&both().index)
+        .arg("--disk")
+        .arg(&disk)))
+    .unwrap();
+    assert_eq!(
+        (&up["to_slot"], &up["to_version"]),
+        (&"B".into(), &"0.2.0".into())
+    );
+    let (r, console) = boot_arm64(&disk, false);
+    assert_eq!(version_and_slot(&r), ("0.2.0", "B"));
+    assert!(
+        console.contains("machined: blessed slot B (0.2.0): the upgrade from 0.1.0 succeeded"),
+        "{console}"
+    );
+    ok(imager().args(["rollback", "--disk"]).arg(&disk));
+    let (r, _) = boot_arm64(&disk, false);
+    assert_eq!(version_and_slot(&r), ("0.1.0", "A"));
+
+    // 0.3.0 stops before ready: after its three tries systemd-boot's
+    // counting has the machine back on A.
+    let broken = build_profile(
+        "arm64-v3",
+        &write_profile_from("metal-arm64", "arm64-v3", |t| {
+            t.replace("version: 0.1.0", "version: 0.3.0")
+                .replace("    - gpt\n", "    - gpt\n    - machined.break=ready\n")
+        }),
+        &[],
+    );
+    let up: serde_json::Value = serde_json::from_str(&ok(imager()
+        .args(["upgrade", "--json", "--installer"])
+        .arg(&broken.dir)
+        .arg("--disk")
+        .arg(&disk)))
+    .unwrap();
+    assert_eq!(up["to_slot"], "B", "{up}");
+    let (r, console) = boot_arm64(&disk, true);
+    assert_eq!(version_and_slot(&r), ("0.1.0", "A"));
+    assert_eq!(r["failed_boots"], 3, "{console}");
+    assert!(
+        console.contains(
+            "machined: rollback: the upgrade to slot B (0.3.0) failed: it failed to reach \
+             ready in 3 tries; running slot A (0.1.0)"
+        ),
+        "{console}"
+    );
 }

@@ -47,7 +47,8 @@ fuzz_target!(|data: &[u8]| {
     ];
     let mut open =
         |_: &str| -> anyhow::Result<Box<dyn std::io::Write>> { Ok(Box::new(std::io::sink())) };
-    if let Ok(files) = payload::layer::stage_files(data, contract::Arch::Amd64, &wanted, &mut open) {
+    if let Ok(files) = payload::layer::stage_files(data, contract::Arch::Amd64, &wanted, &mut open)
+    {
         for (name, f) in files {
             let (_, a) = wanted.iter().find(|(n, _)| *n == name).expect("wanted");
             assert_eq!((f.len, f.sha256.as_str()), (a.size, a.sha256.as_str()));

@@ -2,7 +2,10 @@
 //! directory or an error, never a panic, and never a file outside the
 //! destination. The verifier accepts any manifest that parses (the fuzzer
 //! cannot sign), so that the unpacking after the signature check is reached
-//! too. Seeds: `fuzz/seeds/oci_archive/` (see its README).
+//! too. Either architecture's payload is asked for (by the input's length),
+//! and the archive is also combined into an index (`imager index`), whose
+//! reading of each input is the same store's. Seeds:
+//! `fuzz/seeds/oci_archive/` (see its README).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
@@ -25,7 +28,13 @@ fuzz_target!(|data: &[u8]| {
     std::fs::write(&archive, data).expect("archive");
     let accept =
         |files: &payload::trust::TrustFiles| imager::sign::Manifest::parse(&files.manifest);
-    let _ = imager::oci::extract_payload(&archive, &dest, &accept);
+    let arch = contract::arch::ARCHES[data.len() % contract::arch::ARCHES.len()].arch;
+    let _ = imager::oci::extract_payload(&archive, &dest, arch, &accept);
+    let _ = imager::oci::combine(
+        &dest.join("index.tar"),
+        &[archive.clone(), archive.clone()],
+        0,
+    );
     // Nothing beside the archive and the destination.
     for e in std::fs::read_dir(dir).expect("work directory").flatten() {
         let name = e.file_name();

@@ -214,8 +214,8 @@ fn build(
 
 /// Refuses, before anything is written, what a profile of another
 /// architecture than amd64 asks for and does not build yet (docs/arm64.md):
-/// arm64 builds its disk images (raw and the formats made from it), not yet
-/// UKIs, Secure Boot, the installer image or the ISO.
+/// arm64 builds its disk images (raw and the formats made from it) and its
+/// installer image, not yet UKIs, Secure Boot or the ISO.
 fn not_yet_for_arch(p: &Profile) -> Result<()> {
     if p.arch == contract::Arch::Amd64 {
         return Ok(());
@@ -223,7 +223,7 @@ fn not_yet_for_arch(p: &Profile) -> Result<()> {
     let mut asked: Vec<&str> = p
         .outputs
         .iter()
-        .filter(|o| matches!(o, Output::Uki | Output::Installer | Output::Iso))
+        .filter(|o| matches!(o, Output::Uki | Output::Iso))
         .map(|o| o.name())
         .collect();
     if p.boot.uki {
@@ -234,8 +234,8 @@ fn not_yet_for_arch(p: &Profile) -> Result<()> {
     }
     if !asked.is_empty() {
         bail!(
-            "profile {}: arch {}: {} not built for {} yet, only the disk images: remove them \
-             from the profile (docs/arm64.md says what works)",
+            "profile {}: arch {}: {} not built for {} yet, only the disk images and the \
+             installer: remove them from the profile (docs/arm64.md says what works)",
             p.path.display(),
             p.arch,
             asked.join(", "),
@@ -728,9 +728,11 @@ fn preflight(
         );
     }
     // GRUB for the raw image's BIOS path, and for the installer's payload
-    // (an install onto a disk of 512-byte sectors writes it).
+    // (an install onto a disk of 512-byte sectors writes it): where the
+    // architecture boots BIOS.
     let raw_bios = layout.is_some() && p.bios_boot();
-    let installer = p.installer.is_some()
+    let installer = p.arch.spec().bios
+        && p.installer.is_some()
         && (p.outputs.contains(&Output::Installer) || p.outputs.contains(&Output::Iso));
     let grub = if raw_bios || installer {
         Some(

@@ -175,7 +175,7 @@ pub fn load_payload(
         .ensure_ok()
         .context("the installer's payload does not match its signed manifest")?;
     let manifest = trusted.manifest;
-    payload::verify::check_arch(&manifest, arch, "the disk is to boot").context("the installer")?;
+    payload::verify::check_arch(&manifest, arch).context("the installer")?;
     // The version goes into a boot entry line and META's records.
     if manifest.version.is_empty()
         || manifest

@@ -76,6 +76,10 @@ enum Command {
     /// Push an installer image (an OCI archive) to a registry, every digest
     /// as built.
     Push(cli::registry::PushArgs),
+    /// Combine installer images of different architectures (archives from
+    /// `imager build`) into one archive whose image index names each by
+    /// its platform.
+    Index(cli::registry::IndexArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -553,6 +557,7 @@ fn run() -> Result<ExitCode> {
         Command::Secureboot { command } => cli::secureboot::run(&command),
         Command::Node { command } => cli::node::run(&command),
         Command::Push(a) => cli::registry::push(&a),
+        Command::Index(a) => cli::registry::index(&a),
         Command::Relay { to } => {
             qemu::net::relay(&to)?;
             Ok(ExitCode::SUCCESS)

@@ -90,13 +90,13 @@ pub fn check_signed(
 }
 
 /// Refuses a payload whose signed architecture ([`Manifest::arch`]) is not
-/// `arch`, what the disk boots or the install was asked for (`wanted`
-/// says which: "this disk boots"); before anything is written.
-pub fn check_arch(m: &Manifest, arch: contract::Arch, wanted: &str) -> Result<()> {
+/// `arch`, what the disk boots (or an install was asked for: `--arch`);
+/// before anything is written.
+pub fn check_arch(m: &Manifest, arch: contract::Arch) -> Result<()> {
     let payload = m.arch()?;
     if payload != arch {
         bail!(
-            "it is an {payload} payload (of {} {}) but {wanted} {arch}: take the installer \
+            "it is an {payload} payload (of {} {}) but this disk boots {arch}: take the installer \
              image's {arch} manifest (an image index holds one per architecture); nothing \
              was written",
             contract::text::escape(&m.name),
@@ -132,7 +132,7 @@ pub fn check_for_disk(
     asked: Asked<'_>,
 ) -> Result<()> {
     let expected = asked.version;
-    check_arch(m, disk_arch, "this disk boots")?;
+    check_arch(m, disk_arch)?;
     let Some(name) = meta.get(Tag::ImageName) else {
         bail!(
             "META holds no image name, so nothing tells whether the payload (of the system {}) \

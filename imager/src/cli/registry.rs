@@ -129,3 +129,39 @@ pub fn push(a: &PushArgs) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+#[derive(clap::Args)]
+pub struct IndexArgs {
+    /// The installer archives (installer.tar of `imager build`), one per
+    /// architecture, of the same system and version.
+    #[arg(required = true, num_args = 2..)]
+    pub archives: Vec<PathBuf>,
+    /// The archive to write (replaced atomically).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Print the result as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn index(a: &IndexArgs) -> Result<ExitCode> {
+    let epoch = imager::build::source_date_epoch(std::path::Path::new("."))?;
+    let r = imager::oci::combine(&a.out, &a.archives, epoch)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        let images: Vec<String> = r
+            .images
+            .iter()
+            .map(|(arch, d)| format!("{arch} {d}"))
+            .collect();
+        println!(
+            "index: {} ({}) holds {}: {}",
+            r.path.display(),
+            r.ref_name,
+            images.join(", "),
+            r.digest
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -12,29 +12,34 @@
 //!   and which image of its index is read.
 //! - `push.rs`: [`push`] sends an archive's image to a registry as it is
 //!   (every digest kept).
+//! - `index.rs`: [`combine`] makes one archive of several architectures'
+//!   installer images (an image index naming each by its platform).
 //!
 //! What both agree on is here: the media types and names of the format, and
 //! where an installer image keeps what (docs/design.md, "The installer
 //! image").
 
+mod index;
 mod push;
 mod reader;
 pub mod resign;
 mod store;
 mod writer;
 
+pub use index::{IndexReport, combine};
 pub use push::{PushReport, PushedBlob, push};
 pub use reader::{MAX_SMALL, Verifier, extract_payload};
 pub(crate) use writer::header as tar_header;
 pub use writer::{Entry, ImageInfo, ImageSpec, check_ref_name, check_tag, rfc3339, write_image};
 
 /// The layer of an installer image that holds the payload's signed manifest
-/// and its signature (`INSTALLER_PAYLOAD_DIR/manifest.json` and `.sig`),
+/// and its signature (`usr/install/<arch>/manifest.json` and `.sig`,
+/// `contract::paths::installer_payload_dir`),
 /// alone: the first, so that it is found and verified before anything else
 /// is read.
 pub const MANIFEST_LAYER: usize = 0;
 /// The layer that holds the files the signed manifest lists (kernel,
-/// initramfs, boot loader), in `INSTALLER_PAYLOAD_DIR`. Other layers (the
+/// initramfs, boot loader), in the same directory. Other layers (the
 /// installer binary) are never read by [`extract_payload`].
 pub const PAYLOAD_LAYER: usize = 1;
 /// The most layers an installer image may name; more is refused before any

@@ -53,7 +53,7 @@ pub fn push(
     let what = archive.display();
     let (store, index) = Store::open_path(archive)
         .with_context(|| format!("{what} is not an OCI archive or image layout"))?;
-    let image = select_image(&index, None).with_context(|| format!("reading {what}"))?;
+    let image = select_image(&store, &index, None).with_context(|| format!("reading {what}"))?;
     if image.media_type != MEDIA_TYPE_MANIFEST && image.media_type != DOCKER_MANIFEST {
         bail!("{what}: the image's manifest is not an image manifest");
     }

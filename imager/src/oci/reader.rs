@@ -138,7 +138,7 @@ fn extract_from(
     verify: Verifier,
     work: &Work,
 ) -> Result<PathBuf> {
-    let image = select_image(index, Some(arch))?;
+    let image = select_image(store, index, Some(arch))?;
     let image = &image;
     let manifest: ImageManifest = store.read_json(image, "image manifest")?;
     if manifest.schema_version != 2 {

@@ -26,7 +26,7 @@ use std::path::Path;
 pub fn add_signature(archive: &Path, signer: &dyn Signer) -> Result<String> {
     let what = archive.display();
     let (store, index) = Store::open_path(archive)?;
-    let image = select_image(&index, None)?;
+    let image = select_image(&store, &index, None)?;
     let manifest: super::store::ImageManifest = store.read_json(&image, "image manifest")?;
     let config_bytes = store.read_small(&manifest.config, "image config")?;
     let config: serde_json::Value = serde_json::from_slice(&config_bytes)

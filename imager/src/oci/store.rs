@@ -20,6 +20,8 @@ use std::path::{Path, PathBuf};
 /// Docker's manifest media type, which skopeo may write when it copies an
 /// image.
 pub(super) const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+/// Docker's manifest list (an index of platforms).
+pub(super) const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
 /// The entries of an OCI archive: an installer image has a dozen.
 const MAX_ARCHIVE_ENTRIES: usize = 1024;
 
@@ -65,30 +67,70 @@ impl Store {
     }
 }
 
-/// The image manifest's descriptor `index.json` (its bytes) names for
-/// linux/`arch`: the only image manifest (whose architecture the caller
-/// checks in its config, [`check_config_arch`]), or the one of an image
-/// index for that platform.
-/// With `arch` `None`, the only image manifest (an index of several is
-/// refused).
-pub(super) fn select_image(index: &[u8], arch: Option<contract::Arch>) -> Result<Descriptor> {
-    let index: Index = serde_json::from_slice(index).map_err(|e| {
-        anyhow!(
-            "index.json is not a valid OCI image index: {}",
-            json_error(&e)
-        )
-    })?;
+/// An image index's bytes (`what`: `index.json`, or an index blob),
+/// decoded.
+fn parse_index(bytes: &[u8], what: &str) -> Result<Index> {
+    let index: Index = serde_json::from_slice(bytes)
+        .map_err(|e| anyhow!("{what} is not a valid OCI image index: {}", json_error(&e)))?;
     if index.schema_version != 2 {
         bail!(
-            "index.json has schemaVersion {}: only 2 is supported",
+            "{what} has schemaVersion {}: only 2 is supported",
             index.schema_version
         );
     }
-    let images: Vec<&Descriptor> = index
+    Ok(index)
+}
+
+/// The image manifests `index.json` (its bytes) names: its own entries, or,
+/// where it names no image but one image index (a multi-architecture
+/// installer image, `imager index`), that index's (one level only), with
+/// that index's descriptor.
+pub(super) fn image_entries(
+    store: &Store,
+    index: &[u8],
+) -> Result<(Vec<Descriptor>, Option<Descriptor>)> {
+    let is_image =
+        |d: &Descriptor| d.media_type == MEDIA_TYPE_MANIFEST || d.media_type == DOCKER_MANIFEST;
+    let top = parse_index(index, "index.json")?;
+    if top.manifests.iter().any(is_image) {
+        return Ok((top.manifests.into_iter().filter(is_image).collect(), None));
+    }
+    let nested: Vec<&Descriptor> = top
         .manifests
         .iter()
-        .filter(|d| d.media_type == MEDIA_TYPE_MANIFEST || d.media_type == DOCKER_MANIFEST)
+        .filter(|d| d.media_type == super::MEDIA_TYPE_INDEX || d.media_type == DOCKER_LIST)
         .collect();
+    match nested.as_slice() {
+        [] => bail!("index.json names no image manifest"),
+        [one] => {
+            digest_hex(&one.digest)?;
+            let bytes = store.read_small(one, "image index")?;
+            let inner = parse_index(&bytes, "the image index index.json names")?;
+            Ok((
+                inner.manifests.into_iter().filter(is_image).collect(),
+                Some((*one).clone()),
+            ))
+        }
+        many => bail!(
+            "index.json names {} image indexes and no image: give an archive of one image or \
+             one index",
+            many.len()
+        ),
+    }
+}
+
+/// The image manifest's descriptor `index.json` (its bytes) names for
+/// linux/`arch` ([`image_entries`]): the only image manifest (whose
+/// architecture the caller checks in its config, [`check_config_arch`]),
+/// or the one of an image index for that platform. With `arch` `None`, the
+/// only image manifest (an index of several is refused).
+pub(super) fn select_image(
+    store: &Store,
+    index: &[u8],
+    arch: Option<contract::Arch>,
+) -> Result<Descriptor> {
+    let (entries, _) = image_entries(store, index)?;
+    let images: Vec<&Descriptor> = entries.iter().collect();
     let image = match images.as_slice() {
         [one] => *one,
         [] => bail!("index.json names no image manifest"),

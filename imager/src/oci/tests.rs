@@ -1215,6 +1215,10 @@ fn write_fuzz_seeds() {
     let mut old = spec.clone();
     old.layers = vec![old.layers.concat()];
     write_image(&out.join("one-layer.tar"), &old).unwrap();
+    // Both architectures' images under one index (`imager index`).
+    let name = "localhost/metal/installer:0.1.0";
+    let both = [Arch::Amd64, Arch::Arm64].map(|a| image_of(&t.path().join("both"), a, name));
+    combine(&out.join("index.tar"), &both, EPOCH).unwrap();
     for name in names(&out) {
         let len = std::fs::metadata(out.join(&name)).unwrap().len();
         assert!(len < 100 << 10, "{name}: {len} bytes");
@@ -1382,4 +1386,149 @@ fn a_signature_added_to_an_archive_gives_the_archive_a_cosigning_build_writes() 
         "{e}"
     );
     assert!(std::fs::read(&gz).unwrap() == before);
+}
+
+/// An installer archive of `arch` in `dir/<arch>.tar`: the test payload,
+/// its signed manifest naming `arch`, the payload in `arch`'s directory.
+fn image_of(dir: &Path, arch: Arch, ref_name: &str) -> PathBuf {
+    let d = dir.join(arch.name());
+    std::fs::create_dir_all(&d).unwrap();
+    let payload = payload_in(&d);
+    let mut m = Manifest::parse(&std::fs::read(payload.join(PAYLOAD_MANIFEST)).unwrap()).unwrap();
+    m.set_arch(arch);
+    sign::write_signed_manifest(&payload, &m, &signer()).unwrap();
+    std::fs::write(d.join("imager"), b"\x7fELF not really").unwrap();
+    let spec = ImageSpec {
+        layers: crate::build::installer_spec(
+            &payload,
+            &LISTED,
+            &[],
+            &d.join("imager"),
+            ref_name,
+            EPOCH,
+            arch,
+        )
+        .layers,
+        entrypoint: vec!["/usr/bin/installer".into()],
+        ref_name: ref_name.into(),
+        epoch: EPOCH,
+        arch,
+    };
+    let tar = dir.join(format!("{}.tar", arch.name()));
+    write_image(&tar, &spec).unwrap();
+    tar
+}
+
+/// The index of two architectures' images: each reader takes its own
+/// platform's payload (the signed manifest saying so), the same inputs in
+/// any order give the same bytes, and what cannot be one system's index is
+/// refused.
+#[test]
+fn an_index_of_two_architectures_gives_each_its_own_payload() {
+    let t = tempfile::tempdir().unwrap();
+    let name = "localhost/metal/installer:0.1.0";
+    let amd = image_of(t.path(), Arch::Amd64, name);
+    let arm = image_of(t.path(), Arch::Arm64, name);
+    let both = t.path().join("both.tar");
+    let r = combine(&both, &[arm.clone(), amd.clone()], EPOCH).unwrap();
+    assert_eq!(r.images[0].0, "amd64");
+    assert_eq!(r.images[1].0, "arm64");
+    let again = t.path().join("again.tar");
+    combine(&again, &[amd.clone(), arm.clone()], EPOCH).unwrap();
+    assert_eq!(
+        std::fs::read(&both).unwrap(),
+        std::fs::read(&again).unwrap()
+    );
+    let verify = trusting(signer().public_key());
+    for arch in [Arch::Amd64, Arch::Arm64] {
+        let dest = t.path().join(format!("x-{}", arch.name()));
+        let dir = extract_payload(&both, &dest, arch, &verify).unwrap();
+        let m = Manifest::parse(&std::fs::read(dir.join(PAYLOAD_MANIFEST)).unwrap()).unwrap();
+        assert_eq!(m.arch().unwrap(), arch);
+    }
+    // A lone image of the other architecture, refused by its platform.
+    let e = format!(
+        "{:#}",
+        extract_payload(&amd, &t.path().join("y"), Arch::Arm64, &verify).unwrap_err()
+    );
+    assert!(
+        e.contains("the installer image is for \"amd64\", not arm64")
+            && e.contains("nothing was written"),
+        "{e}"
+    );
+    // Two of one architecture, or of two systems, make no index; nothing
+    // is written.
+    let e = format!(
+        "{:#}",
+        combine(&t.path().join("z1"), &[amd.clone(), amd.clone()], EPOCH).unwrap_err()
+    );
+    assert!(e.contains("are both amd64 images"), "{e}");
+    let other = image_of(
+        &t.path().join("o"),
+        Arch::Arm64,
+        "localhost/other/installer:0.1.0",
+    );
+    let e = format!(
+        "{:#}",
+        combine(&t.path().join("z2"), &[amd.clone(), other], EPOCH).unwrap_err()
+    );
+    assert!(
+        e.contains("the images of one index are one system's version"),
+        "{e}"
+    );
+    for z in ["z1", "z2"] {
+        assert!(!t.path().join(z).exists());
+    }
+    // An index's one image per platform is what resign and push take
+    // alone: an index of two is refused by them, saying why.
+    let e = format!(
+        "{:#}",
+        super::resign::add_signature(&both, &signer()).unwrap_err()
+    );
+    assert!(e.contains("index.json names 2 images"), "{e}");
+}
+
+/// The signed architecture is what counts: an image whose platform says
+/// arm64 but whose signed manifest is amd64's is refused after the
+/// signature check, before its payload is unpacked.
+#[test]
+fn a_platform_that_is_not_the_signed_architecture_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path().join("p");
+    std::fs::create_dir_all(&d).unwrap();
+    // An amd64 payload (no arch) laid out as arm64's image.
+    let payload = payload_in(&d);
+    std::fs::write(d.join("imager"), b"\x7fELF not really").unwrap();
+    let spec = ImageSpec {
+        layers: crate::build::installer_spec(
+            &payload,
+            &LISTED,
+            &[],
+            &d.join("imager"),
+            "x",
+            EPOCH,
+            Arch::Arm64,
+        )
+        .layers,
+        arch: Arch::Arm64,
+        ..spec_in(&d)
+    };
+    let tar = t.path().join("lying.tar");
+    write_image(&tar, &spec).unwrap();
+    let e = format!(
+        "{:#}",
+        extract_payload(
+            &tar,
+            &t.path().join("x"),
+            Arch::Arm64,
+            &trusting(signer().public_key())
+        )
+        .unwrap_err()
+    );
+    assert!(
+        e.contains("the signed payload manifest is for amd64 but the image says arm64"),
+        "{e}"
+    );
+    let x = t.path().join("x");
+    assert!(!x.exists() || names(&x).is_empty(), "something unpacked");
 }
