@@ -332,7 +332,7 @@ fn two_builds_of_the_arm64_image_in_different_directories_are_the_same_bytes() {
     let other = scratch().join("arm64-b/somewhere/else");
     let _ = std::fs::remove_dir_all(scratch().join("arm64-b"));
     std::fs::create_dir_all(&other).unwrap();
-    let profile = pathdiff(&repo().join("profiles/metal-arm64.yaml"), &other);
+    let profile = pathdiff(&repo().join("profiles/installer-arm64.yaml"), &other);
     let out = ok(imager()
         .current_dir(&other)
         .args(["build", "--json", "--profile"])
@@ -547,4 +547,29 @@ fn the_arm64_disk_upgrades_from_the_index_rolls_back_and_falls_back() {
         ),
         "{console}"
     );
+}
+
+/// What arm64 does not build yet is refused before anything is written,
+/// each named: the ISO, UKIs, Secure Boot (and the clouds' images, whose
+/// profiles need more than this one has).
+#[test]
+fn an_arm64_profile_asking_for_what_arm64_lacks_is_refused_before_any_work() {
+    let profile = write_profile_from("installer-arm64", "arm64-too-much", |t| {
+        t.replace("outputs: [raw, installer]", "outputs: [raw, iso, uki]")
+            .replace("disk:\n", "secure_boot:\n  enroll: force\n\ndisk:\n")
+    });
+    let out = scratch().join("arm64-too-much");
+    let _ = std::fs::remove_dir_all(&out);
+    let o = run(imager()
+        .args(["build", "--profile"])
+        .arg(&profile)
+        .arg("--out")
+        .arg(&out));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{said}");
+    assert!(
+        said.contains("arch arm64: iso, uki, secure_boot not built for arm64 yet"),
+        "{said}"
+    );
+    assert!(!out.exists(), "{} was made", out.display());
 }

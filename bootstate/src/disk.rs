@@ -218,13 +218,17 @@ impl Disk {
 
     /// The architecture the disk boots: the one whose removable-media boot
     /// file (`EFI/BOOT/BOOTX64.EFI`, `BOOTAA64.EFI`: `contract::arch`) is on
-    /// its ESP. A disk with none, or with several, is refused.
+    /// its ESP. A disk with none, or with several, is refused. The names
+    /// are looked up in the directories alone ([`crate::fatfix::file_extent`]),
+    /// without the whole filesystem's check: a boot loader's replacement cut
+    /// by a power loss (two entries sharing clusters, which the check
+    /// refuses) must not stop the upgrade that completes it.
     pub fn arch(&self) -> Result<contract::Arch> {
         let role = contract::partition::esp_role(self.table.sector_size);
-        let mut esp = BootFs::new(self.partition(role)?, 0);
+        let mut esp = self.partition(role)?;
         let mut found = Vec::new();
         for a in contract::arch::ARCHES {
-            if esp.exists(&a.arch.esp_boot_loader())? {
+            if crate::fatfix::file_extent(&mut esp, &a.arch.esp_boot_loader())?.is_some() {
                 found.push(a.arch);
             }
         }

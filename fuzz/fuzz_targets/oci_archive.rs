@@ -3,8 +3,8 @@
 //! destination. The verifier accepts any manifest that parses (the fuzzer
 //! cannot sign), so that the unpacking after the signature check is reached
 //! too. Either architecture's payload is asked for (by the input's length),
-//! and the archive is also combined into an index (`imager index`), whose
-//! reading of each input is the same store's. Seeds:
+//! and the input's two halves are combined into an index (`imager
+//! index`), whose reading of each input is the same store's. Seeds:
 //! `fuzz/seeds/oci_archive/` (see its README).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
@@ -30,11 +30,13 @@ fuzz_target!(|data: &[u8]| {
         |files: &payload::trust::TrustFiles| imager::sign::Manifest::parse(&files.manifest);
     let arch = contract::arch::ARCHES[data.len() % contract::arch::ARCHES.len()].arch;
     let _ = imager::oci::extract_payload(&archive, &dest, arch, &accept);
-    let _ = imager::oci::combine(
-        &dest.join("index.tar"),
-        &[archive.clone(), archive.clone()],
-        0,
-    );
+    // Two archives of the input's halves, so that two images may be read
+    // and combined (the same archive twice stops at "both are … images").
+    let (a, b) = data.split_at(data.len() / 2);
+    let (first, second) = (dest.join("a.tar"), dest.join("b.tar"));
+    std::fs::write(&first, a).expect("archive");
+    std::fs::write(&second, b).expect("archive");
+    let _ = imager::oci::combine(&dest.join("index.tar"), &[first, second]);
     // Nothing beside the archive and the destination.
     for e in std::fs::read_dir(dir).expect("work directory").flatten() {
         let name = e.file_name();

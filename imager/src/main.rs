@@ -206,7 +206,9 @@ struct BuildArgs {
     /// Profile name (profiles/NAME.yaml) or path.
     #[arg(long, default_value = "metal")]
     profile: String,
-    /// Output directory (default: out/<profile name>).
+    /// Output directory (default: out/<profile's name>; out/<name>-<arch>
+    /// for another architecture than amd64, so that one system's builds for
+    /// two architectures do not replace each other).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Private signing key (PKCS#8 PEM); overrides the profile's.
@@ -476,7 +478,9 @@ fn run() -> Result<ExitCode> {
             let p = Profile::load(&path)?;
             let reuse = a.reuse();
             let cache_registry = a.cache_registry();
-            let out = a.out.unwrap_or_else(|| PathBuf::from("out").join(&p.name));
+            let out = a
+                .out
+                .unwrap_or_else(|| PathBuf::from("out").join(p.default_out_name()));
             let opts = build::BuildOptions {
                 out_dir: out,
                 key: a.key,
@@ -635,7 +639,13 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
     o.arch = match a.arch {
         Some(arch) => arch,
         None if iso || format == imager::disk::compress::Format::Qcow2 => contract::Arch::Amd64,
-        None => qemu::disk_arch(&image),
+        None => qemu::disk_arch(&image).unwrap_or_else(|e| {
+            eprintln!(
+                "boot: the disk's architecture is not known ({e:#}): booting it as amd64 \
+                 (--arch to say which)"
+            );
+            contract::Arch::Amd64
+        }),
     };
     o.sector_size = match a.sector_size {
         Some(s) => s,

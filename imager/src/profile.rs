@@ -666,6 +666,16 @@ impl Profile {
         self.boot.uki || self.secure_boot.is_some()
     }
 
+    /// The default output directory's name under `out/`: the profile's
+    /// name, with `-<arch>` for another architecture than amd64 (`metal`,
+    /// `metal-arm64`).
+    pub fn default_out_name(&self) -> String {
+        match self.arch {
+            contract::Arch::Amd64 => self.name.clone(),
+            a => format!("{}-{a}", self.name),
+        }
+    }
+
     /// The installer image's full reference name (`installer.image`, its
     /// tag defaulting to the version; or `localhost/NAME/installer:VERSION`).
     pub fn installer_image(&self) -> String {

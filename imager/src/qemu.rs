@@ -184,11 +184,10 @@ pub fn is_iso(path: &Path) -> Result<bool> {
 /// (`bootstate::vhd`) sized by its footer rather than by the CHS geometry
 /// QEMU would otherwise believe for an image of an unknown creator.
 /// The architecture of the disk image at `path` ([`bootstate::disk::Disk::arch`]:
-/// the boot loader on its ESP); amd64 for a disk imager did not make.
-pub fn disk_arch(path: &Path) -> contract::Arch {
-    bootstate::disk::Disk::open(path, bootstate::disk::Access::Read)
-        .and_then(|d| d.arch())
-        .unwrap_or(contract::Arch::Amd64)
+/// the boot loader on its ESP), or why it is not known (a disk imager did
+/// not make, a damaged ESP).
+pub fn disk_arch(path: &Path) -> Result<contract::Arch> {
+    bootstate::disk::Disk::open(path, bootstate::disk::Access::Read).and_then(|d| d.arch())
 }
 
 fn disk_format(path: &Path) -> Result<&'static str> {

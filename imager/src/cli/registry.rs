@@ -145,8 +145,7 @@ pub struct IndexArgs {
 }
 
 pub fn index(a: &IndexArgs) -> Result<ExitCode> {
-    let epoch = imager::build::source_date_epoch(std::path::Path::new("."))?;
-    let r = imager::oci::combine(&a.out, &a.archives, epoch)?;
+    let r = imager::oci::combine(&a.out, &a.archives)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {

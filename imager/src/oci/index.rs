@@ -8,20 +8,26 @@
 //! serves the index under the tag, and this project's readers take the
 //! disk's own ([`super::store::select_image`]).
 //!
-//! The images are copied as they are, every blob's digest checked on the
-//! way, so each keeps the digest its build gave it; the archive is written
-//! under a temporary name and renamed when complete, its entries sorted and
-//! stamped with one time, so the same inputs give the same bytes.
+//! Each input's payload manifest (its first layer, read within the
+//! reader's bounds) must name the architecture its image says, and all of
+//! them one system and version: a mislabelled archive is refused here, not
+//! later on a machine. (Its signature is the readers' to check, against
+//! the disk's trust: an index adds no trust.) The images are copied as they
+//! are, every blob's digest checked on the way, so each keeps the digest
+//! its build gave it; the archive is written under a temporary name and
+//! renamed when complete, its entries sorted and stamped with the latest
+//! of the payloads' `source_date_epoch`, so the same inputs give the same
+//! bytes wherever and whenever they are combined.
 
-use super::store::{Descriptor, ImageConfig, Store, check_digest, select_image};
-use super::writer::header;
+use super::reader::{Work, read_signed};
+use super::store::{Descriptor, ImageConfig, Store, digest_hex, select_image};
+use super::writer::{ArchiveItem, write_archive};
 use super::{MEDIA_TYPE_INDEX, MEDIA_TYPE_MANIFEST, REF_NAME};
-use crate::io::{AtomicFile, HashingReader};
 use anyhow::{Context, Result, anyhow, bail};
 use contract::Arch;
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::io::{self, BufWriter, Read};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// What [`combine`] wrote.
@@ -37,7 +43,7 @@ pub struct IndexReport {
 }
 
 /// One input: its store, its image manifest's descriptor and bytes, its
-/// config's descriptor, architecture and reference name.
+/// architecture and reference name, and what its payload manifest says.
 struct Input {
     path: PathBuf,
     store: Store,
@@ -45,6 +51,7 @@ struct Input {
     manifest: super::store::ImageManifest,
     arch: Arch,
     ref_name: String,
+    payload: crate::sign::Manifest,
 }
 
 fn open(path: &Path) -> Result<Input> {
@@ -56,6 +63,18 @@ fn open(path: &Path) -> Result<Input> {
         bail!("{what}: its image is not an OCI image manifest (as `imager build` writes)");
     }
     let manifest: super::store::ImageManifest = store.read_json(&image, "image manifest")?;
+    // As the reader bounds them: the blobs' names (paths in the new
+    // archive) are digests, and at most MAX_LAYERS layers.
+    if manifest.layers.len() > super::MAX_LAYERS {
+        bail!(
+            "{what}: its image has {} layers, more than an installer image's {}",
+            manifest.layers.len(),
+            super::MAX_LAYERS
+        );
+    }
+    for d in manifest.layers.iter().chain([&manifest.config]) {
+        digest_hex(&d.digest)?;
+    }
     let config: ImageConfig = store.read_json(&manifest.config, "image config")?;
     let arch = config
         .architecture
@@ -76,6 +95,23 @@ fn open(path: &Path) -> Result<Input> {
     super::writer::check_ref_name(&ref_name).map_err(|e| {
         anyhow!("{what}: the image's reference name (index.json's {REF_NAME}): {e}")
     })?;
+    let (Some(layer0), Some(diff0)) = (
+        manifest.layers.get(super::MANIFEST_LAYER),
+        config.rootfs.diff_ids.get(super::MANIFEST_LAYER),
+    ) else {
+        bail!("{what}: not an installer image (no first layer)");
+    };
+    let signed = read_signed(&store, layer0, diff0, arch, &Work::default())
+        .with_context(|| format!("reading {what}"))?;
+    let payload = crate::sign::Manifest::parse(&signed.manifest)
+        .with_context(|| format!("{what}: its payload manifest"))?;
+    let said = payload.arch()?;
+    if said != arch {
+        bail!(
+            "{what}: its image says {arch} but its payload manifest {said}: refusing to list it \
+             as {arch}'s"
+        );
+    }
     Ok(Input {
         path: path.to_path_buf(),
         store,
@@ -83,13 +119,14 @@ fn open(path: &Path) -> Result<Input> {
         manifest,
         arch,
         ref_name,
+        payload,
     })
 }
 
 /// Combines the single-architecture installer archives `inputs` (one per
-/// architecture, of the same reference name) into the archive `dest`,
-/// whose entries carry the time `epoch`.
-pub fn combine(dest: &Path, inputs: &[PathBuf], epoch: u64) -> Result<IndexReport> {
+/// architecture, of the same system, version and reference name) into the
+/// archive `dest`.
+pub fn combine(dest: &Path, inputs: &[PathBuf]) -> Result<IndexReport> {
     if inputs.len() < 2 {
         bail!("give the installer archives of at least two architectures to combine");
     }
@@ -117,6 +154,26 @@ pub fn combine(dest: &Path, inputs: &[PathBuf], epoch: u64) -> Result<IndexRepor
             other.ref_name
         );
     }
+    let same = |i: &Input| {
+        i.payload.name == first.payload.name && i.payload.version == first.payload.version
+    };
+    if let Some(other) = by_arch.values().find(|i| !same(i)) {
+        bail!(
+            "{} holds {} {} but {} holds {} {}: the images of one index are one system's \
+             version, built for each architecture",
+            first.path.display(),
+            contract::text::quote(&first.payload.name, 64),
+            first.payload.version,
+            other.path.display(),
+            contract::text::quote(&other.payload.name, 64),
+            other.payload.version
+        );
+    }
+    let epoch = by_arch
+        .values()
+        .map(|i| i.payload.source_date_epoch)
+        .max()
+        .unwrap_or_default();
     let ref_name = first.ref_name.clone();
     // The image index, platforms in the table's order; and index.json,
     // naming it with the reference name.
@@ -152,60 +209,29 @@ pub fn combine(dest: &Path, inputs: &[PathBuf], epoch: u64) -> Result<IndexRepor
     let layout = serde_json::to_vec(&json!({ "imageLayoutVersion": super::LAYOUT_VERSION }))
         .context("serializing oci-layout")?;
 
-    enum Src<'a> {
-        Dir,
-        Bytes(&'a [u8]),
-        Blob(&'a Input, &'a Descriptor),
-    }
     let blob = |d: &str| format!("blobs/sha256/{}", d.trim_start_matches("sha256:"));
-    let mut items: BTreeMap<String, Src> = BTreeMap::new();
-    items.insert("blobs/".into(), Src::Dir);
-    items.insert("blobs/sha256/".into(), Src::Dir);
-    items.insert("oci-layout".into(), Src::Bytes(&layout));
-    items.insert("index.json".into(), Src::Bytes(&top));
-    items.insert(blob(&digest), Src::Bytes(&nested));
+    let mut items: BTreeMap<String, ArchiveItem> = BTreeMap::new();
+    items.insert("oci-layout".into(), ArchiveItem::Bytes(&layout));
+    items.insert("index.json".into(), ArchiveItem::Bytes(&top));
+    items.insert(blob(&digest), ArchiveItem::Bytes(&nested));
     for i in by_arch.values() {
         for d in std::iter::once(&i.image)
             .chain([&i.manifest.config])
             .chain(&i.manifest.layers)
         {
-            // A blob two images share is copied once.
-            items.entry(blob(&d.digest)).or_insert(Src::Blob(i, d));
+            // A blob two images share is copied once, its digest checked
+            // on the way in (a digest is checked to be one when its image
+            // is read).
+            let hex = d.digest.trim_start_matches("sha256:").to_string();
+            let open = move || -> Result<Box<dyn Read + '_>> { i.store.open(d) };
+            items.entry(blob(&d.digest)).or_insert(ArchiveItem::Stream {
+                size: d.size,
+                hex,
+                open: Box::new(open),
+            });
         }
     }
-    let mut out = AtomicFile::create(dest)?;
-    {
-        let mut b = tar::Builder::new(BufWriter::with_capacity(1 << 20, &mut out));
-        for (path, src) in &items {
-            let what = || format!("adding {path} to {}", dest.display());
-            match src {
-                Src::Dir => {
-                    let mut h = header(tar::EntryType::Directory, 0o755, 0, epoch);
-                    b.append_data(&mut h, path, io::empty())
-                        .with_context(what)?;
-                }
-                Src::Bytes(bytes) => {
-                    let mut h = header(tar::EntryType::Regular, 0o644, bytes.len() as u64, epoch);
-                    b.append_data(&mut h, path, *bytes).with_context(what)?;
-                }
-                Src::Blob(i, d) => {
-                    // Exactly the descriptor's size, its digest checked.
-                    let mut r = HashingReader::new(i.store.open(d)?.take(d.size));
-                    let mut h = header(tar::EntryType::Regular, 0o644, d.size, epoch);
-                    b.append_data(&mut h, path, &mut r).with_context(what)?;
-                    check_digest(d, r.finish())
-                        .with_context(|| format!("copying from {}", i.path.display()))?;
-                }
-            }
-        }
-        let w = b
-            .into_inner()
-            .with_context(|| format!("finishing {}", dest.display()))?;
-        w.into_inner()
-            .map_err(|e| e.into_error())
-            .with_context(|| format!("writing {}", dest.display()))?;
-    }
-    let path = out.commit()?;
+    let path = write_archive(dest, items, epoch)?;
     Ok(IndexReport {
         path,
         digest,

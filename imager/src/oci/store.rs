@@ -52,6 +52,8 @@ impl Store {
     /// A small blob's bytes (at most [`MAX_SMALL`]), checked against its
     /// descriptor's size and digest.
     pub(super) fn read_small(&self, d: &Descriptor, what: &str) -> Result<Vec<u8>> {
+        // The digest is printed below: only once it is known to be one.
+        digest_hex(&d.digest)?;
         if d.size > MAX_SMALL {
             bail!(
                 "the {what} {} is {} bytes, more than the {MAX_SMALL} an installer image's \

@@ -1218,7 +1218,7 @@ fn write_fuzz_seeds() {
     // Both architectures' images under one index (`imager index`).
     let name = "localhost/metal/installer:0.1.0";
     let both = [Arch::Amd64, Arch::Arm64].map(|a| image_of(&t.path().join("both"), a, name));
-    combine(&out.join("index.tar"), &both, EPOCH).unwrap();
+    combine(&out.join("index.tar"), &both).unwrap();
     for name in names(&out) {
         let len = std::fs::metadata(out.join(&name)).unwrap().len();
         assert!(len < 100 << 10, "{name}: {len} bytes");
@@ -1430,11 +1430,11 @@ fn an_index_of_two_architectures_gives_each_its_own_payload() {
     let amd = image_of(t.path(), Arch::Amd64, name);
     let arm = image_of(t.path(), Arch::Arm64, name);
     let both = t.path().join("both.tar");
-    let r = combine(&both, &[arm.clone(), amd.clone()], EPOCH).unwrap();
+    let r = combine(&both, &[arm.clone(), amd.clone()]).unwrap();
     assert_eq!(r.images[0].0, "amd64");
     assert_eq!(r.images[1].0, "arm64");
     let again = t.path().join("again.tar");
-    combine(&again, &[amd.clone(), arm.clone()], EPOCH).unwrap();
+    combine(&again, &[amd.clone(), arm.clone()]).unwrap();
     assert_eq!(
         std::fs::read(&both).unwrap(),
         std::fs::read(&again).unwrap()
@@ -1460,7 +1460,7 @@ fn an_index_of_two_architectures_gives_each_its_own_payload() {
     // is written.
     let e = format!(
         "{:#}",
-        combine(&t.path().join("z1"), &[amd.clone(), amd.clone()], EPOCH).unwrap_err()
+        combine(&t.path().join("z1"), &[amd.clone(), amd.clone()]).unwrap_err()
     );
     assert!(e.contains("are both amd64 images"), "{e}");
     let other = image_of(
@@ -1470,7 +1470,7 @@ fn an_index_of_two_architectures_gives_each_its_own_payload() {
     );
     let e = format!(
         "{:#}",
-        combine(&t.path().join("z2"), &[amd.clone(), other], EPOCH).unwrap_err()
+        combine(&t.path().join("z2"), &[amd.clone(), other]).unwrap_err()
     );
     assert!(
         e.contains("the images of one index are one system's version"),

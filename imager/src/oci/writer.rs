@@ -201,54 +201,87 @@ pub(super) fn assemble(dest: &Path, layers: &[LayerFile], spec: &ImageSpec) -> R
         .map(|l| (format!("sha256:{}", l.hex), l.size))
         .collect();
     let docs = documents(spec, &digests)?;
-    enum Src<'a> {
-        Dir,
-        Bytes(&'a [u8]),
-        File(&'a LayerFile<'a>),
-    }
     let blob = |d: &str| format!("blobs/sha256/{}", d.trim_start_matches("sha256:"));
-    let mut items: BTreeMap<String, Src> = BTreeMap::new();
-    items.insert("blobs/".into(), Src::Dir);
-    items.insert("blobs/sha256/".into(), Src::Dir);
-    items.insert("oci-layout".into(), Src::Bytes(&docs.layout));
-    items.insert("index.json".into(), Src::Bytes(&docs.index));
-    items.insert(blob(&docs.manifest_digest), Src::Bytes(&docs.manifest));
-    items.insert(blob(&docs.config_digest), Src::Bytes(&docs.config));
+    let mut items: BTreeMap<String, ArchiveItem> = BTreeMap::new();
+    items.insert("oci-layout".into(), ArchiveItem::Bytes(&docs.layout));
+    items.insert("index.json".into(), ArchiveItem::Bytes(&docs.index));
+    items.insert(
+        blob(&docs.manifest_digest),
+        ArchiveItem::Bytes(&docs.manifest),
+    );
+    items.insert(blob(&docs.config_digest), ArchiveItem::Bytes(&docs.config));
     for l in layers {
-        // Two equal layers are one blob.
-        items.insert(blob(&l.hex), Src::File(l));
+        // Two equal layers are one blob; the layer as hashed, re-checked
+        // on the way in.
+        let open = move || -> Result<Box<dyn Read + '_>> {
+            let mut f = l.file;
+            f.seek(SeekFrom::Start(0))?;
+            Ok(Box::new(BufReader::with_capacity(1 << 20, f)))
+        };
+        items.insert(
+            blob(&l.hex),
+            ArchiveItem::Stream {
+                size: l.size,
+                hex: l.hex.clone(),
+                open: Box::new(open),
+            },
+        );
     }
+    let path = write_archive(dest, items, spec.epoch)?;
+    Ok(ImageInfo {
+        path,
+        manifest_digest: docs.manifest_digest,
+        config_digest: docs.config_digest,
+        layers: digests,
+    })
+}
 
+/// What an entry of an OCI archive holds ([`write_archive`]).
+pub(super) enum ArchiveItem<'a> {
+    Bytes(&'a [u8]),
+    /// `size` bytes read from what `open` gives, whose SHA-256 must be
+    /// `hex`: checked while they go in, so that a blob changed meanwhile
+    /// (a layer file, another archive's blob) fails the write.
+    Stream {
+        size: u64,
+        hex: String,
+        open: Box<dyn Fn() -> Result<Box<dyn Read + 'a>> + 'a>,
+    },
+}
+
+/// Writes the OCI archive `dest` of `items` (path → content; `blobs/` and
+/// `blobs/sha256/` added), sorted, every entry stamped with `epoch`, under
+/// a temporary name renamed when complete: the one writer of archives, for
+/// an image ([`write_image`]) and an index (`index::combine`).
+pub(super) fn write_archive(
+    dest: &Path,
+    items: BTreeMap<String, ArchiveItem>,
+    epoch: u64,
+) -> Result<PathBuf> {
     let mut out = AtomicFile::create(dest)?;
     {
         let mut b = tar::Builder::new(BufWriter::with_capacity(1 << 20, &mut out));
-        for (path, src) in items {
+        for dir in ["blobs/", "blobs/sha256/"] {
+            let mut h = header(tar::EntryType::Directory, 0o755, 0, epoch);
+            b.append_data(&mut h, dir, io::empty())
+                .with_context(|| format!("adding {dir} to {}", dest.display()))?;
+        }
+        for (path, item) in items {
             let what = || format!("adding {path} to {}", dest.display());
-            match src {
-                Src::Dir => {
-                    let mut h = header(tar::EntryType::Directory, 0o755, 0, spec.epoch);
-                    b.append_data(&mut h, &path, io::empty())
-                        .with_context(what)?;
-                }
-                Src::Bytes(bytes) => {
-                    let mut h = header(
-                        tar::EntryType::Regular,
-                        0o644,
-                        bytes.len() as u64,
-                        spec.epoch,
-                    );
+            match item {
+                ArchiveItem::Bytes(bytes) => {
+                    let mut h = header(tar::EntryType::Regular, 0o644, bytes.len() as u64, epoch);
                     b.append_data(&mut h, &path, bytes).with_context(what)?;
                 }
-                Src::File(l) => {
-                    let (mut f, size) = (l.file, l.size);
-                    f.seek(SeekFrom::Start(0)).with_context(what)?;
-                    // The layer as hashed, re-checked on the way in.
-                    let mut r = HashingReader::new(BufReader::with_capacity(1 << 20, f).take(size));
-                    let mut h = header(tar::EntryType::Regular, 0o644, size, spec.epoch);
+                ArchiveItem::Stream { size, hex, open } => {
+                    let mut r = HashingReader::new(open().with_context(what)?.take(size));
+                    let mut h = header(tar::EntryType::Regular, 0o644, size, epoch);
                     b.append_data(&mut h, &path, &mut r).with_context(what)?;
-                    if r.finish() != (l.hex.clone(), size) {
+                    let (got, len) = r.finish();
+                    if (got.as_str(), len) != (hex.as_str(), size) {
                         bail!(
-                            "the layer of {} changed while it was written",
+                            "{path} changed while {} was written (it hashed to {got}, {len} \
+                             bytes, not {hex}, {size})",
                             dest.display()
                         );
                     }
@@ -262,13 +295,7 @@ pub(super) fn assemble(dest: &Path, layers: &[LayerFile], spec: &ImageSpec) -> R
             .map_err(|e| e.into_error())
             .with_context(|| format!("writing {}", dest.display()))?;
     }
-    let path = out.commit()?;
-    Ok(ImageInfo {
-        path,
-        manifest_digest: docs.manifest_digest,
-        config_digest: docs.config_digest,
-        layers: digests,
-    })
+    out.commit()
 }
 
 /// The JSON documents of an image around its layer, serialized: config,
@@ -385,9 +412,10 @@ pub fn check_ref_name(name: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!(
-            "{name:?} is not an image reference name: use components of letters and digits \
+            "{} is not an image reference name: use components of letters and digits \
              joined by one of - . _ : @ +, separated by /, at most 255 bytes (e.g. \
-             registry.example.com/metal/installer:0.1.0)"
+             registry.example.com/metal/installer:0.1.0)",
+            contract::text::quote(name, 64)
         ))
     }
 }
