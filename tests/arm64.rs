@@ -452,9 +452,9 @@ fn refused(disk: &Path, installer: &Path, wants: &[&str]) {
     assert_eq!(sha256(disk), before, "{}", disk.display());
 }
 
-/// An x86-64 disk refuses the arm64 payload, as an installer image, as a
-/// build's directory and from an index without amd64's; an arm64 disk
-/// refuses amd64's: before writing anything.
+/// An x86-64 disk refuses the arm64 payload, as an installer image and as
+/// a build's directory; an arm64 disk refuses amd64's: before writing
+/// anything.
 #[test]
 fn a_disk_refuses_the_payload_of_the_other_architecture_with_nothing_written() {
     let b = both();
@@ -584,4 +584,55 @@ fn an_arm64_profile_asking_for_what_arm64_lacks_is_refused_before_any_work() {
         "{said}"
     );
     assert!(!out.exists(), "{} was made", out.display());
+}
+
+/// `imager install --arch arm64` lays out a blank disk from the index's
+/// arm64 payload, which boots to ready under AAVMF with no BIOS boot; the
+/// same install without `--arch` (this machine's amd64) of the arm64
+/// installer image alone is refused and makes no disk.
+#[test]
+fn imager_install_takes_the_payload_of_its_arch_from_the_index() {
+    let b = both();
+    let pubkey = repo().join("out/keys/dev.pub");
+    let refused_disk = scratch().join("arm64-install-refused.raw");
+    let _ = std::fs::remove_file(&refused_disk);
+    let o = run(imager()
+        .args(["install", "--installer"])
+        .arg(b.arm64.artifact("installer"))
+        .arg("--disk")
+        .arg(&refused_disk)
+        .arg("--key")
+        .arg(&pubkey));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{said}");
+    assert!(
+        said.contains("installing the amd64 payload (--arch)")
+            && said.contains("the installer image is for \"arm64\", not amd64"),
+        "{said}"
+    );
+    assert!(!refused_disk.exists(), "a disk was made");
+
+    let disk = scratch().join("arm64-install.raw");
+    let _ = std::fs::remove_file(&disk);
+    let r: serde_json::Value = serde_json::from_str(&ok(imager()
+        .args([
+            "install",
+            "--json",
+            "--arch",
+            "arm64",
+            "--size",
+            "2GiB",
+            "--installer",
+        ])
+        .arg(&b.index)
+        .arg("--disk")
+        .arg(&disk)
+        .arg("--key")
+        .arg(&pubkey)))
+    .unwrap();
+    check_gpt(&disk);
+    assert_eq!((&r["slot"], &r["version"]), (&"A".into(), &"0.2.0".into()));
+    assert_eq!(r["bios_boot"], false, "{r}");
+    let (r, _) = boot_arm64(&disk, false);
+    assert_eq!(version_and_slot(&r), ("0.2.0", "A"));
 }
