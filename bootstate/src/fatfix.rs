@@ -325,9 +325,11 @@ fn scan_dir<T: Read + Seek>(
 
 /// Finds `path` (`/`-separated, compared without regard to case).
 pub(crate) fn find<T: Read + Seek>(dev: &mut T, g: &Geometry, path: &str) -> Result<Option<Found>> {
+    // Directories' chains are bounded (`Geometry::dir_chain`): a lookup on
+    // a hostile disk reads at most a directory's worth each step.
     let mut ranges = match g.kind {
         Kind::Fat16 => vec![g.root_region],
-        Kind::Fat32 => g.chain(dev, g.root_cluster)?,
+        Kind::Fat32 => g.dir_chain(dev, g.root_cluster)?,
     };
     let parts: Vec<String> = path.split('/').map(str::to_lowercase).collect();
     for (i, part) in parts.iter().enumerate() {
@@ -341,7 +343,7 @@ pub(crate) fn find<T: Read + Seek>(dev: &mut T, g: &Geometry, path: &str) -> Res
         if !found.is_dir || found.first_cluster < 2 {
             return Ok(None);
         }
-        ranges = g.chain(dev, found.first_cluster)?;
+        ranges = g.dir_chain(dev, found.first_cluster)?;
     }
     Ok(None)
 }

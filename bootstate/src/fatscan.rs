@@ -28,7 +28,7 @@ pub(crate) const DOTDOT: &[u8; 11] = b"..         ";
 /// 16 MiB at FAT32).
 pub const MAX_CLUSTERS: u32 = 1 << 22;
 /// A directory holds at most 65536 entries (the FAT specification).
-const MAX_DIR_BYTES: u64 = 65536 * ENTRY as u64;
+pub(crate) const MAX_DIR_BYTES: u64 = 65536 * ENTRY as u64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -231,6 +231,28 @@ impl Geometry {
     /// The byte ranges of a cluster chain, read from the device; a chain
     /// longer than the volume (a loop) is refused.
     pub fn chain<T: Read + Seek>(&self, dev: &mut T, first: u32) -> Result<Vec<(u64, u64)>> {
+        self.chain_at_most(dev, first, self.clusters as usize)
+    }
+
+    /// The byte ranges of a directory's cluster chain: at most what the
+    /// largest directory the FAT specification allows takes
+    /// ([`MAX_DIR_BYTES`]), so that a hostile chain cannot make a lookup
+    /// read the whole volume into memory.
+    pub(crate) fn dir_chain<T: Read + Seek>(
+        &self,
+        dev: &mut T,
+        first: u32,
+    ) -> Result<Vec<(u64, u64)>> {
+        let most = MAX_DIR_BYTES.div_ceil(self.cluster_size.max(1));
+        self.chain_at_most(dev, first, usize::try_from(most).unwrap_or(usize::MAX))
+    }
+
+    fn chain_at_most<T: Read + Seek>(
+        &self,
+        dev: &mut T,
+        first: u32,
+        most: usize,
+    ) -> Result<Vec<(u64, u64)>> {
         if !self.valid_cluster(first) {
             bail!("cluster {first} is out of range");
         }
@@ -239,6 +261,9 @@ impl Geometry {
         while let Some(cl) = c {
             if out.len() > self.clusters as usize {
                 bail!("FAT chain loops at cluster {cl}");
+            }
+            if out.len() >= most {
+                bail!("the chain at cluster {first} is longer than a directory may be");
             }
             out.push((self.cluster_offset(cl), self.cluster_size));
             c = self.next(dev, cl)?;

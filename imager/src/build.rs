@@ -1344,3 +1344,45 @@ fn place(src: &Path, out: &Path, name: &str) -> Result<PathBuf> {
 pub fn report_json(r: &BuildReport) -> Result<String> {
     serde_json::to_string_pretty(r).context("serializing the build report")
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// arm64 builds its disk images and its installer; every other output
+    /// (and Secure Boot) is refused, named; amd64 refuses nothing here.
+    #[test]
+    fn arm64_refuses_what_it_does_not_build_and_amd64_nothing() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/metal-arm64.yaml");
+        let mut p = Profile::load(&path).unwrap();
+        assert_eq!(p.arch, contract::Arch::Arm64);
+        let built = [
+            Output::Raw,
+            Output::Vhd,
+            Output::Qcow2,
+            Output::RawZst,
+            Output::RawXz,
+            Output::Installer,
+        ];
+        p.outputs = built.to_vec();
+        not_yet_for_arch(&p).unwrap();
+        for o in [
+            Output::Gcp,
+            Output::Azure,
+            Output::Vmware,
+            Output::Aws,
+            Output::Iso,
+            Output::Uki,
+        ] {
+            p.outputs = vec![Output::Raw, o];
+            let e = not_yet_for_arch(&p).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("arch arm64: {} not built for arm64 yet", o.name())),
+                "{e}"
+            );
+        }
+        p.arch = contract::Arch::Amd64;
+        not_yet_for_arch(&p).unwrap();
+    }
+}

@@ -63,11 +63,19 @@ fn open(path: &Path) -> Result<Input> {
         bail!("{what}: its image is not an OCI image manifest (as `imager build` writes)");
     }
     let manifest: super::store::ImageManifest = store.read_json(&image, "image manifest")?;
-    // As the reader bounds them: the blobs' names (paths in the new
-    // archive) are digests, and at most MAX_LAYERS layers.
-    if manifest.layers.len() > super::MAX_LAYERS {
+    // As the reader takes them: schema 2, the signed manifest's and the
+    // payload's layers and at most MAX_LAYERS, the blobs' names (paths in
+    // the new archive) digests.
+    if manifest.schema_version != 2 {
         bail!(
-            "{what}: its image has {} layers, more than an installer image's {}",
+            "{what}: its image manifest has schemaVersion {}: only 2 is supported",
+            manifest.schema_version
+        );
+    }
+    if manifest.layers.len() > super::MAX_LAYERS || manifest.layers.len() <= super::PAYLOAD_LAYER {
+        bail!(
+            "{what}: its image has {} layers: an installer image has its signed manifest's and \
+             its payload's, and at most {}",
             manifest.layers.len(),
             super::MAX_LAYERS
         );
@@ -76,6 +84,13 @@ fn open(path: &Path) -> Result<Input> {
         digest_hex(&d.digest)?;
     }
     let config: ImageConfig = store.read_json(&manifest.config, "image config")?;
+    if config.rootfs.diff_ids.len() != manifest.layers.len() {
+        bail!(
+            "{what}: its image config lists {} layers but its manifest {}: the image is corrupt",
+            config.rootfs.diff_ids.len(),
+            manifest.layers.len()
+        );
+    }
     let arch = config
         .architecture
         .as_deref()
@@ -174,6 +189,10 @@ pub fn combine(dest: &Path, inputs: &[PathBuf]) -> Result<IndexReport> {
         .map(|i| i.payload.source_date_epoch)
         .max()
         .unwrap_or_default();
+    // A tar header's time has 11 octal digits (until the year 2242).
+    if epoch >= 1 << 33 {
+        bail!("the payloads' source_date_epoch {epoch} is past what a tar header holds");
+    }
     let ref_name = first.ref_name.clone();
     // The image index, platforms in the table's order; and index.json,
     // naming it with the reference name.
@@ -214,21 +233,38 @@ pub fn combine(dest: &Path, inputs: &[PathBuf]) -> Result<IndexReport> {
     items.insert("oci-layout".into(), ArchiveItem::Bytes(&layout));
     items.insert("index.json".into(), ArchiveItem::Bytes(&top));
     items.insert(blob(&digest), ArchiveItem::Bytes(&nested));
+    // A blob two images share is copied once; its size must agree.
+    let mut sizes: BTreeMap<&str, (u64, &PathBuf)> = BTreeMap::new();
     for i in by_arch.values() {
         for d in std::iter::once(&i.image)
             .chain([&i.manifest.config])
             .chain(&i.manifest.layers)
         {
-            // A blob two images share is copied once, its digest checked
-            // on the way in (a digest is checked to be one when its image
-            // is read).
+            // Its digest checked on the way in (a digest is checked to be
+            // one when its image is read).
             let hex = d.digest.trim_start_matches("sha256:").to_string();
+            if let Some((size, other)) = sizes.insert(d.digest.as_str(), (d.size, &i.path)) {
+                if size != d.size {
+                    bail!(
+                        "blob {} is {size} bytes in {} but {} in {}: one of them is corrupt",
+                        d.digest,
+                        other.display(),
+                        d.size,
+                        i.path.display()
+                    );
+                }
+                continue;
+            }
             let open = move || -> Result<Box<dyn Read + '_>> { i.store.open(d) };
-            items.entry(blob(&d.digest)).or_insert(ArchiveItem::Stream {
-                size: d.size,
-                hex,
-                open: Box::new(open),
-            });
+            items.insert(
+                blob(&d.digest),
+                ArchiveItem::Stream {
+                    size: d.size,
+                    hex,
+                    from: i.path.display().to_string(),
+                    open: Box::new(open),
+                },
+            );
         }
     }
     let path = write_archive(dest, items, epoch)?;

@@ -1219,6 +1219,14 @@ fn write_fuzz_seeds() {
     let name = "localhost/metal/installer:0.1.0";
     let both = [Arch::Amd64, Arch::Arm64].map(|a| image_of(&t.path().join("both"), a, name));
     combine(&out.join("index.tar"), &both).unwrap();
+    // The same two images as the fuzz target's two halves (each padded
+    // with zeros, past its tar end, to the same length): what reaches the
+    // writing of an index.
+    let [mut a, mut b] = both.map(|p| std::fs::read(p).unwrap());
+    let len = a.len().max(b.len());
+    a.resize(len, 0);
+    b.resize(len, 0);
+    std::fs::write(out.join("two-halves.tar"), [a, b].concat()).unwrap();
     for name in names(&out) {
         let len = std::fs::metadata(out.join(&name)).unwrap().len();
         assert!(len < 100 << 10, "{name}: {len} bytes");
@@ -1391,11 +1399,17 @@ fn a_signature_added_to_an_archive_gives_the_archive_a_cosigning_build_writes() 
 /// An installer archive of `arch` in `dir/<arch>.tar`: the test payload,
 /// its signed manifest naming `arch`, the payload in `arch`'s directory.
 fn image_of(dir: &Path, arch: Arch, ref_name: &str) -> PathBuf {
+    image_with(dir, arch, ref_name, |_| {})
+}
+
+/// [`image_of`] with its payload manifest changed by `edit` (then signed).
+fn image_with(dir: &Path, arch: Arch, ref_name: &str, edit: impl Fn(&mut Manifest)) -> PathBuf {
     let d = dir.join(arch.name());
     std::fs::create_dir_all(&d).unwrap();
     let payload = payload_in(&d);
     let mut m = Manifest::parse(&std::fs::read(payload.join(PAYLOAD_MANIFEST)).unwrap()).unwrap();
     m.set_arch(arch);
+    edit(&mut m);
     sign::write_signed_manifest(&payload, &m, &signer()).unwrap();
     std::fs::write(d.join("imager"), b"\x7fELF not really").unwrap();
     let spec = ImageSpec {
@@ -1476,7 +1490,19 @@ fn an_index_of_two_architectures_gives_each_its_own_payload() {
         e.contains("the images of one index are one system's version"),
         "{e}"
     );
-    for z in ["z1", "z2"] {
+    // The same reference name over another version of the payload.
+    let later = image_with(&t.path().join("l"), Arch::Arm64, name, |m| {
+        m.version = "0.2.0".into();
+    });
+    let e = format!(
+        "{:#}",
+        combine(&t.path().join("z3"), &[amd.clone(), later]).unwrap_err()
+    );
+    assert!(
+        e.contains("holds \"metal\" 0.1.0 but") && e.contains("holds \"metal\" 0.2.0"),
+        "{e}"
+    );
+    for z in ["z1", "z2", "z3"] {
         assert!(!t.path().join(z).exists());
     }
     // An index's one image per platform is what resign and push take
@@ -1531,4 +1557,15 @@ fn a_platform_that_is_not_the_signed_architecture_is_refused() {
     );
     let x = t.path().join("x");
     assert!(!x.exists() || names(&x).is_empty(), "something unpacked");
+    // Nor is it listed as arm64's in an index.
+    let amd = image_of(&t.path().join("a"), Arch::Amd64, "x");
+    let e = format!(
+        "{:#}",
+        combine(&t.path().join("both.tar"), &[amd, tar]).unwrap_err()
+    );
+    assert!(
+        e.contains("its image says arm64 but its payload manifest amd64: refusing to list it"),
+        "{e}"
+    );
+    assert!(!t.path().join("both.tar").exists());
 }

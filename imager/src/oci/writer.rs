@@ -223,6 +223,7 @@ pub(super) fn assemble(dest: &Path, layers: &[LayerFile], spec: &ImageSpec) -> R
             ArchiveItem::Stream {
                 size: l.size,
                 hex: l.hex.clone(),
+                from: "its layer's temporary file".into(),
                 open: Box::new(open),
             },
         );
@@ -238,14 +239,17 @@ pub(super) fn assemble(dest: &Path, layers: &[LayerFile], spec: &ImageSpec) -> R
 
 /// What an entry of an OCI archive holds ([`write_archive`]).
 pub(super) enum ArchiveItem<'a> {
+    Dir,
     Bytes(&'a [u8]),
     /// `size` bytes read from what `open` gives, whose SHA-256 must be
     /// `hex`: checked while they go in, so that a blob changed meanwhile
-    /// (a layer file, another archive's blob) fails the write.
+    /// or corrupt (a layer file, another archive's blob) fails the write.
+    /// `from` names where they come from, for that message.
     Stream {
         size: u64,
         hex: String,
-        open: Box<dyn Fn() -> Result<Box<dyn Read + 'a>> + 'a>,
+        from: String,
+        open: Box<dyn FnOnce() -> Result<Box<dyn Read + 'a>> + 'a>,
     },
 }
 
@@ -255,33 +259,41 @@ pub(super) enum ArchiveItem<'a> {
 /// an image ([`write_image`]) and an index (`index::combine`).
 pub(super) fn write_archive(
     dest: &Path,
-    items: BTreeMap<String, ArchiveItem>,
+    mut items: BTreeMap<String, ArchiveItem>,
     epoch: u64,
 ) -> Result<PathBuf> {
+    items.insert("blobs/".into(), ArchiveItem::Dir);
+    items.insert("blobs/sha256/".into(), ArchiveItem::Dir);
     let mut out = AtomicFile::create(dest)?;
     {
         let mut b = tar::Builder::new(BufWriter::with_capacity(1 << 20, &mut out));
-        for dir in ["blobs/", "blobs/sha256/"] {
-            let mut h = header(tar::EntryType::Directory, 0o755, 0, epoch);
-            b.append_data(&mut h, dir, io::empty())
-                .with_context(|| format!("adding {dir} to {}", dest.display()))?;
-        }
         for (path, item) in items {
             let what = || format!("adding {path} to {}", dest.display());
             match item {
+                ArchiveItem::Dir => {
+                    let mut h = header(tar::EntryType::Directory, 0o755, 0, epoch);
+                    b.append_data(&mut h, &path, io::empty())
+                        .with_context(what)?;
+                }
                 ArchiveItem::Bytes(bytes) => {
                     let mut h = header(tar::EntryType::Regular, 0o644, bytes.len() as u64, epoch);
                     b.append_data(&mut h, &path, bytes).with_context(what)?;
                 }
-                ArchiveItem::Stream { size, hex, open } => {
+                ArchiveItem::Stream {
+                    size,
+                    hex,
+                    from,
+                    open,
+                } => {
                     let mut r = HashingReader::new(open().with_context(what)?.take(size));
                     let mut h = header(tar::EntryType::Regular, 0o644, size, epoch);
                     b.append_data(&mut h, &path, &mut r).with_context(what)?;
                     let (got, len) = r.finish();
                     if (got.as_str(), len) != (hex.as_str(), size) {
                         bail!(
-                            "{path} changed while {} was written (it hashed to {got}, {len} \
-                             bytes, not {hex}, {size})",
+                            "{path} from {from} is not what it was when {} was begun: it \
+                             hashed to sha256:{got}, {len} bytes, not sha256:{hex}, {size} \
+                             (changed meanwhile, or corrupt)",
                             dest.display()
                         );
                     }
