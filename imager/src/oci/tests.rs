@@ -1520,27 +1520,11 @@ fn an_index_of_two_architectures_gives_each_its_own_payload() {
 #[test]
 fn a_platform_that_is_not_the_signed_architecture_is_refused() {
     let t = tempfile::tempdir().unwrap();
-    let d = t.path().join("p");
-    std::fs::create_dir_all(&d).unwrap();
-    // An amd64 payload (no arch) laid out as arm64's image.
-    let payload = payload_in(&d);
-    std::fs::write(d.join("imager"), b"\x7fELF not really").unwrap();
-    let spec = ImageSpec {
-        layers: crate::build::installer_spec(
-            &payload,
-            &LISTED,
-            &[],
-            &d.join("imager"),
-            "x",
-            EPOCH,
-            Arch::Arm64,
-        )
-        .layers,
-        arch: Arch::Arm64,
-        ..spec_in(&d)
-    };
-    let tar = t.path().join("lying.tar");
-    write_image(&tar, &spec).unwrap();
+    // An amd64 payload (its manifest names no arch) laid out as arm64's
+    // image.
+    let tar = image_with(&t.path().join("p"), Arch::Arm64, "x", |m| {
+        m.set_arch(Arch::Amd64);
+    });
     let e = format!(
         "{:#}",
         extract_payload(
