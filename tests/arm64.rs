@@ -484,19 +484,9 @@ fn a_disk_refuses_the_payload_of_the_other_architecture_with_nothing_written() {
 
 /// `imager boot --write` of an arm64 `disk`: the report and the console.
 fn boot_arm64(disk: &Path, reboots: bool) -> (serde_json::Value, String) {
-    let log = disk.with_extension("console.log");
-    let mut c = imager();
-    c.args(["boot", "--write", "--quiet", "--json", "--timeout", "900"])
-        .arg("--console-log")
-        .arg(&log)
-        .arg(disk);
-    if reboots {
-        c.arg("--reboots");
-    }
-    let r: serde_json::Value = serde_json::from_str(&ok(&mut c)).unwrap();
-    check_gpt(disk);
+    let (r, console) = boot_written(disk, reboots, &[]);
     assert_eq!(r["arch"], "arm64", "{r}");
-    (r, std::fs::read_to_string(&log).unwrap())
+    (r, console)
 }
 
 fn version_and_slot(r: &serde_json::Value) -> (&str, &str) {

@@ -114,19 +114,7 @@ fn boot_under(disk: &Path, reboots: bool, firmware: &str) -> (Value, String) {
 
 /// [`boot`] with `args` for `imager boot` (the firmware, the bus).
 fn boot_with(disk: &Path, reboots: bool, args: &[&str]) -> (Value, String) {
-    let log = disk.with_extension("console.log");
-    let mut c = imager();
-    c.args(["boot", "--write", "--quiet", "--json", "--timeout", "900"])
-        .args(args)
-        .arg("--console-log")
-        .arg(&log)
-        .arg(disk);
-    if reboots {
-        c.arg("--reboots");
-    }
-    let report: Value = serde_json::from_str(&ok(&mut c)).unwrap();
-    check_gpt(disk);
-    (report, std::fs::read_to_string(&log).unwrap())
+    boot_written(disk, reboots, args)
 }
 
 fn inspect(disk: &Path) -> Value {

@@ -177,6 +177,25 @@ pub fn boot_report(image: &Path, args: &[&str]) -> Result<Value, String> {
     }
 }
 
+/// `imager boot --write` of `disk` with `args` (`--reboots` when asked),
+/// keeping what the guest writes: the report and the whole console; the
+/// disk's GPT checked after.
+pub fn boot_written(disk: &Path, reboots: bool, args: &[&str]) -> (Value, String) {
+    let log = disk.with_extension("console.log");
+    let mut c = imager();
+    c.args(["boot", "--write", "--quiet", "--json", "--timeout", "900"])
+        .args(args)
+        .arg("--console-log")
+        .arg(&log)
+        .arg(disk);
+    if reboots {
+        c.arg("--reboots");
+    }
+    let report: Value = serde_json::from_str(&ok(&mut c)).unwrap();
+    check_gpt(disk);
+    (report, std::fs::read_to_string(&log).unwrap())
+}
+
 /// The partition names of `disk`, as sfdisk reads them.
 pub fn partition_names(disk: &Path) -> Vec<String> {
     let json: Value = serde_json::from_str(&ok(tool("sfdisk").arg("--json").arg(disk))).unwrap();
