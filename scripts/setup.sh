@@ -20,8 +20,10 @@ packages=(
   # jq: docs/signing.md's verification, run as written by tests/signing.rs;
   # locales: localedef compiles tests/reproducible.rs's second locale
   jq locales
-  # objdump and sbverify: read the UKI's PE sections back in the tests
-  binutils sbsigntool
+  # objdump and sbverify: read the UKI's PE sections back in the tests;
+  # llvm-readobj and osslsigncode read arm64's (Debian's objdump reads
+  # x86-64 PE only)
+  binutils sbsigntool llvm osslsigncode
   # veritysetup: the dm-verity hash tree is checked against its own
   cryptsetup-bin
   # shipped in the root filesystem with their libraries (STATE and EPHEMERAL)

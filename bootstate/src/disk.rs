@@ -226,30 +226,10 @@ impl Disk {
     pub fn arch(&self) -> Result<contract::Arch> {
         let role = contract::partition::esp_role(self.table.sector_size);
         let mut esp = self.partition(role)?;
-        let mut found = Vec::new();
-        for a in contract::arch::ARCHES {
-            if crate::fatfix::file_extent(&mut esp, &a.arch.esp_boot_loader())?.is_some() {
-                found.push(a.arch);
-            }
-        }
-        match found[..] {
-            [one] => Ok(one),
-            [] => bail!(
-                "{}: its ESP has no EFI/BOOT boot loader of {}: not a disk made by imager",
-                self.path.display(),
-                contract::arch::ARCHES.map(|a| a.efi_boot_file).join(" or ")
-            ),
-            _ => bail!(
-                "{}: its ESP has the boot loaders of several architectures ({}): which one \
-                 the firmware starts depends on the machine; remove the others",
-                self.path.display(),
-                found
-                    .iter()
-                    .map(|a| a.name())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        }
+        one_arch(
+            &loader_arches(&mut esp)?,
+            &format!("{}: its ESP", self.path.display()),
+        )
     }
 
     /// BOOT, whose new files carry the time `epoch`.
@@ -260,6 +240,42 @@ impl Disk {
     /// META.
     pub fn meta(&self) -> Result<Window<File>> {
         self.partition(PartitionRole::Meta)
+    }
+}
+
+/// The architectures whose removable-media boot loader
+/// (`EFI/BOOT/BOOTX64.EFI`, `BOOTAA64.EFI`: `contract::arch`) the FAT
+/// filesystem `dev` holds, looked up in its directories alone
+/// ([`crate::fatfix::file_extent`]).
+pub fn loader_arches<T: std::io::Read + std::io::Seek>(dev: &mut T) -> Result<Vec<contract::Arch>> {
+    let mut found = Vec::new();
+    for a in contract::arch::ARCHES {
+        if crate::fatfix::file_extent(dev, &a.arch.esp_boot_loader())?.is_some() {
+            found.push(a.arch);
+        }
+    }
+    Ok(found)
+}
+
+/// The one architecture of `found` ([`loader_arches`] of `what`), or why
+/// the filesystem is refused: none (not made by imager), or several (which
+/// one firmware starts depends on the machine).
+pub fn one_arch(found: &[contract::Arch], what: &str) -> Result<contract::Arch> {
+    match found {
+        [one] => Ok(*one),
+        [] => bail!(
+            "{what} has no EFI/BOOT boot loader of {}: not a disk made by imager",
+            contract::arch::ARCHES.map(|a| a.efi_boot_file).join(" or ")
+        ),
+        _ => bail!(
+            "{what} has the boot loaders of several architectures ({}): which one the firmware \
+             starts depends on the machine; remove the others",
+            found
+                .iter()
+                .map(|a| a.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 

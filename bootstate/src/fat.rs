@@ -197,6 +197,15 @@ impl<D: Read + Seek> BootFs<D> {
     }
 
     /// Whether `path` exists (file or directory).
+    /// The path of the removable-media boot loader on this filesystem
+    /// (the ESP's, or BOOT's on a disk whose BOOT is the ESP):
+    /// `EFI/BOOT/BOOTX64.EFI` or `BOOTAA64.EFI`, whichever one it holds
+    /// ([`crate::disk::loader_arches`]); none or several is an error.
+    pub fn boot_loader_path(&mut self) -> Result<String> {
+        let found = crate::disk::loader_arches(&mut self.dev)?;
+        Ok(crate::disk::one_arch(&found, "the ESP")?.esp_boot_loader())
+    }
+
     pub fn exists(&mut self, path: &str) -> Result<bool> {
         check_path(path)?;
         let fs = self.open_ro()?;

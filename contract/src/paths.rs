@@ -77,9 +77,6 @@ pub fn live_run_path(rel: &str) -> String {
     format!("/run/{rel}")
 }
 
-/// The removable-media boot path on the ESP, where systemd-boot goes, of
-/// amd64 (every architecture's: `Arch::esp_boot_loader`).
-pub const ESP_BOOT_LOADER: &str = "EFI/BOOT/BOOTX64.EFI";
 /// systemd-boot's configuration, on the ESP.
 pub const ESP_LOADER_CONF: &str = "loader/loader.conf";
 /// Where systemd-boot looks for Secure Boot keys to enrol: a directory per

@@ -439,7 +439,7 @@ mod tests {
                 assert_eq!(on_esp.len(), 2, "{on_esp:?}");
             }
             assert_eq!(
-                read_file(efi(), contract::paths::ESP_BOOT_LOADER).unwrap(),
+                read_file(efi(), &contract::Arch::Amd64.esp_boot_loader()).unwrap(),
                 std::fs::read(sd_boot).unwrap()
             );
             let bootp = || open_partition(&img, "BOOT").unwrap();

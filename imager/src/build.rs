@@ -223,28 +223,17 @@ fn not_yet_for_arch(p: &Profile) -> Result<()> {
     if p.arch == contract::Arch::Amd64 {
         return Ok(());
     }
-    let mut asked: Vec<&str> = p
+    let asked: Vec<&str> = p
         .outputs
         .iter()
         .filter(|o| {
             matches!(
                 o,
-                Output::Uki
-                    | Output::Iso
-                    | Output::Gcp
-                    | Output::Azure
-                    | Output::Vmware
-                    | Output::Aws
+                Output::Iso | Output::Gcp | Output::Azure | Output::Vmware | Output::Aws
             )
         })
         .map(|o| o.name())
         .collect();
-    if p.boot.uki {
-        asked.push("boot.uki");
-    }
-    if p.secure_boot.is_some() {
-        asked.push("secure_boot");
-    }
     if !asked.is_empty() {
         bail!(
             "profile {}: arch {}: {} not built for {} yet, only the disk images (raw, vhd, \
@@ -491,7 +480,7 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
     let boot_loader = match b.sb {
         Some(sb) => {
             let signed = sb.sign(&p.boot.systemd_boot, &dir.join(paths::PAYLOAD_BOOT_LOADER))?;
-            esp = sb.esp_files(&signed)?;
+            esp = sb.esp_files(&signed, p.arch)?;
             signed
         }
         None => p.boot.systemd_boot.clone(),
@@ -963,7 +952,7 @@ fn kernel_files(
                 bail!("prebuilt kernel file {} not found", f.display());
             }
         }
-        kernel::check_bzimage(k)?;
+        kernel::check_image(k, p.arch)?;
         let rules = kernel::Rules::load(&p.kernel.rules)?;
         let config = kernel::KernelConfig::load(c)?;
         kernel::build::audit_or_fail(&rules, &config, &p.cmdline(), &waivers(p)?, None)
@@ -1364,6 +1353,7 @@ mod tests {
             Output::RawZst,
             Output::RawXz,
             Output::Installer,
+            Output::Uki,
         ];
         p.outputs = built.to_vec();
         not_yet_for_arch(&p).unwrap();
@@ -1373,7 +1363,6 @@ mod tests {
             Output::Vmware,
             Output::Aws,
             Output::Iso,
-            Output::Uki,
         ] {
             p.outputs = vec![Output::Raw, o];
             let e = not_yet_for_arch(&p).unwrap_err().to_string();

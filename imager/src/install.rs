@@ -692,7 +692,7 @@ pub fn run_install(a: &InstallOptions) -> Result<InstallReport> {
         refuse_data(f, &a.disk, a.wipe)?;
     }
     let esp = match &p.payload.secure_boot {
-        Some(db) => secure_esp(&p, db)?,
+        Some(db) => secure_esp(&p, db, a.arch)?,
         None => boot::esp_files(&systemd_boot_for(&p, a.arch), a.arch)?,
     };
     // The entry as an upgrade writes it (title from the manifest's boot.title).
@@ -846,7 +846,7 @@ fn install_layout_error(
 /// the payload's own systemd-boot and slot A's UKI verify with the payload's
 /// db certificate (a disk whose boot loader firmware refuses boots nothing),
 /// and the three enrolment files are there.
-fn secure_esp(p: &VerifiedPayload, db: &str) -> Result<Vec<disk::FatFile>> {
+fn secure_esp(p: &VerifiedPayload, db: &str, arch: contract::Arch) -> Result<Vec<disk::FatFile>> {
     let cert = crate::secureboot::keys::parse_cert(db.as_bytes())
         .context("the payload's db certificate")?;
     let loader = payload_loader(p)?.path;
@@ -878,7 +878,7 @@ fn secure_esp(p: &VerifiedPayload, db: &str) -> Result<Vec<disk::FatFile>> {
         "the payload's secure-boot-enroll {mode:?} is not one of off, manual, force: rebuild \
          the installer"
     );
-    crate::build::secure_esp_files(&loader, mode, &p.enrolment)
+    crate::build::secure_esp_files(&loader, arch, mode, &p.enrolment)
 }
 
 /// The boot loader to install: the one the payload's signed manifest lists,

@@ -31,8 +31,6 @@ use std::time::{Duration, Instant};
 /// amd64's UEFI firmware ([`machine::MACHINES`]).
 pub const OVMF_CODE: &str = machine::MACHINES[0].uefi_code;
 pub const OVMF_VARS: &str = machine::MACHINES[0].uefi_vars;
-/// OVMF built with Secure Boot and SMM (needs `smm=on` and a secure pflash).
-pub const OVMF_CODE_SECBOOT: &str = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd";
 /// The runtime's ready line starts with this.
 pub const READY_PREFIX: &str = "machined: ready ";
 
@@ -417,8 +415,8 @@ impl Drop for Guest {
 }
 
 /// Refuses what `m`, the machine of the image's architecture, does not
-/// have: BIOS, Secure Boot (not yet on arm64: docs/arm64.md), q35's AHCI
-/// controller (SATA disks, the CD-ROM drive).
+/// have: BIOS, q35's AHCI controller (SATA disks, the CD-ROM drive).
+/// (Secure Boot runs on either: [`Machine::secure_boot_code`].)
 fn check_machine(opts: &BootOptions, m: &Machine) -> Result<()> {
     if m.bios_and_ahci {
         return Ok(());
@@ -426,9 +424,6 @@ fn check_machine(opts: &BootOptions, m: &Machine) -> Result<()> {
     let arch = m.arch;
     if opts.firmware == Firmware::Bios {
         bail!("--firmware bios: an {arch} machine boots UEFI only");
-    }
-    if opts.secure_boot_vars.is_some() {
-        bail!("--secure-boot: Secure Boot is not built for {arch} yet (docs/arm64.md)");
     }
     if opts.media == Media::Cdrom {
         bail!("an {arch} ISO does not boot yet (docs/arm64.md)");
@@ -470,7 +465,7 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
         );
     }
     let code = if secure.is_some() {
-        OVMF_CODE_SECBOOT
+        m.secure_boot_code
     } else {
         m.uefi_code
     };
@@ -500,8 +495,8 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
     let mut cmd = Command::new(qemu);
     cmd.arg("-machine")
         .arg(match secure {
-            Some(_) => format!("{},smm=on", m.machine),
-            None => m.machine.to_string(),
+            Some(_) if m.secure_boot_smm => format!("{},smm=on", m.machine),
+            _ => m.machine.to_string(),
         })
         .arg("-m")
         .arg(opts.memory_mib.to_string())
@@ -513,7 +508,7 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
             &["-no-reboot"][..]
         })
         .args(["-accel", if opts.kvm { "kvm" } else { "tcg" }]);
-    if secure.is_some() {
+    if secure.is_some() && m.secure_boot_smm {
         cmd.args(["-global", "driver=cfi.pflash01,property=secure,value=on"]);
     }
     if uefi {

@@ -294,17 +294,18 @@ impl Disk {
     }
 
     /// The boot loader firmware starts from this disk (the ESP's
-    /// `EFI/BOOT/BOOTX64.EFI`; BOOT's on a disk whose BOOT is the ESP),
-    /// read whole (at most 16 MiB).
+    /// `EFI/BOOT/BOOTX64.EFI` or `BOOTAA64.EFI`; BOOT's on a disk whose
+    /// BOOT is the ESP), read whole (at most 16 MiB).
     pub fn esp_loader(&self) -> Result<Vec<u8>> {
         const MAX: u64 = 16 << 20;
-        let path = contract::paths::ESP_BOOT_LOADER;
         self.with_esp(0, |esp, boot, _| match esp {
             Some(esp) => esp
-                .read(path, MAX)
+                .boot_loader_path()
+                .and_then(|path| esp.read(&path, MAX))
                 .context("reading the boot loader on the ESP"),
             None => boot
-                .read(path, MAX)
+                .boot_loader_path()
+                .and_then(|path| boot.read(&path, MAX))
                 .context("reading the boot loader on BOOT"),
         })
     }

@@ -356,30 +356,20 @@ pub fn dev_key() -> PathBuf {
 /// systemd-boot enrols its keys on a machine in setup mode, which this
 /// store is not).
 pub fn enrolled_vars(keys: &Path, out: &Path, secure_boot: bool) -> PathBuf {
-    let guid = std::fs::read_to_string(keys.join("GUID")).unwrap();
-    let guid = guid.trim();
+    enrolled_vars_of(contract::Arch::Amd64, keys, out, secure_boot)
+}
+
+/// [`enrolled_vars`] for the UEFI firmware of `arch`'s machine (AAVMF's
+/// for arm64: `imager::qemu::machine::Machine::enrol_args`).
+pub fn enrolled_vars_of(
+    arch: contract::Arch,
+    keys: &Path,
+    out: &Path,
+    secure_boot: bool,
+) -> PathBuf {
     let _ = std::fs::remove_file(out);
-    ok(tool("virt-fw-vars")
-        .arg("--input")
-        .arg(imager::qemu::OVMF_VARS)
-        .arg("--output")
-        .arg(out)
-        .arg("--set-pk")
-        .arg(guid)
-        .arg(keys.join("PK.crt"))
-        .arg("--add-kek")
-        .arg(guid)
-        .arg(keys.join("KEK.crt"))
-        .arg("--add-db")
-        .arg(guid)
-        .arg(keys.join("db.crt"))
-        .args(if secure_boot {
-            &["--secure-boot"][..]
-        } else {
-            // OVMF_VARS_4M.fd has no SecureBootEnable: with a PK enrolled
-            // and nothing said, the firmware would enforce.
-            &["--set-false", "SecureBootEnable"][..]
-        }));
+    let m = imager::qemu::machine::Machine::of(arch);
+    ok(tool("virt-fw-vars").args(m.enrol_args(keys, out, secure_boot).unwrap()));
     out.to_path_buf()
 }
 
@@ -544,6 +534,7 @@ pub fn live_uki(iso: &Path, dir: &Path) -> (PathBuf, imager::uki::UkiReport, Str
     let uki = dir.join("live.efi");
     let r = imager::uki::write_uki(
         &imager::uki::UkiInput {
+            arch: contract::Arch::Amd64,
             stub: Path::new(imager::uki::DEFAULT_STUB),
             kernel: &kernel,
             initramfs: &initramfs,

@@ -1,5 +1,6 @@
 //! The upgrades that write the ESP's boot loader (`EFI/BOOT/BOOTX64.EFI`,
-//! the signed systemd-boot firmware starts) besides a slot:
+//! or arm64's `BOOTAA64.EFI`: the signed systemd-boot firmware starts)
+//! besides a slot:
 //!
 //! - [`upgrade_into_secure_boot`]: a disk without Secure Boot takes a
 //!   Secure Boot payload;
@@ -74,12 +75,12 @@ pub fn upgrade_into_secure_boot<E: Device, B: Device, M: Device>(
         )
     })?;
     const INSTALL: &str = "install the disk from the Secure Boot installer (`imager install`)";
-    let replace = prepare_loader(esp, loader, INSTALL)?;
+    let (path, replace) = prepare_loader(esp, loader, INSTALL)?;
     // 1. The signed boot loader.
     write_loader(
         esp,
         loader,
-        replace,
+        (&path, replace),
         "the upgrade stopped before touching BOOT, the disk boots as before with Secure Boot off",
     )?;
     // 2. GRUB's rendering: its configuration first, then what it used.
@@ -132,7 +133,7 @@ pub fn upgrade_with_loader<E: Device, B: Device, M: Device>(
     let Some(esp) = esp else {
         return apply_upgrade(boot, meta_dev, payload, plan, tries);
     };
-    let replace = prepare_loader(
+    let (path, replace) = prepare_loader(
         esp,
         loader,
         "reinstall the disk from the installer (`imager install`)",
@@ -140,14 +141,15 @@ pub fn upgrade_with_loader<E: Device, B: Device, M: Device>(
     write_loader(
         esp,
         loader,
-        replace,
+        (&path, replace),
         "the upgrade stopped before touching BOOT, the disk boots as before",
     )?;
     apply_upgrade(boot, meta_dev, payload, plan, tries)
 }
 
-/// Checks the ESP before the boot loader is written, and says whether it
-/// must be (the ESP's is not `loader`). A replacement an earlier run left
+/// Checks the ESP before the boot loader is written, and says where it is
+/// (the architecture's `EFI/BOOT` file the ESP holds) and whether it must
+/// be written (the ESP's is not `loader`). A replacement an earlier run left
 /// cut short is finished first: the scan refuses the two names it may
 /// leave on the same clusters, and the old boot loader's clusters may be
 /// held by nothing. `otherwise` says what to do when the ESP cannot take
@@ -156,18 +158,17 @@ fn prepare_loader<E: Device>(
     esp: &mut BootFs<E>,
     loader: &PayloadFile,
     otherwise: &str,
-) -> Result<bool> {
-    let path = contract::paths::ESP_BOOT_LOADER;
-    esp.finish_replace(path)?;
+) -> Result<(String, bool)> {
+    for a in contract::arch::ARCHES {
+        esp.finish_replace(&a.arch.esp_boot_loader())?;
+    }
     if !esp.scan()?.lost.is_empty() {
         esp.reclaim()?;
     }
-    if !esp.exists(path)? {
-        bail!(
-            "the ESP has no {path}: it was not made by imager; nothing was written ({otherwise})"
-        );
-    }
-    let (old_sha, _) = esp.hash(path)?;
+    let path = esp
+        .boot_loader_path()
+        .map_err(|e| anyhow::anyhow!("{e}; nothing was written ({otherwise})"))?;
+    let (old_sha, _) = esp.hash(&path)?;
     let replace = old_sha != loader.sha256;
     if replace {
         let room = esp.scan()?.room();
@@ -181,19 +182,19 @@ fn prepare_loader<E: Device>(
             );
         }
     }
-    Ok(replace)
+    Ok((path, replace))
 }
 
-/// Replaces the ESP's boot loader with `loader` when `replace`, then reads
-/// it back; `after` says what state a disk that does not keep it is left in.
+/// Replaces the ESP's boot loader at `path` with `loader` when `replace`
+/// ([`prepare_loader`]'s answer), then reads it back; `after` says what
+/// state a disk that does not keep it is left in.
 fn write_loader<E: Device>(
     esp: &mut BootFs<E>,
     loader: &PayloadFile,
-    replace: bool,
+    (path, replace): (&str, bool),
     after: &str,
 ) -> Result<()> {
     use anyhow::Context;
-    let path = contract::paths::ESP_BOOT_LOADER;
     if replace {
         let mut src = File::open(&loader.path)
             .with_context(|| format!("opening {}", loader.path.display()))?;

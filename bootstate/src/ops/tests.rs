@@ -1200,32 +1200,82 @@ fn uki_upgrade_bless_and_rollback_cut_at_any_write_boot_one_of_the_two_under_los
     }
 }
 
-/// An ESP (FAT32) holding `loader` as its boot loader.
+/// An ESP (FAT32) holding `loader` as its (amd64) boot loader.
 fn esp_with(loader: &[u8]) -> Dev {
+    esp_with_at(loader, &[contract::Arch::Amd64])
+}
+
+/// An ESP (FAT32) holding `loader` as the boot loader of each of `arches`.
+fn esp_with_at(loader: &[u8], arches: &[contract::Arch]) -> Dev {
     let mut esp = BootFs::new(crate::testutil::fat32_volume(), 0);
     esp.ensure_dir("EFI").unwrap();
     esp.ensure_dir("EFI/BOOT").unwrap();
-    let path = contract::paths::ESP_BOOT_LOADER;
-    esp.create(path, &mut &loader[..], loader.len() as u64)
-        .unwrap();
+    for a in arches {
+        esp.create(&a.esp_boot_loader(), &mut &loader[..], loader.len() as u64)
+            .unwrap();
+    }
     esp.into_inner()
 }
 
-/// The ESP's boot loader as firmware reads it (through fatfs, not ours).
+/// The ESP's (amd64) boot loader as firmware reads it.
 fn firmware_loader(esp: &Dev) -> Vec<u8> {
+    loader_at(esp, contract::Arch::Amd64).expect("EFI/BOOT/BOOTX64.EFI")
+}
+
+/// The ESP's boot loader of `arch` as firmware reads it (through fatfs,
+/// not ours), if there is one.
+fn loader_at(esp: &Dev, arch: contract::Arch) -> Option<Vec<u8>> {
     let mut c = esp.clone();
     c.set_position(0);
     let fs = fatfs::FileSystem::new(&mut c, fatfs::FsOptions::new()).unwrap();
+    let mut f = fs.root_dir().open_file(&arch.esp_boot_loader()).ok()?;
     let mut got = Vec::new();
-    std::io::Read::read_to_end(
-        &mut fs
-            .root_dir()
-            .open_file(contract::paths::ESP_BOOT_LOADER)
-            .unwrap(),
-        &mut got,
-    )
-    .unwrap();
-    got
+    std::io::Read::read_to_end(&mut f, &mut got).unwrap();
+    Some(got)
+}
+
+/// An arm64 disk's boot loader is `EFI/BOOT/BOOTAA64.EFI`: the upgrade
+/// replaces it there and makes no x64 one. An ESP with the loaders of
+/// both architectures, or with neither, is refused before any write.
+#[test]
+fn the_boot_loader_is_replaced_at_the_architecture_s_path() {
+    use contract::Arch::{Amd64, Arm64};
+    let dir = tempfile::tempdir().unwrap();
+    let (b0, mut m0, _) = uki_disk(16, dir.path());
+    let Loaders {
+        old,
+        new,
+        file: loader,
+        db,
+        v2,
+        ..
+    } = loaders(dir.path());
+    let mut meta0 = meta::read(&mut m0).unwrap().0;
+    meta0.set(Tag::SecureBoot, db.as_bytes());
+    meta::write(&mut m0, &meta0).unwrap();
+    let up = |b: &mut Dev, m: &mut Dev, e: &mut Dev| {
+        esp_op(b, m, e, None, |esp, boot, meta| {
+            upgrade_with_loader(Some(esp), &loader, boot, meta, &v2, 3)
+        })
+    };
+    let (mut b, mut m, mut e) = (b0.clone(), m0.clone(), esp_with_at(&old, &[Arm64]));
+    up(&mut b, &mut m, &mut e).0.unwrap();
+    assert_eq!(loader_at(&e, Arm64), Some(new));
+    assert_eq!(loader_at(&e, Amd64), None);
+    for (arches, want) in [
+        (&[Amd64, Arm64][..], "several architectures (amd64, arm64)"),
+        (&[][..], "no EFI/BOOT boot loader"),
+    ] {
+        let e0 = esp_with_at(&old, arches);
+        let (mut b, mut m, mut e) = (b0.clone(), m0.clone(), e0.clone());
+        let (r, writes) = up(&mut b, &mut m, &mut e);
+        let err = format!("{:#}", r.unwrap_err());
+        assert!(err.contains(want), "{err}");
+        assert!(err.contains("nothing was written"), "{err}");
+        assert_eq!(writes, 0, "{arches:?}");
+        assert!(e.get_ref() == e0.get_ref() && b.get_ref() == b0.get_ref());
+        assert!(m.get_ref() == m0.get_ref());
+    }
 }
 
 /// The two boot loaders of the ESP tests: `old` on the ESP `esp`, `new`
@@ -1644,7 +1694,7 @@ fn an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes_unde
     {
         let mut boot = BootFs::new(&mut b, 0);
         boot.ensure_dir("EFI/BOOT").unwrap();
-        let path = contract::paths::ESP_BOOT_LOADER;
+        let path = &contract::Arch::Amd64.esp_boot_loader();
         boot.create(path, &mut &old_loader[..], old_loader.len() as u64)
             .unwrap();
     }
@@ -1653,7 +1703,7 @@ fn an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes_unde
     let mut boot = BootFs::new(&mut b, 0);
     assert_eq!(boots_uki(&mut boot, &v1, &v2, 0), Slot::B);
     assert_eq!(
-        boot.read(contract::paths::ESP_BOOT_LOADER, 1 << 20)
+        boot.read(&contract::Arch::Amd64.esp_boot_loader(), 1 << 20)
             .unwrap(),
         old_loader
     );

@@ -110,7 +110,7 @@ pub fn write_iso(
     );
     step("iso: EFI image, GRUB, ISO 9660");
     let mut fat_files = match payload.secure_boot {
-        Some(sb) => sb.esp_files(payload.boot_loader)?,
+        Some(sb) => sb.esp_files(payload.boot_loader, p.arch)?,
         None => crate::boot::esp_files(payload.boot_loader, p.arch)?,
     };
     if p.uki_slots() {
@@ -120,6 +120,7 @@ pub fn write_iso(
         let os_release = layout::live_os_release(&p.pretty_name, &payload.boot.title, &p.version);
         crate::uki::write_uki(
             &crate::uki::UkiInput {
+                arch: p.arch,
                 stub: &p.boot.stub,
                 kernel: payload.kernel,
                 initramfs: &live_initramfs,

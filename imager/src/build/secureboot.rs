@@ -127,22 +127,22 @@ impl SecureBoot {
     /// The ESP of a Secure Boot disk: the signed systemd-boot,
     /// `loader.conf` with `secure-boot-enroll`, and the signed updates
     /// systemd-boot enrols on a machine in setup mode.
-    pub fn esp_files(&self, boot_loader: &Path) -> Result<Vec<FatFile>> {
-        esp_files(boot_loader, &self.enroll_mode, &self.enrolment)
+    pub fn esp_files(&self, boot_loader: &Path, arch: contract::Arch) -> Result<Vec<FatFile>> {
+        esp_files(boot_loader, arch, &self.enroll_mode, &self.enrolment)
     }
 }
 
-/// The ESP of a Secure Boot disk from its parts (the build's, or an
-/// installer payload's).
+/// The ESP of a Secure Boot disk of `arch` from its parts (the build's, or
+/// an installer payload's).
 pub fn esp_files(
     boot_loader: &Path,
+    arch: contract::Arch,
     enroll_mode: &str,
     enrolment: &[(impl AsRef<str>, Vec<u8>)],
 ) -> Result<Vec<FatFile>> {
-    // Secure Boot disks are amd64's so far (docs/arm64.md).
-    crate::boot::check_efi_binary(boot_loader, contract::Arch::Amd64)?;
+    crate::boot::check_efi_binary(boot_loader, arch)?;
     let mut files = vec![
-        FatFile::file(paths::ESP_BOOT_LOADER, boot_loader),
+        FatFile::file(arch.esp_boot_loader(), boot_loader),
         FatFile::bytes(
             paths::ESP_LOADER_CONF,
             contract::boot::loader_conf_enrolling(enroll_mode),

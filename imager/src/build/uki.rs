@@ -36,6 +36,7 @@ pub fn write_ukis(
             crate::boot::entry(slot, &any, &any, &p.pretty_name, &p.version, cmdline).options;
         write_uki(
             &UkiInput {
+                arch: p.arch,
                 stub: &p.boot.stub,
                 kernel,
                 initramfs,

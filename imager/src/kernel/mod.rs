@@ -19,18 +19,43 @@ pub use config::KernelConfig;
 use anyhow::{Result, ensure};
 use std::path::Path;
 
-/// Refuses a file that is not an x86 Linux boot image (the boot protocol's
-/// `0xAA55` boot flag and `HdrS` header signature): a prebuilt kernel is
-/// copied into the image and its manifest, so a path pointing at the wrong
-/// file, perhaps a secret, must stop the build.
-pub fn check_bzimage(path: &Path) -> Result<()> {
+/// Refuses a file that is not `arch`'s Linux kernel image: on amd64 an x86
+/// boot image (the boot protocol's `0xAA55` boot flag and `HdrS` header
+/// signature, a bzImage); on arm64 an `Image` (the arm64 boot header's
+/// `ARM\x64` magic at 0x38, Documentation/arch/arm64/booting.rst) with its
+/// EFI stub (`MZ`, and a PE header for machine 0xAA64: UEFI and systemd's
+/// stub start it as an EFI program). A prebuilt kernel is copied into the
+/// image and its manifest, so a path pointing at the wrong file, perhaps a
+/// secret, must stop the build.
+pub fn check_image(path: &Path, arch: contract::Arch) -> Result<()> {
+    let shown = path.display();
     let head = crate::input::read_head(path, "kernel image", 0x210)?;
-    ensure!(
-        head.get(0x1fe..0x200) == Some(&[0x55, 0xaa][..])
-            && head.get(0x202..0x206) == Some(b"HdrS"),
-        "{} is not an x86 Linux kernel image (bzImage, no `HdrS` boot header): set \
-         kernel.prebuilt to a bzImage",
-        path.display()
-    );
+    match arch {
+        contract::Arch::Amd64 => ensure!(
+            head.get(0x1fe..0x200) == Some(&[0x55, 0xaa][..])
+                && head.get(0x202..0x206) == Some(b"HdrS"),
+            "{shown} is not an x86 Linux kernel image (bzImage, no `HdrS` boot header): set \
+             kernel.prebuilt to a bzImage"
+        ),
+        contract::Arch::Arm64 => {
+            ensure!(
+                head.get(0x38..0x3c) == Some(b"ARM\x64"),
+                "{shown} is not an arm64 Linux kernel image (no `ARM\\x64` magic in its boot \
+                 header): set kernel.prebuilt to an arm64 Image"
+            );
+            let pe = head
+                .get(0x3c..0x40)
+                .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+            let machine = head
+                .get(pe + 4..pe + 6)
+                .filter(|_| head.starts_with(b"MZ") && head.get(pe..pe + 4) == Some(b"PE\0\0"))
+                .map(|b| u16::from_le_bytes([b[0], b[1]]));
+            ensure!(
+                machine == Some(arch.spec().pe_machine),
+                "{shown} is an arm64 kernel without its EFI stub (CONFIG_EFI_STUB): UEFI cannot \
+                 start it"
+            );
+        }
+    }
     Ok(())
 }

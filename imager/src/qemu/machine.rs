@@ -9,8 +9,17 @@
 //! BTI and E0PD run) with `pauth-impdef=on`: QEMU's own pointer
 //! authentication algorithm, much cheaper under TCG than the architected
 //! QARMA5 one (QEMU's docs/system/arm/cpu-features.rst).
+//!
+//! Secure Boot: amd64 runs OVMF's Secure Boot build, which keeps the
+//! variable store behind SMM (`smm=on` and a secure pflash), so that only
+//! authenticated updates reach PK, KEK, db and dbx. arm64's AAVMF is one
+//! build, Secure Boot included, and QEMU's `virt` machine has no secure
+//! world for the store: the firmware enforces Secure Boot from the keys
+//! enrolled in it, but a guest kernel could rewrite the pflash. That is
+//! enough to test what we sign (docs/arm64.md); a real arm64 machine keeps
+//! its store in its own secure storage.
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use contract::Arch;
 use std::path::{Path, PathBuf};
 
@@ -31,6 +40,15 @@ pub struct Machine {
     pub uefi_vars: &'static str,
     /// The Debian package of the UEFI firmware.
     pub uefi_package: &'static str,
+    /// The firmware's code that enforces Secure Boot, and whether it needs
+    /// SMM (`smm=on`, the variable store behind a secure pflash).
+    pub secure_boot_code: &'static str,
+    pub secure_boot_smm: bool,
+    /// A formatted variable store to enrol keys into with `virt-fw-vars`
+    /// (Debian's blank `AAVMF_VARS.fd` is all zeros, which it cannot read;
+    /// its snakeoil store is formatted, and its Debian test keys are
+    /// deleted before ours go in: [`Machine::enrol_args`]).
+    pub keys_template: &'static str,
     /// Whether the machine also boots BIOS (SeaBIOS) and has q35's AHCI
     /// controller (`ide.0`, where a CD-ROM and SATA disks go).
     pub bios_and_ahci: bool,
@@ -54,6 +72,9 @@ pub const MACHINES: [Machine; 2] = [
         uefi_code: "/usr/share/OVMF/OVMF_CODE_4M.fd",
         uefi_vars: "/usr/share/OVMF/OVMF_VARS_4M.fd",
         uefi_package: "ovmf",
+        secure_boot_code: "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd",
+        secure_boot_smm: true,
+        keys_template: "/usr/share/OVMF/OVMF_VARS_4M.fd",
         bios_and_ahci: true,
     },
     Machine {
@@ -65,6 +86,9 @@ pub const MACHINES: [Machine; 2] = [
         uefi_code: "/usr/share/AAVMF/AAVMF_CODE.fd",
         uefi_vars: "/usr/share/AAVMF/AAVMF_VARS.fd",
         uefi_package: "qemu-efi-aarch64",
+        secure_boot_code: "/usr/share/AAVMF/AAVMF_CODE.fd",
+        secure_boot_smm: false,
+        keys_template: "/usr/share/AAVMF/AAVMF_VARS.snakeoil.fd",
         bios_and_ahci: false,
     },
 ];
@@ -76,6 +100,39 @@ impl Machine {
             Some(m) => m,
             None => &MACHINES[0],
         }
+    }
+
+    /// `virt-fw-vars`' arguments that make a variable store of this
+    /// machine at `out` with the key set of `keys` (a directory of `imager
+    /// keygen --secure-boot`: PK.crt, KEK.crt, db.crt and GUID) and
+    /// nothing else enrolled, from [`Machine::keys_template`]. Secure Boot
+    /// is on with `secure_boot`; else the firmware is in user mode and
+    /// enforces nothing.
+    pub fn enrol_args(&self, keys: &Path, out: &Path, secure_boot: bool) -> Result<Vec<String>> {
+        let guid = std::fs::read_to_string(keys.join("GUID"))
+            .with_context(|| format!("reading {}", keys.join("GUID").display()))?;
+        let guid = guid.trim().to_string();
+        let path = |p: &Path| p.display().to_string();
+        let mut a: Vec<String> = vec!["--input".into(), self.keys_template.into()];
+        a.extend(["--output".into(), path(out)]);
+        for v in ["PK", "KEK", "db", "dbx"] {
+            a.extend(["--delete".into(), v.into()]);
+        }
+        for (opt, file) in [
+            ("--set-pk", "PK.crt"),
+            ("--add-kek", "KEK.crt"),
+            ("--add-db", "db.crt"),
+        ] {
+            a.extend([opt.into(), guid.clone(), path(&keys.join(file))]);
+        }
+        if secure_boot {
+            a.push("--secure-boot".into());
+        } else {
+            // Neither store says SecureBootEnable: with a PK enrolled and
+            // nothing said, the firmware would enforce.
+            a.extend(["--set-false".into(), "SecureBootEnable".into()]);
+        }
+        Ok(a)
     }
 
     /// QEMU's program on PATH, or what to install.

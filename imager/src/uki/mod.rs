@@ -4,7 +4,8 @@
 //!
 //! # What the stub (systemd 252, Debian 12) reads
 //!
-//! Debian's `linuxx64.efi.stub` (systemd 252) looks its sections up by name
+//! Debian's `linuxx64.efi.stub` and `linuxaa64.efi.stub` (systemd 252, the
+//! arm64 one from Debian's arm64 package, docs/arm64.md) look its sections up by name
 //! in the section table of the loaded image (the headers as the firmware
 //! mapped them, so a section header must lie within `SizeOfHeaders`) and
 //! takes each section's size from its `VirtualSize`. It knows `.linux` (the
@@ -31,13 +32,25 @@
 //!   entry (`CONFIG_EFI_HANDOVER_PROTOCOL`, which 6.2 and later can leave
 //!   out), and one that cannot run above 4 GiB when firmware loaded the
 //!   UKI there: [`write_uki`] refuses the same at build time, and a command
-//!   line longer than the kernel's `cmdline_size`.
+//!   line longer than the kernel's `cmdline_size`. On arm64 the `.linux`
+//!   section is the kernel's `Image`, an EFI program itself (its EFI stub,
+//!   PE machine 0xAA64): the stub starts it with `LoadImage` from memory,
+//!   telling the firmware's security check to pass it (the UKI around it
+//!   was verified), and hands it the initramfs through
+//!   `LINUX_INITRD_MEDIA_GUID`. An arm64 command line is at most 2,047
+//!   bytes (`COMMAND_LINE_SIZE`). The stub's PE machine must be the
+//!   profile's architecture's.
 //!
 //! # How the sections are placed
 //!
 //! - New section headers go after the stub's section table, in the room
 //!   before `SizeOfHeaders` and before the first section's raw data; that
-//!   room must be zero. Debian's stub has room for 7 more; a stub without
+//!   room must be zero, or on arm64 zero and AArch64 `NOP` words: Debian's
+//!   arm64 stub is gnu-efi's hand-written PE header made a file by
+//!   `objcopy -O binary`, and the assembler pads its headers to the code at
+//!   `SizeOfHeaders` (0x1000) with NOPs, which nothing runs (the entry
+//!   point must lie in a section). Debian's x64 stub has room for 7 more,
+//!   its arm64 stub for 94; a stub without
 //!   room for 4 is refused (the headers are never moved: moving the raw data
 //!   would break the stub's file offsets, and the firmware maps only
 //!   `SizeOfHeaders`).
@@ -53,15 +66,20 @@
 //! - `SizeOfImage` is the end of the last section rounded up to
 //!   `SectionAlignment`; `SizeOfInitializedData` grows by the new raw sizes;
 //!   `NumberOfSections` by 4. Section flags: initialized, read-only data.
-//! - **COFF symbol table.** Debian's stub carries a COFF symbol table and
-//!   its string table after the last section's raw data (`PointerToSymbolTable`).
-//!   It is dropped: `PointerToSymbolTable` and `NumberOfSymbols` become 0 and
-//!   the file ends with the last new section. A symbol table is deprecated
-//!   for images, never loaded, and keeping it would mean moving it behind
-//!   the multi-megabyte sections; without trailing data, every byte after
-//!   the headers belongs to a section, which is what an Authenticode
-//!   signature appended later expects. Any other data after the sections
-//!   (an attached signature, unknown bytes) makes the stub refused.
+//! - **After the sections.** The firmware's loader copies the headers and
+//!   each section's raw data into memory, nothing else: bytes of the file
+//!   after the last section's raw data are never loaded, so the stub's
+//!   code cannot read them. They are left out, and the file ends with the
+//!   last new section (`PointerToSymbolTable` and `NumberOfSymbols`
+//!   become 0): without trailing data, every byte after the headers
+//!   belongs to a section, which is what an Authenticode signature
+//!   appended later expects. Debian's x64 stub has a COFF symbol table and
+//!   its string table there (deprecated for images); Debian's arm64 stub
+//!   5,076 bytes of `.sbat` and `.sdmagic` text that its hand-written PE
+//!   header maps into no section (so neither firmware nor shim sees them:
+//!   a UKI verified with our own keys reads no SBAT). [`UkiReport`] says
+//!   how many bytes were left out. A signed stub is refused by its
+//!   certificate table.
 //! - **Determinism.** `TimeDateStamp` is kept as the stub has it (0 in
 //!   Debian's): the stub is an input, so the same inputs give the same bytes.
 //! - **Checksum.** The optional header's `CheckSum` is recomputed (the PE
@@ -97,9 +115,13 @@ pub const MAX_STUB: u64 = 16 << 20;
 /// What a UKI is made of.
 #[derive(Debug, Clone, Copy)]
 pub struct UkiInput<'a> {
-    /// systemd's stub, `linuxx64.efi.stub` ([`DEFAULT_STUB`]).
+    /// The architecture the UKI is for: the stub's PE machine and the
+    /// kernel must be its.
+    pub arch: contract::Arch,
+    /// systemd's stub, `linuxx64.efi.stub` ([`DEFAULT_STUB`]) or
+    /// `linuxaa64.efi.stub`.
     pub stub: &'a Path,
-    /// The bzImage.
+    /// The kernel: a bzImage, or arm64's `Image` with its EFI stub.
     pub kernel: &'a Path,
     /// The initramfs (newc cpio, raw or compressed).
     pub initramfs: &'a Path,
@@ -119,15 +141,27 @@ pub struct UkiReport {
     pub sections: Vec<UkiSection>,
     pub size_of_image: u32,
     pub checksum: u32,
-    /// The bytes of COFF symbol and string table of the stub left out.
-    pub symbol_table_dropped: u64,
+    /// The bytes of the stub after its sections left out (never loaded:
+    /// its COFF symbol table, or on arm64 its unmapped `.sbat` text).
+    pub tail_dropped: u64,
 }
 
-/// Checks the kernel's boot header as the 252 stub will: a bzImage of
-/// boot protocol 2.11 or later, relocatable, with the 64-bit EFI handover
-/// entry, loadable above 4 GiB; returns its `cmdline_size`.
-fn check_kernel(path: &Path) -> Result<u32> {
-    crate::kernel::check_bzimage(path)?;
+/// The longest command line arm64's kernel takes (`COMMAND_LINE_SIZE`,
+/// arch/arm64/include/uapi/asm/setup.h), with its NUL: it has no boot
+/// header field for it.
+const ARM64_COMMAND_LINE_SIZE: u32 = 2048;
+
+/// Checks the kernel as the 252 stub will; returns the longest command
+/// line it takes. On amd64: a bzImage of boot protocol 2.11 or later,
+/// relocatable, with the 64-bit EFI handover entry, loadable above 4 GiB
+/// (its `cmdline_size`). On arm64: an `Image` with its EFI stub, which
+/// systemd's stub loads as an EFI program (`LoadImage`, the initramfs
+/// through `LINUX_INITRD_MEDIA_GUID`).
+fn check_kernel(path: &Path, arch: contract::Arch) -> Result<u32> {
+    crate::kernel::check_image(path, arch)?;
+    if arch == contract::Arch::Arm64 {
+        return Ok(ARM64_COMMAND_LINE_SIZE - 1);
+    }
     let head = crate::input::read_head(path, "kernel image", 0x270)?;
     let shown = path.display();
     let version = u16_at(&head, 0x206).unwrap_or(0);
@@ -252,14 +286,25 @@ pub fn write_uki(input: &UkiInput, dest: &Path) -> Result<UkiReport> {
          give the image's command line",
     )?;
     check_text("os-release", input.os_release)?;
-    let cmdline_size = check_kernel(input.kernel)?;
+    let stub = read_stub(input.stub)?;
+    let layout = parse_stub(&stub)
+        .with_context(|| format!("{} is not a usable UKI stub", input.stub.display()))?;
+    ensure!(
+        layout.arch == input.arch,
+        "{} is a stub for {}, not {}: give {}'s linux{}.efi.stub (boot.stub)",
+        input.stub.display(),
+        layout.arch,
+        input.arch,
+        input.arch,
+        input.arch.spec().efi_suffix
+    );
+    let cmdline_size = check_kernel(input.kernel, input.arch)?;
     ensure!(
         input.cmdline.len() as u64 <= u64::from(cmdline_size),
         "the command line has {} bytes, more than the kernel takes ({cmdline_size})",
         input.cmdline.len()
     );
     check_initramfs(input.initramfs)?;
-    let stub = read_stub(input.stub)?;
     let (kernel, kernel_len) = open_sized(input.kernel, "kernel image")?;
     let (initrd, initrd_len) = open_sized(input.initramfs, "initramfs")?;
     let lens = [
@@ -270,9 +315,7 @@ pub fn write_uki(input: &UkiInput, dest: &Path) -> Result<UkiReport> {
     ];
     let (headers, sections, size_of_image) = uki_headers(&stub, lens)
         .with_context(|| format!("{} is not a usable UKI stub", input.stub.display()))?;
-    let layout = parse_stub(&stub)?;
     let checksum_at = layout.optional_header + OPT_CHECKSUM;
-    let symbol_table_dropped = layout.symbol_table.map_or(0, |(_, n)| n);
     drop(stub);
 
     let mut out = AtomicFile::create(dest)?;
@@ -314,6 +357,6 @@ pub fn write_uki(input: &UkiInput, dest: &Path) -> Result<UkiReport> {
         sections,
         size_of_image,
         checksum,
-        symbol_table_dropped,
+        tail_dropped: layout.tail,
     })
 }

@@ -2,7 +2,7 @@
 //! hostile input, the headers of the UKI made from them, the PE checksum.
 //! See the parent module for what is placed where and why.
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use std::io::{self, Write};
 
 /// The sections a UKI gets, in file and address order.
@@ -11,7 +11,11 @@ pub const SECTIONS: [&str; 4] = [".osrel", ".cmdline", ".linux", ".initrd"];
 /// Section flags of the added sections: initialized data, readable.
 pub const SECTION_FLAGS: u32 = 0x4000_0040;
 
-const MACHINE_X86_64: u16 = 0x8664;
+/// AArch64's `NOP` (0xd503201f), little-endian: what an arm64 stub made
+/// by `objcopy -O binary` from a hand-written PE header (gnu-efi's
+/// `crt0-efi-aarch64.S`, Debian's `linuxaa64.efi.stub`) fills its header
+/// room with, up to the code at `SizeOfHeaders`.
+const AARCH64_NOP: [u8; 4] = [0x1f, 0x20, 0x03, 0xd5];
 const MAGIC_PE32_PLUS: u16 = 0x20b;
 const SUBSYSTEM_EFI_APPLICATION: u16 = 10;
 const FILE_EXECUTABLE_IMAGE: u16 = 0x0002;
@@ -23,6 +27,7 @@ const SECTION_HEADER: usize = 40;
 const SYMBOL: u64 = 18;
 /// Offsets in the PE32+ optional header.
 const OPT_SIZE_OF_INITIALIZED_DATA: usize = 8;
+const OPT_ADDRESS_OF_ENTRY_POINT: usize = 16;
 const OPT_SECTION_ALIGNMENT: usize = 32;
 const OPT_FILE_ALIGNMENT: usize = 36;
 const OPT_SIZE_OF_IMAGE: usize = 56;
@@ -48,6 +53,8 @@ pub struct UkiSection {
 /// A stub's headers as parsed and checked by [`parse_stub`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StubLayout {
+    /// The architecture of its PE machine (`contract::arch`'s `pe_machine`).
+    pub arch: contract::Arch,
     /// Offset of the optional header.
     pub optional_header: usize,
     /// Offset of the section table.
@@ -65,8 +72,13 @@ pub struct StubLayout {
     /// `SizeOfImage` if larger).
     pub image_end: u64,
     /// Offset and length (with the string table) of the COFF symbol table,
-    /// if any.
+    /// if any: it lies in the tail.
     pub symbol_table: Option<(u64, u64)>,
+    /// The bytes of the file after the last section's raw data, which no
+    /// section maps: the firmware never loads them, and the UKI leaves
+    /// them out (a COFF symbol table on amd64, `.sbat` and `.sdmagic` text
+    /// on arm64; see the module documentation).
+    pub tail: u64,
 }
 
 impl StubLayout {
@@ -105,11 +117,13 @@ fn section_name(raw: &[u8]) -> String {
     String::from_utf8_lossy(&raw[..end]).into_owned()
 }
 
-/// Parses and checks a stub's headers: a PE32+ EFI application for x86-64
-/// with a `SectionAlignment` from 512 to 4096 and a `FileAlignment` from
-/// 512 to it, sections in ascending non-overlapping order inside the file,
-/// no certificate table, nothing after the sections but the COFF symbol
-/// table, and none of the UKI's sections (a UKI is not a stub).
+/// Parses and checks a stub's headers: a PE32+ EFI application for a
+/// machine of [`contract::arch::ARCHES`] with a `SectionAlignment` from
+/// 512 to 4096 and a `FileAlignment` from 512 to it, sections in ascending
+/// non-overlapping order inside the file, free room after the section
+/// table (zeros, or AArch64 `NOP`s on arm64), no certificate table, a COFF
+/// symbol table (if any) after the sections, and none of the UKI's
+/// sections (a UKI is not a stub).
 pub fn parse_stub(b: &[u8]) -> Result<StubLayout> {
     const NOT_PE: &str = "not a PE/COFF image";
     ensure!(b.starts_with(b"MZ"), "{NOT_PE} (no MZ header)");
@@ -120,10 +134,13 @@ pub fn parse_stub(b: &[u8]) -> Result<StubLayout> {
     );
     let coff = pe + 4;
     let machine = u16_at(b, coff).context("truncated COFF header")?;
-    ensure!(
-        machine == MACHINE_X86_64,
-        "machine {machine:#06x} is not x86-64 (0x8664)"
-    );
+    let Some(arch) = contract::arch::ARCHES
+        .iter()
+        .find(|a| a.pe_machine == machine)
+        .map(|a| a.arch)
+    else {
+        bail!("machine {machine:#06x} is neither x86-64 (0x8664) nor AArch64 (0xaa64)");
+    };
     let nsec = usize::from(u16_at(b, coff + 2).context("truncated COFF header")?);
     let sym_ptr = u32_at(b, coff + 8).context("truncated COFF header")?;
     let nsym = u32_at(b, coff + 12).context("truncated COFF header")?;
@@ -238,16 +255,19 @@ pub fn parse_stub(b: &[u8]) -> Result<StubLayout> {
         u64::from(size_of_image) >= va_end,
         "SizeOfImage {size_of_image:#x} does not cover the last section (ends at {va_end:#x})"
     );
+    let entry = o(OPT_ADDRESS_OF_ENTRY_POINT);
     ensure!(
-        b[table_end..size_of_headers as usize]
-            .iter()
-            .all(|&c| c == 0),
+        u64::from(entry) >= u64::from(size_of_headers) && u64::from(entry) < va_end,
+        "the entry point {entry:#x} is not in a section (headers end at {size_of_headers:#x}, \
+         the sections at {va_end:#x})"
+    );
+    ensure!(
+        is_free(&b[table_end..size_of_headers as usize], table_end, arch),
         "the bytes after the section table are not empty: no room for the UKI's headers"
     );
 
-    // After the sections: nothing, zeros, or the COFF symbol table with
-    // its string table, ending the file.
-    let tail = &b[raw_data_end as usize..];
+    // After the sections: bytes no section maps (the COFF symbol table with
+    // its string table, or anything else), never loaded, left out.
     let symbol_table = if sym_ptr != 0 {
         let start = u64::from(sym_ptr);
         let syms = u64::from(nsym) * SYMBOL;
@@ -259,25 +279,16 @@ pub fn parse_stub(b: &[u8]) -> Result<StubLayout> {
         let strings = u64::from(u32_at(b, (start + syms) as usize).unwrap_or(0)).max(4);
         let end = start + syms + strings;
         ensure!(
-            end <= b.len() as u64
-                && b[raw_data_end as usize..start as usize]
-                    .iter()
-                    .all(|&c| c == 0)
-                && b[end as usize..].iter().all(|&c| c == 0),
-            "the stub has data after its sections besides the COFF symbol table: refusing to \
-             drop what it may need"
+            end <= b.len() as u64,
+            "the COFF symbol table's strings ({strings} bytes at {:#x}) pass the end of the file",
+            start + syms
         );
         Some((start, end - start))
     } else {
-        ensure!(
-            tail.iter().all(|&c| c == 0),
-            "the stub has {} bytes of data after its sections (no symbol table): refusing to \
-             drop what it may need",
-            tail.len()
-        );
         None
     };
     Ok(StubLayout {
+        arch,
         optional_header: opt,
         section_table: table,
         number_of_sections: nsec,
@@ -288,7 +299,24 @@ pub fn parse_stub(b: &[u8]) -> Result<StubLayout> {
         raw_data_end,
         image_end: va_end.max(u64::from(size_of_image)),
         symbol_table,
+        tail: b.len() as u64 - raw_data_end,
     })
+}
+
+/// Whether `room` (at file offset `at`, after the section table) is free
+/// for section headers: all zeros, or on arm64 zeros and whole AArch64
+/// `NOP` words. The room lies before `SizeOfHeaders`, and an entry point
+/// inside the headers is refused: the NOPs are padding never run.
+fn is_free(room: &[u8], at: usize, arch: contract::Arch) -> bool {
+    if room.iter().all(|&c| c == 0) {
+        return true;
+    }
+    arch == contract::Arch::Arm64
+        && at.is_multiple_of(4)
+        && room.len().is_multiple_of(4)
+        && room
+            .chunks_exact(4)
+            .all(|w| w == [0; 4] || w == AARCH64_NOP)
 }
 
 /// The UKI's headers: the stub up to the end of its sections' raw data,

@@ -44,6 +44,7 @@ fn tiny_stub(n: usize) -> Vec<u8> {
     let opt = coff + 20;
     let put = |b: &mut Vec<u8>, o: usize, v: u32| b[o..o + 4].copy_from_slice(&v.to_le_bytes());
     b[opt..opt + 2].copy_from_slice(&0x20bu16.to_le_bytes());
+    put(&mut b, opt + 16, 0x1000);
     put(&mut b, opt + 32, 0x1000);
     put(&mut b, opt + 36, 0x200);
     put(&mut b, opt + 56, 0x1000 * (n as u32 + 1));
@@ -63,7 +64,27 @@ fn tiny_stub(n: usize) -> Vec<u8> {
     b
 }
 
+/// A stand-in arm64 `Image` the stub's checks accept: `MZ`, the arm64
+/// boot header's magic, a PE header for AArch64 (its EFI stub), an odd
+/// length.
+fn arm64_kernel_bytes() -> Vec<u8> {
+    let mut k: Vec<u8> = (0..7001u32).map(|i| (i * 11 + 5) as u8).collect();
+    k[..2].copy_from_slice(b"MZ");
+    k[0x38..0x3c].copy_from_slice(b"ARM\x64");
+    k[0x3c..0x40].copy_from_slice(&0x40u32.to_le_bytes());
+    k[0x40..0x44].copy_from_slice(b"PE\0\0");
+    k[0x44..0x46].copy_from_slice(&0xaa64u16.to_le_bytes());
+    k
+}
+
+/// Debian's arm64 stub, from its arm64 package (docs/arm64.md).
+fn arm64_stub() -> Vec<u8> {
+    let p = crate::profile::BootSection::default_stub(contract::Arch::Arm64);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}: run scripts/setup.sh", p.display()))
+}
+
 struct Inputs {
+    arch: contract::Arch,
     dir: tempfile::TempDir,
     stub: PathBuf,
     kernel: PathBuf,
@@ -82,6 +103,7 @@ impl Inputs {
         std::fs::write(&k, kernel_bytes()).unwrap();
         std::fs::write(&i, initramfs_bytes()).unwrap();
         Inputs {
+            arch: contract::Arch::Amd64,
             dir,
             stub: s,
             kernel: k,
@@ -95,8 +117,16 @@ impl Inputs {
         Inputs::new(&stub)
     }
 
+    fn arm64() -> Inputs {
+        let mut i = Inputs::new(&arm64_stub());
+        std::fs::write(&i.kernel, arm64_kernel_bytes()).unwrap();
+        i.arch = contract::Arch::Arm64;
+        i
+    }
+
     fn input<'a>(&'a self, cmdline: &'a str) -> UkiInput<'a> {
         UkiInput {
+            arch: self.arch,
             stub: &self.stub,
             kernel: &self.kernel,
             initramfs: &self.initramfs,
@@ -216,9 +246,13 @@ fn objdump_lists_the_sections_at_their_addresses_and_they_read_back() {
     let added: u32 = r.sections.iter().map(|s| s.size_of_raw_data).sum();
     assert_eq!(u32_at(opt + 8), stub_init + added, "SizeOfInitializedData");
     assert_eq!(u32_at(pe + 8), 0, "TimeDateStamp as in Debian's stub");
-    assert!(
-        r.symbol_table_dropped > 0,
-        "Debian's stub has a symbol table"
+    assert_eq!(
+        r.tail_dropped,
+        std::fs::metadata(DEFAULT_STUB).unwrap().len()
+            - parse_stub(&std::fs::read(DEFAULT_STUB).unwrap())
+                .unwrap()
+                .raw_data_end,
+        "Debian's stub's symbol table is left out"
     );
     assert_eq!(u32_at(opt + 64), r.checksum);
     assert_eq!(pe_checksum(&uki, opt + 64), r.checksum);
@@ -291,6 +325,8 @@ fn the_debian_stub_has_room_for_the_headers_and_a_symbol_table() {
     let (at, len) = l.symbol_table.expect("a COFF symbol table");
     assert_eq!(at, l.raw_data_end);
     assert_eq!(at + len, stub.len() as u64);
+    assert_eq!(l.tail, len, "the tail is the symbol table");
+    assert_eq!(l.arch, contract::Arch::Amd64);
 }
 
 #[test]
@@ -367,7 +403,12 @@ fn stubs_that_lie_are_refused_without_panic() {
             0xffff_fff0u32.to_le_bytes().to_vec(),
             "no PE signature",
         ),
-        (pe + 4, 0x14cu16.to_le_bytes().to_vec(), "not x86-64"),
+        (
+            pe + 4,
+            0x14cu16.to_le_bytes().to_vec(),
+            "neither x86-64 (0x8664) nor AArch64",
+        ),
+        (opt + 16, 0x200u32.to_le_bytes().to_vec(), "entry point"),
         (pe + 6, 0u16.to_le_bytes().to_vec(), "0 sections"),
         (pe + 6, 0xffffu16.to_le_bytes().to_vec(), "65535 sections"),
         (
@@ -418,11 +459,22 @@ fn stubs_that_lie_are_refused_without_panic() {
         let e = format!("{:#}", parse_stub(&s).unwrap_err());
         assert!(e.contains(want), "at {at:#x}: {e} (wanted {want:?})");
     }
-    // Data after the symbol table is not dropped silently.
+    // A symbol table whose strings pass the end of the file.
+    let l = parse_stub(&stub).unwrap();
+    let (at, _) = l.symbol_table.unwrap();
     let mut s = stub.clone();
-    s.extend_from_slice(b"signature?");
+    s.truncate(s.len() - 1);
     let e = format!("{:#}", parse_stub(&s).unwrap_err());
-    assert!(e.contains("besides the COFF symbol table"), "{e}");
+    assert!(
+        e.contains("pass the end of the file"),
+        "{e} (symbol table at {at:#x})"
+    );
+    // AArch64 NOPs are not room in an x86-64 stub.
+    let mut s = stub.clone();
+    let room = l.section_table + l.number_of_sections * 40;
+    s[room..room + 4].copy_from_slice(&[0x1f, 0x20, 0x03, 0xd5]);
+    let e = format!("{:#}", parse_stub(&s).unwrap_err());
+    assert!(e.contains("not empty"), "{e}");
     // Every byte of the headers flipped in turn: an error or a stub, and
     // headers that fit whenever they are made.
     for at in 0..0x400 {
@@ -489,4 +541,167 @@ fn the_checksum_over_pieces_equals_the_checksum_over_the_whole() {
         c.update(piece);
     }
     assert_eq!(c.finish(), whole);
+}
+
+#[test]
+fn the_debian_arm64_stub_has_nop_filled_room_and_an_unmapped_tail() {
+    let stub = arm64_stub();
+    let l = parse_stub(&stub).unwrap();
+    assert_eq!(l.arch, contract::Arch::Arm64);
+    assert_eq!((l.size_of_headers, l.first_raw_data), (0x1000, 0x1000));
+    assert_eq!(l.header_room(), 94, "{l:?}");
+    let room = l.section_table + l.number_of_sections * 40;
+    assert!(
+        stub[room..0x1000]
+            .chunks(4)
+            .all(|w| w == [0x1f, 0x20, 0x03, 0xd5]),
+        "the room is AArch64 NOPs"
+    );
+    assert_eq!(l.symbol_table, None);
+    assert_eq!(l.tail, stub.len() as u64 - l.raw_data_end);
+    let tail = &stub[l.raw_data_end as usize..];
+    assert!(
+        tail.windows(19).any(|w| w == b"sbat,1,SBAT Version"),
+        "the tail is the unmapped .sbat text"
+    );
+    // A word in the room that is neither zero nor a NOP is not room.
+    let mut s = stub.clone();
+    s[0xff0..0xff4].copy_from_slice(&[0x00, 0x00, 0x80, 0xd2]); // mov x0, #0
+    let e = format!("{:#}", parse_stub(&s).unwrap_err());
+    assert!(e.contains("not empty"), "{e}");
+}
+
+#[test]
+fn an_arm64_uki_is_read_back_by_llvm_readobj() {
+    let inp = Inputs::arm64();
+    let r = inp.write("uki.efi").unwrap();
+    let uki = std::fs::read(&r.path).unwrap();
+    let stub = arm64_stub();
+    let l = parse_stub(&stub).unwrap();
+    assert_eq!(r.tail_dropped, l.tail);
+    let last = r.sections.last().unwrap();
+    assert_eq!(
+        uki.len() as u64,
+        u64::from(last.pointer_to_raw_data) + u64::from(last.size_of_raw_data),
+        "the file ends with the last section (the stub's unmapped tail is left out)"
+    );
+    // The stub's sections are the stub's bytes; the room after the new
+    // section headers keeps its NOPs.
+    let table_end = l.section_table + (l.number_of_sections + 4) * 40;
+    assert_eq!(
+        &uki[0x1000..l.raw_data_end as usize],
+        &stub[0x1000..l.raw_data_end as usize]
+    );
+    assert_eq!(&uki[table_end..0x1000], &stub[table_end..0x1000]);
+
+    let out = Command::new(crate::disk::testutil::tool("llvm-readobj"))
+        .args(["--file-headers", "--sections"])
+        .arg(&r.path)
+        .output()
+        .expect("llvm-readobj (llvm) runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("IMAGE_FILE_MACHINE_ARM64 (0xAA64)"), "{text}");
+    // osslsigncode computes the PE checksum itself and reads the stored one.
+    let o = Command::new(crate::disk::testutil::tool("osslsigncode"))
+        .args(["verify", "-in"])
+        .arg(&r.path)
+        .output()
+        .expect("osslsigncode runs");
+    let said = String::from_utf8_lossy(&o.stdout).into_owned();
+    let sums: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("PE checksum"))
+        .filter_map(|l| l.split_whitespace().last())
+        .collect();
+    // (2.5 prints the stored and the computed one, 2.9 one line when they
+    // agree, and a warning when they do not.)
+    let want = format!("{:08X}", r.checksum);
+    assert!(
+        !sums.is_empty() && sums.iter().all(|s| *s == want) && !said.contains("invalid"),
+        "{said}"
+    );
+    assert!(
+        text.contains(&format!("SizeOfImage: {}", r.size_of_image)),
+        "{text}"
+    );
+    // Each section as llvm-readobj reads it: name, VirtualSize,
+    // VirtualAddress, PointerToRawData.
+    let mut listed = Vec::new();
+    let mut cur: Option<(String, u64, u64)> = None;
+    for line in text.lines().map(str::trim) {
+        let num = |v: &str| {
+            let v = v.trim();
+            v.strip_prefix("0x").map_or_else(|| v.parse().unwrap(), hex)
+        };
+        if let Some(n) = line.strip_prefix("Name: ") {
+            cur = Some((n.split_whitespace().next().unwrap().to_string(), 0, 0));
+        } else if let (Some(c), Some(v)) = (cur.as_mut(), line.strip_prefix("VirtualSize: ")) {
+            c.1 = num(v);
+        } else if let (Some(c), Some(v)) = (cur.as_mut(), line.strip_prefix("VirtualAddress: ")) {
+            c.2 = num(v);
+        } else if let Some(v) = line.strip_prefix("PointerToRawData: ") {
+            let (n, size, va) = cur.take().unwrap();
+            listed.push((n, size, va, num(v)));
+        }
+    }
+    let names: Vec<&str> = listed.iter().map(|l| l.0.as_str()).collect();
+    assert_eq!(
+        names,
+        [".text", ".data", ".osrel", ".cmdline", ".linux", ".initrd"]
+    );
+    let contents = [
+        OS_RELEASE.to_vec(),
+        CMDLINE.as_bytes().to_vec(),
+        arm64_kernel_bytes(),
+        initramfs_bytes(),
+    ];
+    for ((l, s), want) in listed[2..].iter().zip(&r.sections).zip(&contents) {
+        assert_eq!(l.1, want.len() as u64, "{} size", s.name);
+        assert_eq!(l.2, u64::from(s.virtual_address), "{} address", s.name);
+        assert_eq!(l.2 % 4096, 0, "{} starts on a page", s.name);
+        let at = l.3 as usize;
+        assert_eq!(
+            &uki[at..at + want.len()],
+            &want[..],
+            "{} reads back",
+            s.name
+        );
+    }
+    assert_eq!(listed[2].2, 0x11000, ".osrel follows .data's last page");
+}
+
+#[test]
+fn arm64_stubs_and_kernels_of_the_wrong_kind_are_refused() {
+    let inp = Inputs::arm64();
+    // The stub of another architecture, either way.
+    let mut amd = inp.input(CMDLINE);
+    amd.arch = contract::Arch::Amd64;
+    let e = inp.refusal(&amd);
+    assert!(e.contains("a stub for arm64, not amd64"), "{e}");
+    let x64 = Inputs::debian();
+    let mut arm = x64.input(CMDLINE);
+    arm.arch = contract::Arch::Arm64;
+    let e = x64.refusal(&arm);
+    assert!(e.contains("a stub for amd64, not arm64"), "{e}");
+    assert!(e.contains("linuxaa64.efi.stub"), "{e}");
+    // An x86 kernel, and an arm64 kernel without its EFI stub.
+    std::fs::write(&inp.kernel, kernel_bytes()).unwrap();
+    let e = inp.refusal(&inp.input(CMDLINE));
+    assert!(e.contains("not an arm64 Linux kernel image"), "{e}");
+    let mut k = arm64_kernel_bytes();
+    k[0x44..0x46].copy_from_slice(&0x8664u16.to_le_bytes());
+    std::fs::write(&inp.kernel, &k).unwrap();
+    let e = inp.refusal(&inp.input(CMDLINE));
+    assert!(e.contains("without its EFI stub"), "{e}");
+    // arm64's command line limit.
+    std::fs::write(&inp.kernel, arm64_kernel_bytes()).unwrap();
+    let long = "x".repeat(2048);
+    let e = inp.refusal(&inp.input(&long));
+    assert!(e.contains("more than the kernel takes (2047)"), "{e}");
+    inp.write("ok.efi").unwrap();
 }
