@@ -705,3 +705,39 @@ fn arm64_stubs_and_kernels_of_the_wrong_kind_are_refused() {
     assert!(e.contains("more than the kernel takes (2047)"), "{e}");
     inp.write("ok.efi").unwrap();
 }
+
+/// The fuzz target's seeds (fuzz/seeds/uki_stub/) are stubs the parser
+/// takes, so that fuzzing starts inside it: x86-64 ones with one to three
+/// sections (one with a COFF symbol table, one without room for the UKI's
+/// headers) and an AArch64 one with NOP-filled room and an unmapped tail.
+#[test]
+fn the_fuzz_seeds_are_stubs_that_parse() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/uki_stub");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "arm64-nop-room-tail",
+            "no-room",
+            "one-section",
+            "two-sections-symbols"
+        ]
+    );
+    for n in &names {
+        let b = std::fs::read(dir.join(n)).unwrap();
+        let l = parse_stub(&b).unwrap_or_else(|e| panic!("{n}: {e:#}"));
+        let fits = uki_headers(&b, [1, 1, 1, 1]).is_ok();
+        assert_eq!(fits, n != "no-room", "{n}: {l:?}");
+        if n.starts_with("arm64") {
+            assert_eq!(l.arch, contract::Arch::Arm64);
+            assert!(l.tail > 0 && l.symbol_table.is_none(), "{l:?}");
+        }
+        if n.ends_with("symbols") {
+            assert!(l.symbol_table.is_some(), "{l:?}");
+        }
+    }
+}
