@@ -214,11 +214,9 @@ fn build(
 
 /// Refuses, before anything is written, what a profile of another
 /// architecture than amd64 asks for and does not build yet (docs/arm64.md):
-/// arm64 builds its disk images (raw, vhd, qcow2, raw.zst, raw.xz) and its
-/// installer image; not yet UKIs, Secure Boot, the ISO, or the clouds'
-/// images (gcp, azure, vmware, aws), whose descriptions name an x86-64
-/// machine (the OVA's guest type and SATA controller, the clouds' import
-/// architecture).
+/// arm64 builds everything but the clouds' images (gcp, azure, vmware,
+/// aws), whose descriptions name an x86-64 machine (the OVA's guest type
+/// and SATA controller, the clouds' import architecture).
 fn not_yet_for_arch(p: &Profile) -> Result<()> {
     if p.arch == contract::Arch::Amd64 {
         return Ok(());
@@ -229,16 +227,16 @@ fn not_yet_for_arch(p: &Profile) -> Result<()> {
         .filter(|o| {
             matches!(
                 o,
-                Output::Iso | Output::Gcp | Output::Azure | Output::Vmware | Output::Aws
+                Output::Gcp | Output::Azure | Output::Vmware | Output::Aws
             )
         })
         .map(|o| o.name())
         .collect();
     if !asked.is_empty() {
         bail!(
-            "profile {}: arch {}: {} not built for {} yet, only the disk images (raw, vhd, \
-             qcow2, raw.zst, raw.xz) and the installer: remove them from the profile \
-             (docs/arm64.md says what works)",
+            "profile {}: arch {}: {} not built for {} yet (the clouds' images describe x86-64 \
+             machines): remove them from the profile; the raw, vhd and qcow2 disks boot on \
+             arm64 machines (docs/arm64.md says what works)",
             p.path.display(),
             p.arch,
             asked.join(", "),
@@ -265,7 +263,7 @@ fn output_files(p: &Profile, pre: &Preflight) -> Vec<&'static str> {
     if installer_wanted(p) {
         files.push(names::INSTALLER);
     }
-    if pre.eltorito.is_some() {
+    if pre.iso {
         files.push(names::ISO);
     }
     files
@@ -546,30 +544,29 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
         keep(&done, Kind::Installer, names::INSTALLER)?;
     }
     // 7. The live ISO.
-    if let (Some(bin), Some(eltorito)) = (b.installer_bin, &b.pre.eltorito) {
+    if let (Some(bin), true) = (b.installer_bin, b.pre.iso) {
         let input = iso::IsoInput {
             machined: b.machined,
             rootfs: &dir.join(names::ROOTFS),
             rootfs_verity: &dir.join(names::ROOTFS_VERITY),
             installer: bin,
-            eltorito,
+            eltorito: b.pre.eltorito.as_ref(),
         };
-        let done = stages.run(
-            "iso",
-            Inputs::new("iso")?
-                .value("payload", &payload_digest)
-                .file("installer", bin)?
-                .value("machined", &machined)
-                .value("rootfs", rootfs.digest(names::ROOTFS)?)
-                .value("verity", rootfs.digest(names::ROOTFS_VERITY)?)
+        let mut inputs = Inputs::new("iso")?
+            .value("payload", &payload_digest)
+            .file("installer", bin)?
+            .value("machined", &machined)
+            .value("rootfs", rootfs.digest(names::ROOTFS)?)
+            .value("verity", rootfs.digest(names::ROOTFS_VERITY)?);
+        if let Some(eltorito) = &b.pre.eltorito {
+            inputs = inputs
                 .value("eltorito", &eltorito.image)
-                .value("hybrid mbr", &eltorito.hybrid_mbr),
-            &[names::ISO],
-            |dir| {
-                iso::write_iso(p, dir, &payload, &input, b.signing)?;
-                Ok(serde_json::Value::Null)
-            },
-        )?;
+                .value("hybrid mbr", &eltorito.hybrid_mbr);
+        }
+        let done = stages.run("iso", inputs, &[names::ISO], |dir| {
+            iso::write_iso(p, dir, &payload, &input, b.signing)?;
+            Ok(serde_json::Value::Null)
+        })?;
         keep(&done, Kind::Iso, names::ISO)?;
     }
     Ok((made, boot_info))
@@ -753,7 +750,9 @@ fn preflight(
             .context("internal: the layout has no BIOS partition")?;
         crate::grub::check_fits(g, bios.len())?;
     }
-    let eltorito = if p.outputs.contains(&Output::Iso) {
+    let iso = p.outputs.contains(&Output::Iso);
+    // GRUB boots the ISO under BIOS, on an architecture that has it.
+    let eltorito = if iso && p.arch.spec().bios {
         Some(
             crate::grub::make_eltorito(&p.boot.grub_dir, Some(&memo))
                 .with_context(|| format!("{}: boot.grub_dir", p.path.display()))?,
@@ -766,6 +765,7 @@ fn preflight(
         esp,
         grub,
         raw_bios,
+        iso,
         eltorito,
     })
 }
@@ -778,7 +778,10 @@ struct Preflight {
     esp: Vec<disk::FatFile>,
     grub: Option<disk::Grub>,
     raw_bios: bool,
-    /// GRUB's El Torito image, for the ISO.
+    /// Whether the build makes the live ISO.
+    iso: bool,
+    /// GRUB's El Torito image, for the ISO's BIOS boot (none on an
+    /// architecture without BIOS: its ISO boots by UEFI only).
     eltorito: Option<crate::grub::Eltorito>,
 }
 
@@ -1339,8 +1342,8 @@ pub fn report_json(r: &BuildReport) -> Result<String> {
 mod tests {
     use super::*;
 
-    /// arm64 builds its disk images and its installer; every other output
-    /// (and Secure Boot) is refused, named; amd64 refuses nothing here.
+    /// arm64 builds its disk images, installer, UKIs, ISO and Secure Boot;
+    /// the clouds' images are refused, named; amd64 refuses nothing here.
     #[test]
     fn arm64_refuses_what_it_does_not_build_and_amd64_nothing() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/metal-arm64.yaml");
@@ -1354,16 +1357,12 @@ mod tests {
             Output::RawXz,
             Output::Installer,
             Output::Uki,
+            Output::Iso,
         ];
         p.outputs = built.to_vec();
+        p.secure_boot = Some(Default::default());
         not_yet_for_arch(&p).unwrap();
-        for o in [
-            Output::Gcp,
-            Output::Azure,
-            Output::Vmware,
-            Output::Aws,
-            Output::Iso,
-        ] {
+        for o in [Output::Gcp, Output::Azure, Output::Vmware, Output::Aws] {
             p.outputs = vec![Output::Raw, o];
             let e = not_yet_for_arch(&p).unwrap_err().to_string();
             assert!(

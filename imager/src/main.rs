@@ -73,8 +73,8 @@ enum Command {
     Upgrade(UpgradeArgs),
     /// Make the other slot the default again.
     Rollback(RollbackArgs),
-    /// Push an installer image (an OCI archive) to a registry, every digest
-    /// as built.
+    /// Push an installer image (an OCI archive, one architecture's or an
+    /// index of several) to a registry, every digest as built.
     Push(cli::registry::PushArgs),
     /// Combine installer images of different architectures (archives from
     /// `imager build`) into one archive whose image index names each by
@@ -638,7 +638,6 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
     let iso = format == imager::disk::compress::Format::Raw && qemu::is_iso(&image)?;
     o.arch = match a.arch {
         Some(arch) => arch,
-        None if iso => contract::Arch::Amd64,
         None if format == imager::disk::compress::Format::Qcow2 => {
             eprintln!(
                 "boot: a qcow2's architecture is not read: booting it as amd64 (--arch arm64 \

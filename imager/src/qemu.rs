@@ -178,16 +178,17 @@ pub fn is_iso(path: &Path) -> Result<bool> {
     Ok(id.is_some())
 }
 
-/// QEMU's format options for the disk image `path`: qcow2, raw, or a fixed VHD
-/// (`bootstate::vhd`) sized by its footer rather than by the CHS geometry
-/// QEMU would otherwise believe for an image of an unknown creator.
 /// The architecture of the disk image at `path` ([`bootstate::disk::Disk::arch`]:
-/// the boot loader on its ESP), or why it is not known (a disk imager did
-/// not make, a damaged ESP).
+/// the boot loader on its ESP; a hybrid ISO's GPT names its EFI image as
+/// its ESP), or why it is not known (a disk imager did not make, a damaged
+/// ESP).
 pub fn disk_arch(path: &Path) -> Result<contract::Arch> {
     bootstate::disk::Disk::open(path, bootstate::disk::Access::Read).and_then(|d| d.arch())
 }
 
+/// QEMU's format options for the disk image `path`: qcow2, raw, or a fixed VHD
+/// (`bootstate::vhd`) sized by its footer rather than by the CHS geometry
+/// QEMU would otherwise believe for an image of an unknown creator.
 fn disk_format(path: &Path) -> Result<&'static str> {
     if crate::disk::qcow2::is_qcow2(path)? {
         return Ok("format=qcow2");
@@ -415,7 +416,8 @@ impl Drop for Guest {
 }
 
 /// Refuses what `m`, the machine of the image's architecture, does not
-/// have: BIOS, q35's AHCI controller (SATA disks, the CD-ROM drive).
+/// have: BIOS, q35's AHCI controller (SATA disks; its CD-ROM drive is
+/// a SCSI one: [`Machine::cdrom_args`]).
 /// (Secure Boot runs on either: [`Machine::secure_boot_code`].)
 fn check_machine(opts: &BootOptions, m: &Machine) -> Result<()> {
     if m.bios_and_ahci {
@@ -424,9 +426,6 @@ fn check_machine(opts: &BootOptions, m: &Machine) -> Result<()> {
     let arch = m.arch;
     if opts.firmware == Firmware::Bios {
         bail!("--firmware bios: an {arch} machine boots UEFI only");
-    }
-    if opts.media == Media::Cdrom {
-        bail!("an {arch} ISO does not boot yet (docs/arm64.md)");
     }
     if opts.kvm {
         bail!("--kvm: an {arch} machine runs under TCG on this x86-64 host");
@@ -554,8 +553,7 @@ fn start(opts: &BootOptions) -> Result<(Guest, mpsc::Receiver<String>)> {
                     "if=none,id=disk0,format=raw,media=cdrom,readonly=on,file={}",
                     quoted(&image_abs)
                 ))
-                .arg("-device")
-                .arg(format!("ide-cd,drive=disk0,bus=ide.0,bootindex=0{serial}"));
+                .args(m.cdrom_args("disk0", &serial));
         }
     }
     for (i, d) in opts.disks.iter().enumerate() {

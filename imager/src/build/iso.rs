@@ -1,8 +1,8 @@
 //! The live ISO of a build (`live.iso`, see [`contract::iso`]): the same
 //! kernel, a live initramfs (the runtime and root filesystem, the signed
 //! payload, the installer and the key it trusts), systemd-boot in a FAT
-//! image for UEFI, GRUB's El Torito image for BIOS, written as one hybrid
-//! image by [`crate::iso`].
+//! image for UEFI, GRUB's El Torito image for BIOS (on amd64: arm64's ISO
+//! boots by UEFI only), written as one hybrid image by [`crate::iso`].
 //!
 //! The ISO is named by an ID, the first 32 hex digits (upper case: ISO 9660
 //! a-characters) of the SHA-256 of its
@@ -34,8 +34,9 @@ pub struct IsoInput<'a> {
     pub rootfs_verity: &'a Path,
     /// The static installer (imager).
     pub installer: &'a Path,
-    /// GRUB's El Torito image and hybrid MBR.
-    pub eltorito: &'a Eltorito,
+    /// GRUB's El Torito image and hybrid MBR, for BIOS boot; `None` on an
+    /// architecture without BIOS (arm64), whose ISO boots by UEFI only.
+    pub eltorito: Option<&'a Eltorito>,
 }
 
 /// The kernel command line of the live system: the image's (`image_cmdline`, with
@@ -142,32 +143,40 @@ pub fn write_iso(
     fat_files.push(FatFile::file(layout::LIVE_INITRAMFS, &live_initramfs));
     let efi_image = work.join("efi.img");
     write_efi_image(&efi_image, &fat_files, &id, payload.epoch)?;
-    let grub_cfg = layout::grub_cfg(&options)
-        .map_err(anyhow::Error::msg)
-        .with_context(|| format!("{}: kernel.cmdline", p.path.display()))?;
+    let mut files = vec![IsoFile {
+        path: layout::EFI_IMAGE.to_string(),
+        source: IsoSource::File(efi_image),
+    }];
+    let mut bios = None;
+    if let Some(eltorito) = input.eltorito {
+        let grub_cfg = layout::grub_cfg(&options)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("{}: kernel.cmdline", p.path.display()))?;
+        files.splice(
+            0..0,
+            [
+                IsoFile {
+                    path: layout::ELTORITO_IMAGE.to_string(),
+                    source: IsoSource::Bytes(eltorito.image.clone()),
+                },
+                IsoFile {
+                    path: layout::GRUB_CFG.to_string(),
+                    source: IsoSource::Bytes(grub_cfg.into_bytes()),
+                },
+            ],
+        );
+        bios = Some(BiosBoot {
+            image: layout::ELTORITO_IMAGE.to_string(),
+            hybrid_mbr: eltorito.hybrid_mbr.clone(),
+        });
+    }
     let spec = IsoSpec {
         volume_id: layout::volume_id(&p.name, &p.version),
         volume_set_id: id,
         publisher: layout::publisher(&p.pretty_name),
         epoch: payload.epoch,
-        files: vec![
-            IsoFile {
-                path: layout::ELTORITO_IMAGE.to_string(),
-                source: IsoSource::Bytes(input.eltorito.image.clone()),
-            },
-            IsoFile {
-                path: layout::GRUB_CFG.to_string(),
-                source: IsoSource::Bytes(grub_cfg.into_bytes()),
-            },
-            IsoFile {
-                path: layout::EFI_IMAGE.to_string(),
-                source: IsoSource::File(efi_image),
-            },
-        ],
-        bios: Some(BiosBoot {
-            image: layout::ELTORITO_IMAGE.to_string(),
-            hybrid_mbr: input.eltorito.hybrid_mbr.clone(),
-        }),
+        files,
+        bios,
         efi_image: Some(layout::EFI_IMAGE.to_string()),
     };
     let dest = out.join(names::ISO);

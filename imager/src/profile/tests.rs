@@ -300,45 +300,58 @@ fn the_disk_formats_are_outputs() {
 }
 
 /// `profiles/installer.yaml` builds the system of `profiles/metal.yaml`:
-/// it may differ only in its outputs and installer section.
+/// it may differ only in its outputs and installer section; the ISO and
+/// Secure Boot profiles likewise. The same holds for arm64's
+/// (`metal-arm64.yaml`, `installer-arm64.yaml`, …).
 #[test]
 fn installer_profile_is_metal_plus_the_installer() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles");
-    let metal = Profile::load(&dir.join("metal.yaml")).unwrap();
-    let mut inst = Profile::load(&dir.join("installer.yaml")).unwrap();
-    assert_eq!(inst.outputs, vec![Output::Raw, Output::Installer]);
-    let pkg = inst.installer.take().unwrap().cargo_package.unwrap();
-    assert_eq!(
-        std::fs::canonicalize(pkg).unwrap(),
-        std::fs::canonicalize(Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap()
-    );
-    inst.outputs = metal.outputs.clone();
-    inst.path = metal.path.clone();
-    assert_eq!(format!("{inst:?}"), format!("{metal:?}"));
-    // And profiles/iso.yaml: metal plus the installer and the ISO.
-    let mut iso = Profile::load(&dir.join("iso.yaml")).unwrap();
-    assert_eq!(iso.outputs, vec![Output::Raw, Output::Iso]);
-    assert!(iso.installer.take().unwrap().cargo_package.is_some());
-    assert!(
-        iso.live.install.is_none(),
-        "the default ISO installs nothing by itself"
-    );
-    iso.outputs = metal.outputs.clone();
-    iso.path = metal.path.clone();
-    assert_eq!(format!("{iso:?}"), format!("{metal:?}"));
-    // And profiles/secureboot.yaml: metal plus the installer, Secure Boot
-    // with the development keys, and the UKIs.
-    let mut sb = Profile::load(&dir.join("secureboot.yaml")).unwrap();
-    assert_eq!(
-        sb.outputs,
-        vec![Output::Raw, Output::Installer, Output::Uki]
-    );
-    assert!(sb.installer.take().unwrap().cargo_package.is_some());
-    let s = sb.secure_boot.take().unwrap();
-    assert!(s.keys.is_none() && s.enroll_mode() == "force");
-    sb.outputs = metal.outputs.clone();
-    sb.path = metal.path.clone();
-    assert_eq!(format!("{sb:?}"), format!("{metal:?}"));
+    for suffix in ["", "-arm64"] {
+        let load = |name: &str| Profile::load(&dir.join(format!("{name}{suffix}.yaml"))).unwrap();
+        let metal = load("metal");
+        let mut inst = load("installer");
+        assert_eq!(inst.outputs, vec![Output::Raw, Output::Installer]);
+        let pkg = inst.installer.take().unwrap().cargo_package.unwrap();
+        assert_eq!(
+            std::fs::canonicalize(pkg).unwrap(),
+            std::fs::canonicalize(Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap()
+        );
+        inst.outputs = metal.outputs.clone();
+        inst.path = metal.path.clone();
+        assert_eq!(
+            format!("{inst:?}"),
+            format!("{metal:?}"),
+            "installer{suffix}"
+        );
+        // And profiles/iso.yaml: metal plus the installer and the ISO.
+        let mut iso = load("iso");
+        assert_eq!(iso.outputs, vec![Output::Raw, Output::Iso]);
+        assert!(iso.installer.take().unwrap().cargo_package.is_some());
+        assert!(
+            iso.live.install.is_none(),
+            "the default ISO installs nothing by itself"
+        );
+        iso.outputs = metal.outputs.clone();
+        iso.path = metal.path.clone();
+        assert_eq!(format!("{iso:?}"), format!("{metal:?}"), "iso{suffix}");
+        // And profiles/secureboot.yaml: metal plus the installer, Secure
+        // Boot with the development keys, and the UKIs.
+        let mut sb = load("secureboot");
+        assert_eq!(
+            sb.outputs,
+            vec![Output::Raw, Output::Installer, Output::Uki]
+        );
+        assert!(sb.installer.take().unwrap().cargo_package.is_some());
+        let s = sb.secure_boot.take().unwrap();
+        assert!(s.keys.is_none() && s.enroll_mode() == "force");
+        sb.outputs = metal.outputs.clone();
+        sb.path = metal.path.clone();
+        assert_eq!(
+            format!("{sb:?}"),
+            format!("{metal:?}"),
+            "secureboot{suffix}"
+        );
+    }
 }
 
 /// `profiles/metal-6_1.yaml` is metal with Linux 6.1: only its name, the

@@ -135,6 +135,26 @@ impl Machine {
         Ok(a)
     }
 
+    /// The `-device` arguments of the CD-ROM drive holding the drive
+    /// `drive` (first to boot; `serial` is `,serial=…` or empty): on q35's
+    /// AHCI controller, or on the `virt` machine, which has none, a SCSI
+    /// CD-ROM behind virtio-scsi (AAVMF boots from it).
+    pub fn cdrom_args(&self, drive: &str, serial: &str) -> Vec<String> {
+        if self.bios_and_ahci {
+            vec![
+                "-device".into(),
+                format!("ide-cd,drive={drive},bus=ide.0,bootindex=0{serial}"),
+            ]
+        } else {
+            vec![
+                "-device".into(),
+                "virtio-scsi-pci,id=cd".into(),
+                "-device".into(),
+                format!("scsi-cd,drive={drive},bus=cd.0,bootindex=0{serial}"),
+            ]
+        }
+    }
+
     /// QEMU's program on PATH, or what to install.
     pub fn find_qemu(&self) -> Result<PathBuf> {
         for dir in std::env::var("PATH").unwrap_or_default().split(':') {
