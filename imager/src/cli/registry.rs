@@ -80,8 +80,9 @@ impl RegistryArgs {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct PushArgs {
-    /// The OCI archive to push (an installer image: out/PROFILE/installer.tar),
-    /// or an OCI image layout directory.
+    /// The OCI archive to push (an installer image: out/PROFILE/installer.tar,
+    /// or `imager index`'s of several architectures, pushed whole), or an
+    /// OCI image layout directory.
     pub archive: PathBuf,
     /// Where: REGISTRY/NAME:TAG (or REGISTRY/NAME@DIGEST, the image's own).
     pub reference: String,

@@ -4,10 +4,14 @@
 //! manifest, the same bytes, under the reference's tag. Every digest is
 //! the archive's, so a node pulling the pushed image finds what was
 //! built (where `skopeo copy` without `--preserve-digests` would compress
-//! the layers anew). Blobs the registry has are not sent again.
+//! the layers anew). Blobs the registry has are not sent again. An image
+//! index of several architectures (`imager index`) is pushed whole: each
+//! image by digest, then the index under the tag.
 
 use super::MEDIA_TYPE_MANIFEST;
-use super::store::{DOCKER_MANIFEST, Descriptor, ImageManifest, Store, select_image};
+use super::store::{
+    DOCKER_MANIFEST, Descriptor, ImageManifest, Store, digest_hex, image_entries, select_image,
+};
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Serialize;
 use std::path::Path;
@@ -21,6 +25,8 @@ pub struct PushReport {
     pub digest: String,
     /// `REGISTRY/NAME@DIGEST`: the image by digest, to pin it.
     pub pinned: String,
+    /// The image manifests pushed: the one image, or each of an index's.
+    pub images: Vec<String>,
     pub blobs: Vec<PushedBlob>,
 }
 
@@ -43,40 +49,111 @@ fn to_registry(d: &Descriptor) -> Result<registry::Descriptor> {
 
 /// Pushes the image of `archive` (an OCI archive or image layout) to
 /// `reference` (a tag, or the manifest's own digest) with `client`; `say`
-/// gets a line per blob.
+/// gets a line per blob. An archive whose `index.json` names one image
+/// index (`imager index`: one image per architecture) pushes each image
+/// (its blobs, then its manifest by digest), then the index's own bytes
+/// under `reference`: a client asking for its platform then finds its
+/// image, with every digest the archive's.
 pub fn push(
     archive: &Path,
     reference: &registry::Reference,
     client: &registry::Client,
     say: &mut dyn FnMut(String),
 ) -> Result<PushReport> {
-    let what = archive.display();
+    let what = archive.display().to_string();
     let (store, index) = Store::open_path(archive)
         .with_context(|| format!("{what} is not an OCI archive or image layout"))?;
-    let image = select_image(&store, &index, None).with_context(|| format!("reading {what}"))?;
+    let (images, nested) =
+        image_entries(&store, &index).with_context(|| format!("reading {what}"))?;
+    let (top, top_bytes, images) = match nested {
+        None => {
+            let image =
+                select_image(&store, &index, None).with_context(|| format!("reading {what}"))?;
+            let bytes = store.read_small(&image, "image manifest")?;
+            (image.clone(), bytes, vec![image])
+        }
+        Some(idx) => {
+            let bytes = store.read_small(&idx, "image index")?;
+            (idx, bytes, images)
+        }
+    };
+    if let Some(want) = reference.digest()
+        && want.as_str() != top.digest
+    {
+        bail!(
+            "{reference} names digest {want}, but the image of {what} is {}: give a tag, or \
+             the image's own digest",
+            top.digest
+        );
+    }
+    let mut blobs = Vec::new();
+    for image in &images {
+        digest_hex(&image.digest)?;
+        let bytes = if image.digest == top.digest {
+            top_bytes.clone()
+        } else {
+            store.read_small(image, "image manifest")?
+        };
+        push_image(
+            &store, image, &bytes, reference, client, say, &what, &mut blobs,
+        )?;
+        if image.digest != top.digest {
+            let by_digest = reference
+                .with_digest(registry::Digest::parse(&image.digest).map_err(|e| anyhow!("{e}"))?);
+            client
+                .push_manifest(&by_digest, &image.media_type, &bytes)
+                .map_err(|e| anyhow!("{e}"))
+                .with_context(|| {
+                    format!("pushing the image manifest {} of {what}", image.digest)
+                })?;
+            say(format!("image manifest {}: pushed", image.digest));
+        }
+    }
+    let digest = client
+        .push_manifest(reference, &top.media_type, &top_bytes)
+        .map_err(|e| anyhow!("{e}"))
+        .with_context(|| format!("pushing the manifest of {what}"))?;
+    // `digest` is the bytes' own, which `read_small` checked against the
+    // index's: the archive's digest, preserved.
+    let pinned = format!("{}/{}@{digest}", reference.registry(), reference.name());
+    Ok(PushReport {
+        reference: reference.to_string(),
+        digest: digest.to_string(),
+        pinned,
+        images: images.iter().map(|d| d.digest.clone()).collect(),
+        blobs,
+    })
+}
+
+/// Pushes the config and layers of the image manifest `image` (its bytes
+/// `bytes`) of `store` to the repository of `reference`, each once (a blob
+/// two images share is listed once).
+#[allow(clippy::too_many_arguments)]
+fn push_image(
+    store: &Store,
+    image: &Descriptor,
+    bytes: &[u8],
+    reference: &registry::Reference,
+    client: &registry::Client,
+    say: &mut dyn FnMut(String),
+    what: &str,
+    blobs: &mut Vec<PushedBlob>,
+) -> Result<()> {
     if image.media_type != MEDIA_TYPE_MANIFEST && image.media_type != DOCKER_MANIFEST {
         bail!("{what}: the image's manifest is not an image manifest");
     }
-    let manifest_bytes = store.read_small(&image, "image manifest")?;
-    let manifest: ImageManifest = serde_json::from_slice(&manifest_bytes).map_err(|_| {
+    let manifest: ImageManifest = serde_json::from_slice(bytes).map_err(|_| {
         anyhow!(
             "{what}: the image manifest {} is not valid JSON",
             image.digest
         )
     })?;
-    if let Some(want) = reference.digest()
-        && want.as_str() != image.digest
-    {
-        bail!(
-            "{reference} names digest {want}, but the image of {what} is {}: give a tag, or \
-             the image's own digest",
-            image.digest
-        );
-    }
-    let mut blobs = Vec::new();
     for (d, role) in std::iter::once((&manifest.config, "config"))
         .chain(manifest.layers.iter().map(|l| (l, "layer")))
     {
+        if blobs.iter().any(|b| b.digest == d.digest) {
+            continue;
+        }
         let descriptor = to_registry(d)?;
         let content = store.open(d)?;
         let pushed = client
@@ -101,17 +178,5 @@ pub fn push(
             uploaded,
         });
     }
-    let digest = client
-        .push_manifest(reference, &image.media_type, &manifest_bytes)
-        .map_err(|e| anyhow!("{e}"))
-        .with_context(|| format!("pushing the manifest of {what}"))?;
-    // `digest` is the bytes' own, which `read_small` checked against the
-    // index's: the archive's digest, preserved.
-    let pinned = format!("{}/{}@{digest}", reference.registry(), reference.name());
-    Ok(PushReport {
-        reference: reference.to_string(),
-        digest: digest.to_string(),
-        pinned,
-        blobs,
-    })
+    Ok(())
 }

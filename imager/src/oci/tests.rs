@@ -1505,8 +1505,9 @@ fn an_index_of_two_architectures_gives_each_its_own_payload() {
     for z in ["z1", "z2", "z3"] {
         assert!(!t.path().join(z).exists());
     }
-    // An index's one image per platform is what resign and push take
-    // alone: an index of two is refused by them, saying why.
+    // Signing an image adds to one image's manifest: an index of two is
+    // refused by resign, saying why (push takes the index whole:
+    // tests/arm64.rs pushes one to a registry).
     let e = format!(
         "{:#}",
         super::resign::add_signature(&both, &signer()).unwrap_err()
