@@ -196,16 +196,18 @@ impl<D: Read + Seek> BootFs<D> {
         Ok(out)
     }
 
-    /// Whether `path` exists (file or directory).
-    /// The path of the removable-media boot loader on this filesystem
-    /// (the ESP's, or BOOT's on a disk whose BOOT is the ESP):
-    /// `EFI/BOOT/BOOTX64.EFI` or `BOOTAA64.EFI`, whichever one it holds
-    /// ([`crate::disk::loader_arches`]); none or several is an error.
-    pub fn boot_loader_path(&mut self) -> Result<String> {
+    /// The architecture of the removable-media boot loader on this
+    /// filesystem (the ESP's, or BOOT's on a disk whose BOOT is the ESP):
+    /// the one whose `EFI/BOOT/BOOTX64.EFI` or `BOOTAA64.EFI`
+    /// (`Arch::esp_boot_loader`) it holds, found in the directories alone
+    /// ([`crate::disk::loader_arches`]: a replacement cut short does not
+    /// hide it); none or several is an error.
+    pub fn boot_loader_arch(&mut self) -> Result<contract::Arch> {
         let found = crate::disk::loader_arches(&mut self.dev)?;
-        Ok(crate::disk::one_arch(&found, "the ESP")?.esp_boot_loader())
+        crate::disk::one_arch(&found, "the ESP")
     }
 
+    /// Whether `path` exists (file or directory).
     pub fn exists(&mut self, path: &str) -> Result<bool> {
         check_path(path)?;
         let fs = self.open_ro()?;

@@ -166,6 +166,24 @@ impl Arch {
     }
 }
 
+/// The PE/COFF machine of the image whose first bytes are `head` (the `MZ`
+/// header, its `e_lfanew` at 0x3c, the `PE\0\0` signature, then the
+/// machine), or `None` when `head` is not a PE image or is cut before
+/// the machine. The one reader of it for EFI programs' checks (the boot
+/// loader, the kernel's EFI stub, a payload's boot loader on the ESP).
+pub fn pe_machine(head: &[u8]) -> Option<u16> {
+    if !head.starts_with(b"MZ") {
+        return None;
+    }
+    let at = head.get(0x3c..0x40)?;
+    let pe = u32::from_le_bytes([at[0], at[1], at[2], at[3]]) as usize;
+    if head.get(pe..pe.checked_add(4)?)? != b"PE\0\0" {
+        return None;
+    }
+    let m = head.get(pe + 4..pe + 6)?;
+    Some(u16::from_le_bytes([m[0], m[1]]))
+}
+
 impl fmt::Display for Arch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

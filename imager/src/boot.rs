@@ -45,16 +45,8 @@ pub fn esp_files(systemd_boot: &Path, arch: contract::Arch) -> Result<Vec<FatFil
 pub fn check_efi_binary(path: &Path, arch: contract::Arch) -> Result<()> {
     let spec = arch.spec();
     let head = crate::input::read_head(path, "boot loader", 4096)?;
-    let u16_at = |o: usize| head.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
-    let pe = head
-        .get(0x3c..0x40)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
-    let ok = head.starts_with(b"MZ")
-        && pe.is_some_and(|o| {
-            head.get(o..o + 4) == Some(b"PE\0\0") && u16_at(o + 4) == Some(spec.pe_machine)
-        });
     ensure!(
-        ok,
+        contract::arch::pe_machine(&head) == Some(spec.pe_machine),
         "{} is not an EFI program for {arch} (PE for machine {:#06x}): set boot.systemd_boot \
          to systemd-boot{}.efi",
         path.display(),

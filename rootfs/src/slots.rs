@@ -300,12 +300,12 @@ impl Disk {
         const MAX: u64 = 16 << 20;
         self.with_esp(0, |esp, boot, _| match esp {
             Some(esp) => esp
-                .boot_loader_path()
-                .and_then(|path| esp.read(&path, MAX))
+                .boot_loader_arch()
+                .and_then(|a| esp.read(&a.esp_boot_loader(), MAX))
                 .context("reading the boot loader on the ESP"),
             None => boot
-                .boot_loader_path()
-                .and_then(|path| boot.read(&path, MAX))
+                .boot_loader_arch()
+                .and_then(|a| boot.read(&a.esp_boot_loader(), MAX))
                 .context("reading the boot loader on BOOT"),
         })
     }

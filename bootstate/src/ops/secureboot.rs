@@ -148,8 +148,11 @@ pub fn upgrade_with_loader<E: Device, B: Device, M: Device>(
 }
 
 /// Checks the ESP before the boot loader is written, and says where it is
-/// (the architecture's `EFI/BOOT` file the ESP holds) and whether it must
-/// be written (the ESP's is not `loader`). A replacement an earlier run left
+/// (the architecture's `EFI/BOOT` file the ESP holds, which `loader` must
+/// be an EFI program of) and whether it must be written (the ESP's is not
+/// `loader`). The path is found before anything is written (by directory
+/// lookup alone: in every state a cut replacement leaves, the name points
+/// at the old or the new file). A replacement an earlier run left
 /// cut short is finished first: the scan refuses the two names it may
 /// leave on the same clusters, and the old boot loader's clusters may be
 /// held by nothing. `otherwise` says what to do when the ESP cannot take
@@ -159,15 +162,25 @@ fn prepare_loader<E: Device>(
     loader: &PayloadFile,
     otherwise: &str,
 ) -> Result<(String, bool)> {
-    for a in contract::arch::ARCHES {
-        esp.finish_replace(&a.arch.esp_boot_loader())?;
+    use anyhow::Context;
+    let arch = esp
+        .boot_loader_arch()
+        .with_context(|| format!("nothing was written ({otherwise})"))?;
+    let mut head = Vec::new();
+    File::open(&loader.path)
+        .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, 4096), &mut head))
+        .with_context(|| format!("reading {}", loader.path.display()))?;
+    if contract::arch::pe_machine(&head) != Some(arch.spec().pe_machine) {
+        bail!(
+            "the payload's boot loader is not an EFI program for {arch}, the architecture this \
+             disk boots: nothing was written ({otherwise})"
+        );
     }
+    let path = arch.esp_boot_loader();
+    esp.finish_replace(&path)?;
     if !esp.scan()?.lost.is_empty() {
         esp.reclaim()?;
     }
-    let path = esp
-        .boot_loader_path()
-        .map_err(|e| anyhow::anyhow!("{e}; nothing was written ({otherwise})"))?;
     let (old_sha, _) = esp.hash(&path)?;
     let replace = old_sha != loader.sha256;
     if replace {

@@ -1200,11 +1200,6 @@ fn uki_upgrade_bless_and_rollback_cut_at_any_write_boot_one_of_the_two_under_los
     }
 }
 
-/// An ESP (FAT32) holding `loader` as its (amd64) boot loader.
-fn esp_with(loader: &[u8]) -> Dev {
-    esp_with_at(loader, &[contract::Arch::Amd64])
-}
-
 /// An ESP (FAT32) holding `loader` as the boot loader of each of `arches`.
 fn esp_with_at(loader: &[u8], arches: &[contract::Arch]) -> Dev {
     let mut esp = BootFs::new(crate::testutil::fat32_volume(), 0);
@@ -1249,24 +1244,41 @@ fn the_boot_loader_is_replaced_at_the_architecture_s_path() {
         db,
         v2,
         ..
-    } = loaders(dir.path());
+    } = loaders_of(dir.path(), Arm64);
     let mut meta0 = meta::read(&mut m0).unwrap().0;
     meta0.set(Tag::SecureBoot, db.as_bytes());
     meta::write(&mut m0, &meta0).unwrap();
-    let up = |b: &mut Dev, m: &mut Dev, e: &mut Dev| {
+    let up_with = |b: &mut Dev, m: &mut Dev, e: &mut Dev, loader: &PayloadFile| {
         esp_op(b, m, e, None, |esp, boot, meta| {
-            upgrade_with_loader(Some(esp), &loader, boot, meta, &v2, 3)
+            upgrade_with_loader(Some(esp), loader, boot, meta, &v2, 3)
         })
     };
+    let up = |b: &mut Dev, m: &mut Dev, e: &mut Dev| up_with(b, m, e, &loader);
     let (mut b, mut m, mut e) = (b0.clone(), m0.clone(), esp_with_at(&old, &[Arm64]));
     up(&mut b, &mut m, &mut e).0.unwrap();
     assert_eq!(loader_at(&e, Arm64), Some(new));
     assert_eq!(loader_at(&e, Amd64), None);
+    // An x64 boot loader for an arm64 ESP: refused, nothing written.
+    std::fs::create_dir(dir.path().join("x64")).unwrap();
+    let x64 = loaders_of(&dir.path().join("x64"), Amd64).file;
+    let e0 = esp_with_at(&old, &[Arm64]);
+    let (mut b, mut m, mut e) = (b0.clone(), m0.clone(), e0.clone());
+    let (r, writes) = up_with(&mut b, &mut m, &mut e, &x64);
+    let err = format!("{:#}", r.unwrap_err());
+    assert!(err.contains("not an EFI program for arm64"), "{err}");
+    assert_eq!(writes, 0);
+    assert!(e.get_ref() == e0.get_ref());
+    // The ESP's loader is looked up before anything is written: with none
+    // (a stray replacement of x64's beside it, which a finished replacement
+    // would remove) or with both, refused and untouched.
     for (arches, want) in [
         (&[Amd64, Arm64][..], "several architectures (amd64, arm64)"),
         (&[][..], "no EFI/BOOT boot loader"),
     ] {
-        let e0 = esp_with_at(&old, arches);
+        let mut esp = BootFs::new(esp_with_at(&old, arches), 0);
+        let stray = crate::fat::replacement(&Amd64.esp_boot_loader());
+        esp.create(&stray, &mut &old[..], old.len() as u64).unwrap();
+        let e0 = esp.into_inner();
         let (mut b, mut m, mut e) = (b0.clone(), m0.clone(), e0.clone());
         let (r, writes) = up(&mut b, &mut m, &mut e);
         let err = format!("{:#}", r.unwrap_err());
@@ -1291,8 +1303,24 @@ struct Loaders {
 }
 
 fn loaders(dir: &std::path::Path) -> Loaders {
-    let old: Vec<u8> = (0..12_000u32).map(|i| (i % 253) as u8).collect();
-    let new: Vec<u8> = (0..20_000u32).map(|i| (i % 241) as u8).collect();
+    loaders_of(dir, contract::Arch::Amd64)
+}
+
+/// `len` bytes of a stand-in EFI program for `arch`: a PE header naming its
+/// machine, then bytes made from `seed`.
+fn efi_program(arch: contract::Arch, len: u32, seed: u32) -> Vec<u8> {
+    let mut b: Vec<u8> = (0..len).map(|i| (i % seed) as u8).collect();
+    b[..2].copy_from_slice(b"MZ");
+    b[0x3c..0x40].copy_from_slice(&0x40u32.to_le_bytes());
+    b[0x40..0x44].copy_from_slice(b"PE\0\0");
+    b[0x44..0x46].copy_from_slice(&arch.spec().pe_machine.to_le_bytes());
+    b
+}
+
+/// [`loaders`] for a disk of `arch`: EFI programs of its machine.
+fn loaders_of(dir: &std::path::Path, arch: contract::Arch) -> Loaders {
+    let old = efi_program(arch, 12_000, 253);
+    let new = efi_program(arch, 20_000, 241);
     let path = dir.join("systemd-bootx64.efi.signed");
     std::fs::write(&path, &new).unwrap();
     let file = PayloadFile {
@@ -1306,7 +1334,7 @@ fn loaders(dir: &std::path::Path) -> Loaders {
         ..uki_payload(dir, "2", 6_000)
     };
     Loaders {
-        esp: esp_with(&old),
+        esp: esp_with_at(&old, &[arch]),
         old,
         new,
         file,
@@ -1605,14 +1633,22 @@ fn an_upgrade_writes_its_files_in_few_large_writes() {
 /// B; running the upgrade again finishes it. Refused before any write on
 /// a disk without Secure Boot. A disk whose BOOT is the ESP keeps its boot
 /// loader.
+/// On amd64's ESP and arm64's (`EFI/BOOT/BOOTAA64.EFI`) alike.
 #[test]
 fn an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes() {
     crate::device::each_loss(|_| {
-        an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes_under_loss()
+        for arch in contract::arch::ARCHES.map(|a| a.arch) {
+            an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes_under_loss(
+                arch,
+            )
+        }
     });
 }
 
-fn an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes_under_loss() {
+fn an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes_under_loss(
+    arch: contract::Arch,
+) {
+    let firmware_loader = |e: &Dev| loader_at(e, arch).expect("the ESP's boot loader");
     let dir = tempfile::tempdir().unwrap();
     let (b0, mut m0, v1) = uki_disk(16, dir.path());
     let Loaders {
@@ -1622,7 +1658,7 @@ fn an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes_unde
         file: loader,
         db,
         v2,
-    } = loaders(dir.path());
+    } = loaders_of(dir.path(), arch);
     let plain_meta = m0.clone();
     let mut meta0 = meta::read(&mut m0).unwrap().0;
     meta0.set(Tag::SecureBoot, db.as_bytes());
@@ -1694,7 +1730,7 @@ fn an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes_unde
     {
         let mut boot = BootFs::new(&mut b, 0);
         boot.ensure_dir("EFI/BOOT").unwrap();
-        let path = &contract::Arch::Amd64.esp_boot_loader();
+        let path = &arch.esp_boot_loader();
         boot.create(path, &mut &old_loader[..], old_loader.len() as u64)
             .unwrap();
     }
@@ -1703,8 +1739,7 @@ fn an_upgrade_replacing_the_boot_loader_cut_at_any_write_boots_and_finishes_unde
     let mut boot = BootFs::new(&mut b, 0);
     assert_eq!(boots_uki(&mut boot, &v1, &v2, 0), Slot::B);
     assert_eq!(
-        boot.read(&contract::Arch::Amd64.esp_boot_loader(), 1 << 20)
-            .unwrap(),
+        boot.read(&arch.esp_boot_loader(), 1 << 20).unwrap(),
         old_loader
     );
 }
