@@ -24,7 +24,7 @@ use std::path::Path;
 /// signature, a bzImage); on arm64 an `Image` (the arm64 boot header's
 /// `ARM\x64` magic at 0x38, Documentation/arch/arm64/booting.rst) with its
 /// EFI stub (`MZ`, and a PE header for machine 0xAA64: UEFI and systemd's
-/// stub start it as an EFI program). A prebuilt kernel is copied into the
+/// stub start it as an EFI program) of version 1.0 or later. A prebuilt kernel is copied into the
 /// image and its manifest, so a path pointing at the wrong file, perhaps a
 /// secret, must stop the build.
 pub fn check_image(path: &Path, arch: contract::Arch) -> Result<()> {
@@ -43,17 +43,26 @@ pub fn check_image(path: &Path, arch: contract::Arch) -> Result<()> {
                 "{shown} is not an arm64 Linux kernel image (no `ARM\\x64` magic in its boot \
                  header): set kernel.prebuilt to an arm64 Image"
             );
+            ensure!(
+                contract::arch::pe_machine(&head) == Some(arch.spec().pe_machine),
+                "{shown} is an arm64 kernel without its EFI stub (CONFIG_EFI_STUB): UEFI cannot \
+                 start it"
+            );
+            // The EFI stub's version, its PE MajorImageVersion: 1.0 (Linux
+            // 5.8) and later take the initramfs from LINUX_INITRD_MEDIA_GUID,
+            // the only way systemd-boot and systemd's stub hand it over on
+            // arm64 (the stub refuses an older kernel as a bad image).
             let pe = head
                 .get(0x3c..0x40)
                 .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
-            let machine = head
-                .get(pe + 4..pe + 6)
-                .filter(|_| head.starts_with(b"MZ") && head.get(pe..pe + 4) == Some(b"PE\0\0"))
-                .map(|b| u16::from_le_bytes([b[0], b[1]]));
+            let version = pe
+                .checked_add(24 + 44)
+                .and_then(|at| head.get(at..at + 2))
+                .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));
             ensure!(
-                machine == Some(arch.spec().pe_machine),
-                "{shown} is an arm64 kernel without its EFI stub (CONFIG_EFI_STUB): UEFI cannot \
-                 start it"
+                version >= 1,
+                "{shown}'s EFI stub is version {version}.x, older than 1.0 (Linux 5.8): it cannot \
+                 take the initramfs as systemd-boot passes it on arm64; use a newer kernel"
             );
         }
     }

@@ -37,9 +37,10 @@
 //!   PE machine 0xAA64): the stub starts it with `LoadImage` from memory,
 //!   telling the firmware's security check to pass it (the UKI around it
 //!   was verified), and hands it the initramfs through
-//!   `LINUX_INITRD_MEDIA_GUID`. An arm64 command line is at most 2,047
-//!   bytes (`COMMAND_LINE_SIZE`). The stub's PE machine must be the
-//!   profile's architecture's.
+//!   `LINUX_INITRD_MEDIA_GUID`, which its EFI stub takes from version 1.0
+//!   (Linux 5.8; `kernel::check_image` refuses older). An arm64 command
+//!   line is at most 2,047 bytes (`COMMAND_LINE_SIZE`). The stub's PE
+//!   machine must be the profile's architecture's.
 //!
 //! # How the sections are placed
 //!
@@ -219,13 +220,17 @@ fn check_text(what: &str, text: &[u8]) -> Result<()> {
 fn read_stub(path: &Path) -> Result<Vec<u8>> {
     let shown = path.display();
     let f = File::open(path).with_context(|| {
-        format!("opening the UKI stub {shown}: install systemd-boot-efi (scripts/setup.sh)")
+        format!(
+            "opening the UKI stub {shown}: install systemd-boot-efi, or for arm64 run \
+             scripts/setup.sh (Debian's arm64 package, docs/arm64.md)"
+        )
     })?;
     ensure!(
         f.metadata()
             .with_context(|| format!("reading {shown}"))?
             .is_file(),
-        "{shown} is not a regular file: give the path of linuxx64.efi.stub"
+        "{shown} is not a regular file: give the path of linuxx64.efi.stub (linuxaa64.efi.stub \
+         for arm64)"
     );
     let mut b = Vec::new();
     f.take(MAX_STUB + 1)

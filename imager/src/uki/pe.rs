@@ -134,12 +134,15 @@ pub fn parse_stub(b: &[u8]) -> Result<StubLayout> {
     );
     let coff = pe + 4;
     let machine = u16_at(b, coff).context("truncated COFF header")?;
-    let Some(arch) = contract::arch::ARCHES
-        .iter()
-        .find(|a| a.pe_machine == machine)
-        .map(|a| a.arch)
-    else {
-        bail!("machine {machine:#06x} is neither x86-64 (0x8664) nor AArch64 (0xaa64)");
+    let Some(arch) = contract::Arch::of_pe_machine(machine) else {
+        let known: Vec<String> = contract::arch::ARCHES
+            .iter()
+            .map(|a| format!("{} ({:#06x})", a.name, a.pe_machine))
+            .collect();
+        bail!(
+            "machine {machine:#06x} is not one a stub is built for: {}",
+            known.join(", ")
+        );
     };
     let nsec = usize::from(u16_at(b, coff + 2).context("truncated COFF header")?);
     let sym_ptr = u32_at(b, coff + 8).context("truncated COFF header")?;
@@ -211,6 +214,8 @@ pub fn parse_stub(b: &[u8]) -> Result<StubLayout> {
          {table_end:#x}) within the file, at a FileAlignment boundary"
     );
 
+    let entry = u64::from(o(OPT_ADDRESS_OF_ENTRY_POINT));
+    let mut entry_in_section = false;
     let mut first_raw_data = u64::MAX;
     let mut raw_data_end = u64::from(size_of_headers);
     let mut va_end = u64::from(size_of_headers);
@@ -234,6 +239,7 @@ pub fn parse_stub(b: &[u8]) -> Result<StubLayout> {
         // The loader maps VirtualSize bytes (SizeOfRawData when it is 0);
         // raw data past VirtualSize is not loaded.
         va_end = u64::from(va) + u64::from(if vsize == 0 { rsize } else { vsize });
+        entry_in_section |= (u64::from(va)..va_end).contains(&entry);
         if rsize > 0 {
             let end = u64::from(rptr) + u64::from(rsize);
             ensure!(
@@ -255,11 +261,10 @@ pub fn parse_stub(b: &[u8]) -> Result<StubLayout> {
         u64::from(size_of_image) >= va_end,
         "SizeOfImage {size_of_image:#x} does not cover the last section (ends at {va_end:#x})"
     );
-    let entry = o(OPT_ADDRESS_OF_ENTRY_POINT);
     ensure!(
-        u64::from(entry) >= u64::from(size_of_headers) && u64::from(entry) < va_end,
-        "the entry point {entry:#x} is not in a section (headers end at {size_of_headers:#x}, \
-         the sections at {va_end:#x})"
+        entry_in_section,
+        "the entry point {entry:#x} is not in a section: the headers (and the room the UKI's \
+         section headers take) would be run"
     );
     ensure!(
         is_free(&b[table_end..size_of_headers as usize], table_end, arch),

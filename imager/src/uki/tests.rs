@@ -74,6 +74,8 @@ fn arm64_kernel_bytes() -> Vec<u8> {
     k[0x3c..0x40].copy_from_slice(&0x40u32.to_le_bytes());
     k[0x40..0x44].copy_from_slice(b"PE\0\0");
     k[0x44..0x46].copy_from_slice(&0xaa64u16.to_le_bytes());
+    // The EFI stub's version (MajorImageVersion): 1.0.
+    k[0x84..0x86].copy_from_slice(&1u16.to_le_bytes());
     k
 }
 
@@ -406,9 +408,13 @@ fn stubs_that_lie_are_refused_without_panic() {
         (
             pe + 4,
             0x14cu16.to_le_bytes().to_vec(),
-            "neither x86-64 (0x8664) nor AArch64",
+            "not one a stub is built for: amd64 (0x8664), arm64 (0xaa64)",
         ),
-        (opt + 16, 0x200u32.to_le_bytes().to_vec(), "entry point"),
+        (
+            opt + 16,
+            0x200u32.to_le_bytes().to_vec(),
+            "entry point 0x200 is not in a section",
+        ),
         (pe + 6, 0u16.to_le_bytes().to_vec(), "0 sections"),
         (pe + 6, 0xffffu16.to_le_bytes().to_vec(), "65535 sections"),
         (
@@ -698,6 +704,11 @@ fn arm64_stubs_and_kernels_of_the_wrong_kind_are_refused() {
     std::fs::write(&inp.kernel, &k).unwrap();
     let e = inp.refusal(&inp.input(CMDLINE));
     assert!(e.contains("without its EFI stub"), "{e}");
+    let mut k = arm64_kernel_bytes();
+    k[0x84] = 0;
+    std::fs::write(&inp.kernel, &k).unwrap();
+    let e = inp.refusal(&inp.input(CMDLINE));
+    assert!(e.contains("older than 1.0 (Linux 5.8)"), "{e}");
     // arm64's command line limit.
     std::fs::write(&inp.kernel, arm64_kernel_bytes()).unwrap();
     let long = "x".repeat(2048);
