@@ -74,15 +74,21 @@ pub fn push(
         }
         Some(idx) => {
             let bytes = store.read_small(&idx, "image index")?;
+            check_pushable_index(&bytes).with_context(|| format!("{what}: nothing was pushed"))?;
             (idx, bytes, images)
         }
     };
     if let Some(want) = reference.digest()
         && want.as_str() != top.digest
     {
+        let kind = if images.first().map(|d| &d.digest) != Some(&top.digest) {
+            "image index"
+        } else {
+            "image"
+        };
         bail!(
-            "{reference} names digest {want}, but the image of {what} is {}: give a tag, or \
-             the image's own digest",
+            "{reference} names digest {want}, but the {kind} of {what} is {}: give a tag, or \
+             the {kind}'s own digest",
             top.digest
         );
     }
@@ -125,6 +131,28 @@ pub fn push(
     })
 }
 
+/// Refuses an image index (its bytes) that does not name only image
+/// manifests, at least one: every entry must be pushed before the index,
+/// and only images are (a registry refuses an index naming what it does
+/// not hold, and one that does not check would keep a tag naming nothing).
+pub(super) fn check_pushable_index(bytes: &[u8]) -> Result<()> {
+    let index = super::store::parse_index(bytes, "the image index")?;
+    if index.manifests.is_empty() {
+        bail!("the image index names no image");
+    }
+    for d in &index.manifests {
+        if d.media_type != MEDIA_TYPE_MANIFEST && d.media_type != DOCKER_MANIFEST {
+            bail!(
+                "the image index names {} of media type {}: only image manifests are pushed \
+                 (an index of `imager index`)",
+                contract::text::quote(&d.digest, 80),
+                contract::text::quote(&d.media_type, 80)
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Pushes the config and layers of the image manifest `image` (its bytes
 /// `bytes`) of `store` to the repository of `reference`, each once (a blob
 /// two images share is listed once).
@@ -151,7 +179,16 @@ fn push_image(
     for (d, role) in std::iter::once((&manifest.config, "config"))
         .chain(manifest.layers.iter().map(|l| (l, "layer")))
     {
-        if blobs.iter().any(|b| b.digest == d.digest) {
+        if let Some(b) = blobs.iter().find(|b| b.digest == d.digest) {
+            if b.size != d.size {
+                bail!(
+                    "{what}: {role} {} is {} bytes in one image and {} in another: refusing \
+                     a manifest whose blob is not what it says",
+                    d.digest,
+                    b.size,
+                    d.size
+                );
+            }
             continue;
         }
         let descriptor = to_registry(d)?;

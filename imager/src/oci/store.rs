@@ -71,7 +71,7 @@ impl Store {
 
 /// An image index's bytes (`what`: `index.json`, or an index blob),
 /// decoded.
-fn parse_index(bytes: &[u8], what: &str) -> Result<Index> {
+pub(super) fn parse_index(bytes: &[u8], what: &str) -> Result<Index> {
     let index: Index = serde_json::from_slice(bytes)
         .map_err(|e| anyhow!("{what} is not a valid OCI image index: {}", json_error(&e)))?;
     if index.schema_version != 2 {

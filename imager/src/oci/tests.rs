@@ -1554,3 +1554,40 @@ fn a_platform_that_is_not_the_signed_architecture_is_refused() {
     );
     assert!(!t.path().join("both.tar").exists());
 }
+
+/// An image index is pushed only when it names image manifests alone, at
+/// least one (each is pushed before it): an empty one, or one naming
+/// another index or an unknown kind, is refused before anything is sent,
+/// with the entry's media type escaped.
+#[test]
+fn only_an_index_of_images_is_pushed() {
+    let entry = |media: &str| {
+        format!(
+            r#"{{"mediaType":"{media}","digest":"sha256:{}","size":1}}"#,
+            "a".repeat(64)
+        )
+    };
+    let index = |entries: &[String]| {
+        format!(
+            r#"{{"schemaVersion":2,"mediaType":"{}","manifests":[{}]}}"#,
+            super::MEDIA_TYPE_INDEX,
+            entries.join(",")
+        )
+        .into_bytes()
+    };
+    let image = entry(super::MEDIA_TYPE_MANIFEST);
+    super::push::check_pushable_index(&index(&[image.clone(), image.clone()])).unwrap();
+    let e = super::push::check_pushable_index(&index(&[])).unwrap_err();
+    assert!(format!("{e:#}").contains("names no image"), "{e:#}");
+    for (media, shown) in [
+        (super::MEDIA_TYPE_INDEX, super::MEDIA_TYPE_INDEX),
+        ("text/\\u001b[31mred", "text/\\u{1b}[31mred"),
+    ] {
+        let e =
+            super::push::check_pushable_index(&index(&[image.clone(), entry(media)])).unwrap_err();
+        let said = format!("{e:#}");
+        assert!(said.contains("only image manifests are pushed"), "{said}");
+        assert!(said.contains(shown), "{said}");
+        assert!(!said.contains('\u{1b}'), "{said}");
+    }
+}
