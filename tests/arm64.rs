@@ -18,7 +18,10 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "../registry/tests/common/mod.rs"]
+mod reg;
 
+use common::vm::*;
 use common::*;
 use contract::Arch;
 use std::path::{Path, PathBuf};
@@ -304,8 +307,16 @@ fn the_arm64_image_is_made_of_arm64s_parts_and_none_of_the_hosts() {
 fn boots_to_ready(bus: &str) {
     let b = arm64_image();
     let r = boot_report(&b.artifact("raw"), &["--bus", bus]).unwrap();
+    ready_on_a(&r, &format!("from {bus}"));
+    assert_eq!(r["secure_boot"], "off", "{r}");
+}
+
+/// Checks `imager boot`'s report `r` of an arm64 image (booted `how`):
+/// 0.1.0 reached ready under UEFI on slot A of an arm64 machine, its root
+/// verified; the time is said.
+fn ready_on_a(r: &serde_json::Value, how: &str) {
     say(&format!(
-        "arm64 under AAVMF from {bus}: ready after {:.1} s",
+        "arm64 under AAVMF {how}: ready after {:.1} s",
         r["seconds"].as_f64().unwrap()
     ));
     assert_eq!(r["arch"], "arm64", "{r}");
@@ -552,15 +563,16 @@ fn the_arm64_disk_upgrades_from_the_index_rolls_back_and_falls_back() {
 }
 
 /// What arm64 does not build yet is refused before anything is written,
-/// each named: the ISO, UKIs, Secure Boot (and the clouds' images, whose
-/// profiles need more than this one has).
+/// each named: the clouds' images (their descriptions name x86-64
+/// machines).
 #[test]
-fn an_arm64_profile_asking_for_what_arm64_lacks_is_refused_before_any_work() {
-    let profile = write_profile_from("installer-arm64", "arm64-too-much", |t| {
-        t.replace("outputs: [raw, installer]", "outputs: [raw, iso, uki]")
-            .replace("disk:\n", "secure_boot:\n  enroll: force\n\ndisk:\n")
+fn an_arm64_profile_asking_for_the_clouds_images_is_refused_before_any_work() {
+    let profile = write_profile_from("installer-arm64", "arm64-clouds", |t| {
+        let t = t.replace("outputs: [raw, installer]", "outputs: [raw, gcp, aws]");
+        // The clouds' serial console, which their outputs ask for.
+        t.replace("    - console=ttyAMA0,115200\n", "    - console=ttyS0\n")
     });
-    let out = scratch().join("arm64-too-much");
+    let out = scratch().join("arm64-clouds");
     let _ = std::fs::remove_dir_all(&out);
     let o = run(imager()
         .args(["build", "--profile"])
@@ -570,10 +582,227 @@ fn an_arm64_profile_asking_for_what_arm64_lacks_is_refused_before_any_work() {
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "{said}");
     assert!(
-        said.contains("arch arm64: iso, uki, secure_boot not built for arm64 yet"),
+        said.contains("arch arm64: gcp, aws not built for arm64 yet"),
         "{said}"
     );
     assert!(!out.exists(), "{} was made", out.display());
+}
+
+/// secureboot-arm64's build, with a key set `imager keygen --secure-boot`
+/// made for these tests, and that key set's directory.
+fn sb_image() -> &'static (Build, PathBuf) {
+    static B: Fixture<(Build, PathBuf)> = Fixture::new("arm64-secureboot");
+    B.get(|| {
+        arm64_kernel();
+        let keys = scratch().join("arm64-sb-keys");
+        let _ = std::fs::remove_dir_all(&keys);
+        ok(imager().args(["keygen", "--secure-boot"]).arg(&keys));
+        let profile = write_profile_from("secureboot-arm64", "arm64-sb", |t| {
+            let old = "secure_boot:\n  enroll: force\n";
+            assert!(t.contains(old), "{t}");
+            t.replace(
+                old,
+                &format!(
+                    "secure_boot:\n  keys: {}\n  enroll: force\n",
+                    keys.display()
+                ),
+            )
+        });
+        let key = dev_key().display().to_string();
+        (build_profile("arm64-sb", &profile, &["--key", &key]), keys)
+    })
+}
+
+/// A copy of `disk` (as `name` in the scratch directory) whose file `path`
+/// on the partition `label` has one byte flipped at `at`, through mtools.
+fn with_flipped_byte(disk: &Path, label: &str, path: &str, at: usize, name: &str) -> PathBuf {
+    let copy = scratch().join(name);
+    std::fs::copy(disk, &copy).unwrap();
+    let file = copy.with_extension("file");
+    let fs = mtools_at(&copy, label);
+    ok(tool("mcopy")
+        .args(["-o", "-n", "-i", &fs])
+        .arg(format!("::/{path}"))
+        .arg(&file));
+    let mut b = std::fs::read(&file).unwrap();
+    b[at] ^= 0x01;
+    std::fs::write(&file, b).unwrap();
+    ok(tool("mcopy")
+        .args(["-o", "-n", "-i", &fs])
+        .arg(&file)
+        .arg(format!("::/{path}")));
+    copy
+}
+
+/// The Secure Boot variant: sbverify (not our verifier) accepts the
+/// signed systemd-boot and slot A's UKI as the disk holds them (slot B is
+/// empty until an upgrade) and the build's UKIs of both slots, all for
+/// AArch64, with the db certificate; AAVMF with the key set enrolled by
+/// `virt-fw-vars` boots it to ready with Secure Boot on and the root
+/// verified; one changed byte in slot A's UKI, or in systemd-boot, and the
+/// firmware refuses to run it.
+#[test]
+fn the_arm64_secure_boot_image_boots_with_its_keys_enrolled_and_refuses_a_changed_byte() {
+    let (b, keys) = sb_image();
+    let disk = b.artifact("raw");
+    let loader = scratch().join("arm64-sb-BOOTAA64.EFI");
+    ok(tool("mcopy")
+        .args(["-o", "-n", "-i", &mtools_at(&disk, "EFI")])
+        .arg("::/EFI/BOOT/BOOTAA64.EFI")
+        .arg(&loader));
+    let uki_a = mdir_names(&disk, "BOOT", "EFI/Linux")
+        .into_iter()
+        .find(|n| n.contains("slot-a"))
+        .unwrap();
+    let disk_uki = scratch().join("arm64-sb-slot-a.efi");
+    ok(tool("mcopy")
+        .args(["-o", "-n", "-i", &mtools_at(&disk, "BOOT")])
+        .arg(format!("::/EFI/Linux/{uki_a}"))
+        .arg(&disk_uki));
+    for f in [
+        loader.clone(),
+        disk_uki,
+        b.dir.join("uki-a.efi"),
+        b.dir.join("uki-b.efi"),
+    ] {
+        assert_eq!(pe_machine(&std::fs::read(&f).unwrap()), 0xAA64, "{f:?}");
+        let o = run(tool("sbverify")
+            .arg("--cert")
+            .arg(keys.join("db.crt"))
+            .arg(&f));
+        let said = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}: {said}", f.display());
+        assert!(said.contains("Signature verification OK"), "{said}");
+    }
+    let vars = |name: &str| {
+        enrolled_vars_of(
+            Arch::Arm64,
+            keys,
+            &scratch().join(format!("arm64-sb-{name}.vars.fd")),
+            true,
+        )
+    };
+    let v = vars("ready");
+    let r = boot_report(&disk, &["--secure-boot", &v.display().to_string()]).unwrap();
+    ready_on_a(&r, "with Secure Boot");
+    assert_eq!(r["secure_boot"], "on", "{r}");
+
+    let refused = |disk: &Path, name: &str| {
+        let mut o = imager::qemu::BootOptions::new(disk);
+        o.arch = Arch::Arm64;
+        o.echo = false;
+        o.timeout = std::time::Duration::from_secs(600);
+        o.secure_boot_vars = Some(vars(name));
+        imager::qemu::boot_until(&o, &["Access Denied"]).unwrap_or_else(|e| panic!("{e:#}"))
+    };
+    let bad = with_flipped_byte(
+        &disk,
+        "BOOT",
+        &format!("EFI/Linux/{uki_a}"),
+        0x2000,
+        "arm64-sb-uki.raw",
+    );
+    let line = refused(&bad, "uki");
+    assert!(
+        line.contains(&format!("Error loading \\EFI\\Linux\\{uki_a}")),
+        "{line}"
+    );
+    let bad = with_flipped_byte(
+        &disk,
+        "EFI",
+        "EFI/BOOT/BOOTAA64.EFI",
+        0x2000,
+        "arm64-sb-loader.raw",
+    );
+    let line = refused(&bad, "loader");
+    assert!(line.contains("failed to load Boot"), "{line}");
+}
+
+/// The names in the directory `dir` of the FAT partition `label` of `disk`
+/// (mtools).
+fn mdir_names(disk: &Path, label: &str, dir: &str) -> Vec<String> {
+    ok(tool("mdir")
+        .args(["-b", "-i", &mtools_at(disk, label)])
+        .arg(format!("::/{dir}")))
+    .lines()
+    .filter_map(|l| l.trim().rsplit('/').next().map(str::to_string))
+    .filter(|n| !n.is_empty())
+    .collect()
+}
+
+/// The serial number of the disk the arm64 ISO installs to.
+const TARGET: &str = "TARGET01";
+
+/// iso-arm64's build with `live.install: serial:TARGET01`: a live ISO that
+/// installs onto the disk with that serial.
+fn install_iso() -> &'static Build {
+    static B: Fixture<Build> = Fixture::new("arm64-iso");
+    B.get(|| {
+        arm64_kernel();
+        let profile = write_profile_from("iso-arm64", "arm64-iso", |t| {
+            format!("{t}\nlive:\n  install: serial:{TARGET}\n")
+        });
+        let key = dev_key().display().to_string();
+        build_profile("arm64-iso", &profile, &["--key", &key])
+    })
+}
+
+/// The arm64 ISO, read by xorriso and sfdisk: one El Torito boot image,
+/// for UEFI, no BIOS image and no GRUB; a GPT whose one partition is the
+/// EFI image, holding arm64's systemd-boot. Booted from the CD-ROM
+/// (virtio-scsi: the virt machine has no AHCI) with a blank disk, the live
+/// system installs onto it and powers off, and the disk then boots to
+/// ready by itself; attached as a disk with the target's serial (a USB
+/// stick written with dd), the ISO boots too and refuses to install onto
+/// itself.
+#[test]
+fn the_arm64_iso_boots_by_uefi_and_installs_a_disk_that_boots() {
+    let iso = install_iso().artifact("iso");
+    let report = ok(tool("xorriso")
+        .args(["-indev"])
+        .arg(&iso)
+        .args(["-report_el_torito", "plain"]));
+    let images: Vec<&str> = report
+        .lines()
+        .filter(|l| l.starts_with("El Torito boot img :"))
+        .collect();
+    assert_eq!(images.len(), 1, "{report}");
+    assert!(images[0].contains(" UEFI "), "{report}");
+    let listing = ok(tool("xorriso")
+        .args(["-indev"])
+        .arg(&iso)
+        .args(["-find", "/", "-exec", "lsdl"]));
+    assert!(!listing.to_lowercase().contains("grub"), "{listing}");
+    assert_eq!(partition_names(&iso), ["EFI"]);
+    let efi = mdir_names(&iso, "EFI", "EFI/BOOT");
+    assert_eq!(efi, ["BOOTAA64.EFI"], "{efi:?}");
+
+    let disk = scratch().join("arm64-iso-target.raw");
+    let _ = std::fs::remove_file(&disk);
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(4 << 30)
+        .unwrap();
+    let spec = format!("{},serial={TARGET}", disk.display());
+    let r = boot_report(&iso, &["--disk", &spec]).unwrap();
+    assert_eq!(r["arch"], "arm64", "{r}");
+    assert_eq!(r["live"], true, "{r}");
+    assert_eq!(r["install"]["installed"], true, "{r}");
+    check_gpt(&disk);
+    assert_eq!(
+        partition_names(&disk),
+        ["EFI", "BIOS", "BOOT", "META", "STATE", "EPHEMERAL"]
+    );
+    let r = boot_report(&disk, &[]).unwrap();
+    assert_eq!(r["arch"], "arm64", "{r}");
+    assert_eq!(
+        (&r["slot"], &r["live"]),
+        (&"A".into(), &false.into()),
+        "{r}"
+    );
+
+    let e = boot_report(&iso, &["--usb", "--serial", TARGET]).unwrap_err();
+    assert!(e.contains("it is the boot medium"), "{e}");
 }
 
 /// `imager install --arch arm64` lays out a blank disk from the index's
@@ -625,4 +854,126 @@ fn imager_install_takes_the_payload_of_its_arch_from_the_index() {
     assert_eq!(r["bios_boot"], false, "{r}");
     let (r, _) = boot_arm64(&disk, false);
     assert_eq!(version_and_slot(&r), ("0.2.0", "A"));
+}
+
+/// Where the arm64 node reaches the test's registry (QEMU's guestfwd).
+const GUEST_REGISTRY: &str = "10.0.2.100:5000";
+
+/// The node's pull on arm64: `imager push` sends the index of both
+/// architectures to a registry whole (skopeo then takes each platform's
+/// image from the tag, at the digest its build made); an arm64 node,
+/// provisioned with a node's credentials, asked over its API to upgrade
+/// from that tag, takes its own platform's image (its runtime's
+/// `Arch::NATIVE`), writes it to slot B, and boots it.
+#[test]
+fn an_arm64_node_pulls_its_own_platform_from_a_pushed_index() {
+    let b = both();
+    let dir = scratch().join("arm64-node");
+    let _ = std::fs::remove_dir_all(&dir);
+    let creds = dir.join("credentials");
+    for args in [
+        &["--role", "operator", "--name", "ops"][..],
+        &["--role", "admin", "--name", "root"][..],
+        &NODE1[..],
+    ] {
+        ok(imager()
+            .args(["node", "credentials"])
+            .arg(&creds)
+            .args(args));
+    }
+    let v1 = {
+        arm64_kernel();
+        let profile = write_profile_from("metal-arm64", "arm64-node-v1", |t| {
+            format!("{t}\nnode_api:\n  plain_http_registries: [{GUEST_REGISTRY}]\n")
+        });
+        build_profile(
+            "arm64-node-v1",
+            &profile,
+            &["--key", &dev_key().display().to_string()],
+        )
+    };
+
+    let registry = reg::Registry::start();
+    let tag = format!("{}/metal/installer:0.2.0", registry.addr);
+    let pushed: serde_json::Value = serde_json::from_str(&ok(imager()
+        .args(["push", "--plain-http", "--json"])
+        .arg(&b.index)
+        .arg(&tag)))
+    .unwrap();
+    assert_eq!(pushed["images"].as_array().unwrap().len(), 2, "{pushed}");
+    let remote = format!("docker://{tag}");
+    let raw_text = ok(tool("skopeo").args(["inspect", "--tls-verify=false", "--raw", &remote]));
+    // The registry holds the archive's own index, byte for byte.
+    let archived = ok(tool("skopeo").args([
+        "inspect",
+        "--raw",
+        &format!("oci-archive:{}", b.index.display()),
+    ]));
+    assert_eq!(raw_text, archived);
+    let raw: serde_json::Value = serde_json::from_str(&raw_text).unwrap();
+    assert_eq!(
+        raw["mediaType"], "application/vnd.oci.image.index.v1+json",
+        "{raw}"
+    );
+    let mut arm64_digest = String::new();
+    for (i, (arch, build)) in [("amd64", &b.amd64), ("arm64", &b.arm64)]
+        .into_iter()
+        .enumerate()
+    {
+        let own = format!("oci-archive:{}", build.artifact("installer").display());
+        let alone: serde_json::Value =
+            serde_json::from_str(&ok(tool("skopeo").args(["inspect", &own]))).unwrap();
+        // The registry's index names each build's image by its digest.
+        assert_eq!(raw["manifests"][i]["digest"], alone["Digest"], "{raw}");
+        assert_eq!(raw["manifests"][i]["platform"]["architecture"], arch);
+        if arch == "arm64" {
+            arm64_digest = alone["Digest"].as_str().unwrap().to_string();
+        }
+        let taken: serde_json::Value = serde_json::from_str(&ok(tool("skopeo").args([
+            "--override-arch",
+            arch,
+            "inspect",
+            "--tls-verify=false",
+            &remote,
+        ])))
+        .unwrap();
+        // The tag's digest is the index's, as pushed; the platform's
+        // image is its build's (its layers).
+        assert_eq!(taken["Digest"], pushed["digest"], "{taken}");
+        assert_eq!(taken["Architecture"], arch, "{taken}");
+        assert_eq!(taken["Layers"], alone["Layers"], "{arch}");
+    }
+
+    let disk = sparse_copy(&v1.artifact("raw"), "arm64-node");
+    provision_node1(&disk, &creds);
+    let forward = format!("{GUEST_REGISTRY}={}", registry.addr);
+    let mut vm = Vm::boot(&disk, reg::free_port(), &["--guest-forward", &forward]);
+    let ready = vm.wait_for("ready version=", 1);
+    assert!(ready.contains("version=0.1.0 slot=A"), "{ready}");
+    let image = format!("{GUEST_REGISTRY}/metal/installer:0.2.0");
+    let out = node_cmd(
+        &vm,
+        &creds,
+        "ops",
+        &["upgrade", "--image", &image, "--wait"],
+    );
+    assert!(
+        out.status.success(),
+        "{}\nconsole:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        tail(&vm.console())
+    );
+    let ready = vm.wait_for("ready version=", 2);
+    assert!(ready.contains("version=0.2.0 slot=B"), "{ready}");
+    // The node says which image it took: arm64's, by its digest.
+    let console = vm.console();
+    assert!(
+        console.contains("to 0.2.0 (slot B), signed by")
+            && console.contains(&format!("image {arm64_digest}; rebooting")),
+        "{}",
+        tail(&console)
+    );
+    let s = status(&vm, &creds, "ops");
+    assert_eq!(s["version"], "0.2.0", "{s}");
+    vm.power_off(&creds);
 }

@@ -220,12 +220,7 @@ fn the_guest_reaches_the_host_only_through_guest_forward_and_a_node_takes_only_p
     );
 
     let disk = sparse_copy(&b.artifact("raw"), "network");
-    ok(imager()
-        .args(["node", "provision"])
-        .arg(&disk)
-        .arg("--credentials")
-        .arg(&creds)
-        .args(["--node", "node1"]));
+    provision_node1(&disk, &creds);
     let port = reg::free_port();
     let mut vm = Vm::boot(
         &disk,

@@ -176,3 +176,17 @@ pub fn status(vm: &Vm, dir: &Path, client: &str) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// `imager node provision DISK --credentials CREDS --node node1`: the test
+/// node's certificate and key (made with [`super::NODE1`]) and the
+/// cluster's CA into `disk`'s META.
+pub fn provision_node1(disk: &Path, creds: &Path) {
+    super::ok(
+        imager()
+            .args(["node", "provision"])
+            .arg(disk)
+            .arg("--credentials")
+            .arg(creds)
+            .args(["--node", "node1"]),
+    );
+}
