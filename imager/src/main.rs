@@ -358,10 +358,11 @@ struct BootArgs {
     /// then falls back to the other slot by boot counting).
     #[arg(long)]
     reboots: bool,
-    /// Boot OVMF's Secure Boot firmware (SMM, under TCG) with this UEFI
-    /// variable store, used in place (keys systemd-boot enrols stay in it):
-    /// a copy of /usr/share/OVMF/OVMF_VARS_4M.fd is in setup mode; enrol
-    /// keys into one with virt-fw-vars (docs/secureboot.md).
+    /// Boot the Secure Boot firmware (OVMF's SMM build under TCG; AAVMF on
+    /// arm64) with this UEFI variable store, used in place (keys
+    /// systemd-boot enrols stay in it): a copy of
+    /// /usr/share/OVMF/OVMF_VARS_4M.fd is in setup mode; enrol keys into
+    /// one with virt-fw-vars (docs/secureboot.md, also for AAVMF's).
     #[arg(long, value_name = "VARS")]
     secure_boot: Option<PathBuf>,
     /// Forward 127.0.0.1:HOSTPORT on the host to the guest's GUESTPORT
