@@ -196,6 +196,16 @@ fn both() -> &'static Both {
     })
 }
 
+/// Each build of [`Both`] in the index's order (amd64, arm64): its
+/// architecture, and skopeo's inspection of its own installer image.
+fn both_alone(b: &Both) -> [(&'static str, serde_json::Value); 2] {
+    [("amd64", &b.amd64), ("arm64", &b.arm64)].map(|(arch, build)| {
+        let own = format!("oci-archive:{}", build.artifact("installer").display());
+        let alone = serde_json::from_str(&ok(tool("skopeo").args(["inspect", &own]))).unwrap();
+        (arch, alone)
+    })
+}
+
 /// `mtools` reads the partition `label` of `disk` at its byte offset.
 fn mtools_at(disk: &Path, label: &str) -> String {
     let (first, _) = partition_range(disk, label);
@@ -411,13 +421,7 @@ fn skopeo_reads_the_index_of_both_architectures_and_takes_each_platform() {
         ["\"linux\"/\"amd64\"", "\"linux\"/\"arm64\""],
         "{raw}"
     );
-    for (i, (arch, build)) in [("amd64", &b.amd64), ("arm64", &b.arm64)]
-        .into_iter()
-        .enumerate()
-    {
-        let own = format!("oci-archive:{}", build.artifact("installer").display());
-        let alone: serde_json::Value =
-            serde_json::from_str(&ok(tool("skopeo").args(["inspect", &own]))).unwrap();
+    for (i, (arch, alone)) in both_alone(b).into_iter().enumerate() {
         // The index names the image its build made, by its digest.
         assert_eq!(
             raw["manifests"][i]["digest"], alone["Digest"],
@@ -916,13 +920,7 @@ fn an_arm64_node_pulls_its_own_platform_from_a_pushed_index() {
         "{raw}"
     );
     let mut arm64_digest = String::new();
-    for (i, (arch, build)) in [("amd64", &b.amd64), ("arm64", &b.arm64)]
-        .into_iter()
-        .enumerate()
-    {
-        let own = format!("oci-archive:{}", build.artifact("installer").display());
-        let alone: serde_json::Value =
-            serde_json::from_str(&ok(tool("skopeo").args(["inspect", &own]))).unwrap();
+    for (i, (arch, alone)) in both_alone(b).into_iter().enumerate() {
         // The registry's index names each build's image by its digest.
         assert_eq!(raw["manifests"][i]["digest"], alone["Digest"], "{raw}");
         assert_eq!(raw["manifests"][i]["platform"]["architecture"], arch);

@@ -309,6 +309,12 @@ fn installer_profile_is_metal_plus_the_installer() {
     for suffix in ["", "-arm64"] {
         let load = |name: &str| Profile::load(&dir.join(format!("{name}{suffix}.yaml"))).unwrap();
         let metal = load("metal");
+        // `p`, its outputs and path aside, is metal.
+        let same_as_metal = |mut p: Profile, what: &str| {
+            p.outputs = metal.outputs.clone();
+            p.path = metal.path.clone();
+            assert_eq!(format!("{p:?}"), format!("{metal:?}"), "{what}{suffix}");
+        };
         let mut inst = load("installer");
         assert_eq!(inst.outputs, vec![Output::Raw, Output::Installer]);
         let pkg = inst.installer.take().unwrap().cargo_package.unwrap();
@@ -316,13 +322,7 @@ fn installer_profile_is_metal_plus_the_installer() {
             std::fs::canonicalize(pkg).unwrap(),
             std::fs::canonicalize(Path::new(env!("CARGO_MANIFEST_DIR"))).unwrap()
         );
-        inst.outputs = metal.outputs.clone();
-        inst.path = metal.path.clone();
-        assert_eq!(
-            format!("{inst:?}"),
-            format!("{metal:?}"),
-            "installer{suffix}"
-        );
+        same_as_metal(inst, "installer");
         // And profiles/iso.yaml: metal plus the installer and the ISO.
         let mut iso = load("iso");
         assert_eq!(iso.outputs, vec![Output::Raw, Output::Iso]);
@@ -331,9 +331,7 @@ fn installer_profile_is_metal_plus_the_installer() {
             iso.live.install.is_none(),
             "the default ISO installs nothing by itself"
         );
-        iso.outputs = metal.outputs.clone();
-        iso.path = metal.path.clone();
-        assert_eq!(format!("{iso:?}"), format!("{metal:?}"), "iso{suffix}");
+        same_as_metal(iso, "iso");
         // And profiles/secureboot.yaml: metal plus the installer, Secure
         // Boot with the development keys, and the UKIs.
         let mut sb = load("secureboot");
@@ -344,13 +342,7 @@ fn installer_profile_is_metal_plus_the_installer() {
         assert!(sb.installer.take().unwrap().cargo_package.is_some());
         let s = sb.secure_boot.take().unwrap();
         assert!(s.keys.is_none() && s.enroll_mode() == "force");
-        sb.outputs = metal.outputs.clone();
-        sb.path = metal.path.clone();
-        assert_eq!(
-            format!("{sb:?}"),
-            format!("{metal:?}"),
-            "secureboot{suffix}"
-        );
+        same_as_metal(sb, "secureboot");
     }
 }
 
