@@ -572,9 +572,14 @@ fn the_arm64_disk_upgrades_from_the_index_rolls_back_and_falls_back() {
 #[test]
 fn an_arm64_profile_asking_for_the_clouds_images_is_refused_before_any_work() {
     let profile = write_profile_from("installer-arm64", "arm64-clouds", |t| {
-        let t = t.replace("outputs: [raw, installer]", "outputs: [raw, gcp, aws]");
+        let (outputs, console) = (
+            "outputs: [raw, installer]",
+            "    - console=ttyAMA0,115200\n",
+        );
+        assert!(t.contains(outputs) && t.contains(console), "{t}");
         // The clouds' serial console, which their outputs ask for.
-        t.replace("    - console=ttyAMA0,115200\n", "    - console=ttyS0\n")
+        t.replace(outputs, "outputs: [raw, gcp, aws]")
+            .replace(console, "    - console=ttyS0\n")
     });
     let out = scratch().join("arm64-clouds");
     let _ = std::fs::remove_dir_all(&out);

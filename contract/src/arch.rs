@@ -177,7 +177,8 @@ pub fn pe_machine(head: &[u8]) -> Option<u16> {
     }
     let at = head.get(0x3c..0x40)?;
     let pe = u32::from_le_bytes([at[0], at[1], at[2], at[3]]) as usize;
-    if head.get(pe..pe.checked_add(4)?)? != b"PE\0\0" {
+    // The PE header follows the 64-byte DOS header.
+    if pe < 0x40 || head.get(pe..pe.checked_add(4)?)? != b"PE\0\0" {
         return None;
     }
     let m = head.get(pe + 4..pe + 6)?;
@@ -192,6 +193,33 @@ impl fmt::Display for Arch {
 
 #[cfg(test)]
 mod tests {
+    /// The PE machine of a well-formed header, and `None` (never a panic)
+    /// for each way a hostile one is wrong.
+    #[test]
+    fn pe_machine_reads_a_pe_header_and_refuses_a_broken_one() {
+        let mut ok = vec![0u8; 0x48];
+        ok[..2].copy_from_slice(b"MZ");
+        ok[0x3c..0x40].copy_from_slice(&0x40u32.to_le_bytes());
+        ok[0x40..0x44].copy_from_slice(b"PE\0\0");
+        ok[0x44..0x46].copy_from_slice(&0xaa64u16.to_le_bytes());
+        assert_eq!(pe_machine(&ok), Some(0xaa64));
+        assert_eq!(Arch::of_pe_machine(0xaa64), Some(Arch::Arm64));
+        for n in 0..0x46 {
+            assert_eq!(pe_machine(&ok[..n]), None, "cut at {n}");
+        }
+        for (at, bytes) in [
+            (0, &b"ZM"[..]),
+            (0x3c, &0xffff_ffffu32.to_le_bytes()[..]),
+            (0x3c, &0x1000u32.to_le_bytes()[..]),
+            (0x3c, &0x3cu32.to_le_bytes()[..]),
+            (0x40, &b"PE\0\x01"[..]),
+        ] {
+            let mut b = ok.clone();
+            b[at..at + bytes.len()].copy_from_slice(bytes);
+            assert_eq!(pe_machine(&b), None, "{at:#x}: {bytes:?}");
+        }
+    }
+
     use super::*;
 
     /// The table's invariants: one row per architecture in order, and no

@@ -1,7 +1,7 @@
 //! A node booted by `imager boot --stay` in the background, its console
 //! followed in a file, its API forwarded to a port of the host's loopback;
 //! and `imager node` run against it. Shared by the files that talk to a
-//! running node (tests/node.rs, tests/hardware.rs).
+//! running node (tests/node.rs, hardware.rs, network.rs, arm64.rs).
 
 use super::{imager, run};
 use std::io::{BufRead, BufReader};

@@ -165,7 +165,7 @@ fn prepare_loader<E: Device>(
     use anyhow::Context;
     let arch = esp
         .boot_loader_arch()
-        .with_context(|| format!("nothing was written ({otherwise})"))?;
+        .map_err(|e| anyhow::anyhow!("{e:#}; nothing was written ({otherwise})"))?;
     let mut head = Vec::new();
     File::open(&loader.path)
         .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, 4096), &mut head))
@@ -177,10 +177,17 @@ fn prepare_loader<E: Device>(
         );
     }
     let path = arch.esp_boot_loader();
-    esp.finish_replace(&path)?;
+    let mut tidied = esp.finish_replace(&path)?;
     if !esp.scan()?.lost.is_empty() {
         esp.reclaim()?;
+        tidied = true;
     }
+    let written = if tidied {
+        "nothing of this upgrade was written (a replacement an earlier run left cut short was \
+         finished)"
+    } else {
+        "nothing was written"
+    };
     let (old_sha, _) = esp.hash(&path)?;
     let replace = old_sha != loader.sha256;
     if replace {
@@ -189,7 +196,7 @@ fn prepare_loader<E: Device>(
         if room < need {
             bail!(
                 "the ESP has {} KiB free and the signed boot loader needs {} KiB beside the old \
-                 one: nothing was written; {otherwise}",
+                 one: {written}; {otherwise}",
                 room >> 10,
                 need >> 10
             );

@@ -1258,10 +1258,15 @@ fn the_boot_loader_is_replaced_at_the_architecture_s_path() {
     up(&mut b, &mut m, &mut e).0.unwrap();
     assert_eq!(loader_at(&e, Arm64), Some(new));
     assert_eq!(loader_at(&e, Amd64), None);
-    // An x64 boot loader for an arm64 ESP: refused, nothing written.
+    // An x64 boot loader for an arm64 ESP: refused before anything is
+    // written, even the finishing of a replacement an earlier run left
+    // (a stray BOOTAA64.NEW, which finishing removes).
     std::fs::create_dir(dir.path().join("x64")).unwrap();
     let x64 = loaders_of(&dir.path().join("x64"), Amd64).file;
-    let e0 = esp_with_at(&old, &[Arm64]);
+    let mut esp = BootFs::new(esp_with_at(&old, &[Arm64]), 0);
+    let stray = crate::fat::replacement(&Arm64.esp_boot_loader());
+    esp.create(&stray, &mut &old[..], old.len() as u64).unwrap();
+    let e0 = esp.into_inner();
     let (mut b, mut m, mut e) = (b0.clone(), m0.clone(), e0.clone());
     let (r, writes) = up_with(&mut b, &mut m, &mut e, &x64);
     let err = format!("{:#}", r.unwrap_err());
@@ -1321,7 +1326,7 @@ fn efi_program(arch: contract::Arch, len: u32, seed: u32) -> Vec<u8> {
 fn loaders_of(dir: &std::path::Path, arch: contract::Arch) -> Loaders {
     let old = efi_program(arch, 12_000, 253);
     let new = efi_program(arch, 20_000, 241);
-    let path = dir.join("systemd-bootx64.efi.signed");
+    let path = dir.join(format!("systemd-boot{}.efi.signed", arch.spec().efi_suffix));
     std::fs::write(&path, &new).unwrap();
     let file = PayloadFile {
         path,

@@ -65,6 +65,7 @@ pub fn push(
         .with_context(|| format!("{what} is not an OCI archive or image layout"))?;
     let (images, nested) =
         image_entries(&store, &index).with_context(|| format!("reading {what}"))?;
+    let is_index = nested.is_some();
     let (top, top_bytes, images) = match nested {
         None => {
             let image =
@@ -81,18 +82,15 @@ pub fn push(
     if let Some(want) = reference.digest()
         && want.as_str() != top.digest
     {
-        let kind = if images.first().map(|d| &d.digest) != Some(&top.digest) {
-            "image index"
-        } else {
-            "image"
-        };
+        let kind = if is_index { "image index" } else { "image" };
         bail!(
             "{reference} names digest {want}, but the {kind} of {what} is {}: give a tag, or \
              the {kind}'s own digest",
             top.digest
         );
     }
-    let mut blobs = Vec::new();
+    // Every image manifest read and checked before anything is sent.
+    let mut manifests = Vec::with_capacity(images.len());
     for image in &images {
         digest_hex(&image.digest)?;
         let bytes = if image.digest == top.digest {
@@ -100,14 +98,20 @@ pub fn push(
         } else {
             store.read_small(image, "image manifest")?
         };
-        push_image(
-            &store, image, &bytes, reference, client, say, &what, &mut blobs,
-        )?;
-        if image.digest != top.digest {
+        let manifest =
+            image_manifest(image, &bytes).with_context(|| format!("{what}: nothing was pushed"))?;
+        manifests.push((image, bytes, manifest));
+    }
+    let parsed: Vec<&ImageManifest> = manifests.iter().map(|(_, _, m)| m).collect();
+    check_blob_sizes(&parsed).with_context(|| format!("{what}: nothing was pushed"))?;
+    let mut blobs = Vec::new();
+    for (image, bytes, manifest) in &manifests {
+        push_blobs(&store, manifest, reference, client, say, &what, &mut blobs)?;
+        if is_index {
             let by_digest = reference
                 .with_digest(registry::Digest::parse(&image.digest).map_err(|e| anyhow!("{e}"))?);
             client
-                .push_manifest(&by_digest, &image.media_type, &bytes)
+                .push_manifest(&by_digest, &image.media_type, bytes)
                 .map_err(|e| anyhow!("{e}"))
                 .with_context(|| {
                     format!("pushing the image manifest {} of {what}", image.digest)
@@ -129,6 +133,36 @@ pub fn push(
         images: images.iter().map(|d| d.digest.clone()).collect(),
         blobs,
     })
+}
+
+/// The image manifest `image` (its bytes `bytes`), parsed: an image
+/// manifest's media type and valid JSON.
+fn image_manifest(image: &Descriptor, bytes: &[u8]) -> Result<ImageManifest> {
+    if image.media_type != MEDIA_TYPE_MANIFEST && image.media_type != DOCKER_MANIFEST {
+        bail!("the image's manifest is not an image manifest");
+    }
+    serde_json::from_slice(bytes)
+        .map_err(|_| anyhow!("the image manifest {} is not valid JSON", image.digest))
+}
+
+/// Refuses images whose manifests list one blob (by digest) with two
+/// sizes: each blob is sent once, so one of them would name a blob that
+/// is not what it says.
+pub(super) fn check_blob_sizes(manifests: &[&ImageManifest]) -> Result<()> {
+    let mut sizes = std::collections::BTreeMap::new();
+    for m in manifests {
+        for d in std::iter::once(&m.config).chain(&m.layers) {
+            let size = *sizes.entry(d.digest.as_str()).or_insert(d.size);
+            if size != d.size {
+                bail!(
+                    "blob {} is {size} bytes in one image manifest and {} in another",
+                    contract::text::quote(&d.digest, 80),
+                    d.size
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Refuses an image index (its bytes) that does not name only image
@@ -153,42 +187,23 @@ pub(super) fn check_pushable_index(bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Pushes the config and layers of the image manifest `image` (its bytes
-/// `bytes`) of `store` to the repository of `reference`, each once (a blob
-/// two images share is listed once).
-#[allow(clippy::too_many_arguments)]
-fn push_image(
+/// Pushes the config and layers of `manifest` from `store` to the
+/// repository of `reference`, each once (a blob an earlier image listed,
+/// in `blobs`, is not sent again; [`check_blob_sizes`] made sure it is the
+/// same blob).
+fn push_blobs(
     store: &Store,
-    image: &Descriptor,
-    bytes: &[u8],
+    manifest: &ImageManifest,
     reference: &registry::Reference,
     client: &registry::Client,
     say: &mut dyn FnMut(String),
     what: &str,
     blobs: &mut Vec<PushedBlob>,
 ) -> Result<()> {
-    if image.media_type != MEDIA_TYPE_MANIFEST && image.media_type != DOCKER_MANIFEST {
-        bail!("{what}: the image's manifest is not an image manifest");
-    }
-    let manifest: ImageManifest = serde_json::from_slice(bytes).map_err(|_| {
-        anyhow!(
-            "{what}: the image manifest {} is not valid JSON",
-            image.digest
-        )
-    })?;
     for (d, role) in std::iter::once((&manifest.config, "config"))
         .chain(manifest.layers.iter().map(|l| (l, "layer")))
     {
-        if let Some(b) = blobs.iter().find(|b| b.digest == d.digest) {
-            if b.size != d.size {
-                bail!(
-                    "{what}: {role} {} is {} bytes in one image and {} in another: refusing \
-                     a manifest whose blob is not what it says",
-                    d.digest,
-                    b.size,
-                    d.size
-                );
-            }
+        if blobs.iter().any(|b| b.digest == d.digest) {
             continue;
         }
         let descriptor = to_registry(d)?;

@@ -1591,3 +1591,28 @@ fn only_an_index_of_images_is_pushed() {
         assert!(!said.contains('\u{1b}'), "{said}");
     }
 }
+
+/// A blob two image manifests of one index list with different sizes is
+/// refused before anything is pushed; the same blob at the same size (a
+/// layer the architectures share) is fine.
+#[test]
+fn a_blob_listed_with_two_sizes_is_not_pushed() {
+    let manifest = |layer_size: u64| -> super::store::ImageManifest {
+        serde_json::from_str(&format!(
+            r#"{{"schemaVersion":2,"mediaType":"{}",
+                "config":{{"mediaType":"c","digest":"sha256:{c}","size":10}},
+                "layers":[{{"mediaType":"l","digest":"sha256:{l}","size":{layer_size}}}]}}"#,
+            super::MEDIA_TYPE_MANIFEST,
+            c = "c".repeat(64),
+            l = "1".repeat(64),
+        ))
+        .unwrap()
+    };
+    let (a, b, c) = (manifest(100), manifest(100), manifest(101));
+    super::push::check_blob_sizes(&[&a, &b]).unwrap();
+    let e = super::push::check_blob_sizes(&[&a, &c]).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("is 100 bytes in one image manifest and 101 in another"),
+        "{e:#}"
+    );
+}

@@ -752,3 +752,27 @@ fn the_fuzz_seeds_are_stubs_that_parse() {
         }
     }
 }
+
+/// The entry point must lie in one of the stub's sections: one in the
+/// headers (where the UKI's section headers go) or in the gap between two
+/// sections is refused; one in the second section is taken.
+#[test]
+fn an_entry_point_outside_every_section_is_refused() {
+    let opt = 0x44 + 20;
+    for (entry, ok) in [
+        (0x1008u32, true),
+        (0x2004, true),
+        (0x1800, false),
+        (0x100, false),
+    ] {
+        let mut s = tiny_stub(2);
+        s[opt + 16..opt + 20].copy_from_slice(&entry.to_le_bytes());
+        match parse_stub(&s) {
+            Ok(_) => assert!(ok, "entry {entry:#x} taken"),
+            Err(e) => {
+                assert!(!ok, "entry {entry:#x}: {e:#}");
+                assert!(format!("{e:#}").contains("not in a section"), "{e:#}");
+            }
+        }
+    }
+}
