@@ -346,6 +346,22 @@ fn the_arm64_image_reaches_ready_under_aavmf_from_nvme() {
     boots_to_ready("nvme");
 }
 
+/// The arm64 disk converted to qcow2 by qemu-img (not our writer):
+/// `imager boot` reads its architecture through the qcow2 reader, without
+/// `--arch`, and it reaches ready on arm64's machine.
+#[test]
+fn the_arm64_disk_as_qcow2_boots_on_arm64s_machine_without_being_told() {
+    let raw = arm64_image().artifact("raw");
+    let qcow2 = scratch().join("arm64.qcow2");
+    let _ = std::fs::remove_file(&qcow2);
+    ok(tool("qemu-img")
+        .args(["convert", "-O", "qcow2"])
+        .arg(&raw)
+        .arg(&qcow2));
+    let r = boot_report(&qcow2, &[]).unwrap();
+    ready_on_a(&r, "from a qcow2 image");
+}
+
 #[test]
 fn two_builds_of_the_arm64_image_in_different_directories_are_the_same_bytes() {
     let a = arm64_image();

@@ -639,13 +639,6 @@ fn boot(a: BootArgs) -> Result<ExitCode> {
     let iso = format == imager::disk::compress::Format::Raw && qemu::is_iso(&image)?;
     o.arch = match a.arch {
         Some(arch) => arch,
-        None if format == imager::disk::compress::Format::Qcow2 => {
-            eprintln!(
-                "boot: a qcow2's architecture is not read: booting it as amd64 (--arch arm64 \
-                 for an arm64 image)"
-            );
-            contract::Arch::Amd64
-        }
         None => qemu::disk_arch(&image).unwrap_or_else(|e| {
             eprintln!(
                 "boot: the disk's architecture is not known ({e:#}): booting it as amd64 \

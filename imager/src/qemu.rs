@@ -180,10 +180,22 @@ pub fn is_iso(path: &Path) -> Result<bool> {
 
 /// The architecture of the disk image at `path` ([`bootstate::disk::Disk::arch`]:
 /// the boot loader on its ESP; a hybrid ISO's GPT names its EFI image as
-/// its ESP), or why it is not known (a disk imager did not make, a damaged
-/// ESP).
+/// its ESP; a qcow2's disk is read through its reader), or why it is not
+/// known (a disk imager did not make, a damaged ESP).
 pub fn disk_arch(path: &Path) -> Result<contract::Arch> {
-    bootstate::disk::Disk::open(path, bootstate::disk::Access::Read).and_then(|d| d.arch())
+    if !crate::disk::qcow2::is_qcow2(path)? {
+        return bootstate::disk::Disk::open(path, bootstate::disk::Access::Read)
+            .and_then(|d| d.arch());
+    }
+    let mut q = crate::disk::qcow2::Qcow2::open(path)?;
+    let table = crate::disk::gpt::read_table_from(&mut q)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let role = contract::partition::esp_role(table.sector_size);
+    let mut esp = table.window(q, role.label())?;
+    bootstate::disk::one_arch(
+        &bootstate::disk::loader_arches(&mut esp)?,
+        &format!("{}: its ESP", path.display()),
+    )
 }
 
 /// QEMU's format options for the disk image `path`: qcow2, raw, or a fixed VHD
