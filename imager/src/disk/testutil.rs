@@ -85,3 +85,13 @@ pub fn patch_gpt_entry(disk: &Path, index: usize, change: impl Fn(&mut [u8])) {
         f.write_all(&header).unwrap();
     }
 }
+
+/// The names in the directory `dir`, sorted.
+pub fn sorted_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}

@@ -806,13 +806,8 @@ fn manifest_bytes_are_canonical_and_deterministic() {
     assert_eq!(std::fs::read(&f.manifest).unwrap(), m1);
     assert_eq!(std::fs::read(&f.sig).unwrap(), s1);
     // And no temporary files are left in the output directory.
-    let mut names: Vec<String> = std::fs::read_dir(&f.out)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
     assert_eq!(
-        names,
+        crate::disk::testutil::sorted_names(&f.out),
         [
             "initramfs.cpio.zst",
             "iso",

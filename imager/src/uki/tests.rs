@@ -724,11 +724,7 @@ fn arm64_stubs_and_kernels_of_the_wrong_kind_are_refused() {
 #[test]
 fn the_fuzz_seeds_are_stubs_that_parse() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/uki_stub");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
+    let names = crate::disk::testutil::sorted_names(&dir);
     assert_eq!(
         names,
         [
