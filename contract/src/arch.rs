@@ -172,17 +172,21 @@ impl Arch {
 /// the machine. The one reader of it for EFI programs' checks (the boot
 /// loader, the kernel's EFI stub, a payload's boot loader on the ESP).
 pub fn pe_machine(head: &[u8]) -> Option<u16> {
+    let pe = pe_header(head)?;
+    let m = head.get(pe + 4..pe + 6)?;
+    Some(u16::from_le_bytes([m[0], m[1]]))
+}
+
+/// The offset of the `PE\0\0` signature in `head` (the `MZ` header's
+/// `e_lfanew`, past the 64-byte DOS header), or `None`: where
+/// [`pe_machine`] and other readers of a PE header's fields start.
+pub fn pe_header(head: &[u8]) -> Option<usize> {
     if !head.starts_with(b"MZ") {
         return None;
     }
     let at = head.get(0x3c..0x40)?;
     let pe = u32::from_le_bytes([at[0], at[1], at[2], at[3]]) as usize;
-    // The PE header follows the 64-byte DOS header.
-    if pe < 0x40 || head.get(pe..pe.checked_add(4)?)? != b"PE\0\0" {
-        return None;
-    }
-    let m = head.get(pe + 4..pe + 6)?;
-    Some(u16::from_le_bytes([m[0], m[1]]))
+    (pe >= 0x40 && head.get(pe..pe.checked_add(4)?)? == b"PE\0\0").then_some(pe)
 }
 
 impl fmt::Display for Arch {

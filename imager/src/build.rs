@@ -263,7 +263,7 @@ fn output_files(p: &Profile, pre: &Preflight) -> Vec<&'static str> {
     if installer_wanted(p) {
         files.push(names::INSTALLER);
     }
-    if pre.iso {
+    if p.outputs.contains(&Output::Iso) {
         files.push(names::ISO);
     }
     files
@@ -544,7 +544,7 @@ fn run_stages(stages: &mut Stages, b: &BuildInputs) -> Result<(Vec<Made>, sign::
         keep(&done, Kind::Installer, names::INSTALLER)?;
     }
     // 7. The live ISO.
-    if let (Some(bin), true) = (b.installer_bin, b.pre.iso) {
+    if let (Some(bin), true) = (b.installer_bin, p.outputs.contains(&Output::Iso)) {
         let input = iso::IsoInput {
             machined: b.machined,
             rootfs: &dir.join(names::ROOTFS),
@@ -750,9 +750,8 @@ fn preflight(
             .context("internal: the layout has no BIOS partition")?;
         crate::grub::check_fits(g, bios.len())?;
     }
-    let iso = p.outputs.contains(&Output::Iso);
     // GRUB boots the ISO under BIOS, on an architecture that has it.
-    let eltorito = if iso && p.arch.spec().bios {
+    let eltorito = if p.outputs.contains(&Output::Iso) && p.arch.spec().bios {
         Some(
             crate::grub::make_eltorito(&p.boot.grub_dir, Some(&memo))
                 .with_context(|| format!("{}: boot.grub_dir", p.path.display()))?,
@@ -765,7 +764,6 @@ fn preflight(
         esp,
         grub,
         raw_bios,
-        iso,
         eltorito,
     })
 }
@@ -778,8 +776,6 @@ struct Preflight {
     esp: Vec<disk::FatFile>,
     grub: Option<disk::Grub>,
     raw_bios: bool,
-    /// Whether the build makes the live ISO.
-    iso: bool,
     /// GRUB's El Torito image, for the ISO's BIOS boot (none on an
     /// architecture without BIOS: its ISO boots by UEFI only).
     eltorito: Option<crate::grub::Eltorito>,

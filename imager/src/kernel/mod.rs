@@ -52,12 +52,8 @@ pub fn check_image(path: &Path, arch: contract::Arch) -> Result<()> {
             // 5.8) and later take the initramfs from LINUX_INITRD_MEDIA_GUID,
             // the only way systemd-boot and systemd's stub hand it over on
             // arm64 (the stub refuses an older kernel as a bad image).
-            let pe = head
-                .get(0x3c..0x40)
-                .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
-            let version = pe
-                .checked_add(24 + 44)
-                .and_then(|at| head.get(at..at + 2))
+            let version = contract::arch::pe_header(&head)
+                .and_then(|pe| head.get(pe + 24 + 44..pe + 24 + 46))
                 .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));
             ensure!(
                 version >= 1,
