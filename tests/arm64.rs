@@ -802,12 +802,7 @@ fn the_arm64_iso_boots_by_uefi_and_installs_a_disk_that_boots() {
     let efi = mdir_names(&iso, "EFI", "EFI/BOOT");
     assert_eq!(efi, ["BOOTAA64.EFI"], "{efi:?}");
 
-    let disk = scratch().join("arm64-iso-target.raw");
-    let _ = std::fs::remove_file(&disk);
-    std::fs::File::create(&disk)
-        .unwrap()
-        .set_len(4 << 30)
-        .unwrap();
+    let disk = blank_disk(&scratch().join("arm64-iso-target.raw"), 4 << 30);
     let spec = format!("{},serial={TARGET}", disk.display());
     let r = boot_report(&iso, &["--disk", &spec]).unwrap();
     assert_eq!(r["arch"], "arm64", "{r}");

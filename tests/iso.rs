@@ -147,10 +147,7 @@ fn the_iso_reaches_ready_live_from_cd_and_usb_under_both_firmwares() {
 }
 
 fn blank(name: &str, size: u64) -> PathBuf {
-    let p = scratch().join(name);
-    let _ = std::fs::remove_file(&p);
-    std::fs::File::create(&p).unwrap().set_len(size).unwrap();
-    p
+    blank_disk(&scratch().join(name), size)
 }
 
 /// Booted with a blank disk and the install argument, the live system

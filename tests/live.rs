@@ -125,10 +125,7 @@ fn live() -> &'static Live {
 
 /// A sparse blank disk image of `size` bytes.
 fn blank(name: &str, size: u64) -> PathBuf {
-    let p = live().dir.join(format!("{name}.raw"));
-    let _ = std::fs::remove_file(&p);
-    std::fs::File::create(&p).unwrap().set_len(size).unwrap();
-    p
+    blank_disk(&live().dir.join(format!("{name}.raw")), size)
 }
 
 /// QEMU booting the live system with the boot medium (serial `live-iso`)

@@ -682,11 +682,7 @@ fn the_secure_boot_iso_boots_from_cd_and_usb_and_installs_a_secure_boot_disk() {
     let target = scratch().join("sb-iso-target.raw");
     for usb in [false, true] {
         // A blank disk for the live system to install onto.
-        let _ = std::fs::remove_file(&target);
-        std::fs::File::create(&target)
-            .unwrap()
-            .set_len(4 << 30)
-            .unwrap();
+        blank_disk(&target, 4 << 30);
         let disk_arg = format!("{},serial=SBTARGET", target.display());
         let mut args = vec!["--secure-boot", vars.to_str().unwrap(), "--disk", &disk_arg];
         if usb {

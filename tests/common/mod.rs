@@ -373,6 +373,14 @@ pub fn enrolled_vars_of(
     out.to_path_buf()
 }
 
+/// A new sparse blank disk image of `size` bytes at `path` (what was
+/// there removed first).
+pub fn blank_disk(path: &Path, size: u64) -> PathBuf {
+    let _ = std::fs::remove_file(path);
+    std::fs::File::create(path).unwrap().set_len(size).unwrap();
+    path.to_path_buf()
+}
+
 /// The live system of `iso` (its FAT image's kernel, initramfs and the
 /// live entry's command line), extracted into `dir` with xorriso and
 /// mtools: what a UKI of the live system is made of.

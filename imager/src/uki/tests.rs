@@ -160,15 +160,10 @@ fn objdump_lists_the_sections_at_their_addresses_and_they_read_back() {
     let uki = std::fs::read(&r.path).unwrap();
     assert_eq!(uki.len() as u64, r.size);
 
-    let out = Command::new(crate::disk::testutil::tool("objdump"))
-        .arg("-h")
-        .arg(&r.path)
-        .output()
-        .expect("objdump (binutils) runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = crate::disk::testutil::run(
+        Command::new(crate::disk::testutil::tool("objdump"))
+            .arg("-h")
+            .arg(&r.path),
     );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("file format pei-x86-64"), "{text}");
@@ -600,15 +595,10 @@ fn an_arm64_uki_is_read_back_by_llvm_readobj() {
     );
     assert_eq!(&uki[table_end..0x1000], &stub[table_end..0x1000]);
 
-    let out = Command::new(crate::disk::testutil::tool("llvm-readobj"))
-        .args(["--file-headers", "--sections"])
-        .arg(&r.path)
-        .output()
-        .expect("llvm-readobj (llvm) runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = crate::disk::testutil::run(
+        Command::new(crate::disk::testutil::tool("llvm-readobj"))
+            .args(["--file-headers", "--sections"])
+            .arg(&r.path),
     );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("IMAGE_FILE_MACHINE_ARM64 (0xAA64)"), "{text}");
